@@ -1,0 +1,216 @@
+"""Decoder-only transformer specs (dense and MoE): parameter counts and layer shapes.
+
+Conventions: ``ffn_hidden_size`` and ``expert_ffn_hidden_size`` are the width after the
+activation (the down projection's input); a gated MLP (SwiGLU) has two up projections.
+"""
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from perfsim.errors import ConfigError
+
+
+class AttentionKind(StrEnum):
+    GQA = "gqa"  # multi-head / grouped-query attention (MHA when kv heads == heads)
+    MLA = "mla"  # DeepSeek multi-head latent attention
+
+
+@dataclass(frozen=True, kw_only=True)
+class Linear:
+    """One weight matrix: y[tokens, out] = x[tokens, in] @ W[in, out]."""
+
+    name: str
+    in_features: int
+    out_features: int
+
+    @property
+    def params(self) -> int:
+        return self.in_features * self.out_features
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    name: str
+    source: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    tied_embeddings: bool = False
+    gated_mlp: bool = True
+    attention: AttentionKind = AttentionKind.GQA
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    num_experts: int = 0
+    top_k: int = 0
+    expert_ffn_hidden_size: int = 0
+    num_shared_experts: int = 0
+    shared_expert_ffn_hidden_size: int = 0
+    num_dense_layers: int = 0
+    router_hidden_size: int = 0
+    capacity_factor: float = 0.0
+    published_total_params: float = 0.0
+    published_active_params: float = 0.0
+    published_params_include_embeddings: bool = True
+
+    def __post_init__(self):
+        for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model.{key} must be a positive integer, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model.num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
+            )
+        self._check_moe()
+        self._check_mla()
+
+    def _check_moe(self) -> None:
+        if self.num_experts < 0 or self.num_experts == 1:
+            raise ConfigError(f"model.num_experts must be 0 (dense) or >= 2, got {self.num_experts!r}")
+        if self.num_experts:
+            if not 1 <= self.top_k <= self.num_experts:
+                raise ConfigError(f"model.top_k must be in [1, {self.num_experts}], got {self.top_k!r}")
+            if self.expert_ffn_hidden_size < 1:
+                raise ConfigError(f"model.expert_ffn_hidden_size must be >= 1, got {self.expert_ffn_hidden_size!r}")
+            if not 0 <= self.num_dense_layers < self.num_layers:
+                raise ConfigError(f"model.num_dense_layers must be in [0, {self.num_layers}), got {self.num_dense_layers!r}")
+        if self.num_dense_layers and self.ffn_hidden_size < 1 or not self.num_experts and self.ffn_hidden_size < 1:
+            raise ConfigError(f"model.ffn_hidden_size must be >= 1, got {self.ffn_hidden_size!r}")
+        if self.capacity_factor < 0:
+            raise ConfigError(f"model.capacity_factor must be >= 0 (0 = no dropping), got {self.capacity_factor!r}")
+
+    def _check_mla(self) -> None:
+        if self.attention is AttentionKind.MLA and (self.kv_lora_rank < 1 or self.v_head_dim < 1):
+            raise ConfigError("model: MLA attention needs kv_lora_rank >= 1 and v_head_dim >= 1")
+
+    # ---- structure ------------------------------------------------------------------
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def num_mlp_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def shared_ffn_hidden_size(self) -> int:
+        if self.shared_expert_ffn_hidden_size:
+            return self.shared_expert_ffn_hidden_size
+        return self.num_shared_experts * self.expert_ffn_hidden_size
+
+    @property
+    def q_width(self) -> int:
+        """Width of the attention's query (= key) vectors summed over heads."""
+        return self.num_heads * (self.head_dim + self.qk_rope_head_dim)
+
+    @property
+    def v_width(self) -> int:
+        return self.num_heads * (self.v_head_dim or self.head_dim)
+
+    def attention_linears(self) -> list[Linear]:
+        h = self.hidden_size
+        if self.attention is AttentionKind.MLA:
+            return self._mla_linears()
+        kv = 2 * self.num_kv_heads * self.head_dim
+        return [
+            Linear(name="qkv", in_features=h, out_features=self.num_heads * self.head_dim + kv),
+            Linear(name="attn_out", in_features=self.num_heads * self.head_dim, out_features=h),
+        ]
+
+    def _mla_linears(self) -> list[Linear]:
+        h, heads = self.hidden_size, self.num_heads
+        q = [Linear(name="q", in_features=h, out_features=self.q_width)]
+        if self.q_lora_rank:
+            q = [
+                Linear(name="q_down", in_features=h, out_features=self.q_lora_rank),
+                Linear(name="q_up", in_features=self.q_lora_rank, out_features=self.q_width),
+            ]
+        return q + [
+            Linear(name="kv_down", in_features=h, out_features=self.kv_lora_rank + self.qk_rope_head_dim),
+            Linear(name="kv_up", in_features=self.kv_lora_rank, out_features=heads * (self.head_dim + self.v_head_dim)),
+            Linear(name="attn_out", in_features=self.v_width, out_features=h),
+        ]
+
+    def mlp_linears(self, width: int, prefix: str = "mlp") -> list[Linear]:
+        up = width * (2 if self.gated_mlp else 1)
+        return [
+            Linear(name=f"{prefix}_up", in_features=self.hidden_size, out_features=up),
+            Linear(name=f"{prefix}_down", in_features=width, out_features=self.hidden_size),
+        ]
+
+    def router_linears(self) -> list[Linear]:
+        if not self.router_hidden_size:
+            return [Linear(name="router", in_features=self.hidden_size, out_features=self.num_experts)]
+        r = self.router_hidden_size
+        return [
+            Linear(name="router_down", in_features=self.hidden_size, out_features=r),
+            Linear(name="router_mlp", in_features=r, out_features=r),
+            Linear(name="router_out", in_features=r, out_features=self.num_experts),
+        ]
+
+    # ---- parameter counts --------------------------------------------------------------
+
+    def attention_params(self) -> int:
+        return sum(lin.params for lin in self.attention_linears())
+
+    def expert_params(self) -> int:
+        """Parameters of one routed expert."""
+        return sum(lin.params for lin in self.mlp_linears(self.expert_ffn_hidden_size))
+
+    def shared_expert_params(self) -> int:
+        if not self.shared_ffn_hidden_size:
+            return 0
+        return sum(lin.params for lin in self.mlp_linears(self.shared_ffn_hidden_size))
+
+    def router_params(self) -> int:
+        return sum(lin.params for lin in self.router_linears()) if self.is_moe else 0
+
+    def dense_mlp_params(self) -> int:
+        return sum(lin.params for lin in self.mlp_linears(self.ffn_hidden_size))
+
+    def norm_params_per_layer(self) -> int:
+        return 2 * self.hidden_size
+
+    def embedding_params(self) -> int:
+        """Input embedding plus an untied LM head."""
+        return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+
+    def moe_layer_params(self, active: bool) -> int:
+        experts = self.top_k if active else self.num_experts
+        return experts * self.expert_params() + self.shared_expert_params() + self.router_params()
+
+    def _layers_params(self, active: bool) -> int:
+        per_layer = self.attention_params() + self.norm_params_per_layer()
+        total = self.num_layers * per_layer + self.num_mlp_layers * self.dense_mlp_params()
+        return total + self.num_moe_layers * self.moe_layer_params(active) + self.hidden_size
+
+    def total_params(self, include_embeddings: bool = True) -> int:
+        return self._layers_params(False) + (self.embedding_params() if include_embeddings else 0)
+
+    def active_params(self, include_embeddings: bool = True) -> int:
+        return self._layers_params(True) + (self.embedding_params() if include_embeddings else 0)
+
+    # ---- FLOPs ---------------------------------------------------------------------------
+
+    def model_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward), the MFU numerator.
+
+        6 * N_active_matmul  (Kaplan'20: 2 FLOP per weight forward, 4 backward)
+        + 6 * L * s * (q_width + v_width) / 2   (attention scores and context, causal
+        half of PaLM's 12*L*H*Q*T, Chowdhery'22 app. B); embeddings lookups excluded,
+        the LM head included.
+        """
+        matmul = self.active_params(include_embeddings=False) + self.vocab_size * self.hidden_size
+        attention = 3 * self.num_layers * seq_len * (self.q_width + self.v_width)
+        return 6.0 * matmul + attention
