@@ -36,13 +36,13 @@ class Routing(StrEnum):
     ECMP_HASH = "ecmp_hash"  # one path per flow by hash: flows can collide
 
 
-def _check_table(owner: str, xs: tuple, ys: tuple) -> None:
+def _check_table(owner: str, xs: tuple, ys: tuple, x_name: str, y_name: str) -> None:
     if len(xs) != len(ys) or len(xs) < 1:
-        raise ConfigError(f"{owner}: table lengths differ ({len(xs)} vs {len(ys)}) or are empty")
+        raise ConfigError(f"{owner}: {x_name}/{y_name} lengths differ ({len(xs)} vs {len(ys)}) or are empty")
     if any(b <= a for a, b in zip(xs, xs[1:])):
-        raise ConfigError(f"{owner}: x values must increase, got {list(xs)}")
+        raise ConfigError(f"{owner}.{x_name}: x values must increase, got {list(xs)}")
     for y in ys:
-        check_fraction(owner, efficiency=y)
+        check_fraction(owner, **{y_name: y})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +57,7 @@ class GemmEfficiency:
 
     def __post_init__(self):
         check_positive("gemm", tile_m=self.tile_m, tile_n=self.tile_n)
-        _check_table("gemm", self.gflop, self.efficiency)
+        _check_table("gemm", self.gflop, self.efficiency, "gflop", "efficiency")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,8 +70,8 @@ class AttentionEfficiency:
     backward_efficiency: tuple[float, ...]
 
     def __post_init__(self):
-        _check_table("attention", self.gflop, self.forward_efficiency)
-        _check_table("attention", self.gflop, self.backward_efficiency)
+        _check_table("attention", self.gflop, self.forward_efficiency, "gflop", "forward_efficiency")
+        _check_table("attention", self.gflop, self.backward_efficiency, "gflop", "backward_efficiency")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +83,7 @@ class HbmEfficiency:
     efficiency: tuple[float, ...]
 
     def __post_init__(self):
-        _check_table("hbm", self.mbytes, self.efficiency)
+        _check_table("hbm", self.mbytes, self.efficiency, "mbytes", "efficiency")
 
 
 @dataclass(frozen=True, kw_only=True)

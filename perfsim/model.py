@@ -2,6 +2,13 @@
 
 Conventions: ``ffn_hidden_size`` and ``expert_ffn_hidden_size`` are the width after the
 activation (the down projection's input); a gated MLP (SwiGLU) has two up projections.
+``ffn_hidden_size`` is 0 when every layer is MoE. For MLA, ``head_dim`` is the per-head
+non-rotary q/k width (HF ``qk_nope_head_dim``) and ``num_kv_heads`` equals ``num_heads``.
+
+Published counts differ in how they treat embeddings: ``published_params_include_embeddings``
+says whether the figures count the embedding and LM head at all, and
+``published_active_params_include_input_embedding`` (False for DeepSeek) says whether the
+activated figure counts the input embedding lookup, which does no matmul.
 """
 
 from dataclasses import dataclass
@@ -57,6 +64,7 @@ class ModelSpec:
     published_total_params: float = 0.0
     published_active_params: float = 0.0
     published_params_include_embeddings: bool = True
+    published_active_params_include_input_embedding: bool = True
 
     def __post_init__(self):
         for key in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
@@ -180,7 +188,9 @@ class ModelSpec:
         return sum(lin.params for lin in self.mlp_linears(self.ffn_hidden_size))
 
     def norm_params_per_layer(self) -> int:
-        return 2 * self.hidden_size
+        """Pre-attention and pre-MLP RMSNorms, plus MLA's RMSNorms on the q and kv latents."""
+        latent_norms = self.q_lora_rank + self.kv_lora_rank if self.attention is AttentionKind.MLA else 0
+        return 2 * self.hidden_size + latent_norms
 
     def embedding_params(self) -> int:
         """Input embedding plus an untied LM head."""
@@ -200,6 +210,15 @@ class ModelSpec:
 
     def active_params(self, include_embeddings: bool = True) -> int:
         return self._layers_params(True) + (self.embedding_params() if include_embeddings else 0)
+
+    def params_as_published(self, active: bool) -> int:
+        """Total or active parameters counted the way the published figure counts them."""
+        include = self.published_params_include_embeddings
+        count = self.active_params(include) if active else self.total_params(include)
+        skip_input = not self.published_active_params_include_input_embedding and not self.tied_embeddings
+        if active and include and skip_input:
+            count -= self.vocab_size * self.hidden_size
+        return count
 
     # ---- FLOPs ---------------------------------------------------------------------------
 

@@ -1,0 +1,134 @@
+"""The public facade: load inputs, simulate or estimate a step, time a collective."""
+
+import logging
+from dataclasses import fields
+
+from perfsim import analytic, engine
+from perfsim.collectives import BUSBW_FACTOR, collective_cost
+from perfsim.errors import ConfigError, InfeasiblePlan
+from perfsim.graph import build_graph
+from perfsim.hardware import ClusterSpec
+from perfsim.hardware import load_cluster as _load_cluster
+from perfsim.memory import plan_memory
+from perfsim.model import ModelSpec
+from perfsim.modelio import load_model as _load_model
+from perfsim.ops import Coll
+from perfsim.parallel import ParallelPlan, check_plan, derive_dp, group_shape
+from perfsim.pricing import price
+from perfsim.report import Report, build_report
+from perfsim.units import format_bytes
+
+log = logging.getLogger(__name__)
+ESTIMATORS = ("des", "analytic")
+PLAN_KEYS = {f.name for f in fields(ParallelPlan)}
+
+
+def load_model(model: str | ModelSpec) -> ModelSpec:
+    return model if isinstance(model, ModelSpec) else _load_model(model)
+
+
+def load_cluster(cluster: str | ClusterSpec, nodes: int | None = None, gpus: int | None = None) -> ClusterSpec:
+    """A cluster by profile name or path, resized to ``nodes`` or to hold ``gpus``."""
+    spec = cluster if isinstance(cluster, ClusterSpec) else _load_cluster(cluster)
+    if nodes is not None and gpus is not None and gpus > nodes * spec.gpus_per_node:
+        raise ConfigError(f"gpus: {gpus} GPUs do not fit on {nodes} nodes of {spec.gpus_per_node}")
+    if nodes is not None:
+        spec = spec.with_nodes(nodes)
+    elif gpus is not None:
+        spec = spec.with_gpus(gpus)
+    return spec
+
+
+def make_plan(num_gpus: int, **knobs) -> ParallelPlan:
+    """A ParallelPlan from keyword knobs; dp is derived from ``num_gpus`` when absent."""
+    unknown = sorted(set(knobs) - PLAN_KEYS)
+    if unknown:
+        raise ConfigError(f"plan: unknown knob {unknown[0]!r} (known: {', '.join(sorted(PLAN_KEYS))})")
+    knobs = {k: v for k, v in knobs.items() if v is not None}
+    if "dp" not in knobs:
+        knobs["dp"] = derive_dp(num_gpus, knobs.get("tp", 1), knobs.get("pp", 1), knobs.get("cp", 1))
+    if "gbs" not in knobs or "seq" not in knobs:
+        raise ConfigError("plan: gbs and seq are required")
+    return ParallelPlan(**knobs)
+
+
+def _inputs(model, cluster, plan, nodes, gpus, knobs) -> tuple[ModelSpec, ClusterSpec, ParallelPlan, int]:
+    model = load_model(model)
+    cluster = load_cluster(cluster, nodes=nodes, gpus=gpus)
+    num_gpus = gpus if gpus is not None else cluster.num_gpus
+    if plan is None:
+        plan = make_plan(num_gpus, **knobs)
+    elif knobs:
+        raise ConfigError("plan: pass either a ParallelPlan or knobs, not both")
+    check_plan(plan, model, num_gpus)
+    return model, cluster, plan, num_gpus
+
+
+def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, check_memory: bool):
+    memory = plan_memory(model, plan)
+    worst = max(memory, key=lambda m: m.total_bytes)
+    warnings = []
+    if worst.total_bytes > cluster.gpu.hbm_bytes:
+        message = (
+            f"out of memory: stage {worst.stage} needs {format_bytes(worst.total_bytes)} per GPU "
+            f"(weights {format_bytes(worst.weights_bytes)}, grads {format_bytes(worst.gradients_bytes)}, "
+            f"optimizer {format_bytes(worst.optimizer_bytes)}, activations {format_bytes(worst.activations_bytes)}, "
+            f"logits {format_bytes(worst.logits_bytes)}) but {cluster.gpu.name} has {format_bytes(cluster.gpu.hbm_bytes)}"
+        )
+        if check_memory:
+            raise InfeasiblePlan(message)
+        warnings.append(message)
+    return memory, warnings
+
+
+def simulate(
+    model, cluster, plan: ParallelPlan | None = None, *, nodes: int | None = None, gpus: int | None = None,
+    estimator: str = "des", check_memory: bool = True, **knobs,
+) -> Report:
+    """Simulate one training step. ``estimator``: 'des' (SimPy engine) or 'analytic'.
+
+    Raises ConfigError for bad input and InfeasiblePlan when the plan does not fit in
+    memory (pass ``check_memory=False`` to get a report with a warning instead).
+    """
+    if estimator not in ESTIMATORS:
+        raise ConfigError(f"engine: {estimator!r} is not one of {', '.join(ESTIMATORS)}")
+    model, cluster, plan, _ = _inputs(model, cluster, plan, nodes, gpus, knobs)
+    memory, warnings = _memory_check(model, cluster, plan, check_memory)
+    graph = price(build_graph(model, plan), cluster)
+    spans = engine.run(graph) if estimator == "des" else analytic.run(graph)
+    return build_report(spans=spans, memory=memory, model=model, plan=plan, cluster=cluster,
+                        estimator=estimator, warnings=warnings)
+
+
+def estimate(model, cluster, plan: ParallelPlan | None = None, **kwargs) -> Report:
+    """The closed-form estimate (milliseconds per plan)."""
+    return simulate(model, cluster, plan, estimator="analytic", **kwargs)
+
+
+def _coll(op: str) -> Coll:
+    try:
+        return Coll(op)
+    except ValueError:
+        raise ConfigError(f"op: {op!r} is not one of {', '.join(c.value for c in Coll)}") from None
+
+
+def collective(op: str, size_bytes: float, ranks: int, cluster, protocol: str | None = None) -> dict:
+    """Time of one collective over ``ranks`` consecutive GPUs (rccl-tests conventions)."""
+    coll = _coll(op)
+    spec = load_cluster(cluster)
+    if not isinstance(ranks, int) or ranks < 1:
+        raise ConfigError(f"gpus: must be a positive integer, got {ranks!r}")
+    if ranks > spec.num_gpus:
+        raise ConfigError(f"gpus: {ranks} ranks do not fit on {spec.name} ({spec.num_gpus} GPUs)")
+    if ranks < 2 and coll is not Coll.SEND_RECV:
+        raise ConfigError(f"gpus: a collective needs at least 2 ranks, got {ranks}")
+    if size_bytes < 0:
+        raise ConfigError(f"size: must be >= 0 bytes, got {size_bytes!r}")
+    shape = group_shape(max(ranks, 2), 1, spec.gpus_per_node)
+    cost = collective_cost(coll, size_bytes, shape, spec, protocol)
+    algbw = size_bytes / cost.time_s if cost.time_s > 0 else 0.0
+    return {
+        "op": coll.value, "size_bytes": int(size_bytes), "ranks": ranks, "time_us": cost.time_s * 1e6,
+        "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * BUSBW_FACTOR[coll](ranks) / 1e9,
+        "algorithm": cost.algorithm, "protocol": cost.protocol,
+    }
