@@ -1,0 +1,95 @@
+"""MoE routing: token conservation, determinism, skew monotonicity, placement, capacity."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from perfsim.errors import ConfigError
+from perfsim.modelio import load_model
+from perfsim.parallel import ParallelPlan
+from perfsim.routing import (
+    RoutingSpec,
+    dropped_fraction,
+    expert_shares,
+    expert_tokens,
+    imbalance,
+    pair_bytes,
+    rank_expert_loads,
+    split_tokens,
+)
+
+MODEL = load_model("mixtral-8x22b")
+PLAN = ParallelPlan(dp=16, ep=8, gbs=256, seq=4096)
+ROUTED = 8192
+
+
+@pytest.mark.parametrize("spec", [
+    RoutingSpec(),
+    RoutingSpec(distribution="zipf", skew=1.2, seed=3),
+    RoutingSpec(distribution="dirichlet", concentration=0.5, seed=1),
+    RoutingSpec(distribution="histogram", histogram=(5, 1, 1, 1, 1, 1, 1, 1)),
+])
+def test_tokens_are_conserved_without_capacity(spec):
+    assert expert_tokens(MODEL, PLAN, ROUTED, spec).sum() == ROUTED * PLAN.ep
+    assert expert_shares(spec, MODEL.num_experts).sum() == pytest.approx(1.0)
+
+
+def test_uniform_routing_is_balanced():
+    assert rank_expert_loads(MODEL, PLAN, ROUTED) == (ROUTED,)
+    assert imbalance(MODEL, PLAN, ROUTED, RoutingSpec()) == 1.0
+
+
+def test_same_seed_same_routing_other_seed_differs():
+    a = expert_tokens(MODEL, PLAN, ROUTED, RoutingSpec(distribution="dirichlet", seed=7))
+    b = expert_tokens(MODEL, PLAN, ROUTED, RoutingSpec(distribution="dirichlet", seed=7))
+    c = expert_tokens(MODEL, PLAN, ROUTED, RoutingSpec(distribution="dirichlet", seed=8))
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_imbalance_rises_with_zipf_skew():
+    values = [imbalance(MODEL, PLAN, ROUTED, RoutingSpec(distribution="zipf", skew=s)) for s in (0.0, 0.5, 1.0, 2.0)]
+    assert values[0] == pytest.approx(1.0)
+    assert all(b > a for a, b in zip(values, values[1:]))
+
+
+def test_split_tokens_largest_remainder():
+    counts = split_tokens(np.array([0.5, 0.25, 0.25]), 7)
+    assert counts.sum() == 7 and counts.tolist() in ([4, 2, 1], [3, 2, 2], [4, 1, 2])
+
+
+def test_placement_moves_hot_experts():
+    plan = ParallelPlan(dp=16, ep=4, gbs=256, seq=4096)
+    hist = (10, 10, 1, 1, 1, 1, 1, 1)
+    contiguous = RoutingSpec(distribution="histogram", histogram=hist)
+    spread = dataclasses.replace(contiguous, placement=(0, 1, 0, 1, 2, 2, 3, 3))
+    assert imbalance(MODEL, plan, ROUTED, spread) < imbalance(MODEL, plan, ROUTED, contiguous)
+
+
+def test_bad_placement_and_histogram_are_config_errors():
+    with pytest.raises(ConfigError, match="placement"):
+        rank_expert_loads(MODEL, PLAN, ROUTED, RoutingSpec(placement=(0,) * 8))
+    with pytest.raises(ConfigError, match="histogram has 3 entries"):
+        expert_shares(RoutingSpec(distribution="histogram", histogram=(1, 2, 3)), 8)
+    with pytest.raises(ConfigError, match="distribution"):
+        RoutingSpec(distribution="pareto")
+    with pytest.raises(ConfigError, match="skew"):
+        RoutingSpec(distribution="zipf", skew=-1)
+
+
+def test_capacity_factor_drops_tokens_only_when_skewed():
+    capped = dataclasses.replace(MODEL, capacity_factor=1.25)
+    assert dropped_fraction(capped, PLAN, ROUTED, RoutingSpec()) == 0.0
+    skewed = RoutingSpec(distribution="zipf", skew=1.5)
+    assert dropped_fraction(capped, PLAN, ROUTED, skewed) > 0.2
+    cap = np.ceil(1.25 * ROUTED * PLAN.ep / MODEL.num_experts)
+    assert expert_tokens(capped, PLAN, ROUTED, skewed).max() <= cap
+
+
+def test_all_to_allv_bytes_follow_routing():
+    skewed = RoutingSpec(distribution="zipf", skew=1.0)
+    matrix = pair_bytes(MODEL, PLAN, ROUTED, skewed, token_bytes=2 * MODEL.hidden_size)
+    assert matrix.sum() == pytest.approx(ROUTED * PLAN.ep * 2 * MODEL.hidden_size)
+    assert matrix.sum(axis=1) == pytest.approx(np.full(PLAN.ep, ROUTED * 2 * MODEL.hidden_size))
+    received = matrix.sum(axis=0)
+    assert received.max() / received.mean() == pytest.approx(imbalance(MODEL, PLAN, ROUTED, skewed))
