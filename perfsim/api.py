@@ -112,20 +112,24 @@ def _coll(op: str) -> Coll:
         raise ConfigError(f"op: {op!r} is not one of {', '.join(c.value for c in Coll)}") from None
 
 
-def collective(op: str, size_bytes: float, ranks: int, cluster, protocol: str | None = None) -> dict:
-    """Time of one collective over ``ranks`` consecutive GPUs (rccl-tests conventions)."""
+def collective(op: str, size_bytes: float, ranks: int, cluster, protocol: str | None = None,
+               algorithm: str | None = None) -> dict:
+    """Time of one collective over ``ranks`` consecutive GPUs (rccl-tests conventions);
+    ``algorithm`` forces ring, tree, direct or hierarchical, ``protocol`` ll, ll128 or simple."""
     coll = _coll(op)
     spec = load_cluster(cluster)
     if not isinstance(ranks, int) or ranks < 1:
         raise ConfigError(f"gpus: must be a positive integer, got {ranks!r}")
     if ranks > spec.num_gpus:
         raise ConfigError(f"gpus: {ranks} ranks do not fit on {spec.name} ({spec.num_gpus} GPUs)")
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int | float):
+        raise ConfigError(f"size: must be a number of bytes, got {size_bytes!r}")
     if ranks < 2 and coll is not Coll.SEND_RECV:
         raise ConfigError(f"gpus: a collective needs at least 2 ranks, got {ranks}")
     if size_bytes < 0:
         raise ConfigError(f"size: must be >= 0 bytes, got {size_bytes!r}")
     shape = group_shape(max(ranks, 2), 1, spec.gpus_per_node)
-    cost = collective_cost(coll, size_bytes, shape, spec, protocol)
+    cost = collective_cost(coll, size_bytes, shape, spec, protocol, algorithm)
     algbw = size_bytes / cost.time_s if cost.time_s > 0 else 0.0
     return {
         "op": coll.value, "size_bytes": int(size_bytes), "ranks": ranks, "time_us": cost.time_s * 1e6,

@@ -49,9 +49,16 @@ def _cmd_simulate(args) -> int:
     report = api.simulate(args.model, args.cluster, nodes=args.nodes, gpus=args.gpus,
                           estimator=args.engine, check_memory=not args.allow_oom, **knobs)
     if args.trace:
-        write_trace(report, args.trace)
+        _write_trace(report, args.trace)
     print(json.dumps(report.to_dict(), indent=2) if args.json else _format_report(report))
     return 0
+
+
+def _write_trace(report: Report, path: str) -> None:
+    try:
+        write_trace(report, path)
+    except OSError as exc:
+        raise ConfigError(f"trace: cannot write {path!r} ({exc.strerror or exc})") from None
 
 
 def _format_report(r: Report) -> str:
@@ -87,7 +94,8 @@ def _sizes(begin: int, end: int, factor: float) -> list[int]:
 def _cmd_collective(args) -> int:
     cluster = api.load_cluster(args.cluster, nodes=args.nodes, gpus=args.gpus if args.nodes is None else None)
     sizes = _sizes(parse_size(args.minbytes, "-b"), parse_size(args.maxbytes, "-e"), args.stepfactor)
-    rows = [api.collective(args.op, s, args.gpus, cluster, protocol=args.protocol) for s in sizes]
+    rows = [api.collective(args.op, s, args.gpus, cluster, protocol=args.protocol, algorithm=args.algo)
+            for s in sizes]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -127,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("-e", "--maxbytes", default="128M")
     col.add_argument("-f", "--stepfactor", type=float, default=2.0)
     col.add_argument("--protocol", default=None, help="force a protocol (ll, ll128, simple)")
+    col.add_argument("--algo", default=None, help="force an algorithm (ring, tree, direct, hierarchical)")
     col.add_argument("--json", action="store_true")
     col.set_defaults(func=_cmd_collective)
     lst = sub.add_parser("list", help="list hardware profiles and model presets")

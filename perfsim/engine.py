@@ -2,6 +2,11 @@
 
 Each (stage, stream) is one process that walks its ops in program order, waiting for
 their dependencies; the engine only records spans, ``report`` interprets them.
+
+Comm ops of a stage that overlap in time share the representative rank's links (xGMI
+links, NIC, leaf uplinks): after its fixed latency an op moves data as a fluid flow,
+and rates are re-divided max-min fairly whenever a flow starts or ends. An op alone
+takes exactly its priced duration, so the engine equals ``analytic`` without overlap.
 """
 
 from collections import defaultdict
@@ -10,7 +15,10 @@ from dataclasses import dataclass
 import simpy
 
 from perfsim.graph import OpGraph
+from perfsim.network import max_min_rates
 from perfsim.ops import Op
+
+DONE_S = 1e-15  # a flow with less work left than this (seconds at full rate) has ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,13 +46,62 @@ def span_of(op: Op, start: float, end: float) -> Span:
     )
 
 
-def _stream(env: simpy.Environment, ops: list[Op], done: list, spans: list):
+class _Links:
+    """The links of one stage's representative rank, shared by its comm ops in flight."""
+
+    def __init__(self, env: simpy.Environment):
+        self.env, self.flows, self.rates, self.last, self.generation = env, {}, {}, 0.0, 0
+
+    def transfer(self, op: Op):
+        """Process body: the data-moving part of ``op`` (after its latency)."""
+        latency = op.meta.get("latency_s", 0.0)
+        share = op.meta.get("link_share") or {}
+        work = op.duration_s - latency
+        if latency > 0:
+            yield self.env.timeout(latency)
+        if work <= 0:
+            return
+        if not share:
+            yield self.env.timeout(work)
+            return
+        self._advance()
+        finished = self.env.event()
+        self.flows[op.op_id] = [work, share, finished]
+        self._reschedule()
+        yield finished
+
+    def _advance(self) -> None:
+        dt = self.env.now - self.last
+        for fid, flow in self.flows.items():
+            flow[0] -= dt * self.rates.get(fid, 0.0)
+        self.last = self.env.now
+
+    def _reschedule(self) -> None:
+        self.rates = max_min_rates({fid: flow[1] for fid, flow in self.flows.items()})
+        self.generation += 1
+        if self.flows:
+            wait = min(flow[0] / max(self.rates[fid], 1e-300) for fid, flow in self.flows.items())
+            self.env.process(self._timer(max(wait, 0.0), self.generation))
+
+    def _timer(self, wait: float, generation: int):
+        yield self.env.timeout(wait)
+        if generation != self.generation:
+            return
+        self._advance()
+        for fid in [f for f, flow in self.flows.items() if flow[0] <= DONE_S]:
+            self.flows.pop(fid)[2].succeed()
+        self._reschedule()
+
+
+def _stream(env: simpy.Environment, ops: list[Op], done: list, spans: list, links: _Links):
     for op in ops:
         waits = [done[d] for d in op.deps if not done[d].processed]
         if waits:
             yield env.all_of(waits)
         start = env.now
-        if op.duration_s > 0:
+        if op.is_comm:
+            yield from links.transfer(op)
+        elif op.duration_s > 0:
             yield env.timeout(op.duration_s)
         spans.append(span_of(op, start, env.now))
         done[op.op_id].succeed()
@@ -58,8 +115,9 @@ def run(graph: OpGraph) -> list[Span]:
     for op in graph.ops:
         streams[(op.stage, op.stream)].append(op)
     spans: list[Span] = []
-    for ops in streams.values():
-        env.process(_stream(env, ops, done, spans))
+    links = {stage: _Links(env) for stage, _ in streams}
+    for (stage, _), ops in streams.items():
+        env.process(_stream(env, ops, done, spans, links[stage]))
     env.run()
     if len(spans) != len(graph.ops):
         raise RuntimeError(f"engine deadlock: {len(graph.ops) - len(spans)} ops never ran")

@@ -236,12 +236,19 @@ class CollectiveTuning:
     launch_latency_us: float
     intra_step_latency_us: float
     inter_step_latency_us: float
+    direct_min_bytes: float  # one-shot/all-pairs intra-node kernels serve sizes in
+    direct_max_bytes: float  # [direct_min_bytes, direct_max_bytes]; 0/0 disables them
     protocols: dict[str, ProtocolSpec]
 
     def __post_init__(self):
-        for key in ("launch_latency_us", "intra_step_latency_us", "inter_step_latency_us"):
+        for key in ("launch_latency_us", "intra_step_latency_us", "inter_step_latency_us",
+                    "direct_min_bytes", "direct_max_bytes"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"collectives.{key} must be >= 0, got {getattr(self, key)!r}")
+        if self.direct_max_bytes < self.direct_min_bytes:
+            raise ConfigError(
+                f"collectives.direct_max_bytes ({self.direct_max_bytes}) is below direct_min_bytes ({self.direct_min_bytes})"
+            )
         if not self.protocols:
             raise ConfigError("collectives.protocols: at least one protocol is required")
 

@@ -104,7 +104,7 @@ class LayerBuilder:
 
     def _attention_core(self) -> Step:
         m, plan = self.model, self.plan
-        keys = self.tokens * plan.cp
+        keys = plan.seq  # each query attends within its own sequence (all cp shards of it)
         width = (m.q_width + m.v_width) / plan.tp
         flops = 2.0 * self.tokens * keys * width * 0.5  # QK^T and AV, causal half
         moved = self.tokens * (m.q_width + 2 * m.v_width) / plan.tp * ACT_BYTES

@@ -1,12 +1,16 @@
 """Attach a duration to every op of a graph: compute from ``costs``, communication from
-``collectives`` on the communicator's placement. Identical ops are priced once."""
+``collectives`` on the communicator's placement. Identical ops are priced once.
 
-from perfsim.collectives import collective_cost
+Comm ops also get ``meta['latency_s']`` and ``meta['link_share']`` (the share of each
+link of the stage's representative rank the op keeps busy while it moves data alone),
+which the engine uses to share links among concurrent comm ops."""
+
+from perfsim.collectives import collective_cost, local_peers
 from perfsim.costs import compute_time
 from perfsim.graph import OpGraph
 from perfsim.hardware import ClusterSpec
 from perfsim.ops import Op
-from perfsim.parallel import group_shapes
+from perfsim.parallel import group_shapes, group_strides
 
 
 def _key(op: Op) -> tuple:
@@ -16,18 +20,26 @@ def _key(op: Op) -> tuple:
 def price(graph: OpGraph, cluster: ClusterSpec) -> OpGraph:
     """Fill ``duration_s`` of every op in place; returns the graph."""
     shapes = group_shapes(graph.plan, cluster.gpus_per_node)
-    cache: dict[tuple, float] = {}
+    strides = {k: stride for k, (_, stride) in group_strides(graph.plan).items()}
+    cache: dict[tuple, tuple] = {}
     for op in graph.ops:
         key = _key(op)
         if key not in cache:
-            cache[key] = _duration(op, cluster, shapes, graph.plan.dtype)
-        op.duration_s = cache[key]
+            cache[key] = _duration(op, cluster, shapes, strides, graph.plan.dtype)
+        op.duration_s, comm = cache[key]
+        if comm is not None:
+            op.meta["latency_s"], op.meta["link_share"] = comm
     return graph
 
 
-def _duration(op: Op, cluster: ClusterSpec, shapes: dict, dtype: str) -> float:
+def _duration(op: Op, cluster: ClusterSpec, shapes: dict, strides: dict, dtype: str) -> tuple:
     if op.is_comm:
         call = op.collective
-        return collective_cost(call.coll, call.size_bytes, shapes[call.group], cluster).time_s
+        shape = shapes[call.group]
+        peers = local_peers(shape, strides.get(call.group, 1))
+        cost = collective_cost(call.coll, call.size_bytes, shape, cluster, peers=peers)
+        bw_time = cost.time_s - cost.latency_s
+        share = {k: v / bw_time for k, v in cost.demand.items()} if bw_time > 0 else {}
+        return cost.time_s, (cost.latency_s, share)
     gemm_dtype = dtype if op.gemm is not None else "bf16"
-    return compute_time(op, cluster.gpu, gemm_dtype)
+    return compute_time(op, cluster.gpu, gemm_dtype), None

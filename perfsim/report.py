@@ -94,7 +94,7 @@ def build_report(
     *, spans: list[Span], memory: list[MemoryBreakdown], model: ModelSpec, plan: ParallelPlan,
     cluster: ClusterSpec, estimator: str, warnings: list[str] | None = None,
 ) -> Report:
-    t0 = min(s.start_s for s in spans)
+    t0 = 0.0  # a step starts at t = 0; idle time before the first span (pipeline warm-up) is bubble
     t1 = max(s.end_s for s in spans)
     step = t1 - t0
     by_stage = defaultdict(list)

@@ -1,0 +1,74 @@
+"""Shared small inputs: tiny dense and MoE models keep lowering and simulation fast."""
+
+import pytest
+
+from perfsim.hardware import load_cluster
+from perfsim.graph import OpGraph, build_graph
+from perfsim.model import ModelSpec
+from perfsim.parallel import ParallelPlan, check_plan
+
+
+def tiny_dense(**overrides) -> ModelSpec:
+    spec = dict(
+        name="tiny-dense", source="test", num_layers=8, hidden_size=1024, num_heads=16,
+        num_kv_heads=4, head_dim=64, ffn_hidden_size=4096, vocab_size=32000,
+    )
+    return ModelSpec(**{**spec, **overrides})
+
+
+def tiny_moe(**overrides) -> ModelSpec:
+    spec = dict(
+        name="tiny-moe", source="test", num_layers=8, hidden_size=1024, num_heads=16,
+        num_kv_heads=4, head_dim=64, ffn_hidden_size=0, vocab_size=32000,
+        num_experts=8, top_k=2, expert_ffn_hidden_size=2048,
+    )
+    return ModelSpec(**{**spec, **overrides})
+
+
+@pytest.fixture(scope="session")
+def mi300x():
+    """The mi300x-pollara cluster as shipped (128 nodes)."""
+    return load_cluster("mi300x-pollara")
+
+
+@pytest.fixture(scope="session")
+def dense():
+    return tiny_dense()
+
+
+@pytest.fixture(scope="session")
+def moe():
+    return tiny_moe()
+
+
+DENSE = tiny_dense()
+MOE = tiny_moe()
+
+PLANS = {  # id -> (model, plan knobs); small enough to lower in milliseconds
+    "pp1": (DENSE, dict(dp=2, gbs=4)),
+    "pp2-1f1b": (DENSE, dict(pp=2, gbs=4)),
+    "pp4-1f1b": (DENSE, dict(pp=4, gbs=8)),
+    "pp4-gpipe": (DENSE, dict(pp=4, gbs=8, schedule="gpipe")),
+    "pp2-vpp2": (DENSE, dict(pp=2, vpp=2, gbs=4, schedule="interleaved")),
+    "pp4-vpp2": (DENSE, dict(pp=4, vpp=2, gbs=8, schedule="interleaved")),
+    "tp2-sp": (DENSE, dict(tp=2, dp=2, gbs=4)),
+    "tp2-nosp": (DENSE, dict(tp=2, dp=2, gbs=4, sequence_parallel=False)),
+    "cp2": (DENSE, dict(cp=2, dp=2, gbs=4)),
+    "zero0": (DENSE, dict(dp=4, gbs=8, zero=0)),
+    "zero2": (DENSE, dict(dp=4, gbs=8, zero=2)),
+    "zero3": (DENSE, dict(dp=4, gbs=8, zero=3)),
+    "zero1-nooverlap": (DENSE, dict(dp=4, gbs=8, zero=1, overlap_grad_reduce=False)),
+    "recompute-selective": (DENSE, dict(pp=2, dp=2, gbs=4, recompute="selective")),
+    "recompute-full": (DENSE, dict(pp=2, dp=2, gbs=4, recompute="full")),
+    "moe-ep4": (MOE, dict(dp=4, ep=4, gbs=8)),
+    "moe-ep2-etp2": (MOE, dict(tp=2, dp=2, ep=2, etp=2, gbs=4)),
+    "moe-pp2-ep2-zero3": (MOE, dict(pp=2, dp=2, ep=2, gbs=4, zero=3)),
+}
+
+
+def lower(case: str) -> OpGraph:
+    """The op graph of plan case ``case`` (a key of PLANS)."""
+    model, knobs = PLANS[case]
+    plan = ParallelPlan(seq=1024, **knobs)
+    check_plan(plan, model, plan.world_size)
+    return build_graph(model, plan)

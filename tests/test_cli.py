@@ -1,0 +1,123 @@
+"""The ``perfsim`` command line: the issue's simulate commands, the --json contract,
+and bad input as exit 2 with one line on stderr, never a traceback."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfsim.cli import main
+from perfsim.hardware import list_profiles
+from perfsim.modelio import list_models
+
+CONTRACT = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
+            "peak_memory_bytes", "breakdown", "plan", "world_size")
+ZAYA1 = ("simulate --model zaya1-base --cluster mi300x-pollara --nodes 128 --dp 1024 --zero 1 "
+         "--mbs 1 --gbs 2048 --seq 4096 --json")
+MIXTRAL = ("simulate --model mixtral-8x22b --cluster mi300x-pollara --nodes 8 --tp 8 --pp 4 --ep 8 "
+           "--mbs 1 --gbs 32 --seq 4096 --json")
+LLAMA70B = ("simulate --model llama3.1-70b --cluster mi300x-pollara --nodes 8 --tp 8 --pp 4 "
+            "--mbs 1 --gbs 32 --seq 4096 --json")
+
+
+def run_json(capsys, command: str) -> dict:
+    assert main(command.split()) == 0
+    out = capsys.readouterr()
+    assert out.err == ""
+    return json.loads(out.out)
+
+
+@pytest.mark.parametrize("command, world", [(ZAYA1, 1024), (MIXTRAL, 64), (LLAMA70B, 64)], ids=["zaya1", "mixtral", "llama70b"])
+def test_issue_commands_give_plausible_steps(capsys, command, world):
+    d = run_json(capsys, command)
+    assert set(CONTRACT) <= set(d)
+    assert d["world_size"] == world
+    assert 0.05 < d["mfu"] < 0.60
+    assert d["peak_memory_bytes"] <= 192e9
+    assert d["tokens_per_s"] == pytest.approx(d["plan"]["gbs"] * d["plan"]["seq"] / d["step_time_s"])
+
+
+def test_zaya1_via_subprocess():
+    exe = Path(sys.executable).with_name("perfsim")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "perfsim.cli"]
+    proc = subprocess.run(cmd + ZAYA1.split(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    assert set(CONTRACT) <= set(d) and 0.05 < d["mfu"] < 0.60
+
+
+def test_text_report(capsys):
+    assert main("simulate --model llama3.1-8b --nodes 1 --gbs 8 --seq 2048".split()) == 0
+    out = capsys.readouterr().out
+    assert "step time" in out and "MFU" in out and "breakdown" in out
+
+
+def test_analytic_engine_flag(capsys):
+    d = run_json(capsys, "simulate --model llama3.1-8b --nodes 1 --gbs 8 --seq 2048 --engine analytic --json")
+    assert d["estimator"] == "analytic"
+
+
+def test_trace_writes_valid_file(capsys, tmp_path):
+    path = tmp_path / "out.json"
+    assert main(f"simulate --model llama3.1-8b --nodes 1 --pp 2 --gbs 8 --seq 2048 --trace {path}".split()) == 0
+    trace = json.loads(path.read_text())
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert events and all(e["name"] for e in events)
+
+
+def test_list(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in list_profiles("cluster") + list_profiles("gpu") + list_models():
+        assert name in out
+    assert "mi300x-pollara" in out and "zaya1-base" in out
+
+
+BAD = {
+    "unknown-model": ("simulate --model gpt-17 --nodes 1 --gbs 8 --seq 1024", "gpt-17"),
+    "malformed-profile": ("simulate --model llama3.1-8b --cluster {bad_toml} --gbs 8 --seq 1024", "bad.toml"),
+    "missing-profile": ("simulate --model llama3.1-8b --cluster {tmp}/none.toml --gbs 8 --seq 1024", "none.toml"),
+    "malformed-hf-config": ("simulate --model {bad_json} --nodes 1 --gbs 8 --seq 1024", "bad.json"),
+    "tp-not-dividing-gpus": ("simulate --model llama3.1-8b --nodes 1 --tp 3 --gbs 8 --seq 1024", "3"),
+    "tp-not-dividing-heads": ("simulate --model llama3.1-8b --gpus 6 --tp 6 --gbs 8 --seq 1024", "plan.tp (6)"),
+    "gbs-not-dividing": ("simulate --model llama3.1-8b --nodes 1 --gbs 12 --seq 1024", "plan.gbs (12)"),
+    "ep-on-dense": ("simulate --model llama3.1-8b --nodes 1 --ep 2 --gbs 8 --seq 1024", "plan.ep"),
+    "does-not-fit": ("simulate --model llama3.1-70b --nodes 1 --zero 0 --gbs 8 --seq 4096", "out of memory"),
+    "unknown-flag": ("simulate --model llama3.1-8b --frobnicate 1", "--frobnicate"),
+    "negative-tp": ("simulate --model llama3.1-8b --nodes 1 --tp -2 --gbs 8 --seq 1024", "-2"),
+    "negative-nodes": ("simulate --model llama3.1-8b --nodes -4 --gbs 8 --seq 1024", "-4"),
+    "negative-gbs": ("simulate --model llama3.1-8b --nodes 1 --gbs -8 --seq 1024", "-8"),
+    "not-a-number": ("simulate --model llama3.1-8b --nodes 1 --gbs many --seq 1024", "many"),
+    "missing-seq": ("simulate --model llama3.1-8b --nodes 1 --gbs 8", "--seq"),
+    "bad-dtype": ("simulate --model llama3.1-8b --nodes 1 --gbs 8 --seq 1024 --dtype fp4", "fp4"),
+    "unwritable-trace": ("simulate --model llama3.1-8b --nodes 1 --gbs 8 --seq 1024 --trace {tmp}/no/dir/t.json", "trace"),
+    "unknown-command": ("bogus", "bogus"),
+}
+
+
+@pytest.fixture
+def bad_files(tmp_path):
+    (tmp_path / "bad.toml").write_text("name = [\n")
+    (tmp_path / "bad.json").write_text('{"hidden_size": ')
+    return {"bad_toml": tmp_path / "bad.toml", "bad_json": tmp_path / "bad.json", "tmp": tmp_path}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_exits_2_with_one_line(case, capsys, bad_files):
+    command, needle = BAD[case]
+    assert main(command.format(**bad_files).split()) == 2
+    out = capsys.readouterr()
+    lines = out.err.splitlines()
+    assert len(lines) == 1, out.err
+    assert needle in lines[0]
+    assert lines[0].startswith("perfsim: ")
+    assert "Traceback" not in out.err and out.out == ""
+
+
+def test_bad_input_via_subprocess_has_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "perfsim.cli", "simulate", "--model", "gpt-17", "--gbs", "8", "--seq", "8"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr

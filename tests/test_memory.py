@@ -1,0 +1,126 @@
+"""Per-rank memory: hand-computed weights/grads/optimizer bytes, activations against
+Korthikanti'22, in-flight microbatches per schedule, and OOM as an InfeasiblePlan."""
+
+import re
+
+import pytest
+from conftest import tiny_dense, tiny_moe
+
+from perfsim import InfeasiblePlan, simulate
+from perfsim.memory import in_flight_microbatches, layer_activation_bytes, plan_memory
+from perfsim.parallel import ParallelPlan
+
+# tiny-dense by hand: h=1024, 16 heads x 64, 4 kv heads, gated ffn 4096, vocab 32000, 8 layers
+#   attention  q,o: 2 x 1024*1024 + k,v: 2 x 1024*256      =  2,621,440
+#   mlp        3 x 1024*4096                               = 12,582,912
+#   norms      2 x 1024                                    =      2,048
+#   8 layers                                               = 121,651,200
+#   embedding + untied head 2 x 32000*1024                 =  65,536,000
+#   tp=2 rank: (121,651,200 + 65,536,000) / 2 + final norm 1,024 = 93,594,624
+RANK_PARAMS = 93_594_624
+DP = 4
+
+
+def breakdown(zero: int):
+    (mem,) = plan_memory(tiny_dense(), ParallelPlan(tp=2, dp=DP, zero=zero, gbs=8, seq=1024))
+    return mem
+
+
+def test_hand_count_matches_model():
+    assert tiny_dense().total_params() == 121_651_200 + 65_536_000 + 1024
+
+
+@pytest.mark.parametrize(
+    "zero, weights, grads, optimizer",
+    [  # bf16 weights 2 B, fp32 main grads 4 B, fp32 master + Adam m, v 12 B (Rajbhandari'20)
+        (0, RANK_PARAMS * 2, RANK_PARAMS * 4, RANK_PARAMS * 12),
+        (1, RANK_PARAMS * 2, RANK_PARAMS * 4, RANK_PARAMS * 12 / DP),
+        (2, RANK_PARAMS * 2, RANK_PARAMS * 4 / DP, RANK_PARAMS * 12 / DP),
+        (3, RANK_PARAMS * 2 / DP, RANK_PARAMS * 4 / DP, RANK_PARAMS * 12 / DP),
+    ],
+)
+def test_states_by_zero_stage(zero, weights, grads, optimizer):
+    mem = breakdown(zero)
+    assert mem.weights_bytes == weights
+    assert mem.gradients_bytes == grads
+    assert mem.optimizer_bytes == optimizer
+
+
+def test_logits_on_last_stage_only():
+    # fp32 logits and their gradient: 2 x 1024 tokens x 32000/2 vocab shard x 4 B
+    assert breakdown(1).logits_bytes == 2 * 1024 * 16000 * 4
+    first, last = plan_memory(tiny_dense(), ParallelPlan(pp=2, gbs=4, seq=1024))
+    assert first.logits_bytes == 0 and last.logits_bytes > 0
+
+
+def test_total_is_sum_of_parts():
+    mem = breakdown(2)
+    parts = mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes + mem.activations_bytes + mem.logits_bytes
+    assert mem.total_bytes == parts and mem.as_dict()["total_bytes"] == parts
+
+
+def test_activations_match_korthikanti_gpt_layer():
+    """Korthikanti'22 Table 2, tensor + sequence parallel: 34*s*b*h/t bytes per layer
+    (without the s^2 score terms, which flash attention does not keep). A GPT-style
+    layer (MHA, 4h non-gated MLP) should land within 10 %."""
+    model = tiny_dense(num_kv_heads=16, gated_mlp=False)
+    s, b, h, t = 2048, 2, model.hidden_size, 4
+    plan = ParallelPlan(tp=t, mbs=b, gbs=b, seq=s)
+    assert layer_activation_bytes(model, plan, 0) == pytest.approx(34 * s * b * h / t, rel=0.10)
+
+
+def test_full_recompute_keeps_only_layer_inputs():
+    model, plan = tiny_dense(), ParallelPlan(tp=2, mbs=2, gbs=2, seq=2048, recompute="full")
+    assert layer_activation_bytes(model, plan, 0) == 2 * 2048 * 1024 * 2 / 2  # sbh x 2 B / tp
+
+
+def test_cp_divides_activations():
+    model = tiny_dense()
+    one = layer_activation_bytes(model, ParallelPlan(gbs=1, seq=4096), 0)
+    four = layer_activation_bytes(model, ParallelPlan(cp=4, gbs=1, seq=4096), 0)
+    assert four == pytest.approx(one / 4)
+
+
+def test_moe_layer_activations_grow_with_top_k():
+    plan = ParallelPlan(gbs=1, seq=1024)
+    assert layer_activation_bytes(tiny_moe(top_k=4), plan, 0) > layer_activation_bytes(tiny_moe(top_k=1), plan, 0)
+
+
+@pytest.mark.parametrize(
+    "knobs, stage, expected",
+    [
+        (dict(pp=4, gbs=16), 0, 4),  # 1F1B: pp - stage
+        (dict(pp=4, gbs=16), 3, 1),
+        (dict(pp=4, gbs=2), 0, 2),  # never more than the microbatches
+        (dict(pp=4, gbs=16, schedule="gpipe"), 2, 16),  # GPipe keeps them all
+        (dict(pp=4, vpp=2, gbs=16), 0, 4 * (1 + 3 / 8)),  # Narayanan'21 sec. 2.2
+    ],
+)
+def test_in_flight_microbatches(knobs, stage, expected):
+    assert in_flight_microbatches(ParallelPlan(seq=1024, **knobs), stage) == pytest.approx(expected)
+
+
+def test_oom_raises_infeasible_plan_with_numbers(mi300x):
+    with pytest.raises(InfeasiblePlan) as info:
+        simulate("llama3.1-70b", mi300x, nodes=1, dp=8, gbs=8, seq=4096, zero=0)
+    message = str(info.value)
+    assert "out of memory" in message
+    assert re.search(r"needs [\d.]+ [GT]B per GPU", message)
+    assert re.search(r"has 192(\.0+)? GB", message)
+    assert "\n" not in message
+
+
+def test_oom_can_be_reported_instead(mi300x):
+    r = simulate("llama3.1-70b", mi300x, nodes=1, dp=8, gbs=8, seq=4096, zero=0, check_memory=False)
+    assert not r.fits and r.warnings and "out of memory" in r.warnings[0]
+    assert r.peak_memory_bytes > r.memory_capacity_bytes
+
+
+def test_zaya1_32k_needs_context_parallelism(mi300x):
+    """A 32K-token ZAYA1 sequence without cp needs more memory per rank than with cp=8."""
+    knobs = dict(nodes=8, mbs=1, gbs=64, seq=32768, zero=1, estimator="analytic", check_memory=False)
+    no_cp = simulate("zaya1-base", mi300x, cp=1, dp=64, **knobs)
+    cp8 = simulate("zaya1-base", mi300x, cp=8, dp=8, **knobs)
+    assert no_cp.peak_memory_bytes > cp8.peak_memory_bytes
+    act = lambda r: max(m["activations_bytes"] for m in r.memory)  # noqa: E731
+    assert act(no_cp) == pytest.approx(8 * act(cp8))
