@@ -6,6 +6,7 @@ exposed only where it outlasts the backward (or forward) it hides behind.
 """
 
 from collections import defaultdict
+from dataclasses import replace
 
 from perfsim.engine import Span, span_of
 from perfsim.graph import OpGraph
@@ -32,8 +33,8 @@ class _Stage:
         return sum(o.duration_s for o in self.chain)
 
 
-def _hidden_exposure(ops: list[Op], window: float, num_layers: int, overlapped: bool) -> float:
-    total = sum(o.duration_s for o in ops)
+def _hidden_exposure(ops: list[Op], window: float, num_layers: int, overlapped: bool, repeat: float = 1.0) -> float:
+    total = repeat * sum(o.duration_s for o in ops)
     if not ops or not overlapped:
         return total
     return max(ops[-1].duration_s, total - window * (1 - 1 / num_layers))
@@ -55,17 +56,44 @@ def run(graph: OpGraph) -> list[Span]:
         )
         bubble = (plan.pp - 1) / plan.vpp * (max(s.fwd for s in stages.values()) + max(s.bwd for s in stages.values()))
         bubble += 2 * (plan.pp - 1) * p2p
-    return _layout(st, bubble, plan.overlap_grad_reduce, plan.zero)
+    extra = plan.num_microbatches - (graph.num_microbatches or plan.num_microbatches)
+    return _layout(st, bubble, plan.overlap_grad_reduce, plan.zero, extra)
 
 
-def _layout(st: _Stage, bubble: float, overlap: bool, zero: int) -> list[Span]:
-    spans, t = [], bubble
+def lowered_microbatches(plan) -> int:
+    """Microbatches the closed form needs lowered: one, or one round of pp for vpp."""
+    return plan.pp if plan.vpp > 1 else 1
+
+
+def _repeat(st: _Stage, t: float, extra: int) -> tuple[list[Span], float]:
+    """One span per category standing for ``extra`` more microbatches like microbatch 0."""
+    totals: dict[tuple, list] = {}
+    for op in st.chain:
+        if op.microbatch == 0:
+            entry = totals.setdefault((op.stream, op.category), [op, 0.0])
+            entry[1] += op.duration_s * extra
+    spans = []
+    for op, seconds in totals.values():
+        spans.append(replace(span_of(op, t, t + seconds), op=f"{op.category} x{extra} microbatches", microbatch=-1))
+        t += seconds
+    return spans, t
+
+
+def _layout(st: _Stage, bubble: float, overlap: bool, zero: int, extra: int) -> list[Span]:
+    busy = st.busy + extra * (st.fwd + st.bwd)
+    ag_overlapped = overlap and zero != 3
+    ag_window = st.fwd if zero != 3 else busy
+    lowered = max(1, len({o.microbatch for o in st.chain}))
+    repeat = (lowered + extra) / lowered if zero == 3 else 1.0  # ZeRO-3 gathers every microbatch
+    gather_exposed = _hidden_exposure(st.gathers, ag_window, st.num_layers, ag_overlapped or zero == 3, repeat)
+    shift = gather_exposed if st.gathers and (overlap or zero == 3) else 0.0
+    spans, t = [], bubble + shift
     for op in st.chain:
         spans.append(span_of(op, t, t + op.duration_s))
         t += op.duration_s
-    ag_overlapped = overlap and zero != 3
-    ag_window = st.fwd if zero != 3 else st.busy
-    gather_exposed = _hidden_exposure(st.gathers, ag_window, st.num_layers, ag_overlapped or zero == 3)
+    if extra > 0:
+        more, t = _repeat(st, t, extra)
+        spans += more
     grad_exposed = _hidden_exposure(st.grads, st.bwd, st.num_layers, overlap)
     spans += _comm_block(st.grads, t, grad_exposed)
     t += grad_exposed
@@ -76,8 +104,8 @@ def _layout(st: _Stage, bubble: float, overlap: bool, zero: int) -> list[Span]:
             continue
         spans.append(span_of(op, t, t + op.duration_s))
         t += op.duration_s
-    if st.gathers and (overlap or zero == 3):  # gathers during the step delay the compute
-        spans = _shift(spans, gather_exposed) + _comm_block(st.gathers, 0.0, sum(o.duration_s for o in st.gathers))
+    if shift:  # gathers during the step delay the compute by their exposed part
+        spans += _comm_block(st.gathers, 0.0, sum(o.duration_s for o in st.gathers))
     return sorted(spans, key=lambda s: s.start_s)
 
 
@@ -91,9 +119,3 @@ def _comm_block(ops: list[Op], end_exposed_from: float, exposed: float) -> list[
         out.append(span_of(op, t, t + op.duration_s))
         t += op.duration_s
     return out
-
-
-def _shift(spans: list[Span], dt: float) -> list[Span]:
-    from dataclasses import replace
-
-    return [replace(s, start_s=s.start_s + dt, end_s=s.end_s + dt) for s in spans]

@@ -94,8 +94,11 @@ def simulate(
         raise ConfigError(f"engine: {estimator!r} is not one of {', '.join(ESTIMATORS)}")
     model, cluster, plan, _ = _inputs(model, cluster, plan, nodes, gpus, knobs)
     memory, warnings = _memory_check(model, cluster, plan, check_memory)
-    graph = price(build_graph(model, plan), cluster)
-    spans = engine.run(graph) if estimator == "des" else analytic.run(graph)
+    if estimator == "des":
+        spans = engine.run(price(build_graph(model, plan), cluster))
+    else:
+        graph = build_graph(model, plan, analytic.lowered_microbatches(plan))
+        spans = analytic.run(price(graph, cluster))
     return build_report(spans=spans, memory=memory, model=model, plan=plan, cluster=cluster,
                         estimator=estimator, warnings=warnings)
 

@@ -21,6 +21,7 @@ class OpGraph:
     model: ModelSpec
     plan: ParallelPlan
     ops: list[Op] = field(default_factory=list)
+    num_microbatches: int = 0  # microbatches actually lowered (may be fewer than the plan's)
 
     @property
     def num_stages(self) -> int:
@@ -38,6 +39,7 @@ class _Builder:
         self.graph = OpGraph(model=model, plan=plan)
         self.layers = LayerBuilder(model, plan)
         self.fwd_cache: dict[bool, list[Step]] = {}
+        self.bwd_cache: dict[bool, list[Step]] = {}
         self.last: dict[int, int] = {}  # stage -> last op of its compute chain
         self.marks: dict[int, list[int]] = {s: [-1, -1] for s in range(plan.pp)}  # layer boundaries
         self.p2p: dict[tuple, int] = {}  # (phase, microbatch, virtual stage) -> send op
@@ -71,12 +73,15 @@ class _Builder:
         return self.fwd_cache[moe]
 
     def backward_steps(self, layer: int) -> list[Step]:
-        recompute = []
-        if self.plan.recompute == Recompute.FULL:
-            recompute = [_as_recompute(s) for s in self.forward_steps(layer)]
-        elif self.plan.recompute == Recompute.SELECTIVE:
-            recompute = [_as_recompute(s) for s in self.forward_steps(layer) if s.kind is OpKind.ATTENTION]
-        return recompute + backward(self.forward_steps(layer))
+        moe = is_moe_layer(self.model, layer)
+        if moe not in self.bwd_cache:
+            recompute = []
+            if self.plan.recompute == Recompute.FULL:
+                recompute = [_as_recompute(s) for s in self.forward_steps(layer)]
+            elif self.plan.recompute == Recompute.SELECTIVE:
+                recompute = [_as_recompute(s) for s in self.forward_steps(layer) if s.kind is OpKind.ATTENTION]
+            self.bwd_cache[moe] = recompute + backward(self.forward_steps(layer))
+        return self.bwd_cache[moe]
 
     def _groups(self, layer: int, sizes: tuple[float, float]) -> list[tuple[str, float]]:
         plan = self.plan
@@ -198,10 +203,19 @@ def _emit(b: _Builder, orders: dict[int, list]) -> None:
             raise RuntimeError(f"pipeline schedule {b.plan.schedule} deadlocks")
 
 
-def build_graph(model: ModelSpec, plan: ParallelPlan) -> OpGraph:
-    """Lower ``model`` under ``plan`` into the per-stage op graph of one training step."""
-    b = _Builder(model, plan)
-    _emit(b, {s: stage_order(plan, s) for s in range(plan.pp)})
-    for stage in range(plan.pp):
+def build_graph(model: ModelSpec, plan: ParallelPlan, num_microbatches: int | None = None) -> OpGraph:
+    """Lower ``model`` under ``plan`` into the per-stage op graph of one training step.
+
+    ``num_microbatches`` lowers only that many microbatches (identical to the rest);
+    the closed-form estimator scales them up, the engine needs them all.
+    """
+    built = plan
+    if num_microbatches is not None and num_microbatches < plan.num_microbatches:
+        built = replace(plan, gbs=plan.mbs * plan.dp * num_microbatches)
+    b = _Builder(model, built)
+    _emit(b, {s: stage_order(built, s) for s in range(built.pp)})
+    for stage in range(built.pp):
         b.optimizer(stage)
+    b.graph.plan = plan
+    b.graph.num_microbatches = built.num_microbatches
     return b.graph
