@@ -16,6 +16,7 @@ from perfsim.ops import Coll
 from perfsim.parallel import ParallelPlan, check_plan, derive_dp, group_shape
 from perfsim.pricing import price
 from perfsim.report import Report, build_report
+from perfsim.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
 from perfsim.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, ch
 
 def simulate(
     model, cluster, plan: ParallelPlan | None = None, *, nodes: int | None = None, gpus: int | None = None,
-    estimator: str = "des", check_memory: bool = True, **knobs,
+    estimator: str = "des", check_memory: bool = True, routing: RoutingSpec | None = None, **knobs,
 ) -> Report:
     """Simulate one training step. ``estimator``: 'des' (SimPy engine) or 'analytic'.
 
@@ -94,13 +95,29 @@ def simulate(
         raise ConfigError(f"engine: {estimator!r} is not one of {', '.join(ESTIMATORS)}")
     model, cluster, plan, _ = _inputs(model, cluster, plan, nodes, gpus, knobs)
     memory, warnings = _memory_check(model, cluster, plan, check_memory)
+    routing = routing or UNIFORM
+    warnings += _routing_warnings(model, plan, routing)
     if estimator == "des":
-        spans = engine.run(price(build_graph(model, plan), cluster))
+        spans = engine.run(price(build_graph(model, plan, routing=routing), cluster))
     else:
-        graph = build_graph(model, plan, analytic.lowered_microbatches(plan))
+        graph = build_graph(model, plan, analytic.lowered_microbatches(plan), routing=routing)
         spans = analytic.run(price(graph, cluster))
     return build_report(spans=spans, memory=memory, model=model, plan=plan, cluster=cluster,
                         estimator=estimator, warnings=warnings)
+
+
+def _routing_warnings(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec) -> list[str]:
+    if not model.is_moe or plan.ep == 1:
+        return []
+    routed = plan.mbs * plan.seq // plan.cp // (plan.tp if plan.sequence_parallel and plan.tp > 1 else 1) * model.top_k
+    out = []
+    skew = imbalance(model, plan, routed, routing)
+    if skew > 1.0:
+        out.append(f"MoE imbalance: the busiest EP rank gets {skew:.2f}x the mean tokens")
+    dropped = dropped_fraction(model, plan, routed, routing)
+    if dropped > 0:
+        out.append(f"capacity factor {model.capacity_factor} drops {100 * dropped:.1f}% of routed tokens")
+    return out
 
 
 def estimate(model, cluster, plan: ParallelPlan | None = None, **kwargs) -> Report:

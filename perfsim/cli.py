@@ -9,6 +9,7 @@ from perfsim.errors import ConfigError, InfeasiblePlan, PerfsimError
 from perfsim.hardware import list_profiles
 from perfsim.modelio import list_models
 from perfsim.report import Report, write_trace
+from perfsim.routing import RoutingSpec
 from perfsim.units import format_bytes, parse_size
 
 PLAN_INTS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq")
@@ -31,6 +32,10 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recompute", default=None, choices=["none", "selective", "full"])
     p.add_argument("--schedule", default=None, choices=["gpipe", "1f1b", "interleaved"])
     p.add_argument("--no-overlap", action="store_true", help="do not overlap gradient reduction with backward")
+    p.add_argument("--routing", default="uniform", choices=["uniform", "zipf", "dirichlet"], help="MoE token routing")
+    p.add_argument("--routing-skew", type=float, default=1.0, help="Zipf exponent for --routing zipf")
+    p.add_argument("--routing-concentration", type=float, default=1.0, help="Dirichlet alpha for --routing dirichlet")
+    p.add_argument("--seed", type=int, default=0, help="seed for routing")
 
 
 def _plan_knobs(args) -> dict:
@@ -46,8 +51,10 @@ def _cmd_simulate(args) -> int:
     knobs.setdefault("seq", None)
     if knobs["gbs"] is None or knobs["seq"] is None:
         raise ConfigError("simulate: --gbs and --seq are required")
-    report = api.simulate(args.model, args.cluster, nodes=args.nodes, gpus=args.gpus,
-                          estimator=args.engine, check_memory=not args.allow_oom, **knobs)
+    routing = RoutingSpec(distribution=args.routing, skew=args.routing_skew,
+                          concentration=args.routing_concentration, seed=args.seed)
+    report = api.simulate(args.model, args.cluster, nodes=args.nodes, gpus=args.gpus, estimator=args.engine,
+                          check_memory=not args.allow_oom, routing=routing, **knobs)
     if args.trace:
         _write_trace(report, args.trace)
     print(json.dumps(report.to_dict(), indent=2) if args.json else _format_report(report))

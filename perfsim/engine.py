@@ -88,7 +88,10 @@ class _Links:
         if generation != self.generation:
             return
         self._advance()
-        for fid in [f for f, flow in self.flows.items() if flow[0] <= DONE_S]:
+        # a flow whose remaining time is below the clock's resolution at this time is done
+        # (otherwise float absorption in now + wait would spin forever)
+        tolerance = max(DONE_S, self.env.now * 1e-12)
+        for fid in [f for f, flow in self.flows.items() if flow[0] <= tolerance * max(self.rates.get(f, 0.0), 1.0)]:
             self.flows.pop(fid)[2].succeed()
         self._reschedule()
 

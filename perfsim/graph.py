@@ -12,6 +12,7 @@ from perfsim.layers import LayerBuilder, Step, backward, coll_step
 from perfsim.model import ModelSpec
 from perfsim.ops import Coll, Op, OpKind, Stream
 from perfsim.parallel import ParallelPlan, Recompute
+from perfsim.routing import UNIFORM, RoutingSpec
 from perfsim.schedules import BWD, FWD, stage_layers, stage_order
 from perfsim.sharding import is_moe_layer, layer_grad_bytes, layer_param_bytes, optimizer_bytes
 
@@ -34,10 +35,10 @@ def _dp_step(name: str, coll: Coll, group: str, size: float, category: str) -> S
 
 
 class _Builder:
-    def __init__(self, model: ModelSpec, plan: ParallelPlan):
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec):
         self.model, self.plan = model, plan
         self.graph = OpGraph(model=model, plan=plan)
-        self.layers = LayerBuilder(model, plan)
+        self.layers = LayerBuilder(model, plan, routing)
         self.fwd_cache: dict[bool, list[Step]] = {}
         self.bwd_cache: dict[bool, list[Step]] = {}
         self.last: dict[int, int] = {}  # stage -> last op of its compute chain
@@ -203,7 +204,9 @@ def _emit(b: _Builder, orders: dict[int, list]) -> None:
             raise RuntimeError(f"pipeline schedule {b.plan.schedule} deadlocks")
 
 
-def build_graph(model: ModelSpec, plan: ParallelPlan, num_microbatches: int | None = None) -> OpGraph:
+def build_graph(
+    model: ModelSpec, plan: ParallelPlan, num_microbatches: int | None = None, routing: RoutingSpec = UNIFORM
+) -> OpGraph:
     """Lower ``model`` under ``plan`` into the per-stage op graph of one training step.
 
     ``num_microbatches`` lowers only that many microbatches (identical to the rest);
@@ -212,7 +215,7 @@ def build_graph(model: ModelSpec, plan: ParallelPlan, num_microbatches: int | No
     built = plan
     if num_microbatches is not None and num_microbatches < plan.num_microbatches:
         built = replace(plan, gbs=plan.mbs * plan.dp * num_microbatches)
-    b = _Builder(model, built)
+    b = _Builder(model, built, routing)
     _emit(b, {s: stage_order(built, s) for s in range(built.pp)})
     for stage in range(built.pp):
         b.optimizer(stage)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from perfsim.model import Linear, ModelSpec
 from perfsim.ops import CollectiveCall, Coll, Gemm, OpKind, Stream
 from perfsim.parallel import ParallelPlan
-from perfsim.routing import rank_expert_loads
+from perfsim.routing import UNIFORM, RoutingSpec, imbalance, rank_expert_loads
 
 ACT_BYTES = 2  # bf16 activations
 LOGIT_BYTES = 4  # fp32 logits for the loss
@@ -57,8 +57,8 @@ def coll_step(name: str, coll: Coll, group: str, size: float, category: str) -> 
 class LayerBuilder:
     """Builds the step chains of one rank's layers for a model and plan."""
 
-    def __init__(self, model: ModelSpec, plan: ParallelPlan):
-        self.model, self.plan = model, plan
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec = UNIFORM):
+        self.model, self.plan, self.routing = model, plan, routing
         self.tokens = plan.mbs * plan.seq // plan.cp
         self.sp = plan.sequence_parallel and plan.tp > 1
         self.local_tokens = self.tokens // plan.tp if self.sp else self.tokens
@@ -128,10 +128,10 @@ class LayerBuilder:
         steps += [gemm_step(lin.name, t, lin.in_features, lin.out_features, "router") for lin in m.router_linears()]
         steps.append(elementwise_step("permute", 2 * routed * h * ACT_BYTES, "moe_permute"))
         if plan.ep > 1:
-            steps.append(coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", routed * h * ACT_BYTES, "ep_a2a"))
+            steps.append(coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", self._a2a_bytes(routed), "ep_a2a"))
         steps += self._experts(routed)
         if plan.ep > 1:
-            steps.append(coll_step("combine_a2a", Coll.ALL_TO_ALL, "ep", routed * h * ACT_BYTES, "ep_a2a"))
+            steps.append(coll_step("combine_a2a", Coll.ALL_TO_ALL, "ep", self._a2a_bytes(routed), "ep_a2a"))
         steps.append(elementwise_step("unpermute", 2 * routed * h * ACT_BYTES, "moe_permute"))
         if m.shared_ffn_hidden_size:
             w = m.shared_ffn_hidden_size
@@ -139,9 +139,14 @@ class LayerBuilder:
             steps.append(gemm_step("shared_down", t, w, h, "shared_expert"))
         return steps
 
+    def _a2a_bytes(self, routed: int) -> float:
+        """all_to_allv as the busiest rank sees it: it receives ``imbalance`` x its share."""
+        skew = imbalance(self.model, self.plan, routed, self.routing)
+        return routed * self.model.hidden_size * ACT_BYTES * skew
+
     def _experts(self, routed: int) -> list[Step]:
         m, plan = self.model, self.plan
-        loads = tuple(x * plan.etp for x in rank_expert_loads(m, plan, routed))
+        loads = tuple(x * plan.etp for x in rank_expert_loads(m, plan, routed, self.routing))
         width = m.expert_ffn_hidden_size // plan.etp
         up = width * (2 if m.gated_mlp else 1)
         received = sum(loads)

@@ -93,3 +93,40 @@ def test_all_to_allv_bytes_follow_routing():
     assert matrix.sum(axis=1) == pytest.approx(np.full(PLAN.ep, ROUTED * 2 * MODEL.hidden_size))
     received = matrix.sum(axis=0)
     assert received.max() / received.mean() == pytest.approx(imbalance(MODEL, PLAN, ROUTED, skewed))
+
+
+# ---- routing in a simulated step -------------------------------------------------------
+
+import perfsim  # noqa: E402
+from perfsim.cli import main  # noqa: E402
+
+STEP = dict(nodes=1, pp=2, ep=4, gbs=16, seq=2048)
+
+
+def _step(spec, estimator="des"):
+    return perfsim.simulate("mixtral-8x7b", "mi300x-pollara", estimator=estimator, routing=spec, **STEP)
+
+
+def _a2a(report):
+    return report.breakdown.get("ep_a2a", 0.0) + report.overlapped_comm_s.get("ep_a2a", 0.0)
+
+
+@pytest.mark.parametrize("estimator", ["des", "analytic"])
+def test_skew_raises_expert_time_and_all_to_all_monotonically(estimator):
+    reports = [_step(RoutingSpec(distribution="zipf", skew=s), estimator) for s in (0.0, 0.5, 1.0, 1.5)]
+    experts = [r.breakdown["experts"] for r in reports]
+    a2a = [_a2a(r) for r in reports]
+    assert all(b > a for a, b in zip(experts, experts[1:]))
+    assert all(b > a for a, b in zip(a2a, a2a[1:]))
+    assert "imbalance" in reports[-1].warnings[0]
+
+
+def test_uniform_routing_equals_the_balanced_default():
+    assert _step(None).to_dict() == _step(RoutingSpec()).to_dict()
+
+
+def test_cli_routing_flags(capsys):
+    args = ["simulate", "--model", "mixtral-8x7b", "--nodes", "1", "--pp", "2", "--ep", "4", "--gbs", "16",
+            "--seq", "2048", "--routing", "zipf", "--routing-skew", "1.2", "--seed", "3", "--json"]
+    assert main(args) == 0
+    assert "imbalance" in capsys.readouterr().out
