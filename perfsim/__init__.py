@@ -8,17 +8,38 @@ from perfsim.api import (
     make_plan,
     simulate,
 )
+from perfsim.calibrate import calibrate
+from perfsim.checkpoint import list_storage, load_storage, reshard
+from perfsim.goodput import FailureModel, plan_goodput, simulate_failures
+from perfsim.moe_width import sweep as moe_width_sweep
+from perfsim.search import SearchResult, search
+from perfsim.sizing import Workload, efficiency_grid, sizing_table
 from perfsim.errors import ConfigError, InfeasiblePlan, PerfsimError
+from perfsim.validate import validate
 
 __all__ = [
     "ConfigError",
+    "FailureModel",
     "InfeasiblePlan",
     "PerfsimError",
+    "SearchResult",
+    "Workload",
+    "calibrate",
     "collective",
+    "efficiency_grid",
     "estimate",
+    "list_storage",
     "load_cluster",
     "load_model",
+    "load_storage",
     "make_plan",
+    "moe_width_sweep",
+    "plan_goodput",
+    "reshard",
+    "search",
     "simulate",
+    "simulate_failures",
+    "sizing_table",
+    "validate",
 ]
 __version__ = "0.1.0"

@@ -17,6 +17,8 @@ from perfsim.parallel import ParallelPlan, check_plan, derive_dp, group_shape
 from perfsim.pricing import price
 from perfsim.report import Report, build_report
 from perfsim.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
+from perfsim.stragglers import NONE as NO_VARIABILITY
+from perfsim.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,8 @@ def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, ch
             f"out of memory: stage {worst.stage} needs {format_bytes(worst.total_bytes)} per GPU "
             f"(weights {format_bytes(worst.weights_bytes)}, grads {format_bytes(worst.gradients_bytes)}, "
             f"optimizer {format_bytes(worst.optimizer_bytes)}, activations {format_bytes(worst.activations_bytes)}, "
-            f"logits {format_bytes(worst.logits_bytes)}) but {cluster.gpu.name} has {format_bytes(cluster.gpu.hbm_bytes)}"
+            f"logits {format_bytes(worst.logits_bytes)}, fragmentation {format_bytes(worst.fragmentation_bytes)}) "
+            f"but {cluster.gpu.name} has {format_bytes(cluster.gpu.hbm_bytes)}"
         )
         if check_memory:
             raise InfeasiblePlan(message)
@@ -84,9 +87,12 @@ def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, ch
 
 def simulate(
     model, cluster, plan: ParallelPlan | None = None, *, nodes: int | None = None, gpus: int | None = None,
-    estimator: str = "des", check_memory: bool = True, routing: RoutingSpec | None = None, **knobs,
+    estimator: str = "des", check_memory: bool = True, routing: RoutingSpec | None = None,
+    variability: VariabilitySpec | None = None, **knobs,
 ) -> Report:
     """Simulate one training step. ``estimator``: 'des' (SimPy engine) or 'analytic'.
+    ``routing``: MoE token routing (uniform by default); ``variability``: seeded
+    per-GPU speed spread (none by default).
 
     Raises ConfigError for bad input and InfeasiblePlan when the plan does not fit in
     memory (pass ``check_memory=False`` to get a report with a warning instead).
@@ -95,21 +101,60 @@ def simulate(
         raise ConfigError(f"engine: {estimator!r} is not one of {', '.join(ESTIMATORS)}")
     model, cluster, plan, _ = _inputs(model, cluster, plan, nodes, gpus, knobs)
     memory, warnings = _memory_check(model, cluster, plan, check_memory)
-    routing = routing or UNIFORM
+    routing, variability = routing or UNIFORM, variability or NO_VARIABILITY
     warnings += _routing_warnings(model, plan, routing)
-    if estimator == "des":
-        spans = engine.run(price(build_graph(model, plan, routing=routing), cluster))
-    else:
-        graph = build_graph(model, plan, analytic.lowered_microbatches(plan), routing=routing)
-        spans = analytic.run(price(graph, cluster))
+    spans, slowdown = _spans(model, cluster, plan, routing, variability, estimator)
+    extras = _moe_and_straggler_costs(model, cluster, plan, routing, variability)
     return build_report(spans=spans, memory=memory, model=model, plan=plan, cluster=cluster,
-                        estimator=estimator, warnings=warnings)
+                        estimator=estimator, warnings=warnings, straggler_slowdown=slowdown, **extras)
+
+
+def _spans(model, cluster, plan, routing, variability, estimator) -> tuple[list, float]:
+    """Spans of one step and the slowest stage's straggler factor."""
+    speeds = gpu_speeds(plan.world_size, variability)
+    slow = stage_slowdowns(plan, speeds)
+    ep_speeds = ep_rank_speeds(plan, speeds) if model.is_moe and plan.ep > 1 else None
+    if estimator == "des":
+        graph = build_graph(model, plan, routing=routing, ep_speeds=ep_speeds)
+        return engine.run(price(graph, cluster, slow)), max(slow)
+    graph = build_graph(model, plan, analytic.lowered_microbatches(plan), routing=routing, ep_speeds=ep_speeds)
+    return analytic.run(price(graph, cluster, slow)), max(slow)
+
+
+def _closed_form_step(model, cluster, plan, routing, variability) -> float:
+    spans, _ = _spans(model, cluster, plan, routing, variability, "analytic")
+    return max(s.end_s for s in spans)
+
+
+def _moe_and_straggler_costs(model, cluster, plan, routing, variability) -> dict:
+    """Imbalance (max/mean routed tokens per EP rank) and what skew and GPU variability
+    cost: the closed-form step minus the same plan with uniform routing, or without
+    variability (the closed form keeps this cheap; zero when the feature is off)."""
+    out = {"moe_imbalance": 1.0, "moe_imbalance_cost_s": 0.0, "straggler_cost_s": 0.0}
+    moe = model.is_moe and plan.ep > 1
+    if moe:
+        speeds = ep_rank_speeds(plan, gpu_speeds(plan.world_size, variability))
+        out["moe_imbalance"] = imbalance(model, plan, _routed_tokens(model, plan), routing, speeds)
+    skewed = moe and routing != UNIFORM
+    if not skewed and variability.cv == 0:
+        return out
+    full = _closed_form_step(model, cluster, plan, routing, variability)
+    if skewed:
+        out["moe_imbalance_cost_s"] = full - _closed_form_step(model, cluster, plan, UNIFORM, variability)
+    if variability.cv > 0:
+        out["straggler_cost_s"] = full - _closed_form_step(model, cluster, plan, routing, NO_VARIABILITY)
+    return out
+
+
+def _routed_tokens(model: ModelSpec, plan: ParallelPlan) -> int:
+    """Routed token copies one EP rank sends per microbatch and MoE layer."""
+    return plan.mbs * plan.seq // plan.cp // (plan.tp if plan.sequence_parallel and plan.tp > 1 else 1) * model.top_k
 
 
 def _routing_warnings(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec) -> list[str]:
     if not model.is_moe or plan.ep == 1:
         return []
-    routed = plan.mbs * plan.seq // plan.cp // (plan.tp if plan.sequence_parallel and plan.tp > 1 else 1) * model.top_k
+    routed = _routed_tokens(model, plan)
     out = []
     skew = imbalance(model, plan, routed, routing)
     if skew > 1.0:

@@ -239,24 +239,35 @@ def collective_cost(
     return best
 
 
+def _tier_bytes(counts: list[list[float]], rank: int, per_node: int, sending: bool) -> tuple[float, float]:
+    """(intra-node, inter-node) bytes ``rank`` sends (or receives) in an all_to_allv."""
+    row = counts[rank] if sending else [r[rank] for r in counts]
+    intra = sum(b for peer, b in enumerate(row) if peer != rank and peer // per_node == rank // per_node)
+    inter = sum(b for peer, b in enumerate(row) if peer // per_node != rank // per_node)
+    return intra, inter
+
+
 def all_to_allv_cost(counts: list[list[float]], shape: GroupShape, cluster: ClusterSpec,
                      protocol: str | None = None) -> CollectiveCost:
     """All-to-all with per-pair byte counts ``counts[src][dst]``; the slowest rank sets
-    the time (every rank's sends priced as one pairwise phase)."""
+    the time, whether it is slow sending or receiving (links are full duplex, so each
+    direction is priced on its own and the larger counts)."""
     n, p = shape.size, shape.per_node
     if len(counts) != n or any(len(row) != n for row in counts):
         raise ConfigError(f"counts: need a {n}x{n} matrix of bytes")
+    if any(b < 0 for row in counts for b in row):
+        raise ConfigError("counts: byte counts must be >= 0")
     worst = None
-    for src, row in enumerate(counts):
-        intra = sum(b for dst, b in enumerate(row) if dst != src and dst // p == src // p)
-        inter = sum(b for dst, b in enumerate(row) if dst // p != src // p)
-        name, proto = pick_protocol(cluster, sum(row), protocol)
-        phase = _all_to_all_phase(intra, inter, shape, cluster)
-        latency, bw_time, demand = _price([phase], shape, cluster, proto, local_peers(shape))
-        cost = CollectiveCost(time_s=latency + bw_time, latency_s=latency, protocol=name, algorithm="direct",
-                              demand=demand, bytes_sent=intra + inter)
-        if worst is None or cost.time_s > worst.time_s:
-            worst = cost
+    for rank in range(n):
+        for sending in (True, False):
+            intra, inter = _tier_bytes(counts, rank, p, sending)
+            name, proto = pick_protocol(cluster, intra + inter, protocol)
+            phase = _all_to_all_phase(intra, inter, shape, cluster)
+            latency, bw_time, demand = _price([phase], shape, cluster, proto, local_peers(shape))
+            cost = CollectiveCost(time_s=latency + bw_time, latency_s=latency, protocol=name, algorithm="direct",
+                                  demand=demand, bytes_sent=intra + inter)
+            if worst is None or cost.time_s > worst.time_s:
+                worst = cost
     return worst
 
 

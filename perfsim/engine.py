@@ -7,6 +7,9 @@ Comm ops of a stage that overlap in time share the representative rank's links (
 links, NIC, leaf uplinks): after its fixed latency an op moves data as a fluid flow,
 and rates are re-divided max-min fairly whenever a flow starts or ends. An op alone
 takes exactly its priced duration, so the engine equals ``analytic`` without overlap.
+
+With ``plan.comm_compute_interference`` > 0 a compute op progresses at (1 - share) of
+its speed while any comm op of its stage is in flight (overlap is not free).
 """
 
 from collections import defaultdict
@@ -35,6 +38,9 @@ class Span:
     microbatch: int
     layer: int
     phase: str
+    op_id: int = -1
+    deps: tuple[int, ...] = ()
+    coll: str = ""  # collective kind of a comm op ("all_to_all", ...)
 
 
 def span_of(op: Op, start: float, end: float) -> Span:
@@ -42,7 +48,8 @@ def span_of(op: Op, start: float, end: float) -> Span:
     return Span(
         rank=op.stage, stream=str(op.stream), op=op.name, category=op.category, kind=str(op.kind),
         start_s=start, end_s=end, bytes=size, flops=op.flops, microbatch=op.microbatch,
-        layer=op.layer, phase=op.phase,
+        layer=op.layer, phase=op.phase, op_id=op.op_id, deps=op.deps,
+        coll=str(op.collective.coll) if op.collective else "",
     )
 
 
@@ -51,6 +58,31 @@ class _Links:
 
     def __init__(self, env: simpy.Environment):
         self.env, self.flows, self.rates, self.last, self.generation = env, {}, {}, 0.0, 0
+        self.active, self.toggle = 0, env.event()  # comm ops in flight; fires on 0 <-> 1
+
+    def comm(self, op: Op):
+        """Process body of a whole comm op: latency, then data; counts as in flight."""
+        self._count(+1)
+        yield from self.transfer(op)
+        self._count(-1)
+
+    def _count(self, delta: int) -> None:
+        before, self.active = self.active, self.active + delta
+        if (before == 0) != (self.active == 0):
+            fired, self.toggle = self.toggle, self.env.event()
+            fired.succeed()
+
+    def compute(self, op: Op, share: float):
+        """Process body of a compute op that runs at (1 - share) of its speed while a
+        comm kernel of this rank is in flight (CUs taken by RCCL; FiCCO)."""
+        left = op.duration_s
+        while left > DONE_S:
+            rate = 1.0 - share if self.active else 1.0
+            start, timer = self.env.now, self.env.timeout(left / rate)
+            fired = yield timer | self.toggle
+            if timer in fired:
+                return
+            left -= (self.env.now - start) * rate
 
     def transfer(self, op: Op):
         """Process body: the data-moving part of ``op`` (after its latency)."""
@@ -96,14 +128,16 @@ class _Links:
         self._reschedule()
 
 
-def _stream(env: simpy.Environment, ops: list[Op], done: list, spans: list, links: _Links):
+def _stream(env: simpy.Environment, ops: list[Op], done: list, spans: list, links: _Links, share: float):
     for op in ops:
         waits = [done[d] for d in op.deps if not done[d].processed]
         if waits:
             yield env.all_of(waits)
         start = env.now
         if op.is_comm:
-            yield from links.transfer(op)
+            yield from (links.comm(op) if share else links.transfer(op))
+        elif share and op.duration_s > 0:
+            yield from links.compute(op, share)
         elif op.duration_s > 0:
             yield env.timeout(op.duration_s)
         spans.append(span_of(op, start, env.now))
@@ -119,8 +153,9 @@ def run(graph: OpGraph) -> list[Span]:
         streams[(op.stage, op.stream)].append(op)
     spans: list[Span] = []
     links = {stage: _Links(env) for stage, _ in streams}
+    share = graph.plan.interference
     for (stage, _), ops in streams.items():
-        env.process(_stream(env, ops, done, spans, links[stage]))
+        env.process(_stream(env, ops, done, spans, links[stage], share))
     env.run()
     if len(spans) != len(graph.ops):
         raise RuntimeError(f"engine deadlock: {len(graph.ops) - len(spans)} ops never ran")

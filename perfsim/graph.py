@@ -8,12 +8,12 @@ stream, overlapped with compute where Megatron-Core overlaps them.
 
 from dataclasses import dataclass, field, replace
 
-from perfsim.layers import LayerBuilder, Step, backward, coll_step
+from perfsim.layers import LayerBuilder, Step, backward, coll_step, split_weight_grads
 from perfsim.model import ModelSpec
 from perfsim.ops import Coll, Op, OpKind, Stream
 from perfsim.parallel import ParallelPlan, Recompute
 from perfsim.routing import UNIFORM, RoutingSpec
-from perfsim.schedules import BWD, FWD, stage_layers, stage_order
+from perfsim.schedules import BWD, FWD, WGT, splits_backward, stage_layers, stage_order
 from perfsim.sharding import is_moe_layer, layer_grad_bytes, layer_param_bytes, optimizer_bytes
 
 
@@ -35,12 +35,15 @@ def _dp_step(name: str, coll: Coll, group: str, size: float, category: str) -> S
 
 
 class _Builder:
-    def __init__(self, model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec):
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec, ep_speeds=None):
         self.model, self.plan = model, plan
         self.graph = OpGraph(model=model, plan=plan)
-        self.layers = LayerBuilder(model, plan, routing)
+        self.layers = LayerBuilder(model, plan, routing, ep_speeds)
         self.fwd_cache: dict[bool, list[Step]] = {}
         self.bwd_cache: dict[bool, list[Step]] = {}
+        self.wgt_cache: dict[bool, list[Step]] = {}
+        self.split = splits_backward(plan)
+        self.bucket: dict[int, dict[str, float]] = {s: {} for s in range(plan.pp)}
         self.last: dict[int, int] = {}  # stage -> last op of its compute chain
         self.marks: dict[int, list[int]] = {s: [-1, -1] for s in range(plan.pp)}  # layer boundaries
         self.p2p: dict[tuple, int] = {}  # (phase, microbatch, virtual stage) -> send op
@@ -60,9 +63,17 @@ class _Builder:
         return op.op_id
 
     def chain(self, stage: int, steps: list[Step], deps: tuple[int, ...], mb: int, layer: int) -> int:
-        prev = self.last.get(stage, -1)
-        for i, step in enumerate(steps):
-            prev = self.add(stage, step, (prev, *deps) if i == 0 else (prev,), mb, layer)
+        """Append ``steps`` to the stage's compute chain; an ``offchain`` step starts
+        with the chain but does not block it, a ``join`` step also waits for the oldest
+        off-chain step not yet joined (ring attention)."""
+        prev, sides = self.last.get(stage, -1), []
+        for step in steps:
+            if ("offchain", True) in step.meta:
+                sides.append(self.add(stage, step, (prev, *deps), mb, layer))
+                continue
+            join = (sides.pop(0),) if ("join", True) in step.meta and sides else ()
+            prev = self.add(stage, step, (prev, *deps, *join), mb, layer)
+            deps = ()
         self.last[stage] = prev
         self.marks[stage].append(prev)
         return prev
@@ -81,8 +92,15 @@ class _Builder:
                 recompute = [_as_recompute(s) for s in self.forward_steps(layer)]
             elif self.plan.recompute == Recompute.SELECTIVE:
                 recompute = [_as_recompute(s) for s in self.forward_steps(layer) if s.kind is OpKind.ATTENTION]
-            self.bwd_cache[moe] = recompute + backward(self.forward_steps(layer))
+            chain = recompute + backward(self.forward_steps(layer))
+            if self.split:
+                chain, self.wgt_cache[moe] = split_weight_grads(chain)
+            self.bwd_cache[moe] = chain
         return self.bwd_cache[moe]
+
+    def weight_steps(self, layer: int) -> list[Step]:
+        self.backward_steps(layer)
+        return self.wgt_cache[is_moe_layer(self.model, layer)]
 
     def _groups(self, layer: int, sizes: tuple[float, float]) -> list[tuple[str, float]]:
         plan = self.plan
@@ -90,16 +108,29 @@ class _Builder:
         return [(g, s) for g, s in zip(("dp_cp", "edp"), sizes) if s > 0 and degrees[g] > 1]
 
     def grad_reduce(self, stage: int, layer: int) -> None:
-        """Bucket = one layer's gradients, reduced as soon as its last backward ends
-        (or after the whole backward when gradient reduction is not overlapped)."""
+        """Gradient buckets (Megatron-Core DDP): a layer's gradients join the open bucket
+        of their group (dense dp_cp, expert edp) once its last backward ends; a bucket
+        of at least ``grad_bucket_bytes`` is reduced at once, overlapped with the rest of
+        the backward (or after the whole backward when reduction is not overlapped)."""
         if not self.plan.overlap_grad_reduce and layer not in self.deferred[stage]:
             self.deferred[stage].append(layer)
             return
-        coll = Coll.ALL_REDUCE if self.plan.zero == 0 else Coll.REDUCE_SCATTER
-        after = (self.last[stage],)
+        bucket = self.bucket[stage]
         for group, size in self._groups(layer, layer_grad_bytes(self.model, self.plan, layer)):
-            step = _dp_step(f"grad_{coll}_{group}", coll, group, size, "dp_grad_reduce")
-            self.grad_ops[stage].append(self.add(stage, step, after, self.plan.num_microbatches - 1, layer))
+            bucket[group] = bucket.get(group, 0.0) + size
+            if bucket[group] >= self.plan.grad_bucket_bytes:
+                self._reduce_bucket(stage, group, bucket.pop(group), layer)
+
+    def _reduce_bucket(self, stage: int, group: str, size: float, layer: int) -> None:
+        coll = Coll.ALL_REDUCE if self.plan.zero == 0 else Coll.REDUCE_SCATTER
+        step = _dp_step(f"grad_{coll}_{group}", coll, group, size, "dp_grad_reduce")
+        after = (self.last[stage],)
+        self.grad_ops[stage].append(self.add(stage, step, after, self.plan.num_microbatches - 1, layer))
+
+    def flush_buckets(self, stage: int) -> None:
+        for group, size in sorted(self.bucket[stage].items()):
+            self._reduce_bucket(stage, group, size, -1)
+        self.bucket[stage].clear()
 
     def param_gather(self, stage: int, layer: int, phase: str, mb: int) -> tuple[int, ...]:
         """ZeRO parameter all-gathers the layer must wait for: ZeRO-1/2 once per step
@@ -138,16 +169,30 @@ class _Builder:
         self.phase = BWD
         vs = chunk * self.plan.pp + stage
         if vs == self.last_vs:
-            self.chain(stage, backward(self.layers.head_forward()), deps, mb, -1)
+            head = backward(self.layers.head_forward())
+            self.chain(stage, split_weight_grads(head)[0] if self.split else head, deps, mb, -1)
             deps = ()
         for layer in reversed(stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, chunk)):
             self.chain(stage, self.backward_steps(layer), deps + self.param_gather(stage, layer, BWD, mb), mb, layer)
             deps = ()
-            if mb == self.plan.num_microbatches - 1:
+            if mb == self.plan.num_microbatches - 1 and not self.split:
                 self.grad_reduce(stage, layer)
                 self.phase = BWD
         if vs == 0:
             self.chain(stage, backward(self.layers.embedding_forward()), deps, mb, -1)
+        return self.last[stage]
+
+    def chunk_weights(self, stage: int, mb: int, chunk: int) -> int:
+        """The deferred weight-gradient pass W of a split backward (zb-h1)."""
+        self.phase = WGT
+        vs = chunk * self.plan.pp + stage
+        if vs == self.last_vs:
+            self.chain(stage, split_weight_grads(backward(self.layers.head_forward()))[1], (), mb, -1)
+        for layer in reversed(stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, chunk)):
+            self.chain(stage, self.weight_steps(layer), (), mb, layer)
+            if mb == self.plan.num_microbatches - 1:
+                self.grad_reduce(stage, layer)
+                self.phase = WGT
         return self.last[stage]
 
     def optimizer(self, stage: int) -> None:
@@ -156,6 +201,7 @@ class _Builder:
         self.phase = "optimizer"
         for layer in self.deferred[stage]:
             self.grad_reduce(stage, layer)
+        self.flush_buckets(stage)
         num_bytes = optimizer_bytes(self.model, self.plan, stage)
         step = Step(name="optimizer_step", kind=OpKind.OPTIMIZER, stream=Stream.COMPUTE, category="optimizer", bytes=num_bytes)
         end = self.chain(stage, [step], tuple(self.grad_ops[stage]), -1, -1)
@@ -188,6 +234,11 @@ def _emit(b: _Builder, orders: dict[int, list]) -> None:
         for stage, order in orders.items():
             while cursor[stage] < len(order):
                 phase, mb, chunk = order[cursor[stage]]
+                if phase == WGT:
+                    b.chunk_weights(stage, mb, chunk)
+                    cursor[stage] += 1
+                    progressed = True
+                    continue
                 vs = chunk * b.plan.pp + stage
                 src = (FWD, mb, vs - 1) if phase == FWD else (BWD, mb, vs + 1)
                 needs = vs > 0 if phase == FWD else vs < b.last_vs
@@ -205,17 +256,20 @@ def _emit(b: _Builder, orders: dict[int, list]) -> None:
 
 
 def build_graph(
-    model: ModelSpec, plan: ParallelPlan, num_microbatches: int | None = None, routing: RoutingSpec = UNIFORM
+    model: ModelSpec, plan: ParallelPlan, num_microbatches: int | None = None, routing: RoutingSpec = UNIFORM,
+    ep_speeds: tuple[float, ...] | None = None,
 ) -> OpGraph:
     """Lower ``model`` under ``plan`` into the per-stage op graph of one training step.
 
     ``num_microbatches`` lowers only that many microbatches (identical to the rest);
-    the closed-form estimator scales them up, the engine needs them all.
+    the closed-form estimator scales them up, the engine needs them all. ``ep_speeds``
+    (relative GPU speed per EP rank, see ``stragglers``) picks the EP rank that ends
+    the MoE layer last and, for speed-aware routing, places the experts.
     """
     built = plan
     if num_microbatches is not None and num_microbatches < plan.num_microbatches:
         built = replace(plan, gbs=plan.mbs * plan.dp * num_microbatches)
-    b = _Builder(model, built, routing)
+    b = _Builder(model, built, routing, ep_speeds)
     _emit(b, {s: stage_order(built, s) for s in range(built.pp)})
     for stage in range(built.pp):
         b.optimizer(stage)

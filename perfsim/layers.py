@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from perfsim.model import Linear, ModelSpec
 from perfsim.ops import CollectiveCall, Coll, Gemm, OpKind, Stream
 from perfsim.parallel import ParallelPlan
-from perfsim.routing import UNIFORM, RoutingSpec, imbalance, rank_expert_loads
+from perfsim.routing import UNIFORM, RoutingSpec, imbalance, slowest_expert_rank
 
 ACT_BYTES = 2  # bf16 activations
 LOGIT_BYTES = 4  # fp32 logits for the loss
@@ -57,8 +57,9 @@ def coll_step(name: str, coll: Coll, group: str, size: float, category: str) -> 
 class LayerBuilder:
     """Builds the step chains of one rank's layers for a model and plan."""
 
-    def __init__(self, model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec = UNIFORM):
-        self.model, self.plan, self.routing = model, plan, routing
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec = UNIFORM,
+                 ep_speeds: tuple[float, ...] | None = None):
+        self.model, self.plan, self.routing, self.ep_speeds = model, plan, routing, ep_speeds
         self.tokens = plan.mbs * plan.seq // plan.cp
         self.sp = plan.sequence_parallel and plan.tp > 1
         self.local_tokens = self.tokens // plan.tp if self.sp else self.tokens
@@ -97,8 +98,9 @@ class LayerBuilder:
         steps += self._linears(linears[:-1], "attention_proj")
         if plan.cp > 1:
             kv = 2 * m.num_kv_heads * (m.head_dim + m.qk_rope_head_dim) // min(plan.tp, m.num_kv_heads)
-            steps.append(coll_step("cp_kv_ag", Coll.ALL_GATHER, "cp", self.tokens * plan.cp * kv * ACT_BYTES, "cp_comm"))
-        steps.append(self._attention_core())
+            steps += ring_attention(self._attention_core(), plan.cp, self.tokens * kv * ACT_BYTES)
+        else:
+            steps.append(self._attention_core())
         steps += self._linears(linears[-1:], "attention_proj", shard_out=False)
         return steps + self._tp_exit("attn")
 
@@ -141,21 +143,23 @@ class LayerBuilder:
 
     def _a2a_bytes(self, routed: int) -> float:
         """all_to_allv as the busiest rank sees it: it receives ``imbalance`` x its share."""
-        skew = imbalance(self.model, self.plan, routed, self.routing)
+        skew = imbalance(self.model, self.plan, routed, self.routing, self.ep_speeds)
         return routed * self.model.hidden_size * ACT_BYTES * skew
 
     def _experts(self, routed: int) -> list[Step]:
         m, plan = self.model, self.plan
-        loads = tuple(x * plan.etp for x in rank_expert_loads(m, plan, routed, self.routing))
+        tokens, speed = slowest_expert_rank(m, plan, routed, self.routing, self.ep_speeds)
+        loads = tuple(x * plan.etp for x in tokens)
+        meta = (("speed", speed),) if speed != 1.0 else ()  # the EP rank's own GPU speed
         width = m.expert_ffn_hidden_size // plan.etp
         up = width * (2 if m.gated_mlp else 1)
         received = sum(loads)
         steps = []
         if plan.etp > 1:
             steps.append(coll_step("etp_ag", Coll.ALL_GATHER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
-        steps.append(_grouped("expert_up", loads, up, m.hidden_size))
-        steps.append(elementwise_step("expert_act", received * (up + width) * ACT_BYTES, "activation"))
-        steps.append(_grouped("expert_down", loads, m.hidden_size, width))
+        steps.append(replace(_grouped("expert_up", loads, up, m.hidden_size), meta=meta))
+        steps.append(replace(elementwise_step("expert_act", received * (up + width) * ACT_BYTES, "activation"), meta=meta))
+        steps.append(replace(_grouped("expert_down", loads, m.hidden_size, width), meta=meta))
         if plan.etp > 1:
             steps.append(coll_step("etp_rs", Coll.REDUCE_SCATTER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
         return steps
@@ -182,12 +186,67 @@ def _grouped(name: str, loads: tuple[int, ...], n: int, k: int) -> Step:
     return Step(name=name, kind=OpKind.GROUPED_GEMM, stream=Stream.COMPUTE, category="experts", flops=flops, gemm=g, grouped=loads)
 
 
+def ring_attention(core: Step, cp: int, block_bytes: float, backward_pass: bool = False) -> list[Step]:
+    """Ring attention (Liu'23; Megatron-Core context parallelism): the attention core in
+    ``cp`` blocks, one per KV shard; while block i computes, the KV shard for block i+1
+    arrives from the ring neighbour (cp-1 p2p steps, each overlapped with a block).
+    Backward also passes the dK/dV accumulators around: twice the bytes per step.
+
+    Off-chain steps (meta ``offchain``) start with the preceding compute and run on the
+    cp stream; a step marked ``join`` also waits for the oldest off-chain step not yet
+    joined: hop i starts when block i-1 frees its buffer (double buffering) and block i
+    waits for hop i-1."""
+    block = replace(core, flops=core.flops / cp, bytes=core.bytes / cp,
+                    meta=core.meta + (("ring", cp), ("ring_bytes", block_bytes)))
+    size = block_bytes * (2 if backward_pass else 1)
+    suffix = "_bwd" if backward_pass else ""
+    steps = []
+    for i in range(cp):
+        if i < cp - 1:
+            hop = coll_step(f"cp_ring_kv{suffix}", Coll.SEND_RECV, "cp", size, "cp_comm")
+            steps.append(replace(hop, kind=OpKind.P2P, meta=(("offchain", True), ("ring", cp), ("ring_bytes", block_bytes))))
+        meta = block.meta + ((("join", True),) if i > 0 else ())
+        steps.append(replace(block, name=f"{core.name}{suffix}", meta=meta))
+    return steps
+
+
+def _meta(step: Step, key: str, default=None):
+    return dict(step.meta).get(key, default)
+
+
 def backward(steps: list[Step]) -> list[Step]:
-    """The backward chain of a forward chain: reversed, GEMMs dgrad+wgrad, comm mirrored."""
-    out = []
-    for step in reversed(steps):
-        out.append(_backward_step(step))
+    """The backward chain of a forward chain: reversed, GEMMs dgrad+wgrad, comm mirrored;
+    a ring-attention region is re-expanded as a backward ring."""
+    out, i = [], len(steps) - 1
+    while i >= 0:
+        step = steps[i]
+        cp = _meta(step, "ring")
+        if cp is None:
+            out.append(_backward_step(step))
+            i -= 1
+            continue
+        core = next(s for s in steps[i - 2 * cp + 2:i + 1] if s.kind is OpKind.ATTENTION)
+        bare = dict(core.meta)
+        bare.pop("ring"), bare.pop("join", None)
+        block_bytes = bare.pop("ring_bytes")
+        whole = replace(core, flops=core.flops * cp, bytes=core.bytes * cp, meta=tuple(bare.items()))
+        out += ring_attention(_backward_step(whole), cp, block_bytes, backward_pass=True)
+        i -= 2 * cp - 1
     return out
+
+
+def split_weight_grads(chain: list[Step]) -> tuple[list[Step], list[Step]]:
+    """Split a backward chain into the input-gradient chain B (GEMMs do dgrad only) and
+    the weight-gradient chain W (the wgrad GEMMs), for zero-bubble schedules (Qi'23)."""
+    inputs, weights = [], []
+    for step in chain:
+        if step.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM) and step.gemm.batch == 2:
+            half = replace(step, flops=step.flops / 2, gemm=replace(step.gemm, batch=1))
+            inputs.append(half)
+            weights.append(replace(half, name=step.name.replace("_bwd", "_wgrad")))
+        else:
+            inputs.append(step)
+    return inputs, weights
 
 
 def _backward_step(step: Step) -> Step:

@@ -21,6 +21,11 @@ from perfsim.sharding import (
 
 ACT_BYTES = 2
 LOGIT_BYTES = 4
+# Caching-allocator fragmentation of the transient (activation + logits) allocations:
+# blocks freed between microbatches cannot always be reused for differently sized
+# tensors. GMLake (Guo et al., ASPLOS'24) measures fragmentation of several to ~30 % of
+# GPU memory in LLM training; we budget 10 % of the transient bytes (an assumption).
+FRAGMENTATION = 0.10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,17 +36,19 @@ class MemoryBreakdown:
     optimizer_bytes: float
     activations_bytes: float
     logits_bytes: float
+    fragmentation_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.logits_bytes)
+                + self.activations_bytes + self.logits_bytes + self.fragmentation_bytes)
 
     def as_dict(self) -> dict:
         return {
             "stage": self.stage, "weights_bytes": self.weights_bytes, "gradients_bytes": self.gradients_bytes,
             "optimizer_bytes": self.optimizer_bytes, "activations_bytes": self.activations_bytes,
-            "logits_bytes": self.logits_bytes, "total_bytes": self.total_bytes,
+            "logits_bytes": self.logits_bytes, "fragmentation_bytes": self.fragmentation_bytes,
+            "total_bytes": self.total_bytes,
         }
 
 
@@ -78,6 +85,8 @@ def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
         return m
     if plan.vpp > 1:  # Narayanan'21 sec. 2.2: (1 + (pp-1)/(pp*vpp)) x pp for the first stage
         return min(m, (plan.pp - stage) * (1 + (plan.pp - 1) / (plan.pp * plan.vpp)))
+    if plan.schedule == Schedule.ZB_H1:  # stage s also keeps s deferred W passes' inputs
+        return min(m, max(plan.pp - stage, stage + 1))  # peak (stage 0) = 1F1B's (Qi'23)
     return min(m, plan.pp - stage)
 
 
@@ -95,7 +104,8 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
     if stage == plan.pp - 1:
         logits = 2 * plan.mbs * plan.seq / plan.cp * model.vocab_size / plan.tp * LOGIT_BYTES  # logits + grad
     return MemoryBreakdown(stage=stage, weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
-                           activations_bytes=acts, logits_bytes=logits)
+                           activations_bytes=acts, logits_bytes=logits,
+                           fragmentation_bytes=FRAGMENTATION * (acts + logits))
 
 
 def plan_memory(model: ModelSpec, plan: ParallelPlan) -> list[MemoryBreakdown]:

@@ -22,6 +22,7 @@ class Schedule(StrEnum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    ZB_H1 = "zb-h1"  # zero bubble, backward split into input- and weight-gradient (Qi'23)
 
 
 DTYPES = ("bf16", "fp16", "fp8")
@@ -45,12 +46,23 @@ class ParallelPlan:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     sequence_parallel: bool = True
     overlap_grad_reduce: bool = True
+    # Megatron-Core DDP bucket: 40M params of bf16 gradients (ddp bucket_size default)
+    grad_bucket_bytes: int = 80_000_000
+    # share of compute throughput lost while a comm kernel runs beside it on the same GPU
+    # (RCCL kernels occupy CUs; FiCCO); 0 until a GPU profile carries a measured value
+    comm_compute_interference: float = 0.0
+    dma_offload: bool = False  # comm on SDMA engines: no CU stolen, so no interference
 
     def __post_init__(self):
         for key in ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "mbs", "gbs", "seq"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"plan.{key} must be a positive integer, got {value!r}")
+        if isinstance(self.grad_bucket_bytes, bool) or not isinstance(self.grad_bucket_bytes, int) or self.grad_bucket_bytes < 1:
+            raise ConfigError(f"plan.grad_bucket_bytes must be a positive integer, got {self.grad_bucket_bytes!r}")
+        share = self.comm_compute_interference
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
+            raise ConfigError(f"plan.comm_compute_interference must be in [0, 1), got {share!r}")
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError(f"plan.zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.dtype not in DTYPES:
@@ -70,6 +82,11 @@ class ParallelPlan:
             raise ConfigError(f"plan.vpp ({self.vpp}) needs pp > 1")
         if self.seq % self.cp or (self.cp > 1 and (self.seq // self.cp) % 2):
             raise ConfigError(f"plan.seq ({self.seq}) must be divisible by 2*cp ({2 * self.cp})")
+
+    @property
+    def interference(self) -> float:
+        """Compute slowdown share while comm runs (none with DMA offload)."""
+        return 0.0 if self.dma_offload else float(self.comm_compute_interference)
 
     @property
     def world_size(self) -> int:

@@ -17,8 +17,13 @@ def _key(op: Op) -> tuple:
     return (op.kind, op.gemm, op.grouped, op.collective, op.flops, op.bytes, op.meta.get("backward", False))
 
 
-def price(graph: OpGraph, cluster: ClusterSpec) -> OpGraph:
-    """Fill ``duration_s`` of every op in place; returns the graph."""
+def price(graph: OpGraph, cluster: ClusterSpec, slowdowns: list[float] | None = None) -> OpGraph:
+    """Fill ``duration_s`` of every op in place; returns the graph.
+
+    ``slowdowns`` (one factor per pipeline stage, see ``stragglers``) stretch compute
+    ops to the pace of the stage's slowest GPU; an expert op that carries its EP rank's
+    ``speed`` runs at that speed instead."""
+    slow = slowdowns or [1.0] * graph.plan.pp
     shapes = group_shapes(graph.plan, cluster.gpus_per_node)
     strides = {k: stride for k, (_, stride) in group_strides(graph.plan).items()}
     cache: dict[tuple, tuple] = {}
@@ -29,6 +34,10 @@ def price(graph: OpGraph, cluster: ClusterSpec) -> OpGraph:
         op.duration_s, comm = cache[key]
         if comm is not None:
             op.meta["latency_s"], op.meta["link_share"] = comm
+        elif "speed" in op.meta:
+            op.duration_s /= op.meta["speed"]
+        elif slow[op.stage] != 1.0:
+            op.duration_s *= slow[op.stage]
     return graph
 
 

@@ -58,6 +58,19 @@ class Report:
     memory_capacity_bytes: float
     memory: list[dict]
     warnings: list[str] = field(default_factory=list)
+    bubble_s: float = 0.0  # idle time of the critical stage's compute stream
+    bubble_fraction: float = 0.0
+    exposed_comm_s: float = 0.0  # comm on the critical stage not hidden behind compute
+    comm_by_collective: dict[str, dict] = field(default_factory=dict)  # "category/coll" -> total, exposed, overlapped
+    per_layer_s: dict[str, dict] = field(default_factory=dict)  # critical stage, layer -> compute_s, comm_s
+    per_stage: list[dict] = field(default_factory=list)  # stage -> compute_s, comm_s, idle_s
+    per_stream_s: dict[str, float] = field(default_factory=dict)  # critical stage, busy seconds per stream
+    critical_path_s: dict[str, float] = field(default_factory=dict)  # category -> seconds on the critical path
+    critical_path_ops: int = 0
+    moe_imbalance: float = 1.0  # max / mean routed tokens per EP rank
+    moe_imbalance_cost_s: float = 0.0  # step time minus the same plan with uniform routing
+    straggler_slowdown: float = 1.0  # slowest stage's compute factor from GPU variability
+    straggler_cost_s: float = 0.0  # step time minus the same plan without variability
     spans: list[Span] = field(default_factory=list, repr=False, compare=False)
 
     @property
@@ -71,29 +84,100 @@ class Report:
         return out
 
 
-def _stage_breakdown(spans: list[Span], t0: float, t1: float) -> tuple[dict, dict]:
-    """(breakdown, overlapped comm) of one stage: compute by category, exposed comm by
-    category, and idle time as pipeline bubble; the breakdown sums to t1 - t0."""
+def _stage_breakdown(spans: list[Span], t0: float, t1: float) -> tuple[dict, dict, dict]:
+    """(breakdown, overlapped comm, per collective) of one stage: compute by category,
+    exposed comm by category, and idle time as pipeline bubble; the breakdown sums to
+    t1 - t0. Comm spans are charged in start order: the first to stick out owns it."""
     cover, breakdown = _Coverage(), defaultdict(float)
     comm_total = defaultdict(float)
+    per_coll = defaultdict(lambda: {"total_s": 0.0, "exposed_s": 0.0, "count": 0})
     for s in spans:
         if s.stream == COMPUTE_STREAM:
             breakdown[s.category] += s.end_s - s.start_s
             cover.add(s.start_s, s.end_s)
     for s in spans:
         if s.stream != COMPUTE_STREAM:
+            exposed = cover.add(s.start_s, s.end_s)
             comm_total[s.category] += s.end_s - s.start_s
-            breakdown[s.category] += cover.add(s.start_s, s.end_s)
+            breakdown[s.category] += exposed
+            entry = per_coll[f"{s.category}/{s.coll or s.kind}"]
+            entry["total_s"] += s.end_s - s.start_s
+            entry["exposed_s"] += exposed
+            entry["count"] += 1
     busy = sum(e - s for s, e in zip(cover.starts, cover.ends))
     breakdown[BUBBLE] = max(0.0, (t1 - t0) - busy)
     overlapped = {k: v - breakdown[k] for k, v in comm_total.items()}
-    return dict(breakdown), overlapped
+    for entry in per_coll.values():
+        entry["overlapped_s"] = entry["total_s"] - entry["exposed_s"]
+    return dict(breakdown), overlapped, dict(per_coll)
+
+
+def _per_layer(spans: list[Span]) -> dict[str, dict]:
+    out = defaultdict(lambda: {"compute_s": 0.0, "comm_s": 0.0})
+    for s in spans:
+        key = str(s.layer) if s.layer >= 0 else "other"
+        out[key]["compute_s" if s.stream == COMPUTE_STREAM else "comm_s"] += s.end_s - s.start_s
+    return dict(out)
+
+
+def _per_stage(by_stage: dict, step: float) -> list[dict]:
+    rows = []
+    for rank in sorted(by_stage):
+        compute = sum(s.end_s - s.start_s for s in by_stage[rank] if s.stream == COMPUTE_STREAM)
+        comm = sum(s.end_s - s.start_s for s in by_stage[rank] if s.stream != COMPUTE_STREAM)
+        rows.append({"stage": rank, "compute_s": compute, "comm_s": comm, "idle_s": max(0.0, step - compute)})
+    return rows
+
+
+def _per_stream(spans: list[Span]) -> dict[str, float]:
+    out = defaultdict(float)
+    for s in spans:
+        out[s.stream] += s.end_s - s.start_s
+    return dict(out)
+
+
+def critical_path(spans: list[Span]) -> list[Span]:
+    """Walk back from the last span to the start: at each span, step to whichever of its
+    dependencies and its stream predecessor ended last (the one that released it)."""
+    if not spans:
+        return []
+    by_id = {s.op_id: s for s in spans if s.op_id >= 0}
+    lanes = defaultdict(list)
+    for s in sorted(spans, key=lambda s: (s.start_s, s.end_s)):
+        lanes[(s.rank, s.stream)].append(s)
+    before = {}
+    for lane in lanes.values():
+        for prev, nxt in zip(lane, lane[1:]):
+            before[id(nxt)] = prev
+    path, seen = [], set()
+    node = max(spans, key=lambda s: (s.end_s, s.start_s))
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        path.append(node)
+        preds = [by_id[d] for d in node.deps if d in by_id] + ([before[id(node)]] if id(node) in before else [])
+        preds = [p for p in preds if p.end_s <= node.start_s + 1e-12]
+        node = max(preds, key=lambda p: p.end_s) if preds else None
+    return path[::-1]
+
+
+def _path_summary(path: list[Span]) -> dict[str, float]:
+    out = defaultdict(float)
+    for a, b in zip(path, path[1:]):
+        if b.start_s > a.end_s:
+            out["wait"] += b.start_s - a.end_s
+    for s in path:
+        out[s.category] += s.end_s - s.start_s
+    if path and path[0].start_s > 0:
+        out["wait"] += path[0].start_s
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def build_report(
     *, spans: list[Span], memory: list[MemoryBreakdown], model: ModelSpec, plan: ParallelPlan,
-    cluster: ClusterSpec, estimator: str, warnings: list[str] | None = None,
+    cluster: ClusterSpec, estimator: str, warnings: list[str] | None = None, **moe_and_stragglers,
 ) -> Report:
+    """``moe_and_stragglers``: moe_imbalance, moe_imbalance_cost_s, straggler_slowdown,
+    straggler_cost_s (computed by ``api``, which knows the baselines)."""
     t0 = 0.0  # a step starts at t = 0; idle time before the first span (pipeline warm-up) is bubble
     t1 = max(s.end_s for s in spans)
     step = t1 - t0
@@ -101,7 +185,9 @@ def build_report(
     for s in spans:
         by_stage[s.rank].append(s)
     crit = max(by_stage, key=lambda r: (sum(s.end_s - s.start_s for s in by_stage[r] if s.stream == COMPUTE_STREAM), -r))
-    breakdown, overlapped = _stage_breakdown(by_stage[crit], t0, t1)
+    breakdown, overlapped, per_coll = _stage_breakdown(by_stage[crit], t0, t1)
+    path = critical_path(spans)
+    exposed = sum(e["exposed_s"] for e in per_coll.values())
     tokens = plan.tokens_per_step
     world = plan.world_size
     flops = model.model_flops_per_token(plan.seq) * tokens
@@ -114,6 +200,10 @@ def build_report(
         breakdown=dict(sorted(breakdown.items(), key=lambda kv: -kv[1])), overlapped_comm_s=overlapped,
         critical_stage=crit, peak_memory_bytes=peak.total_bytes, memory_capacity_bytes=cluster.gpu.hbm_bytes,
         memory=[m.as_dict() for m in memory], warnings=list(warnings or []), spans=spans,
+        bubble_s=breakdown[BUBBLE], bubble_fraction=breakdown[BUBBLE] / step, exposed_comm_s=exposed,
+        comm_by_collective=per_coll, per_layer_s=_per_layer(by_stage[crit]), per_stage=_per_stage(by_stage, step),
+        per_stream_s=_per_stream(by_stage[crit]), critical_path_s=_path_summary(path), critical_path_ops=len(path),
+        **moe_and_stragglers,
     )
 
 

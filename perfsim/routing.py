@@ -4,8 +4,11 @@ The busiest expert-parallel rank sets the MoE layer time (synchronized execution
 the graph uses that rank's per-expert token counts; all-to-all sizes follow the routing.
 """
 
+import csv
+import json
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +32,7 @@ class RoutingSpec:
     histogram: tuple[float, ...] = ()
     seed: int = 0
     placement: tuple[int, ...] = ()  # EP rank of each expert; contiguous blocks when empty
+    speed_aware: bool = False  # hottest experts on the fastest EP ranks (ViBE)
 
     def __post_init__(self):
         try:
@@ -44,6 +48,8 @@ class RoutingSpec:
             raise ConfigError(f"routing.histogram must be non-negative, got {list(self.histogram)}")
         if self.distribution is Distribution.HISTOGRAM and not sum(self.histogram) > 0:
             raise ConfigError("routing.histogram: a histogram distribution needs positive counts")
+        if self.placement and self.speed_aware:
+            raise ConfigError("routing.placement: give a placement or ask for speed_aware, not both")
 
 
 UNIFORM = RoutingSpec()
@@ -76,6 +82,58 @@ def split_tokens(shares: np.ndarray, total: int) -> np.ndarray:
     return counts
 
 
+def load_histogram(path: str | Path) -> tuple[float, ...]:
+    """Tokens (or shares) per expert from a measured histogram: JSON (a list of numbers,
+    or an object with a ``tokens_per_expert`` list) or CSV (one number per row, or a
+    ``tokens`` column). One ConfigError line naming the file on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"routing.histogram: cannot read {str(path)!r} ({exc.strerror or exc})") from None
+    try:
+        values = _parse_histogram(text, path.suffix.lower())
+        counts = tuple(float(v) for v in values)
+    except (ValueError, TypeError, KeyError, json.JSONDecodeError, csv.Error) as exc:
+        raise ConfigError(f"routing.histogram: {str(path)!r} is not a list of tokens per expert ({exc})") from None
+    if not counts or any(not np.isfinite(c) or c < 0 for c in counts) or not sum(counts) > 0:
+        raise ConfigError(f"routing.histogram: {str(path)!r} needs non-negative counts with a positive sum")
+    return counts
+
+
+def _parse_histogram(text: str, suffix: str) -> list:
+    if suffix == ".json" or text.lstrip().startswith(("[", "{")):
+        data = json.loads(text)
+        return data["tokens_per_expert"] if isinstance(data, dict) else data
+    rows = [r for r in csv.reader(text.splitlines()) if r and r[0].strip()]
+    if rows and not _is_number(rows[0][-1]):
+        header = [c.strip() for c in rows[0]]
+        column = header.index("tokens") if "tokens" in header else len(header) - 1
+        return [r[column] for r in rows[1:]]
+    return [r[-1] for r in rows]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def speed_aware_placement(tokens: np.ndarray, speeds: tuple[float, ...]) -> np.ndarray:
+    """Hottest expert first onto the EP rank with free slots that would finish it
+    soonest ((load + tokens) / speed): greedy LPT on uniform machines (Graham'69)."""
+    ep = len(speeds)
+    slots = np.full(ep, len(tokens) // ep)
+    load, ranks = np.zeros(ep), np.zeros(len(tokens), dtype=np.int64)
+    for e in np.argsort(-tokens, kind="stable"):
+        finish = [(load[r] + tokens[e]) / speeds[r] if slots[r] else np.inf for r in range(ep)]
+        r = int(np.argmin(finish))
+        ranks[e], load[r], slots[r] = r, load[r] + tokens[e], slots[r] - 1
+    return ranks
+
+
 def placement(spec: RoutingSpec, num_experts: int, ep: int) -> np.ndarray:
     """EP rank of each expert; every rank must hold num_experts/ep experts."""
     if not spec.placement:
@@ -97,23 +155,36 @@ def expert_tokens(model: ModelSpec, plan: ParallelPlan, routed: int, spec: Routi
     return tokens
 
 
-def rank_tokens(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec) -> list[np.ndarray]:
+def rank_tokens(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec,
+                speeds: tuple[float, ...] | None = None) -> list[np.ndarray]:
     """Per EP rank: the token count of each of its local experts."""
     tokens = expert_tokens(model, plan, routed, spec)
-    ranks = placement(spec, model.num_experts, plan.ep)
+    if spec.speed_aware:
+        ranks = speed_aware_placement(tokens, speeds or (1.0,) * plan.ep)
+    else:
+        ranks = placement(spec, model.num_experts, plan.ep)
     return [tokens[ranks == r] for r in range(plan.ep)]
+
+
+def slowest_expert_rank(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec = UNIFORM,
+                        speeds: tuple[float, ...] | None = None) -> tuple[tuple[int, ...], float]:
+    """(token count of each local expert, relative speed) of the EP rank that finishes
+    last: the most tokens per unit of speed (the most tokens when speeds are equal)."""
+    speeds = speeds or (1.0,) * plan.ep
+    per_rank = rank_tokens(model, plan, routed, spec, speeds)
+    last = max(range(plan.ep), key=lambda r: (float(per_rank[r].sum()) / speeds[r], -r))
+    return tuple(int(x) for x in per_rank[last]), float(speeds[last])
 
 
 def rank_expert_loads(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec = UNIFORM) -> tuple[int, ...]:
     """Token count of each local expert on the busiest EP rank."""
-    per_rank = rank_tokens(model, plan, routed, spec)
-    busiest = max(range(plan.ep), key=lambda r: (int(per_rank[r].sum()), -r))
-    return tuple(int(x) for x in per_rank[busiest])
+    return slowest_expert_rank(model, plan, routed, spec)[0]
 
 
-def imbalance(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec) -> float:
+def imbalance(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec,
+              speeds: tuple[float, ...] | None = None) -> float:
     """max / mean tokens per EP rank (1.0 = perfectly balanced)."""
-    loads = np.array([t.sum() for t in rank_tokens(model, plan, routed, spec)], dtype=float)
+    loads = np.array([t.sum() for t in rank_tokens(model, plan, routed, spec, speeds)], dtype=float)
     return float(loads.max() / loads.mean()) if loads.mean() > 0 else 1.0
 
 

@@ -121,3 +121,21 @@ def test_bad_input_via_subprocess_has_no_traceback():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_simulate_fidelity_flags(capsys):
+    from perfsim.cli import main
+
+    args = ["simulate", "--model", "mixtral-8x7b", "--gpus", "16", "--pp", "2", "--ep", "8", "--gbs", "32",
+            "--seq", "1024", "--engine", "analytic", "--schedule", "zb-h1", "--routing", "zipf:1.2",
+            "--gpu-variability", "0.03", "--overlap-cu-share", "0.2", "--grad-bucket-size", "20M",
+            "--capacity-factor", "1.25", "--expert-placement", "speed", "--json", "--allow-oom"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["schedule"] == "zb-h1" and out["plan"]["grad_bucket_bytes"] == 20 * 2**20
+    assert out["moe_imbalance"] > 1 and out["straggler_slowdown"] > 1 and out["bubble_s"] > 0
+    assert main(args[:-2] + ["--allow-oom"]) == 0
+    text = capsys.readouterr().out
+    assert "pipeline bubble" in text and "critical path" in text and "MoE imbalance" in text
+    assert main(args[:-2] + ["--overlap-cu-share", "1.5"]) == 2
+    assert "comm_compute_interference" in capsys.readouterr().err

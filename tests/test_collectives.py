@@ -179,3 +179,17 @@ def test_cli_json_rows_and_speed(gpus):
     for row in rows:
         assert {"op", "size_bytes", "ranks", "time_us", "algbw_GBps", "busbw_GBps"} <= row.keys()
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * 2 * (gpus - 1) / gpus)
+
+
+def test_all_to_allv_hot_receiver_sets_the_time_like_a_hot_sender():
+    from perfsim.collectives import all_to_allv_cost
+    from perfsim.hardware import load_cluster
+    from perfsim.parallel import group_shape
+
+    cluster, shape = load_cluster("mi300x-pollara"), group_shape(16, 1, 8)
+    uniform = [[1e6] * 16 for _ in range(16)]
+    hot_in = [[4e6 if dst == 3 else 1e6 for dst in range(16)] for _ in range(16)]
+    hot_out = [list(col) for col in zip(*hot_in)]
+    base = all_to_allv_cost(uniform, shape, cluster).time_s
+    assert all_to_allv_cost(hot_in, shape, cluster).time_s > 1.5 * base
+    assert all_to_allv_cost(hot_in, shape, cluster).time_s == pytest.approx(all_to_allv_cost(hot_out, shape, cluster).time_s)

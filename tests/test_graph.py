@@ -69,11 +69,30 @@ def test_tp_without_sp_uses_all_reduce():
     assert c[Coll.ALL_REDUCE] and not c[Coll.ALL_GATHER]
 
 
-def test_cp_gathers_kv_forward_and_reduce_scatters_backward():
-    graph = lower("cp2")
-    ops = [o for o in graph.ops if o.collective and o.collective.group == "cp"]
-    assert {o.collective.coll for o in ops if o.phase == FWD} == {Coll.ALL_GATHER}
-    assert {o.collective.coll for o in ops if o.phase == BWD} == {Coll.REDUCE_SCATTER}
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_ring_attention_passes_kv_blocks(cp):
+    """Ring attention: per layer and pass, cp attention blocks and cp-1 p2p KV hops on the
+    cp stream, each hop starting with a block and the next block waiting for it;
+    backward hops carry KV and dKV (twice the bytes)."""
+    from conftest import tiny_dense
+
+    from perfsim.graph import build_graph
+    from perfsim.parallel import ParallelPlan
+
+    graph = build_graph(tiny_dense(), ParallelPlan(cp=cp, gbs=2, seq=4096))
+    hops = [o for o in graph.ops if o.collective and o.collective.group == "cp"]
+    assert {o.collective.coll for o in hops} == {Coll.SEND_RECV}
+    assert {o.kind for o in hops} == {OpKind.P2P}
+    passes = graph.model.num_layers * graph.plan.num_microbatches
+    fwd = [o for o in hops if o.phase == FWD]
+    bwd = [o for o in hops if o.phase == BWD]
+    assert len(fwd) == len(bwd) == (cp - 1) * passes
+    assert bwd[0].collective.size_bytes == pytest.approx(2 * fwd[0].collective.size_bytes)
+    blocks = [o for o in graph.ops if o.kind is OpKind.ATTENTION and o.phase == FWD]
+    assert len(blocks) == cp * passes
+    by_id = {o.op_id: o for o in graph.ops}
+    joins = [o for o in blocks if any(by_id[d].stream.value == "cp_comm" for d in o.deps)]
+    assert len(joins) == (cp - 1) * passes
 
 
 def test_ep_all_to_all_dispatch_and_combine():

@@ -55,8 +55,16 @@ def test_logits_on_last_stage_only():
 
 def test_total_is_sum_of_parts():
     mem = breakdown(2)
-    parts = mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes + mem.activations_bytes + mem.logits_bytes
+    parts = (mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes + mem.activations_bytes + mem.logits_bytes
+             + mem.fragmentation_bytes)
     assert mem.total_bytes == parts and mem.as_dict()["total_bytes"] == parts
+
+
+def test_fragmentation_is_a_share_of_transient_bytes():
+    from perfsim.memory import FRAGMENTATION
+
+    mem = breakdown(2)
+    assert mem.fragmentation_bytes == pytest.approx(FRAGMENTATION * (mem.activations_bytes + mem.logits_bytes))
 
 
 def test_activations_match_korthikanti_gpt_layer():

@@ -88,3 +88,45 @@ def test_chrome_trace(report, tmp_path):
     stages = range(report.plan["pp"]) if report.estimator == "des" else [report.critical_stage]
     assert names == {f"pp stage {s}" for s in stages}  # analytic lays out the critical stage only
     assert trace == chrome_trace(report)
+
+
+# ---- breakdowns and critical path ----------------------------------------------------------
+
+def _pipeline_report():
+    from conftest import tiny_dense
+
+    from perfsim import simulate
+
+    return simulate(tiny_dense(), "mi300x-pollara", gpus=8, pp=2, dp=4, gbs=16, seq=1024)
+
+
+def test_per_collective_exposed_plus_overlapped_is_total():
+    r = _pipeline_report()
+    assert r.comm_by_collective
+    for entry in r.comm_by_collective.values():
+        assert entry["exposed_s"] + entry["overlapped_s"] == pytest.approx(entry["total_s"])
+        assert entry["exposed_s"] >= -1e-12
+    assert r.exposed_comm_s == pytest.approx(sum(e["exposed_s"] for e in r.comm_by_collective.values()))
+
+
+def test_per_stage_layer_stream_breakdowns():
+    r = _pipeline_report()
+    assert [row["stage"] for row in r.per_stage] == [0, 1]
+    crit = r.per_stage[r.critical_stage]
+    assert crit["compute_s"] == pytest.approx(r.per_stream_s["compute"])
+    assert crit["compute_s"] + crit["idle_s"] == pytest.approx(r.step_time_s)
+    layers = {k for k in r.per_layer_s if k != "other"}
+    assert layers == {str(l) for l in range(4 * r.critical_stage, 4 * r.critical_stage + 4)}
+    assert r.bubble_s == r.breakdown["pipeline_bubble"] and 0 < r.bubble_fraction < 1
+
+
+def test_critical_path_spans_the_step():
+    from perfsim.report import critical_path
+
+    r = _pipeline_report()
+    path = critical_path(r.spans)
+    assert path[-1].end_s == pytest.approx(r.step_time_s)
+    assert all(a.end_s <= b.start_s + 1e-12 for a, b in zip(path, path[1:]))
+    assert sum(r.critical_path_s.values()) == pytest.approx(r.step_time_s)
+    assert r.critical_path_ops == len(path)
+    assert {"bubble_s", "exposed_comm_s", "moe_imbalance", "critical_path_s"} <= set(r.to_dict())

@@ -1,0 +1,114 @@
+"""The planner's inputs as one plain, JSON-able dict, and how they become a perfsim call.
+
+The same dict is the cache key of a simulation, what a saved scenario stores, and what
+the Search page writes when a user opens a plan. Pages never build perfsim calls by hand.
+"""
+
+import copy
+import json
+
+import perfsim
+from perfsim import modelio
+from perfsim.routing import RoutingSpec
+
+KNOBS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq")
+CHOICES = {
+    "dtype": ("bf16", "fp16", "fp8"),
+    "recompute": ("none", "selective", "full"),
+    "schedule": ("1f1b", "interleaved", "gpipe"),
+    "distribution": ("uniform", "zipf", "dirichlet"),
+    "estimator": ("des", "analytic"),
+}
+
+# ZAYA1-base on 128 nodes x 8 MI300X + Pollara, as trained (../shared/data/calibration/zaya1_cluster.csv)
+DEFAULT = {
+    "model": "zaya1-base",
+    "model_config": None,  # text of an uploaded Hugging Face config.json; overrides "model"
+    "cluster": "mi300x-pollara",
+    "nodes": 128,
+    "knobs": {
+        "tp": 1, "pp": 1, "vpp": 1, "dp": 1024, "ep": 1, "etp": 1, "cp": 1, "zero": 1,
+        "mbs": 1, "gbs": 2048, "seq": 4096, "dtype": "bf16", "recompute": "none", "schedule": "1f1b",
+    },
+    "routing": {"distribution": "uniform", "skew": 1.0, "concentration": 1.0, "seed": 0},
+    "estimator": "des",
+}
+
+
+def default_inputs() -> dict:
+    return copy.deepcopy(DEFAULT)
+
+
+def normalize(inputs: dict) -> dict:
+    """``inputs`` over the defaults: keys missing from an older scenario take default values."""
+    out = default_inputs()
+    for key, value in (inputs or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key].update(value)
+        else:
+            out[key] = value
+    return out
+
+
+def cache_key(inputs: dict) -> str:
+    """Canonical JSON: equal inputs, equal key."""
+    return json.dumps(inputs, sort_keys=True)
+
+
+def with_plan(inputs: dict, plan: dict) -> dict:
+    """``inputs`` with the knobs of ``plan`` (a Report.plan dict or any subset of knobs)."""
+    out = copy.deepcopy(inputs)
+    for key in (*KNOBS, "dtype", "recompute", "schedule"):
+        if key in plan and plan[key] is not None:
+            out["knobs"][key] = str(plan[key]) if key in CHOICES else int(plan[key])
+    return out
+
+
+def nodes_for(num_gpus: int, gpus_per_node: int) -> int:
+    """Nodes needed to hold ``num_gpus`` GPUs (at least one)."""
+    return max(1, -(-int(num_gpus) // int(gpus_per_node)))
+
+
+def model_spec(inputs: dict):
+    """The ModelSpec: an uploaded config.json when given, else the preset or path."""
+    text = inputs.get("model_config")
+    if not text:
+        return perfsim.load_model(inputs["model"])
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise perfsim.ConfigError(f"model config: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(config, dict):
+        raise perfsim.ConfigError("model config: a config.json must hold a JSON object")
+    return modelio.from_hf_config(config, inputs.get("model") or "uploaded")
+
+
+def routing_spec(inputs: dict) -> RoutingSpec:
+    r = inputs.get("routing") or {}
+    return RoutingSpec(distribution=r.get("distribution", "uniform"), skew=float(r.get("skew", 1.0)),
+                       concentration=float(r.get("concentration", 1.0)), seed=int(r.get("seed", 0)))
+
+
+def plan_knobs(inputs: dict) -> dict:
+    """Knobs for perfsim.simulate; dp 0 means 'derive from the GPU count'."""
+    knobs = dict(inputs["knobs"])
+    if not knobs.get("dp"):
+        knobs.pop("dp", None)
+    return knobs
+
+
+def simulate(inputs: dict):
+    """perfsim.simulate (or estimate) for ``inputs``; OOM is a report warning, not an error."""
+    return perfsim.simulate(
+        model_spec(inputs), inputs["cluster"], nodes=int(inputs["nodes"]), estimator=inputs.get("estimator", "des"),
+        check_memory=False, routing=routing_spec(inputs), **plan_knobs(inputs),
+    )
+
+
+def describe(inputs: dict) -> str:
+    """One line naming the model, cluster and the knobs that differ from 1."""
+    k = inputs["knobs"]
+    axes = " ".join(f"{a}={k[a]}" for a in ("tp", "pp", "vpp", "dp", "ep", "etp", "cp") if k.get(a, 1) != 1)
+    model = "uploaded config" if inputs.get("model_config") else inputs["model"]
+    return (f"{model} on {inputs['nodes']} x {inputs['cluster']} nodes: {axes or 'dp=auto'} zero={k['zero']} "
+            f"mbs={k['mbs']} gbs={k['gbs']} seq={k['seq']} {k['dtype']}")

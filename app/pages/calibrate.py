@@ -1,0 +1,127 @@
+"""Calibrate: upload rccl-tests logs and kernel CSVs, see predicted vs measured and the
+error, fit the profile (perfsim.calibrate), and save the calibrated profile."""
+
+import tempfile
+from pathlib import Path
+
+import streamlit as st
+
+import charts
+import common
+import derive
+import perfsim
+from perfsim import hardware
+
+st.title("Calibrate")
+readers = common.optional_api("readers", "read_rccl_log")
+if readers is None:
+    common.unavailable("Measurement readers", "readers")
+    st.stop()
+from perfsim.readers import read_kernel_csv, read_rccl_log  # noqa: E402 - present once checked above
+
+EXAMPLES = sorted((common.DATA_DIR / "calibration" / "rccl-tests").glob("*.log"))
+clusters = common.cluster_names()
+current = common.get_inputs()["cluster"]
+cluster = st.selectbox("Profile to calibrate", clusters, key="w.c_cluster",
+                       index=clusters.index(current) if current in clusters else 0)
+a, b, c = st.columns(3)
+logs = a.file_uploader("rccl-tests / nccl-tests logs", type=["log", "txt", "out"], accept_multiple_files=True,
+                       key="w.c_logs")
+csvs = b.file_uploader("Kernel CSVs (perfsim kernel schema)", type=["csv"], accept_multiple_files=True,
+                       key="w.c_csvs")
+p2ps = c.file_uploader("Point-to-point tables (TransferBench / CSV)", type=["csv", "txt", "log"],
+                       accept_multiple_files=True, key="w.c_p2p")
+examples = st.multiselect("...or shipped example logs", [p.name for p in EXAMPLES], key="w.c_examples",
+                          help=f"from {common.DATA_DIR / 'calibration' / 'rccl-tests'}")
+
+workdir = Path(st.session_state.setdefault("calibrate.dir", tempfile.mkdtemp(prefix="perfsim-cal-")))
+
+
+def saved(files) -> list[Path]:
+    """Uploaded files written to the session's folder (the readers take paths)."""
+    out = []
+    for f in files or []:
+        path = workdir / Path(f.name).name
+        path.write_bytes(f.getvalue())
+        out.append(path)
+    return out
+
+
+log_paths = saved(logs) + [p for p in EXAMPLES if p.name in examples]
+csv_paths = saved(csvs)
+p2p_paths = saved(p2ps)
+if not log_paths and not csv_paths and not p2p_paths:
+    st.info("Upload rccl-tests logs or kernel CSVs, or pick a shipped example log.", icon=":material/upload_file:")
+    st.stop()
+
+parsed, points = {}, []
+for path in log_paths:
+    with common.shown_errors(f"Cannot read {path.name}"):
+        log = read_rccl_log(path)
+        parsed[path] = log
+        points += derive.rccl_points(log, path.stem)
+        if log.num_skipped:
+            st.warning(f"{path.name}: skipped {log.num_skipped} unparsable lines "
+                       f"(first at line {log.skipped_lines[0]}); used {len(log.rows)} rows.")
+kernels = []
+for path in csv_paths:
+    with common.shown_errors(f"Cannot read {path.name}"):
+        kernels += read_kernel_csv(path)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def predict(cluster_ref: str, rows: tuple[tuple[str, int, int], ...]) -> list[float]:
+    return [perfsim.collective(op, size, ranks, cluster_ref)["busbw_GBps"] for op, size, ranks in rows]
+
+
+def compare(cluster_ref: str, title: str) -> None:
+    keys = tuple((p["op"], p["size_bytes"], p["ranks"]) for p in points)
+    with common.shown_errors(f"Cannot predict with {title}"):
+        rows = [{**p, "predicted": v} for p, v in zip(points, predict(cluster_ref, keys))]
+        stats = derive.error_stats(rows)
+        st.markdown(f"**{title}**: MAPE {stats['mape']:.1%} over {stats['points']} sizes, "
+                    f"worst {stats['worst']:+.1%}" if stats["points"] else f"**{title}**: no comparable points")
+        st.plotly_chart(charts.predicted_vs_measured(rows), width="stretch", key=f"chart.pvm.{title}")
+
+
+if points:
+    st.subheader("Collectives: predicted vs measured bus bandwidth")
+    st.dataframe([{"log": p.name, "op": lg.op, "ranks": lg.num_ranks, "nodes": lg.num_nodes, "graph": lg.graph,
+                   "rows": len(lg.rows), "skipped": lg.num_skipped} for p, lg in parsed.items()],
+                 hide_index=True, key="c.logs")
+    compare(cluster, f"profile {Path(cluster).stem}")
+if kernels:
+    st.subheader("Kernel measurements")
+    st.dataframe(derive.kernel_rows(kernels), hide_index=True, width="stretch", key="c.kernels")
+
+st.subheader("Fit")
+calibrate = common.optional_api("calibrate", "calibrate")
+if calibrate is None:
+    common.unavailable("Fitting", "calibrate")
+    st.stop()
+if st.button("Fit the profile to these measurements", type="primary", icon=":material/tune:", key="c.fit"):
+    with common.shown_errors("Fit failed"), st.status("Fitting...", expanded=False) as status:
+        result = calibrate(cluster, rccl_logs=[str(p) for p in log_paths], kernel_csvs=[str(p) for p in csv_paths],
+                           p2p=[str(p) for p in p2p_paths])
+        st.session_state["calibrate.result"] = result
+        status.update(label="Fitted", state="complete")
+result = st.session_state.get("calibrate.result")
+if result is not None:
+    fitted = getattr(result, "cluster", result)
+    fits = [vars(f) if not isinstance(f, dict) else f for f in getattr(result, "fits", ())]
+    if fits:
+        st.dataframe(fits, hide_index=True, width="stretch", key="c.fits",
+                     column_config={"mape_before": st.column_config.NumberColumn("MAPE before %", format="%.1f"),
+                                    "mape_after": st.column_config.NumberColumn("MAPE after %", format="%.1f")})
+    for note in getattr(result, "notes", ()):
+        st.caption(note)
+    path = workdir / "calibrated.toml"
+    with common.shown_errors("Cannot use the fitted profile"):
+        hardware.write_cluster(fitted, path, overwrite=True)
+        if points:
+            compare(str(path), "calibrated profile")
+        name = st.text_input("Save as", f"{Path(cluster).stem}-calibrated", key="w.c_name")
+        if st.button("Save calibrated profile", icon=":material/save:", key="c.save"):
+            common.profile_dir().mkdir(parents=True, exist_ok=True)
+            out = hardware.write_cluster(fitted, common.profile_dir() / f"{Path(name).stem}.toml")
+            st.success(f"Saved {out}; pick it as the cluster on the Plan page.", icon=":material/check_circle:")

@@ -1,0 +1,51 @@
+"""Compare: saved scenarios side by side with deltas against the first one; open or
+delete a scenario. Scenarios are saved from the Plan page into SQLite ($PERFSIM_DB)."""
+
+import streamlit as st
+
+import charts
+import common
+import derive
+
+st.title("Compare scenarios")
+store = None
+with common.shown_errors("Cannot open the scenario database"):
+    store = common.store()
+if store is None:
+    st.stop()
+st.caption(f"Database: {store.path}")
+
+names = store.names()
+if not names:
+    st.info("No saved scenarios yet: save one from the Plan page.", icon=":material/info:")
+    st.stop()
+
+chosen = st.multiselect("Scenarios (the first is the baseline)", names, default=names[-2:], key="w.cmp_names")
+if not chosen:
+    st.stop()
+scenarios = {name: store.get(name) for name in chosen}
+results = {name: s.results for name, s in scenarios.items()}
+
+st.dataframe(derive.compare_rows(results), hide_index=True, width="stretch", key="cmp.table",
+             column_config={f"{n} vs {chosen[0]}": st.column_config.NumberColumn(format="percent")
+                            for n in chosen[1:]})
+if len(chosen) >= 2:
+    metrics = tuple((k, label) for k, label, _ in derive.METRICS if k != "world_size")
+    st.plotly_chart(charts.compare_bars(results, metrics), width="stretch", key="chart.compare")
+    differences = derive.plan_differences({n: s.results.get("plan", {}) for n, s in scenarios.items()})
+    if differences:
+        st.markdown("**Plan knobs that differ**")
+        st.dataframe(differences, hide_index=True, width="stretch", key="cmp.diff")
+else:
+    st.caption("Pick two or more scenarios to see deltas.")
+
+with st.container(border=True):
+    a, b, c = st.columns([3, 1, 1], vertical_alignment="bottom")
+    target = a.selectbox("Scenario", chosen, key="w.cmp_target")
+    if b.button("Open in Plan", icon=":material/open_in_new:", key="cmp.open", width="stretch"):
+        common.set_inputs(scenarios[target].inputs)
+        st.switch_page("pages/plan.py")
+    if c.button("Delete", icon=":material/delete:", key="cmp.delete", width="stretch"):
+        store.delete(target)
+        st.session_state.pop("w.cmp_names", None)
+        st.rerun()

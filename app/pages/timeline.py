@@ -1,0 +1,43 @@
+"""Timeline: the simulated step as a Gantt chart per pipeline stage and stream
+(compute, communication, idle), zoomable; download the Perfetto trace."""
+
+import streamlit as st
+
+import charts
+import common
+import derive
+
+st.title("Timeline")
+inputs = common.get_inputs()
+common.plan_caption(inputs)
+
+report = None
+with common.shown_errors("This plan cannot run"):
+    report = common.simulate(inputs)
+if report is None:
+    st.stop()
+
+stages = sorted({s.rank for s in report.spans})
+streams = sorted({s.stream for s in report.spans})
+a, b, c = st.columns([2, 2, 1])
+shown_stages = a.multiselect("Pipeline stages", stages, default=stages[:8], key="w.tl_stages")
+shown_streams = b.multiselect("Streams", streams, default=streams, key="w.tl_streams")
+max_bars = c.number_input("Max bars", min_value=200, max_value=50_000, value=4000, step=500, key="w.tl_bars",
+                          help="Adjacent ops of one category are merged until at most this many bars remain")
+
+spans = [s for s in report.spans if s.rank in shown_stages and s.stream in shown_streams]
+bars = derive.gantt_bars(spans, report.step_time_s, int(max_bars))
+bars += derive.idle_bars(spans, report.step_time_s)
+groups = derive.span_groups(bars)
+if bars:
+    st.plotly_chart(charts.gantt(bars, groups), width="stretch", key="chart.gantt")
+else:
+    st.info("Pick at least one stage and one stream.")
+st.caption(f"{len(report.spans):,} ops simulated, {len(bars):,} bars drawn · step {report.step_time_s * 1e3:,.1f} ms · "
+           f"critical stage {report.critical_stage}; one representative rank per pipeline stage")
+
+st.download_button(
+    "Download Perfetto trace (JSON)", common.trace_json(inputs), file_name="perfsim_step.json",
+    mime="application/json", icon=":material/download:",
+    help="Open in https://ui.perfetto.dev or chrome://tracing",
+)

@@ -1,0 +1,385 @@
+"""The Streamlit planner driven headless (streamlit.testing AppTest): every page through
+its main interactions, invalid plans shown inline, and never an exception."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import perfsim
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "app" / "planner.py"
+sys.path.insert(0, str(ROOT / "app"))
+
+from scenarios import ScenarioStore  # noqa: E402
+
+EXAMPLE_LOG = ROOT.parent / "shared" / "data" / "calibration" / "rccl-tests" / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
+TIMEOUT_S = 60
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    """Scenario DB and saved profiles in the test's folder."""
+    monkeypatch.setenv("PERFSIM_DB", str(tmp_path / "scenarios.db"))
+    monkeypatch.setenv("PERFSIM_PROFILES", str(tmp_path / "profiles"))
+    return tmp_path
+
+
+def start(page: str | None = None) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S).run()
+    if page:
+        at.switch_page(f"pages/{page}.py").run()
+    ok(at)
+    return at
+
+
+def ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def knob(at: AppTest, name: str, value) -> AppTest:
+    at.number_input(key=f"w.{name}").set_value(value).run()
+    ok(at)
+    return at
+
+
+# ---- Plan -----------------------------------------------------------------------------------
+
+def test_plan_default_is_zaya1_on_128_mi300x_nodes():
+    at = start()
+    assert not errors(at)
+    direct = perfsim.simulate("zaya1-base", "mi300x-pollara", nodes=128, dp=1024, zero=1, mbs=1, gbs=2048, seq=4096)
+    assert metric(at, "Step time") == f"{direct.step_time_s * 1e3:,.1f} ms"
+    assert metric(at, "MFU") == f"{direct.mfu:.1%}"
+    assert len(at.get("plotly_chart")) == 2  # breakdown + memory
+
+
+def test_changing_a_knob_changes_the_step_time():
+    at = start()
+    before = metric(at, "Step time")
+    knob(at, "gbs", 4096)
+    assert metric(at, "Step time") != before and not errors(at)
+    at.selectbox(key="w.recompute").set_value("full").run()
+    ok(at)
+    assert not errors(at)
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"tp": 3}, "must equal the GPU count"),
+    ({"vpp": 2}, "vpp"),
+    ({"gbs": 1000}, "gbs"),
+    ({"ep": 3}, "ep"),
+    ({"dp": 0, "cp": 2, "seq": 4095}, "seq"),
+    ({"etp": 3}, "etp"),
+])
+def test_invalid_plans_show_the_reason_inline(knobs, message):
+    at = start()
+    for name, value in knobs.items():
+        knob(at, name, value)
+    assert errors(at) and message in errors(at)[0], errors(at)
+    assert not at.metric  # no stale results
+
+
+def test_out_of_memory_is_a_warning_with_the_memory_chart():
+    at = start()
+    knob(at, "nodes", 1)  # invalid until dp follows: cheap intermediate states
+    knob(at, "gbs", 8)
+    knob(at, "dp", 8)
+    knob(at, "zero", 0)
+    at.selectbox(key="w.model").set_value("llama3.1-70b").run()
+    assert any("out of memory" in w.value for w in at.warning)
+    assert "over capacity" in next(m for m in at.metric if m.label == "Peak memory").delta
+
+
+def test_moe_skew_warns_about_imbalance_and_analytic_estimator_runs():
+    at = start()
+    knob(at, "ep", 8)
+    at.selectbox(key="w.distribution").set_value("zipf").run()
+    knob(at, "skew", 1.2)
+    assert any("imbalance" in w.value for w in at.warning), [w.value for w in at.warning]
+    at.radio(key="w.estimator").set_value("analytic").run()
+    ok(at)
+    assert not errors(at) and "analytic" in at.caption[-1].value
+
+
+def test_uploaded_hf_config_and_a_broken_one():
+    at = start()
+    at.radio(key="w.model_source").set_value("upload config.json").run()
+    ok(at)
+    assert not at.metric  # waiting for a file
+    config = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 16,
+              "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 32000}
+    at.file_uploader(key="w.model_upload").set_value(("tiny.json", json.dumps(config).encode(), "application/json")).run()
+    ok(at)
+    assert not errors(at) and metric(at, "Step time").endswith("ms")
+    at.file_uploader(key="w.model_upload").set_value(("bad.json", b"{not json", "application/json")).run()
+    ok(at)
+    assert "not valid JSON" in errors(at)[0]
+
+
+def test_save_scenarios_from_the_plan_page(isolated):
+    at = start()
+    at.text_input(key="w.scenario_name").input("baseline").run()
+    save = next(b for b in at.button if b.label == "Save scenario")
+    save.click().run()
+    ok(at)
+    save = next(b for b in at.button if b.label == "Save scenario")
+    save.click().run()
+    assert [s.value for s in at.success][-1] == "Saved scenario 'baseline (2)'."
+    store = ScenarioStore(isolated / "scenarios.db")
+    assert store.names() == ["baseline", "baseline (2)"]
+    assert store.get("baseline").results["plan"]["dp"] == 1024
+
+
+def test_saving_without_a_name_is_an_inline_error():
+    at = start()
+    next(b for b in at.button if b.label == "Save scenario").click().run()
+    ok(at)
+    assert "scenario name" in errors(at)[0]
+
+
+def test_reset_restores_the_default():
+    at = start()
+    knob(at, "gbs", 4096)
+    next(b for b in at.button if "Reset" in b.label).click().run()
+    ok(at)
+    assert at.number_input(key="w.gbs").value == 2048
+
+
+# ---- Timeline -------------------------------------------------------------------------------
+
+def test_timeline_gantt_and_trace_download():
+    at = start()
+    knob(at, "gbs", 256)
+    knob(at, "dp", 0)
+    knob(at, "pp", 4)
+    knob(at, "tp", 2)
+    at.switch_page("pages/timeline.py").run()
+    ok(at)
+    assert not errors(at)
+    assert at.multiselect(key="w.tl_stages").value == [0, 1, 2, 3]
+    assert len(at.get("plotly_chart")) == 1
+    assert at.get("download_button")
+    at.multiselect(key="w.tl_streams").set_value(["pp_comm"]).run()
+    ok(at)
+    at.number_input(key="w.tl_bars").set_value(200).run()
+    ok(at)
+    assert "ops simulated" in at.caption[-1].value
+
+
+def test_timeline_of_an_invalid_plan_says_why():
+    at = start()
+    knob(at, "tp", 3)
+    at.switch_page("pages/timeline.py").run()
+    ok(at)
+    assert "must equal the GPU count" in errors(at)[0]
+
+
+# ---- Fabric ---------------------------------------------------------------------------------
+
+def test_fabric_sweep_measured_points_and_link_utilization():
+    at = start("fabric")
+    assert not errors(at)
+    charts = at.get("plotly_chart")
+    assert len(charts) == 2  # busbw vs size, stream utilization
+    if EXAMPLE_LOG.is_file():
+        assert at.multiselect(key="w.fab_series").value  # measured MI300X series overlaid
+    at.multiselect(key="w.fab_ops").set_value(["reduce_scatter"]).run()
+    at.multiselect(key="w.fab_gpus").set_value([16]).run()
+    ok(at)
+    assert not errors(at)
+
+
+def test_fabric_without_measured_data_and_with_bad_sizes(isolated):
+    at = start("fabric")
+    at.text_input(key="w.fab_csv").input(str(isolated / "none.csv")).run()
+    ok(at)
+    assert any("No measured points" in i.value for i in at.info)
+    at.text_input(key="w.fab_max").input("lots").run()
+    ok(at)
+    assert errors(at) and "max size" in errors(at)[0]
+
+
+# ---- Search ---------------------------------------------------------------------------------
+
+def fake_search(calls):
+    def search(model, cluster, progress=None, **kwargs):
+        calls.append((model, cluster, kwargs))
+        plans = [dict(tp=1, pp=1, dp=1024, zero=1, mbs=1, gbs=kwargs["gbs"], seq=kwargs["seq"]),
+                 dict(tp=2, pp=1, dp=512, zero=1, mbs=1, gbs=kwargs["gbs"], seq=kwargs["seq"])]
+        rows = []
+        for plan in plans:
+            report = perfsim.estimate(model, cluster, gpus=1024, check_memory=False, **plan)
+            rows.append({**report.to_dict(), "why": "" if not rows else "slower"})
+        return sorted(rows, key=lambda r: r["step_time_s"])
+    return search
+
+
+def test_search_page_runs_ranks_and_opens_a_plan(monkeypatch):
+    calls = []
+    monkeypatch.setattr(perfsim, "search", fake_search(calls), raising=False)
+    at = start("search")
+    next(b for b in at.button if b.label == "Run search").click().run()
+    ok(at)
+    assert not errors(at)
+    assert calls and calls[0][2]["gpus"] == "1024" and calls[0][2]["gbs"] == 2048
+    assert len(at.dataframe) == 1 and len(at.get("plotly_chart")) == 1
+    at.selectbox(key="w.s_pick").set_value(1).run()
+    ok(at)
+    picked = at.session_state["inputs"]
+    next(b for b in at.button if b.label == "Open this plan").click().run()
+    ok(at)
+    assert picked["cluster"] == "mi300x-pollara"
+    assert at.number_input(key="w.dp").value in (512, 1024) and metric(at, "Step time").endswith("ms")
+    assert at.session_state["inputs"]["nodes"] == 128
+
+
+def test_search_page_fix_axes_and_bad_input(monkeypatch):
+    calls = []
+    monkeypatch.setattr(perfsim, "search", fake_search(calls), raising=False)
+    at = start("search")
+    at.text_input(key="w.s_fix_tp").input("two").run()
+    ok(at)
+    assert "invalid literal" in errors(at)[0]
+    at.text_input(key="w.s_fix_tp").input("1").run()
+    next(b for b in at.button if b.label == "Run search").click().run()
+    ok(at)
+    assert calls[-1][2]["fixed"] == {"tp": 1}
+
+
+def test_search_page_real_errors_are_inline():
+    try:
+        import perfsim.search  # noqa: F401
+    except ImportError:
+        pytest.skip("perfsim.search not written yet")
+    at = start("search")
+    at.text_input(key="w.s_gpus").input("lots").run()
+    next(b for b in at.button if b.label == "Run search").click().run()
+    ok(at)
+    assert "gpus" in errors(at)[0]
+
+
+def test_search_page_with_the_real_search_or_unavailable():
+    """With perfsim.search present this runs it for real (a small space, in process);
+    without, the page says so."""
+    at = start("search")
+    try:
+        import perfsim.search  # noqa: F401
+    except ImportError:
+        assert any("unavailable" in w.value for w in at.warning)
+        return
+    at.selectbox(key="w.s_model").set_value("llama3.1-8b").run()
+    at.text_input(key="w.s_gpus").input("8,16").run()
+    at.number_input(key="w.s_gbs").set_value(64).run()
+    at.number_input(key="w.s_seq").set_value(2048).run()
+    at.number_input(key="w.s_confirm").set_value(1).run()
+    at.selectbox(key="w.s_executor").set_value("serial").run()
+    next(b for b in at.button if b.label == "Run search").click().run()
+    ok(at)
+    assert not errors(at), errors(at)
+    table = at.dataframe[0].value
+    assert len(table) >= 2 and set(table["world_size"]) == {8, 16}
+    assert table["step_time_s"].notna().all() and "enumerated" in at.caption[-1].value
+    assert len(at.get("plotly_chart")) == 1  # Pareto: GPU count vs tokens/s
+    next(b for b in at.button if b.label == "Open this plan").click().run()
+    ok(at)
+    assert not errors(at) and metric(at, "Step time").endswith("ms")
+    assert at.session_state["inputs"]["model"] == "llama3.1-8b" and at.session_state["inputs"]["nodes"] in (1, 2)
+
+
+# ---- Calibrate ------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not EXAMPLE_LOG.is_file(), reason="shipped rccl-tests logs not present")
+def test_calibrate_with_a_shipped_log_fit_and_save(isolated):
+    at = start("calibrate")
+    assert any("Upload" in i.value for i in at.info) or any("unavailable" in w.value for w in at.warning)
+    if any("unavailable" in w.value for w in at.warning):
+        return
+    at.multiselect(key="w.c_examples").set_value([EXAMPLE_LOG.name]).run()
+    ok(at)
+    assert not errors(at)
+    assert any("MAPE" in m.value for m in at.markdown)
+    fit = [b for b in at.button if b.label.startswith("Fit")]
+    if not fit:
+        assert any("unavailable" in w.value for w in at.warning)
+        return
+    fit[0].click().run()
+    ok(at)
+    assert not errors(at), errors(at)
+    assert sum("MAPE" in m.value for m in at.markdown) == 2  # before and after the fit
+    next(b for b in at.button if b.label == "Save calibrated profile").click().run()
+    ok(at)
+    saved = list((isolated / "profiles").glob("*.toml"))
+    assert len(saved) == 1 and perfsim.load_cluster(str(saved[0])).num_gpus > 0
+    at.switch_page("pages/plan.py").run()
+    assert str(saved[0]) in at.selectbox(key="w.cluster").options
+
+
+def test_calibrate_garbled_uploads_are_inline_errors():
+    at = start("calibrate")
+    if any("unavailable" in w.value for w in at.warning):
+        return
+    at.file_uploader(key="w.c_logs").set_value([("garbled.log", b"hello\nworld\n", "text/plain")]).run()
+    ok(at)
+    assert any("garbled.log" in e for e in errors(at))
+    at.file_uploader(key="w.c_csvs").set_value([("k.csv", b"kind,bogus\ngemm,1\n", "text/csv")]).run()
+    ok(at)
+    assert any("k.csv" in e and "bogus" in e for e in errors(at))
+
+
+# ---- Compare --------------------------------------------------------------------------------
+
+def test_compare_scenarios_side_by_side(isolated):
+    store = ScenarioStore(isolated / "scenarios.db")
+    for name, gbs in (("a", 2048), ("b", 4096)):
+        report = perfsim.estimate("zaya1-base", "mi300x-pollara", nodes=128, dp=1024, gbs=gbs, seq=4096)
+        inputs = {"model": "zaya1-base", "cluster": "mi300x-pollara", "nodes": 128, "knobs": {"gbs": gbs},
+                  "estimator": "analytic"}
+        store.save(name, inputs, report.to_dict())
+    at = start("compare")
+    assert at.multiselect(key="w.cmp_names").value == ["a", "b"]
+    table = at.dataframe[0].value
+    assert "b vs a" in table.columns and len(at.get("plotly_chart")) == 1
+    step = table[table["metric"] == "step time (s)"].iloc[0]
+    assert step["b vs a"] == pytest.approx(step["b"] / step["a"] - 1)
+    assert len(at.dataframe) == 2  # the knobs that differ (gbs)
+    at.selectbox(key="w.cmp_target").set_value("b").run()
+    next(b for b in at.button if b.label == "Open in Plan").click().run()
+    ok(at)
+    assert at.number_input(key="w.gbs").value == 4096 and at.radio(key="w.estimator").value == "analytic"
+
+
+def test_compare_empty_and_delete(isolated):
+    at = start("compare")
+    assert any("No saved scenarios" in i.value for i in at.info)
+    ScenarioStore(isolated / "scenarios.db").save("only", {"knobs": {}}, {"step_time_s": 1.0})
+    at.run()
+    next(b for b in at.button if b.label == "Delete").click().run()
+    ok(at)
+    assert ScenarioStore(isolated / "scenarios.db").names() == []
+
+
+# ---- Navigation -----------------------------------------------------------------------------
+
+def test_every_listed_page_that_exists_renders():
+    source = APP.read_text()
+    assert "st.navigation" in source
+    at = start()
+    pages = [line.split('"')[1] for line in source.splitlines() if line.strip().startswith('("pages/')]
+    present = [p for p in pages if (APP.parent / p).is_file()]
+    assert len(present) >= 6
+    for page in present:
+        at.switch_page(page).run()
+        ok(at)
+        assert at.title, page

@@ -1,0 +1,159 @@
+"""calibrate: fits improve what they fit, generalise to points they never saw, and
+write a new profile with provenance without overwriting silently.
+
+Held-out figures (printed with -s) on the shipped data, fitted from the mi300x-pollara
+profile as shipped: every-other-size all_reduce split 7.6% -> 3.1% on the unseen half;
+hipgraph series (unseen launch mode) >= 1 MB 5.0% -> 3.0%; GEMM Azure FP8 run ->
+AMD max-achievable-FLOPS points (other dtypes, other library build) 5.5% -> 3.7%.
+"""
+
+import csv
+import dataclasses
+import datetime as dt
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import perfsim
+from perfsim import kernel_fit
+from perfsim.calibrate import collective_points
+from perfsim.cli import main
+from perfsim.collective_fit import fit_collectives, mape
+from perfsim.errors import ConfigError
+from perfsim.hardware import load_cluster
+from perfsim.readers import KERNEL_CSV_COLUMNS, read_kernel_csv, read_rccl_log
+
+LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration" / "rccl-tests"
+NOGRAPH = LOGS / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
+HIPGRAPH = LOGS / "mi300x_1node_8gpu_mpi_hipgraph_amdblog.log"
+P2P = LOGS.parent / "xgmi_p2p_measured.csv"
+GEMM_CSV = Path(__file__).resolve().parents[1] / "validation" / "data" / "gemm_mi300x_measured.csv"
+needs_data = pytest.mark.skipif(not LOGS.exists(), reason="shared calibration data not present")
+WHEN = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return load_cluster("mi300x-pollara")
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cal") / "cal.toml"
+    return perfsim.calibrate("mi300x-pollara", rccl_logs=[NOGRAPH], kernel_csvs=[GEMM_CSV], out=out, now=WHEN)
+
+
+@needs_data
+def test_done_when_calibrated_profile_reproduces_the_log_within_5pct(calibrated):
+    """Issue 5: `perfsim collective --cluster cal.toml` reproduces the log within 5% MAPE."""
+    log = read_rccl_log(NOGRAPH)
+    errors = [abs(perfsim.collective("all_reduce", s, 8, str(calibrated.path))["time_us"] / t - 1)
+              for s, t in log.series()]
+    overall = 100 * sum(errors) / len(errors)
+    print(f"\ncalibrated all_reduce MAPE on the nograph log: {overall:.2f}% over {len(errors)} sizes")
+    assert len(errors) == 32 and overall <= 5.0
+    fit = next(f for f in calibrated.fits if f.name == "collectives")
+    assert fit.mape_after == pytest.approx(overall, abs=1e-6) and fit.mape_before > 7
+
+
+@needs_data
+def test_written_profile_is_self_contained_with_provenance(calibrated, base):
+    data = tomllib.loads(calibrated.path.read_text())
+    assert isinstance(data["gpu"], dict) and isinstance(data["node"], dict)  # inlined
+    prov = data["provenance"]
+    assert prov["calibrated_at"] == "2025-01-01T00:00:00+00:00" and prov["base_profile"] == "mi300x-pollara"
+    assert str(NOGRAPH) in prov["inputs"] and str(GEMM_CSV) in prov["inputs"]
+    assert "MAPE" in prov["fit.collectives"] and "MAPE" in prov["fit.gemm"]
+    loaded = load_cluster(calibrated.path)
+    assert loaded == calibrated.cluster
+    assert loaded.fabric == base.fabric and loaded.node == base.node  # no p2p given: untouched
+    assert loaded.gpu.hbm == base.gpu.hbm and loaded.gpu.attention == base.gpu.attention
+    assert loaded.gpu.gemm != base.gpu.gemm and loaded.gpu.gemm.source.startswith("calibrated by perfsim calibrate")
+
+
+@needs_data
+def test_never_overwrites_silently(calibrated, tmp_path):
+    before = calibrated.path.read_text()
+    with pytest.raises(ConfigError, match="exists; pass --force"):
+        perfsim.calibrate("mi300x-pollara", rccl_logs=[NOGRAPH], out=calibrated.path)
+    assert calibrated.path.read_text() == before
+    assert main(["calibrate", "--rccl-log", str(NOGRAPH), "--out", str(calibrated.path)]) == 2
+    out = tmp_path / "c.toml"
+    assert main(["calibrate", "--rccl-log", str(NOGRAPH), "--out", str(out), "--fix-windows"]) == 0
+    assert main(["calibrate", "--rccl-log", str(NOGRAPH), "--out", str(out), "--force"]) == 0
+    with pytest.raises(ConfigError, match="at least one measurement file"):
+        perfsim.calibrate("mi300x-pollara")
+
+
+@needs_data
+def test_held_out_every_other_size(base):
+    points = collective_points([read_rccl_log(NOGRAPH)])
+    train, test = points[::2], points[1::2]
+    fit = fit_collectives(train, base)
+    fitted = dataclasses.replace(base, collectives=fit.tuning)
+    unseen_before, unseen_after = mape(test, base), mape(test, fitted)
+    print(f"\nall_reduce every-other-size: train {fit.mape_before:.2f}% -> {fit.mape_after:.2f}%, "
+          f"unseen half {unseen_before:.2f}% -> {unseen_after:.2f}%")
+    assert fit.mape_after < fit.mape_before
+    # bound: the done-when target (5%) plus interpolation slack (protocol edges fall between sizes)
+    assert unseen_after <= 6.0
+
+
+@needs_data
+def test_held_out_graph_launch_mode(base):
+    fit = fit_collectives(collective_points([read_rccl_log(NOGRAPH)]), base)
+    fitted = dataclasses.replace(base, collectives=fit.tuning)
+    unseen = collective_points([read_rccl_log(HIPGRAPH)])
+    large = [p for p in unseen if p.size_bytes >= 1 << 20]
+    print(f"\nhipgraph (unseen launch mode): all sizes {mape(unseen, base):.1f}% -> {mape(unseen, fitted):.1f}%, "
+          f">= 1 MB {mape(large, base):.2f}% -> {mape(large, fitted):.2f}%")
+    # graph capture removes ~6 us of per-call launch cost the nograph fit includes, so small
+    # sizes are not expected to transfer; bandwidth-bound sizes are (same kernels, same links)
+    assert mape(large, fitted) <= 5.0
+    assert mape(large, fitted) < mape(large, base)
+
+
+def test_held_out_gemm_azure_run_to_maf_points(base):
+    points = read_kernel_csv(GEMM_CSV)
+    with open(GEMM_CSV, newline="") as handle:
+        series = [r["meta_series"] for r in csv.DictReader(handle)]
+    train = [p for p, s in zip(points, series) if s.startswith("azure")]
+    test = [p for p, s in zip(points, series) if s == "amd_maf_blog"]
+    gpu, fits = kernel_fit.fit_kernels(train, base.gpu)
+    print(f"\nGEMM Azure FP8 run: train {fits[0].mape_before:.1f}% -> {fits[0].mape_after:.1f}%; unseen MAF points "
+          f"{kernel_fit.mape(test, base.gpu):.1f}% -> {kernel_fit.mape(test, gpu):.1f}%")
+    assert fits[0].mape_after < fits[0].mape_before
+    # bound: the MAF points differ in dtype (fp16/bf16/fp8) and clock (1115-1230 MHz): the spread
+    # of their own efficiencies (48.7-54.2% of peak) is ~10%, so 10% is what a shape-only table can promise
+    assert kernel_fit.mape(test, gpu) <= 10.0
+
+
+def test_hbm_fit_recovers_a_known_curve(base, tmp_path):
+    """Synthetic memory sweep priced by a known profile: the fit gets that profile back."""
+    truth = dataclasses.replace(base.gpu, hbm=dataclasses.replace(base.gpu.hbm, efficiency=(0.2, 0.5, 0.7, 0.8)))
+    path = tmp_path / "mem.csv"
+    sizes = [2 ** k * 1e5 for k in range(0, 14)]
+    rows = [{"kind": "memory", "bytes": b, "kernel": "copy", "device": "MI300X",
+             "time_us": kernel_fit.predict_kernel(_mem(b), truth) * 1e6} for b in sizes]
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=KERNEL_CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    result = perfsim.calibrate(base, kernel_csvs=[path])
+    assert result.cluster.gpu.hbm.efficiency == pytest.approx((0.2, 0.5, 0.7, 0.8), rel=0.02)
+    assert result.path is None and result.cluster.name == "mi300x-pollara-calibrated"
+
+
+def _mem(num_bytes):
+    from perfsim.readers import KernelPoint
+    return KernelPoint(kind="memory", dtype="bf16", device="MI300X", time_s=1.0, bytes=num_bytes, kernel="copy")
+
+
+@needs_data
+def test_p2p_sets_link_bandwidths(base):
+    result = perfsim.calibrate(base, p2p=[P2P])
+    assert 46 < result.cluster.node.link_bw_GBps < 47.5  # median of the 56 concurrent a2a links
+    assert 54 < result.cluster.node.pcie_bw_GBps < 58
+    assert result.cluster.fabric == base.fabric  # no cross-node rows
+    assert {f.name for f in result.fits} == {"links"}

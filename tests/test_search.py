@@ -1,0 +1,169 @@
+"""Plan search: valid ranked plans, the same answer on every executor (process pool,
+Dask LocalCluster, in process), constraints honoured, an empty answer that names the
+binding constraint, and the CLI contract (--json keys, --csv, exit 2)."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+from conftest import tiny_moe
+
+import perfsim
+from perfsim import cli
+from perfsim.cli_search import write_atomic
+from perfsim.errors import ConfigError, InfeasiblePlan
+from perfsim.memory import plan_memory
+from perfsim.parallel import ParallelPlan, check_plan
+from perfsim.search import gpu_counts
+from perfsim.search_exec import make_executor
+
+MOE = tiny_moe()
+SMALL = dict(gpus=16, gbs=32, seq=1024, limits={"cp": 2, "vpp": 2, "mbs": 2}, top=5, confirm=2)
+CONTRACT = {"step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_memory_bytes",
+            "breakdown", "plan", "world_size"}
+
+
+@pytest.fixture(scope="module")
+def serial():
+    return perfsim.search(MOE, "mi300x-pollara", executor="serial", **SMALL)
+
+
+def ranking(result) -> list[tuple]:
+    return [(r.world_size, tuple(sorted(r.plan.items())), r.estimator, r.step_time_s) for r in result.rows]
+
+
+def test_rows_are_valid_plans_that_fit(serial):
+    assert len(serial.rows) == 5 and [r.rank for r in serial.rows] == [1, 2, 3, 4, 5]
+    cap = perfsim.load_cluster("mi300x-pollara").gpu.hbm_bytes
+    for row in serial.rows:
+        plan = ParallelPlan(**row.plan)
+        check_plan(plan, MOE, row.world_size)
+        assert max(m.total_bytes for m in plan_memory(MOE, plan)) <= cap
+        assert row.memory_headroom_bytes == pytest.approx(cap - row.peak_memory_bytes)
+        assert row.tokens_per_s == pytest.approx(32 * 1024 / row.step_time_s)
+    des = [r for r in serial.rows if r.estimator == "des"]
+    assert len(des) >= 2 and serial.rows[: len(des)] == des  # confirmed by the engine first
+    assert [r.step_time_s for r in des] == sorted(r.step_time_s for r in des)
+    assert serial.enumerated > serial.costed + serial.bounded > 0
+
+
+def test_confirmed_rows_match_simulate(serial):
+    top = serial.rows[0]
+    report = perfsim.simulate(MOE, "mi300x-pollara", ParallelPlan(**top.plan), gpus=16)
+    assert top.step_time_s == report.step_time_s
+
+
+def test_losers_say_why(serial):
+    assert serial.rows[0].reason == "winner"
+    for row in serial.rows[1:]:
+        assert "step time" in row.reason and " vs " in row.reason
+    assert "runner-up" in serial.summary() and "winner" in serial.summary()
+
+
+def test_dask_local_cluster_and_process_pool_give_the_same_ranking(serial):
+    dask = perfsim.search(MOE, "mi300x-pollara", executor="dask-local", workers=1, **SMALL)
+    pool = perfsim.search(MOE, "mi300x-pollara", executor="local", workers=2, **SMALL)
+    assert ranking(dask) == ranking(serial) == ranking(pool)
+    assert dask.executor == "dask-local" and pool.executor == "local"
+
+
+def test_lower_bound_and_chunking_do_not_change_the_answer(serial):
+    unbounded = perfsim.search(MOE, "mi300x-pollara", executor="serial", bound=False, **{**SMALL, "confirm": 0})
+    bounded = perfsim.search(MOE, "mi300x-pollara", executor="serial", **{**SMALL, "confirm": 0})
+    assert ranking(unbounded) == ranking(bounded)
+    assert unbounded.bounded == 0 and unbounded.costed == bounded.costed + bounded.bounded
+
+
+def test_fixed_axes_and_memory_fraction_are_honoured():
+    res = perfsim.search(MOE, "mi300x-pollara", executor="serial", fixed={"tp": 1, "zero": (1, 3)},
+                         max_memory_fraction=0.02, **{**SMALL, "confirm": 0})
+    cap = perfsim.load_cluster("mi300x-pollara").gpu.hbm_bytes
+    assert all(r.plan["tp"] == 1 and r.plan["zero"] in (1, 3) for r in res.rows)
+    assert all(r.peak_memory_bytes <= 0.02 * cap for r in res.rows)
+
+
+def test_top_plan_beats_plain_data_parallel_zaya1_1024(tmp_path):
+    """Done-when of issue 7 on a trimmed space (cp, etp and vpp 1; pp <= 2; mbs <= 2)
+    that still holds plain dp=1024 zero=1."""
+    res = perfsim.search("zaya1-base", "mi300x-pollara", gpus=1024, gbs=2048, seq=4096, top=10, confirm=2,
+                         fixed={"cp": 1, "etp": 1, "vpp": 1}, limits={"pp": 2, "mbs": 2}, executor="serial")
+    plain = perfsim.simulate("zaya1-base", "mi300x-pollara", gpus=1024, dp=1024, zero=1, mbs=1, gbs=2048, seq=4096)
+    assert len(res.rows) == 10 and res.rows[0].estimator == "des"
+    assert res.rows[0].tokens_per_s >= plain.tokens_per_s
+
+
+def test_pareto_front_over_gpu_counts():
+    res = perfsim.search(MOE, "mi300x-pollara", executor="serial", **{**SMALL, "gpus": "8-32", "confirm": 1})
+    assert res.gpus == (8, 16, 32)
+    front = res.pareto
+    assert front and [p["gpus"] for p in front] == sorted(p["gpus"] for p in front)
+    speeds = [p["tokens_per_s"] for p in front]
+    assert speeds == sorted(speeds) and len(set(speeds)) == len(speeds)
+    assert {r.world_size for r in res.rows if r.pareto} == {p["gpus"] for p in front}
+
+
+def test_cost_objective_needs_a_price_and_ranks_by_it():
+    with pytest.raises(ConfigError, match="usd_per_gpu_hour"):
+        perfsim.search(MOE, "mi300x-pollara", objective="cost", executor="serial", **SMALL)
+    res = perfsim.search(MOE, "mi300x-pollara", objective="cost", usd_per_gpu_hour=2.0, executor="serial",
+                         **{**SMALL, "gpus": "8,16", "confirm": 0})
+    costs = [r.usd_per_mtoken for r in res.rows]
+    assert costs == sorted(costs) and all(c > 0 for c in costs)
+
+
+def test_no_valid_plan_names_the_binding_constraint():
+    with pytest.raises(InfeasiblePlan, match="memory binds.*smallest footprint"):
+        perfsim.search("deepseek-v3", "mi300x-pollara", gpus=8, gbs=64, seq=4096, executor="serial")
+    with pytest.raises(InfeasiblePlan, match="fail divisibility, mostly: plan.pp.vpp must divide the model's layers"):
+        perfsim.search(MOE, "mi300x-pollara", gpus=16, gbs=32, seq=1024, fixed={"pp": 16}, executor="serial")
+
+
+def test_cli_no_valid_plan_exits_2_with_one_line(capsys):
+    assert cli.main(["search", "--model", "deepseek-v3", "--gpus", "8", "--gbs", "64", "--seq", "4096",
+                     "--executor", "serial"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("perfsim: infeasible plan: no valid plan") and "\n" not in err
+
+
+def test_cli_json_and_csv(tmp_path, capsys):
+    out = tmp_path / "plans.csv"
+    argv = ["search", "--model", "llama3.1-8b", "--gpus", "8", "--gbs", "16", "--seq", "2048", "--tp", "1,2",
+            "--max-pp", "2", "--max-cp", "1", "--max-mbs", "2", "--top", "4", "--confirm", "1",
+            "--executor", "serial", "--json", "--csv", str(out)]
+    assert cli.main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 4 and all(CONTRACT <= set(r) for r in rows)
+    assert all(r["plan"]["tp"] in (1, 2) for r in rows)
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("rank,world_size,tp,pp") and len(lines) == 5
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_atomic_write_leaves_nothing_half_written(tmp_path, monkeypatch):
+    target = tmp_path / "plans.csv"
+    target.write_text("old\n")
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(str(target), "new\n" * 1000)
+    assert target.read_text() == "old\n" and os.listdir(tmp_path) == ["plans.csv"]
+
+
+def test_bad_input_is_a_config_error():
+    with pytest.raises(ConfigError, match="fixed: unknown axis 'foo'"):
+        perfsim.search(MOE, "mi300x-pollara", gpus=8, gbs=16, seq=1024, fixed={"foo": 1})
+    with pytest.raises(ConfigError, match="executor"):
+        make_executor("mpi://x")
+    with pytest.raises(ConfigError, match="gpus"):
+        gpu_counts("eight")
+    assert gpu_counts("256-1024") == (256, 512, 1024) and gpu_counts([16, 8, 16]) == (8, 16)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="ray is installed")
+def test_ray_is_optional_with_a_clear_message():
+    with pytest.raises(ConfigError, match="ray is not installed"):
+        make_executor("ray://localhost:10001")

@@ -1,0 +1,106 @@
+"""Which shapes each suite sweeps: a generic grid, or the shapes a model's layers use.
+
+From a model (public perfsim API only): every Linear of the attention, router and MLP /
+expert blocks at T = mbs x seq tokens, forward (T x in -> out), dgrad (T x out -> in)
+and wgrad (in x T -> out); the grouped expert GEMMs at T x top_k routed tokens, balanced,
+skewed and with empty experts; causal GQA attention at the model's heads; and copy /
+triad from 1 MiB to 1 GiB per array.
+"""
+
+import perfsim
+from validation.cases import Case, attention_case, gemm_case, grouped_case, memory_case
+
+SUITES = ("gemm", "moe", "attention", "memory")
+GRID_CUBES = (256, 512, 1024, 2048, 4096, 8192)
+ODD_GEMMS = ((4095, 4097, 4096), (1000, 3000, 2000), (8192, 1, 4096), (129, 8192, 4096))
+
+
+def gemm_grid(dtypes: tuple[str, ...]) -> list[Case]:
+    cases = [gemm_case(c, c, c, dt, "cube") for dt in dtypes for c in GRID_CUBES]
+    return cases + [gemm_case(m, n, k, dt, "odd") for dt in dtypes for m, n, k in ODD_GEMMS]
+
+
+def model_linears(model) -> list:
+    lins = list(model.attention_linears())
+    if model.is_moe:
+        lins += model.router_linears()
+        if model.shared_ffn_hidden_size:
+            lins += model.mlp_linears(model.shared_ffn_hidden_size, prefix="shared")
+    if model.num_mlp_layers:
+        lins += model.mlp_linears(model.ffn_hidden_size)
+    return lins
+
+
+def gemm_from_model(model, tokens: int, dtypes: tuple[str, ...]) -> list[Case]:
+    cases = []
+    for dt in dtypes:
+        for lin in model_linears(model):
+            i, o = lin.in_features, lin.out_features
+            cases += [gemm_case(tokens, o, i, dt, f"{model.name} {lin.name} fwd"),
+                      gemm_case(tokens, i, o, dt, f"{model.name} {lin.name} dgrad"),
+                      gemm_case(i, o, tokens, dt, f"{model.name} {lin.name} wgrad")]
+    return cases
+
+
+def skewed_counts(total: int, groups: int, empty: int = 0) -> list[int]:
+    """Deterministic uneven split: weights 1/(rank+1) (Zipf s=1) over the non-empty groups,
+    the last ``empty`` groups get no tokens; sums exactly to ``total``."""
+    live = groups - empty
+    weights = [1.0 / (r + 1) for r in range(live)]
+    counts = [int(total * w / sum(weights)) for w in weights]
+    counts[0] += total - sum(counts)
+    return counts + [0] * empty
+
+
+def moe_cases(num_experts: int, routed: int, hidden: int, width: int, gated: bool, dtype: str, tag: str) -> list[Case]:
+    up = width * (2 if gated else 1)
+    cases = []
+    splits = {"balanced": [routed // num_experts] * num_experts,
+              "zipf": skewed_counts(routed, num_experts),
+              "zipf+empty": skewed_counts(routed, num_experts, empty=max(1, num_experts // 4))}
+    for name, counts in splits.items():
+        cases.append(grouped_case(counts, up, hidden, dtype, f"{tag} expert_up {name}"))
+        cases.append(grouped_case(counts, hidden, width, dtype, f"{tag} expert_down {name}"))
+    return cases
+
+
+def attention_cases(heads: int, kv_heads: int, head_dim: int, tokens: int, seqs=(1024, 2048, 4096, 8192)) -> list[Case]:
+    return [attention_case(max(1, tokens // s), heads, kv_heads, s, head_dim, direction)
+            for s in seqs for direction in ("fwd", "bwd")]
+
+
+def memory_sweep() -> list[Case]:
+    return [memory_case(kernel, (1 << 20) * mib) for kernel in ("copy", "triad") for mib in (1, 8, 64, 512, 1024)]
+
+
+def build(suite: str, model_name: str | None, tokens: int, dtypes: tuple[str, ...]) -> list[Case]:
+    """The cases of one suite, generic or for ``model_name``."""
+    model = perfsim.load_model(model_name) if model_name else None
+    if suite == "gemm":
+        return gemm_from_model(model, tokens, dtypes) if model else gemm_grid(dtypes)
+    if suite == "moe":
+        if model and model.is_moe:
+            routed = tokens * model.top_k
+            return moe_cases(model.num_experts, routed, model.hidden_size, model.expert_ffn_hidden_size,
+                             model.gated_mlp, dtypes[0], model.name)
+        return moe_cases(8, 2 * tokens, 4096, 14336, True, dtypes[0], "mixtral-like")
+    if suite == "attention":
+        if model and model.attention.value == "gqa":
+            return attention_cases(model.num_heads, model.num_kv_heads, model.head_dim, tokens)
+        return attention_cases(32, 8, 128, tokens)
+    if suite == "memory":
+        return memory_sweep()
+    raise ValueError(f"suite {suite!r} is not one of {', '.join(SUITES)}")
+
+
+def interpreter_cases(suite: str) -> list[Case]:
+    """Tiny shapes for a correctness pass in the Triton interpreter (seconds on a CPU)."""
+    if suite == "gemm":
+        return [gemm_case(37, 29, 53, dt, "odd") for dt in ("bf16", "fp16", "fp8")] + [gemm_case(32, 32, 32, "bf16", "cube")]
+    if suite == "moe":
+        return moe_cases(4, 40, 32, 24, True, "bf16", "tiny")
+    if suite == "attention":
+        return [attention_case(1, 4, 2, 33, 16, d) for d in ("fwd", "bwd")]
+    if suite == "memory":
+        return [memory_case(k, 4 * 1000) for k in ("copy", "triad")]
+    raise ValueError(f"suite {suite!r} is not one of {', '.join(SUITES)}")
