@@ -1,8 +1,8 @@
 """perfsim planner: `streamlit run app/planner.py`.
 
-Navigation is the PAGES list: one line per page (file under pages/, title, icon). A
+Navigation is the PAGES list: one line per page (file under views/, title, icon). A
 page listed under "Planning" appears only once its file exists, so a later page
-(sizing, goodput) is added by dropping its file in pages/ and, if new, one line here.
+(sizing, goodput) is added by dropping its file in views/ and, if new, one line here.
 """
 
 from pathlib import Path
@@ -13,19 +13,19 @@ HERE = Path(__file__).resolve().parent
 
 PAGES = {
     "Simulate": [
-        ("pages/plan.py", "Plan", ":material/tune:"),
-        ("pages/timeline.py", "Timeline", ":material/view_timeline:"),
-        ("pages/fabric.py", "Fabric", ":material/lan:"),
+        ("views/plan.py", "Plan", ":material/tune:"),
+        ("views/timeline.py", "Timeline", ":material/view_timeline:"),
+        ("views/fabric.py", "Fabric", ":material/lan:"),
     ],
     "Explore": [
-        ("pages/search.py", "Search", ":material/travel_explore:"),
-        ("pages/calibrate.py", "Calibrate", ":material/straighten:"),
-        ("pages/compare.py", "Compare", ":material/compare_arrows:"),
+        ("views/search.py", "Search", ":material/travel_explore:"),
+        ("views/calibrate.py", "Calibrate", ":material/straighten:"),
+        ("views/compare.py", "Compare", ":material/compare_arrows:"),
     ],
     "Planning": [
-        ("pages/sizing.py", "Sizing", ":material/straighten:"),
-        ("pages/moe_width.py", "MoE width", ":material/scatter_plot:"),
-        ("pages/goodput.py", "Goodput", ":material/health_and_safety:"),
+        ("views/sizing.py", "Sizing", ":material/straighten:"),
+        ("views/moe_width.py", "MoE width", ":material/scatter_plot:"),
+        ("views/goodput.py", "Goodput", ":material/health_and_safety:"),
     ],
 }
 

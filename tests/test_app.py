@@ -31,7 +31,7 @@ def isolated(monkeypatch, tmp_path):
 def start(page: str | None = None) -> AppTest:
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S).run()
     if page:
-        at.switch_page(f"pages/{page}.py").run()
+        at.switch_page(f"views/{page}.py").run()
     ok(at)
     return at
 
@@ -165,7 +165,7 @@ def test_timeline_gantt_and_trace_download():
     knob(at, "dp", 0)
     knob(at, "pp", 4)
     knob(at, "tp", 2)
-    at.switch_page("pages/timeline.py").run()
+    at.switch_page("views/timeline.py").run()
     ok(at)
     assert not errors(at)
     assert at.multiselect(key="w.tl_stages").value == [0, 1, 2, 3]
@@ -181,7 +181,7 @@ def test_timeline_gantt_and_trace_download():
 def test_timeline_of_an_invalid_plan_says_why():
     at = start()
     knob(at, "tp", 3)
-    at.switch_page("pages/timeline.py").run()
+    at.switch_page("views/timeline.py").run()
     ok(at)
     assert "must equal the GPU count" in errors(at)[0]
 
@@ -322,7 +322,7 @@ def test_calibrate_with_a_shipped_log_fit_and_save(isolated):
     ok(at)
     saved = list((isolated / "profiles").glob("*.toml"))
     assert len(saved) == 1 and perfsim.load_cluster(str(saved[0])).num_gpus > 0
-    at.switch_page("pages/plan.py").run()
+    at.switch_page("views/plan.py").run()
     assert str(saved[0]) in at.selectbox(key="w.cluster").options
 
 
@@ -376,7 +376,7 @@ def test_every_listed_page_that_exists_renders():
     source = APP.read_text()
     assert "st.navigation" in source
     at = start()
-    pages = [line.split('"')[1] for line in source.splitlines() if line.strip().startswith('("pages/')]
+    pages = [line.split('"')[1] for line in source.splitlines() if line.strip().startswith('("views/')]
     present = [p for p in pages if (APP.parent / p).is_file()]
     assert len(present) >= 6
     for page in present:

@@ -65,7 +65,7 @@ def test_kernel_bars_split_by_bound(mi300x_node):
 # ---- pages ------------------------------------------------------------------------------------
 
 def run_page(name: str) -> "AppTest":
-    at = AppTest.from_file(str(APP / "pages" / name), default_timeout=TIMEOUT)
+    at = AppTest.from_file(str(APP / "views" / name), default_timeout=TIMEOUT)
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     return at
@@ -83,7 +83,7 @@ def test_sizing_page_shows_table_and_heatmap():
 
 
 def test_moe_width_page_shows_pareto_chart():
-    at = AppTest.from_file(str(APP / "pages" / "moe_width.py"), default_timeout=TIMEOUT)
+    at = AppTest.from_file(str(APP / "views" / "moe_width.py"), default_timeout=TIMEOUT)
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     at.number_input(key="w.mw_nodes").set_value(2)
@@ -98,7 +98,7 @@ def test_moe_width_page_shows_pareto_chart():
 
 
 def test_goodput_page_shows_interval_and_monte_carlo():
-    at = AppTest.from_file(str(APP / "pages" / "goodput.py"), default_timeout=TIMEOUT)
+    at = AppTest.from_file(str(APP / "views" / "goodput.py"), default_timeout=TIMEOUT)
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     labels = {m.label for m in at.metric}
@@ -111,5 +111,5 @@ def test_goodput_page_shows_interval_and_monte_carlo():
 
 def test_planner_navigation_lists_the_design_pages():
     text = (APP / "planner.py").read_text()
-    for page in ("pages/sizing.py", "pages/moe_width.py", "pages/goodput.py"):
+    for page in ("views/sizing.py", "views/moe_width.py", "views/goodput.py"):
         assert page in text and (APP / page).is_file()

@@ -95,4 +95,4 @@ if b.button("Open this plan", icon=":material/open_in_new:", key="s.open", width
     new = with_plan({**inputs, "model": model, "model_config": None, "cluster": cluster}, row["plan"])
     new["nodes"] = nodes_for(row.get("world_size", per_node), per_node)
     common.set_inputs(new)
-    st.switch_page("pages/plan.py")
+    st.switch_page("views/plan.py")

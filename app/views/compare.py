@@ -44,7 +44,7 @@ with st.container(border=True):
     target = a.selectbox("Scenario", chosen, key="w.cmp_target")
     if b.button("Open in Plan", icon=":material/open_in_new:", key="cmp.open", width="stretch"):
         common.set_inputs(scenarios[target].inputs)
-        st.switch_page("pages/plan.py")
+        st.switch_page("views/plan.py")
     if c.button("Delete", icon=":material/delete:", key="cmp.delete", width="stretch"):
         store.delete(target)
         st.session_state.pop("w.cmp_names", None)
