@@ -8,9 +8,10 @@ not started and re-raises ``KeyboardInterrupt``.
 """
 
 import logging
+import multiprocessing
 import os
+import signal
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from perfsim.errors import ConfigError
 
@@ -39,30 +40,45 @@ class SerialExecutor:
         pass
 
 
+def _ignore_sigint() -> None:
+    """Pool workers leave Ctrl-C to the parent, which terminates them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _indexed(item: tuple):
+    fn, i, task = item
+    return i, fn(task)
+
+
 class PoolExecutor:
-    """concurrent.futures process pool on this machine."""
+    """A multiprocessing pool on this machine (terminated at once on Ctrl-C)."""
 
     name = "local"
 
     def __init__(self, workers: int | None):
         self.workers = workers or os.cpu_count() or 1
-        self.pool = ProcessPoolExecutor(max_workers=self.workers)
+        self.pool = multiprocessing.Pool(self.workers, initializer=_ignore_sigint)
 
     def map(self, fn, tasks: list, progress: Progress = None) -> list:
-        futures = {self.pool.submit(fn, task): i for i, task in enumerate(tasks)}
         out = [None] * len(tasks)
         try:
-            for done, future in enumerate(as_completed(futures), 1):
-                out[futures[future]] = future.result()
+            results = self.pool.imap_unordered(_indexed, [(fn, i, task) for i, task in enumerate(tasks)])
+            done = 0
+            while done < len(tasks):
+                try:  # a timeout keeps the wait interruptible by Ctrl-C
+                    i, result = results.next(timeout=0.2)
+                except multiprocessing.TimeoutError:
+                    continue
+                out[i], done = result, done + 1
                 _tick(progress, done, len(tasks))
         except BaseException:
-            for future in futures:
-                future.cancel()
+            self.pool.terminate()
             raise
         return out
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pool.terminate()
+        self.pool.join()
 
 
 class DaskExecutor:
