@@ -39,6 +39,8 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap-cu-share", type=float, default=None,
                    help="share of compute throughput lost while comm overlaps it (default 0)")
     p.add_argument("--dma-offload", action="store_true", help="comm on DMA engines: no compute interference")
+    p.add_argument("--tp-comm-overlap", action="store_true",
+                   help="overlap TP all-gather/reduce-scatter with the adjacent GEMM (Megatron userbuffers)")
     p.add_argument("--routing", default="uniform",
                    help="MoE token routing: uniform, zipf[:S], dirichlet[:A] or a histogram file (CSV/JSON)")
     p.add_argument("--routing-histogram", default=None, help="measured tokens per expert (CSV or JSON file)")
@@ -60,6 +62,8 @@ def _plan_knobs(args) -> dict:
     knobs["comm_compute_interference"] = args.overlap_cu_share
     if args.dma_offload:
         knobs["dma_offload"] = True
+    if args.tp_comm_overlap:
+        knobs["tp_comm_overlap"] = True
     return {k: v for k, v in knobs.items() if v is not None}
 
 

@@ -8,7 +8,7 @@ stream, overlapped with compute where Megatron-Core overlaps them.
 
 from dataclasses import dataclass, field, replace
 
-from perfsim.layers import LayerBuilder, Step, backward, coll_step, split_weight_grads
+from perfsim.layers import LayerBuilder, Step, backward, coll_step, overlap_tp_comm, split_weight_grads
 from perfsim.model import ModelSpec
 from perfsim.ops import Coll, Op, OpKind, Stream
 from perfsim.parallel import ParallelPlan, Recompute
@@ -40,6 +40,7 @@ class _Builder:
         self.graph = OpGraph(model=model, plan=plan)
         self.layers = LayerBuilder(model, plan, routing, ep_speeds)
         self.fwd_cache: dict[bool, list[Step]] = {}
+        self.raw_cache: dict[bool, list[Step]] = {}
         self.bwd_cache: dict[bool, list[Step]] = {}
         self.wgt_cache: dict[bool, list[Step]] = {}
         self.split = splits_backward(plan)
@@ -81,18 +82,29 @@ class _Builder:
     def forward_steps(self, layer: int) -> list[Step]:
         moe = is_moe_layer(self.model, layer)
         if moe not in self.fwd_cache:
-            self.fwd_cache[moe] = self.layers.layer_forward(layer)
+            self.fwd_cache[moe] = self._overlap(self.raw_forward(layer))
         return self.fwd_cache[moe]
+
+    def raw_forward(self, layer: int) -> list[Step]:
+        """The layer's forward chain before TP-communication overlap is applied."""
+        moe = is_moe_layer(self.model, layer)
+        if moe not in self.raw_cache:
+            self.raw_cache[moe] = self.layers.layer_forward(layer)
+        return self.raw_cache[moe]
+
+    def _overlap(self, steps: list[Step]) -> list[Step]:
+        return overlap_tp_comm(steps) if self.plan.tp_comm_overlap and self.plan.tp > 1 else steps
 
     def backward_steps(self, layer: int) -> list[Step]:
         moe = is_moe_layer(self.model, layer)
         if moe not in self.bwd_cache:
             recompute = []
+            raw = self.raw_forward(layer)
             if self.plan.recompute == Recompute.FULL:
-                recompute = [_as_recompute(s) for s in self.forward_steps(layer)]
+                recompute = [_as_recompute(s) for s in raw]
             elif self.plan.recompute == Recompute.SELECTIVE:
-                recompute = [_as_recompute(s) for s in self.forward_steps(layer) if s.kind is OpKind.ATTENTION]
-            chain = recompute + backward(self.forward_steps(layer))
+                recompute = [_as_recompute(s) for s in raw if s.kind is OpKind.ATTENTION]
+            chain = self._overlap(recompute + backward(raw))
             if self.split:
                 chain, self.wgt_cache[moe] = split_weight_grads(chain)
             self.bwd_cache[moe] = chain

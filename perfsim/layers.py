@@ -262,3 +262,47 @@ def _backward_step(step: Step) -> Step:
             mirrored = replace(call, coll=Coll.REDUCE_SCATTER)
         return replace(step, name=name, collective=mirrored)
     return replace(step, name=name, bytes=2 * step.bytes)
+
+
+def _is_tp_comm(step: Step) -> bool:
+    return step.kind is OpKind.COLLECTIVE and step.collective.group == "tp"
+
+
+def _flag(step: Step, key: str) -> bool:
+    return bool(_meta(step, key, False))
+
+
+def overlap_tp_comm(steps: list[Step]) -> list[Step]:
+    """Tensor-parallel communication overlap (Megatron-Core ``--tp-comm-overlap``): an
+    all-gather feeding a GEMM, or a reduce-scatter draining one, runs off the chain beside
+    that GEMM; the step after the GEMM waits for both. Chunked pipelining is taken as full
+    concurrency: the pair costs max(GEMM, comm). Regions with ring-attention hops in
+    flight, and a comm with no step after its GEMM, stay blocking."""
+    out, pending, i = [], 0, 0
+    while i < len(steps):
+        step = steps[i]
+        pending += _flag(step, "offchain") - (_flag(step, "join") and pending > 0)
+        pair = _overlap_pair(steps, i) if pending == 0 else None
+        if pair is None:
+            out.append(step)
+            i += 1
+            continue
+        comm, gemm, after = pair
+        out += [replace(comm, meta=comm.meta + (("offchain", True),)), gemm,
+                replace(after, meta=after.meta + (("join", True),))]
+        i += 3
+    return out
+
+
+def _overlap_pair(steps: list[Step], i: int) -> tuple[Step, Step, Step] | None:
+    """(comm, gemm, step after) when steps[i:i+3] is comm->GEMM->x or GEMM->comm->x."""
+    if i + 2 >= len(steps):
+        return None
+    a, b, after = steps[i], steps[i + 1], steps[i + 2]
+    if _flag(after, "offchain") or _flag(after, "join"):
+        return None
+    if _is_tp_comm(a) and b.kind is OpKind.GEMM:
+        return a, b, after
+    if a.kind is OpKind.GEMM and _is_tp_comm(b):
+        return b, a, after
+    return None

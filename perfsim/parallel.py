@@ -52,6 +52,9 @@ class ParallelPlan:
     # (RCCL kernels occupy CUs; FiCCO); 0 until a GPU profile carries a measured value
     comm_compute_interference: float = 0.0
     dma_offload: bool = False  # comm on SDMA engines: no CU stolen, so no interference
+    # Megatron-Core --tp-comm-overlap (userbuffers): a TP all-gather runs beside the GEMM
+    # that consumes it and a TP reduce-scatter beside the GEMM that produces it
+    tp_comm_overlap: bool = False
 
     def __post_init__(self):
         for key in ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "mbs", "gbs", "seq"):
