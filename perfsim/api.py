@@ -4,11 +4,12 @@ import logging
 from dataclasses import fields
 
 from perfsim import analytic, engine
-from perfsim.collectives import BUSBW_FACTOR, collective_cost
+from perfsim.collectives import bus_bandwidth, collective_cost
 from perfsim.errors import ConfigError, InfeasiblePlan
 from perfsim.graph import build_graph
 from perfsim.hardware import ClusterSpec
 from perfsim.hardware import load_cluster as _load_cluster
+from perfsim.layers import routed_tokens
 from perfsim.memory import plan_memory
 from perfsim.model import ModelSpec
 from perfsim.modelio import load_model as _load_model
@@ -134,7 +135,7 @@ def _moe_and_straggler_costs(model, cluster, plan, routing, variability) -> dict
     moe = model.is_moe and plan.ep > 1
     if moe:
         speeds = ep_rank_speeds(plan, gpu_speeds(plan.world_size, variability))
-        out["moe_imbalance"] = imbalance(model, plan, _routed_tokens(model, plan), routing, speeds)
+        out["moe_imbalance"] = imbalance(model, plan, routed_tokens(model, plan), routing, speeds)
     skewed = moe and routing != UNIFORM
     if not skewed and variability.cv == 0:
         return out
@@ -146,15 +147,10 @@ def _moe_and_straggler_costs(model, cluster, plan, routing, variability) -> dict
     return out
 
 
-def _routed_tokens(model: ModelSpec, plan: ParallelPlan) -> int:
-    """Routed token copies one EP rank sends per microbatch and MoE layer."""
-    return plan.mbs * plan.seq // plan.cp // (plan.tp if plan.sequence_parallel and plan.tp > 1 else 1) * model.top_k
-
-
 def _routing_warnings(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec) -> list[str]:
     if not model.is_moe or plan.ep == 1:
         return []
-    routed = _routed_tokens(model, plan)
+    routed = routed_tokens(model, plan)
     out = []
     skew = imbalance(model, plan, routed, routing)
     if skew > 1.0:
@@ -195,9 +191,9 @@ def collective(op: str, size_bytes: float, ranks: int, cluster, protocol: str | 
         raise ConfigError(f"size: must be >= 0 bytes, got {size_bytes!r}")
     shape = group_shape(max(ranks, 2), 1, spec.gpus_per_node)
     cost = collective_cost(coll, size_bytes, shape, spec, protocol, algorithm)
-    algbw = size_bytes / cost.time_s if cost.time_s > 0 else 0.0
+    algbw, busbw = bus_bandwidth(coll, size_bytes, ranks, cost.time_s)
     return {
         "op": coll.value, "size_bytes": int(size_bytes), "ranks": ranks, "time_us": cost.time_s * 1e6,
-        "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * BUSBW_FACTOR[coll](ranks) / 1e9,
+        "algbw_GBps": algbw / 1e9, "busbw_GBps": busbw / 1e9,
         "algorithm": cost.algorithm, "protocol": cost.protocol,
     }

@@ -71,20 +71,6 @@ class FastEstimate:
     exposed_comm_s: float
 
 
-def _as_recompute(step: Step) -> Step:
-    """graph._as_recompute: a compute op run again in the backward counts as recompute."""
-    category = "recompute" if step.stream is Stream.COMPUTE else step.category
-    return replace(step, name=f"{step.name}_recompute", category=category)
-
-
-def _recompute_steps(fwd: list[Step], recompute: Recompute) -> list[Step]:
-    if recompute == Recompute.FULL:
-        return [_as_recompute(s) for s in fwd]
-    if recompute == Recompute.SELECTIVE:
-        return [_as_recompute(s) for s in fwd if s.kind is OpKind.ATTENTION]
-    return []
-
-
 def _ops(steps: list[Step], start: int = 0) -> list[Op]:
     return [Op(op_id=start + i, stage=0, name=s.name, kind=s.kind, stream=s.stream, category=s.category,
                flops=s.flops, bytes=s.bytes, gemm=s.gemm, grouped=s.grouped, collective=s.collective,

@@ -8,10 +8,18 @@ stream, overlapped with compute where Megatron-Core overlaps them.
 
 from dataclasses import dataclass, field, replace
 
-from perfsim.layers import LayerBuilder, Step, backward, coll_step, overlap_tp_comm, split_weight_grads
+from perfsim.layers import (
+    LayerBuilder,
+    Step,
+    backward,
+    coll_step,
+    overlap_tp_comm,
+    recompute_steps,
+    split_weight_grads,
+)
 from perfsim.model import ModelSpec
 from perfsim.ops import Coll, Op, OpKind, Stream
-from perfsim.parallel import ParallelPlan, Recompute
+from perfsim.parallel import ParallelPlan
 from perfsim.routing import UNIFORM, RoutingSpec
 from perfsim.schedules import BWD, FWD, WGT, splits_backward, stage_layers, stage_order
 from perfsim.sharding import is_moe_layer, layer_grad_bytes, layer_param_bytes, optimizer_bytes
@@ -98,12 +106,8 @@ class _Builder:
     def backward_steps(self, layer: int) -> list[Step]:
         moe = is_moe_layer(self.model, layer)
         if moe not in self.bwd_cache:
-            recompute = []
             raw = self.raw_forward(layer)
-            if self.plan.recompute == Recompute.FULL:
-                recompute = [_as_recompute(s) for s in raw]
-            elif self.plan.recompute == Recompute.SELECTIVE:
-                recompute = [_as_recompute(s) for s in raw if s.kind is OpKind.ATTENTION]
+            recompute = recompute_steps(raw, self.plan.recompute)
             chain = self._overlap(recompute + backward(raw))
             if self.split:
                 chain, self.wgt_cache[moe] = split_weight_grads(chain)
@@ -230,11 +234,6 @@ class _Builder:
 
 def _barrier() -> Step:
     return Step(name="param_gather_wait", kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category="optimizer")
-
-
-def _as_recompute(step: Step) -> Step:
-    category = "recompute" if step.stream is Stream.COMPUTE else step.category
-    return replace(step, name=f"{step.name}_recompute", category=category)
 
 
 def _emit(b: _Builder, orders: dict[int, list]) -> None:

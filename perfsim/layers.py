@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from perfsim.model import Linear, ModelSpec
 from perfsim.ops import CollectiveCall, Coll, Gemm, OpKind, Stream
-from perfsim.parallel import ParallelPlan
+from perfsim.parallel import ParallelPlan, Recompute
 from perfsim.routing import UNIFORM, RoutingSpec, imbalance, slowest_expert_rank
 
 ACT_BYTES = 2  # bf16 activations
@@ -306,3 +306,21 @@ def _overlap_pair(steps: list[Step], i: int) -> tuple[Step, Step, Step] | None:
     if a.kind is OpKind.GEMM and _is_tp_comm(b):
         return b, a, after
     return None
+
+
+def recompute_steps(forward: list[Step], recompute: Recompute) -> list[Step]:
+    """The forward work re-run in front of a layer's backward: all of it (full) or the
+    attention cores (selective); compute re-run counts as ``recompute``."""
+    if recompute == Recompute.FULL:
+        picked = forward
+    elif recompute == Recompute.SELECTIVE:
+        picked = [s for s in forward if s.kind is OpKind.ATTENTION]
+    else:
+        return []
+    return [replace(s, name=f"{s.name}_recompute",
+                    category="recompute" if s.stream is Stream.COMPUTE else s.category) for s in picked]
+
+
+def routed_tokens(model: ModelSpec, plan: ParallelPlan) -> int:
+    """Routed token copies one EP rank sends per microbatch and MoE layer."""
+    return LayerBuilder(model, plan).local_tokens * model.top_k
