@@ -16,7 +16,8 @@ import streamlit as st
 
 import inputs as planner_inputs
 import perfsim
-from perfsim import hardware, modelio
+from perfsim.system import hardware
+from perfsim.model import io as modelio
 from perfsim.report import chrome_trace
 from scenarios import ScenarioStore
 

@@ -276,7 +276,7 @@ def search_rows(result) -> list[dict]:
 
 
 def rccl_points(log, series: str) -> list[dict]:
-    """Measured out-of-place points of a parsed rccl-tests log (perfsim.readers.RcclLog)
+    """Measured out-of-place points of a parsed rccl-tests log (perfsim.calibration.readers.RcclLog)
     that carry a bus bandwidth; one dict per message size."""
     return [{"series": series, "op": log.op, "ranks": log.num_ranks, "size_bytes": r.size_bytes,
              "time_us": r.time_us_oop, "measured": r.busbw_GBps_oop}
@@ -293,7 +293,7 @@ def error_stats(rows: list[dict]) -> dict:
 
 
 def kernel_rows(points) -> list[dict]:
-    """Table rows of parsed kernel measurements (perfsim.readers.KernelPoint) with the
+    """Table rows of parsed kernel measurements (perfsim.calibration.readers.KernelPoint) with the
     achieved TFLOPS (FLOPs / time) or TB/s (bytes / time)."""
     out = []
     for p in points:

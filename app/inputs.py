@@ -8,8 +8,8 @@ import copy
 import json
 
 import perfsim
-from perfsim import modelio
-from perfsim.routing import RoutingSpec
+from perfsim.model import io as modelio
+from perfsim.plan.routing import RoutingSpec
 
 KNOBS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq")
 CHOICES = {

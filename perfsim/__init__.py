@@ -8,14 +8,14 @@ from perfsim.api import (
     make_plan,
     simulate,
 )
-from perfsim.calibrate import calibrate
-from perfsim.checkpoint import list_storage, load_storage, reshard
-from perfsim.goodput import FailureModel, plan_goodput, simulate_failures
-from perfsim.moe_width import sweep as moe_width_sweep
+from perfsim.calibration.calibrate import calibrate
+from perfsim.design.checkpoint import list_storage, load_storage, reshard
+from perfsim.design.goodput import FailureModel, plan_goodput, simulate_failures
+from perfsim.design.moe_width import sweep as moe_width_sweep
 from perfsim.search import SearchResult, search
-from perfsim.sizing import Workload, efficiency_grid, sizing_table
+from perfsim.design.sizing import Workload, efficiency_grid, sizing_table
 from perfsim.errors import ConfigError, InfeasiblePlan, PerfsimError
-from perfsim.validate import validate
+from perfsim.calibration.validate import validate
 
 __all__ = [
     "ConfigError",

@@ -3,23 +3,23 @@
 import logging
 from dataclasses import fields
 
-from perfsim import analytic, engine
-from perfsim.collectives import bus_bandwidth, collective_cost
+from perfsim.estimators import analytic, engine
+from perfsim.cost.collectives import bus_bandwidth, collective_cost
 from perfsim.errors import ConfigError, InfeasiblePlan
-from perfsim.graph import build_graph
-from perfsim.hardware import ClusterSpec
-from perfsim.hardware import load_cluster as _load_cluster
-from perfsim.layers import routed_tokens
-from perfsim.memory import plan_memory
-from perfsim.model import ModelSpec
-from perfsim.modelio import load_model as _load_model
-from perfsim.ops import Coll
-from perfsim.parallel import ParallelPlan, check_plan, derive_dp, group_shape
-from perfsim.pricing import price
+from perfsim.lowering.graph import build_graph
+from perfsim.system.hardware import ClusterSpec
+from perfsim.system.hardware import load_cluster as _load_cluster
+from perfsim.lowering.layers import routed_tokens
+from perfsim.lowering.memory import plan_memory
+from perfsim.model.spec import ModelSpec
+from perfsim.model.io import load_model as _load_model
+from perfsim.lowering.ops import Coll
+from perfsim.plan.parallel import ParallelPlan, check_plan, derive_dp, group_shape
+from perfsim.cost.pricing import price
 from perfsim.report import Report, build_report
-from perfsim.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
-from perfsim.stragglers import NONE as NO_VARIABILITY
-from perfsim.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
+from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
+from perfsim.plan.stragglers import NONE as NO_VARIABILITY
+from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.units import format_bytes
 
 log = logging.getLogger(__name__)

@@ -10,11 +10,11 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from perfsim.engine import Span
-from perfsim.hardware import ClusterSpec
-from perfsim.memory import MemoryBreakdown
-from perfsim.model import ModelSpec
-from perfsim.parallel import ParallelPlan
+from perfsim.estimators.engine import Span
+from perfsim.system.hardware import ClusterSpec
+from perfsim.lowering.memory import MemoryBreakdown
+from perfsim.model.spec import ModelSpec
+from perfsim.plan.parallel import ParallelPlan
 
 COMPUTE_STREAM = "compute"
 BUBBLE = "pipeline_bubble"

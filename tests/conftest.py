@@ -2,10 +2,10 @@
 
 import pytest
 
-from perfsim.hardware import load_cluster
-from perfsim.graph import OpGraph, build_graph
-from perfsim.model import ModelSpec
-from perfsim.parallel import ParallelPlan, check_plan
+from perfsim.system.hardware import load_cluster
+from perfsim.lowering.graph import OpGraph, build_graph
+from perfsim.model.spec import ModelSpec
+from perfsim.plan.parallel import ParallelPlan, check_plan
 
 
 def tiny_dense(**overrides) -> ModelSpec:

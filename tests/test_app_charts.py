@@ -16,7 +16,7 @@ import derive  # noqa: E402
 import inputs as planner_inputs  # noqa: E402
 
 import perfsim  # noqa: E402
-from perfsim.engine import Span  # noqa: E402
+from perfsim.estimators.engine import Span  # noqa: E402
 
 
 def span(rank=0, stream="compute", category="gemm", start=0.0, end=1.0, nbytes=0.0, op="op"):
@@ -166,7 +166,7 @@ def test_error_stats():
 
 
 def test_rccl_points_from_a_shipped_log():
-    readers = pytest.importorskip("perfsim.readers")
+    readers = pytest.importorskip("perfsim.calibration.readers")
     log_path = ROOT.parent / "shared" / "data" / "calibration" / "rccl-tests" / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
     if not log_path.is_file():
         pytest.skip(f"{log_path} not present")

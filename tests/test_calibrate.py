@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 import perfsim
-from perfsim import kernel_fit
-from perfsim.calibrate import collective_points
+from perfsim.calibration import kernel_fit
+from perfsim.calibration.calibrate import collective_points
 from perfsim.cli import main
-from perfsim.collective_fit import fit_collectives, mape
+from perfsim.calibration.collective_fit import fit_collectives, mape
 from perfsim.errors import ConfigError
-from perfsim.hardware import load_cluster
-from perfsim.readers import KERNEL_CSV_COLUMNS, read_kernel_csv, read_rccl_log
+from perfsim.system.hardware import load_cluster
+from perfsim.calibration.readers import KERNEL_CSV_COLUMNS, read_kernel_csv, read_rccl_log
 
 LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration" / "rccl-tests"
 NOGRAPH = LOGS / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
@@ -146,7 +146,7 @@ def test_hbm_fit_recovers_a_known_curve(base, tmp_path):
 
 
 def _mem(num_bytes):
-    from perfsim.readers import KernelPoint
+    from perfsim.calibration.readers import KernelPoint
     return KernelPoint(kind="memory", dtype="bf16", device="MI300X", time_s=1.0, bytes=num_bytes, kernel="copy")
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from perfsim.cli import main
-from perfsim.hardware import list_profiles
-from perfsim.modelio import list_models
+from perfsim.system.hardware import list_profiles
+from perfsim.model.io import list_models
 
 CONTRACT = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
             "peak_memory_bytes", "breakdown", "plan", "world_size")

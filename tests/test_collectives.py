@@ -11,12 +11,12 @@ import pytest
 
 import perfsim
 from perfsim import api
-from perfsim.collectives import ALGORITHMS, all_to_allv_cost, collective_cost
-from perfsim.engine import _Links
+from perfsim.cost.collectives import ALGORITHMS, all_to_allv_cost, collective_cost
+from perfsim.estimators.engine import _Links
 from perfsim.errors import ConfigError
-from perfsim.hardware import Routing, load_cluster
-from perfsim.ops import Coll, CollectiveCall, Op, OpKind, Stream
-from perfsim.parallel import group_shape
+from perfsim.system.hardware import Routing, load_cluster
+from perfsim.lowering.ops import Coll, CollectiveCall, Op, OpKind, Stream
+from perfsim.plan.parallel import group_shape
 
 CLUSTER = load_cluster("mi300x-pollara")
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,9 +182,9 @@ def test_cli_json_rows_and_speed(gpus):
 
 
 def test_all_to_allv_hot_receiver_sets_the_time_like_a_hot_sender():
-    from perfsim.collectives import all_to_allv_cost
-    from perfsim.hardware import load_cluster
-    from perfsim.parallel import group_shape
+    from perfsim.cost.collectives import all_to_allv_cost
+    from perfsim.system.hardware import load_cluster
+    from perfsim.plan.parallel import group_shape
 
     cluster, shape = load_cluster("mi300x-pollara"), group_shape(16, 1, 8)
     uniform = [[1e6] * 16 for _ in range(16)]

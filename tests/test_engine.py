@@ -6,8 +6,9 @@ from collections import defaultdict
 import pytest
 from conftest import PLANS, lower, tiny_dense
 
-from perfsim import engine, simulate
-from perfsim.pricing import price
+from perfsim import simulate
+from perfsim.estimators import engine
+from perfsim.cost.pricing import price
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import math
 import pytest
 
 import perfsim
-from perfsim import checkpoint, goodput as gp
+from perfsim.design import checkpoint, goodput as gp
 from perfsim.cli import main
 from perfsim.errors import ConfigError
 

@@ -5,8 +5,8 @@ from collections import Counter
 import pytest
 from conftest import PLANS, lower
 
-from perfsim.ops import Coll, OpKind, Stream
-from perfsim.schedules import BWD, FWD
+from perfsim.lowering.ops import Coll, OpKind, Stream
+from perfsim.plan.schedules import BWD, FWD
 
 
 @pytest.mark.parametrize("case", PLANS)
@@ -76,8 +76,8 @@ def test_cp_ring_attention_passes_kv_blocks(cp):
     backward hops carry KV and dKV (twice the bytes)."""
     from conftest import tiny_dense
 
-    from perfsim.graph import build_graph
-    from perfsim.parallel import ParallelPlan
+    from perfsim.lowering.graph import build_graph
+    from perfsim.plan.parallel import ParallelPlan
 
     graph = build_graph(tiny_dense(), ParallelPlan(cp=cp, gbs=2, seq=4096))
     hops = [o for o in graph.ops if o.collective and o.collective.group == "cp"]
@@ -134,7 +134,7 @@ def test_zero3_gathers_every_pass():
 
 def test_grad_reduce_bytes_sum_to_stage_gradients():
     """Bytes conserved: the buckets reduce every layer's gradients exactly once."""
-    from perfsim.sharding import REDUCE_GRAD_BYTES, layer_rank_params
+    from perfsim.plan.sharding import REDUCE_GRAD_BYTES, layer_rank_params
 
     graph = lower("zero2")
     total = sum(o.collective.size_bytes for o in dp_ops(graph, "dp_grad_reduce"))
@@ -190,8 +190,8 @@ def test_attention_flops_per_token_independent_of_mbs(mbs, cp):
     MFU formula's attention term / 3); queries never attend across samples."""
     from conftest import tiny_dense
 
-    from perfsim.graph import build_graph
-    from perfsim.parallel import ParallelPlan
+    from perfsim.lowering.graph import build_graph
+    from perfsim.plan.parallel import ParallelPlan
 
     model = tiny_dense()
     plan = ParallelPlan(mbs=mbs, cp=cp, gbs=4 * mbs, seq=2048)

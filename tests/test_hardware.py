@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from perfsim.errors import ConfigError
-from perfsim.hardware import (
+from perfsim.system.hardware import (
     PROFILE_DIR,
     ClusterSpec,
     GpuSpec,
@@ -20,7 +20,7 @@ from perfsim.hardware import (
     load_cluster,
     load_gpu,
 )
-from perfsim.specio import from_dict
+from perfsim.system.specio import from_dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CALIBRATION_DIR = REPO_ROOT.parent / "shared" / "data" / "calibration"

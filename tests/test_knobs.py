@@ -8,8 +8,8 @@ import pytest
 from conftest import tiny_dense, tiny_moe
 
 from perfsim import InfeasiblePlan, load_model, make_plan, simulate
-from perfsim.hardware import ClusterSpec
-from perfsim.memory import plan_memory
+from perfsim.system.hardware import ClusterSpec
+from perfsim.lowering.memory import plan_memory
 
 SCALES = (0.5, 1.0, 2.0, 4.0)
 

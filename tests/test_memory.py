@@ -7,8 +7,8 @@ import pytest
 from conftest import tiny_dense, tiny_moe
 
 from perfsim import InfeasiblePlan, simulate
-from perfsim.memory import in_flight_microbatches, layer_activation_bytes, plan_memory
-from perfsim.parallel import ParallelPlan
+from perfsim.lowering.memory import in_flight_microbatches, layer_activation_bytes, plan_memory
+from perfsim.plan.parallel import ParallelPlan
 
 # tiny-dense by hand: h=1024, 16 heads x 64, 4 kv heads, gated ffn 4096, vocab 32000, 8 layers
 #   attention  q,o: 2 x 1024*1024 + k,v: 2 x 1024*256      =  2,621,440
@@ -61,7 +61,7 @@ def test_total_is_sum_of_parts():
 
 
 def test_fragmentation_is_a_share_of_transient_bytes():
-    from perfsim.memory import FRAGMENTATION
+    from perfsim.lowering.memory import FRAGMENTATION
 
     mem = breakdown(2)
     assert mem.fragmentation_bytes == pytest.approx(FRAGMENTATION * (mem.activations_bytes + mem.logits_bytes))

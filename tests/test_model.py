@@ -9,9 +9,9 @@ import pytest
 import perfsim
 
 from perfsim.errors import ConfigError
-from perfsim.model import ModelSpec
-from perfsim.modelio import from_hf_config, list_models, load_model
-from perfsim.specio import from_dict, to_dict
+from perfsim.model.spec import ModelSpec
+from perfsim.model.io import from_hf_config, list_models, load_model
+from perfsim.system.specio import from_dict, to_dict
 
 TOLERANCE = 0.02
 
@@ -187,7 +187,7 @@ def test_hf_config_folder_path(tmp_path):
 
 
 def test_preset_toml_path():
-    path = Path(perfsim.__file__).parent / "presets" / "mixtral-8x7b.toml"
+    path = Path(perfsim.__file__).parent / "model" / "presets" / "mixtral-8x7b.toml"
     assert load_model(str(path)) == load_model(path) == load_model("mixtral-8x7b")
 
 

@@ -9,11 +9,11 @@ from conftest import tiny_moe
 
 from perfsim import ConfigError, estimate, simulate
 from perfsim.cli import main
-from perfsim.graph import build_graph
-from perfsim.ops import OpKind
-from perfsim.parallel import ParallelPlan
-from perfsim.routing import RoutingSpec, load_histogram, rank_tokens
-from perfsim.stragglers import VariabilitySpec
+from perfsim.lowering.graph import build_graph
+from perfsim.lowering.ops import OpKind
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.routing import RoutingSpec, load_histogram, rank_tokens
+from perfsim.plan.stragglers import VariabilitySpec
 
 MOE = tiny_moe(num_experts=16, top_k=2)
 KNOBS = dict(gpus=8, dp=8, ep=8, gbs=16, seq=2048)

@@ -5,8 +5,8 @@ import math
 import pytest
 
 import perfsim
-from perfsim import moe_width as mw
-from perfsim.costs import hbm_time
+from perfsim.design import moe_width as mw
+from perfsim.cost.kernels import hbm_time
 from perfsim.errors import ConfigError
 
 

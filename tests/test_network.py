@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from perfsim import network
-from perfsim.hardware import FabricTopology, Routing, load_cluster
+from perfsim.system import network
+from perfsim.system.hardware import FabricTopology, Routing, load_cluster
 
 CLUSTER = load_cluster("mi300x-pollara")
 

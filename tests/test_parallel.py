@@ -6,7 +6,7 @@ import pytest
 from conftest import tiny_dense, tiny_moe
 
 from perfsim.errors import ConfigError
-from perfsim.parallel import (
+from perfsim.plan.parallel import (
     ParallelPlan,
     Recompute,
     Schedule,

@@ -7,9 +7,9 @@ from conftest import tiny_dense
 
 from perfsim import InfeasiblePlan, simulate
 from perfsim.cli import main
-from perfsim.graph import build_graph
-from perfsim.parallel import ParallelPlan
-from perfsim.sharding import REDUCE_GRAD_BYTES, layer_rank_params
+from perfsim.lowering.graph import build_graph
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.sharding import REDUCE_GRAD_BYTES, layer_rank_params
 
 DENSE = tiny_dense(num_layers=8, hidden_size=2048, num_heads=16, ffn_hidden_size=8192)
 

@@ -5,10 +5,11 @@ interleaving and zero-bubble shrink it in the order theory says."""
 import pytest
 from conftest import tiny_dense
 
-from perfsim import engine, estimate, simulate
-from perfsim.graph import build_graph
-from perfsim.parallel import ParallelPlan
-from perfsim.schedules import BWD, FWD, WGT, stage_order
+from perfsim import estimate, simulate
+from perfsim.estimators import engine
+from perfsim.lowering.graph import build_graph
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.schedules import BWD, FWD, WGT, stage_order
 
 MODEL = tiny_dense(num_layers=16, vocab_size=256)
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from perfsim.errors import ConfigError
-from perfsim.readers import KERNEL_CSV_COLUMNS, read_kernel_csv, read_p2p, read_rccl_log
+from perfsim.calibration.readers import KERNEL_CSV_COLUMNS, read_kernel_csv, read_p2p, read_rccl_log
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration"
 LOGS = DATA / "rccl-tests"

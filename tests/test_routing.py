@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from perfsim.errors import ConfigError
-from perfsim.modelio import load_model
-from perfsim.parallel import ParallelPlan
-from perfsim.routing import (
+from perfsim.model.io import load_model
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.routing import (
     RoutingSpec,
     dropped_fraction,
     expert_shares,

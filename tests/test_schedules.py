@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 
-from perfsim.parallel import ParallelPlan
-from perfsim.schedules import BWD, FWD, stage_layers, stage_order
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.schedules import BWD, FWD, stage_layers, stage_order
 
 CASES = [  # (pp, vpp, m, schedule)
     (1, 1, 1, "1f1b"),

@@ -11,12 +11,12 @@ from conftest import tiny_moe
 
 import perfsim
 from perfsim import cli
-from perfsim.cli_search import write_atomic
+from perfsim.cli.search import write_atomic
 from perfsim.errors import ConfigError, InfeasiblePlan
-from perfsim.memory import plan_memory
-from perfsim.parallel import ParallelPlan, check_plan
+from perfsim.lowering.memory import plan_memory
+from perfsim.plan.parallel import ParallelPlan, check_plan
 from perfsim.search import gpu_counts
-from perfsim.search_exec import make_executor
+from perfsim.search.executors import make_executor
 
 MOE = tiny_moe()
 SMALL = dict(gpus=16, gbs=32, seq=1024, limits={"cp": 2, "vpp": 2, "mbs": 2}, top=5, confirm=2)

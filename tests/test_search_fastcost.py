@@ -11,10 +11,10 @@ from conftest import tiny_dense, tiny_moe
 
 import perfsim
 from perfsim.errors import ConfigError
-from perfsim.fastcost import Coster
-from perfsim.fastmem import MemoryModel
-from perfsim.memory import plan_memory
-from perfsim.parallel import ParallelPlan, check_plan
+from perfsim.estimators.fastcost import Coster
+from perfsim.estimators.fastmem import MemoryModel
+from perfsim.lowering.memory import plan_memory
+from perfsim.plan.parallel import ParallelPlan, check_plan
 
 CASES = [  # (model, GPUs)
     ("zaya1-base", 64),
@@ -31,7 +31,7 @@ def random_plans(model, num_gpus: int, count: int, seed: int):
                  zero=rng.choice([0, 1, 2, 3]), mbs=rng.choice([1, 2]), recompute=rng.choice(["none", "selective", "full"]),
                  overlap_grad_reduce=rng.choice([True, True, False]))
         k["vpp"] = rng.choice([1, 2]) if k["pp"] > 1 else 1
-        schedules = [s.value for s in perfsim.parallel.Schedule if s.value != ("1f1b" if k["vpp"] > 1 else "interleaved")]
+        schedules = [s.value for s in perfsim.plan.parallel.Schedule if s.value != ("1f1b" if k["vpp"] > 1 else "interleaved")]
         k["schedule"] = rng.choice(schedules) if k["pp"] > 1 else "1f1b"
         if num_gpus % (k["tp"] * k["pp"] * k["cp"]):
             continue

@@ -6,7 +6,7 @@ import math
 import pytest
 
 import perfsim
-from perfsim import sizing
+from perfsim.design import sizing
 from perfsim.errors import ConfigError
 from tests.conftest import tiny_dense
 

@@ -6,9 +6,9 @@ import pytest
 from conftest import tiny_dense, tiny_moe
 
 from perfsim import ConfigError, simulate
-from perfsim.parallel import ParallelPlan
-from perfsim.routing import RoutingSpec
-from perfsim.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.routing import RoutingSpec
+from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 
 
 def test_speeds_seeded_and_clipped():

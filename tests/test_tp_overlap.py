@@ -4,11 +4,11 @@ import pytest
 
 import perfsim
 from perfsim.cli import main
-from perfsim.graph import build_graph
-from perfsim.layers import LayerBuilder, backward, overlap_tp_comm
-from perfsim.modelio import load_model
-from perfsim.ops import OpKind
-from perfsim.parallel import ParallelPlan
+from perfsim.lowering.graph import build_graph
+from perfsim.lowering.layers import LayerBuilder, backward, overlap_tp_comm
+from perfsim.model.io import load_model
+from perfsim.lowering.ops import OpKind
+from perfsim.plan.parallel import ParallelPlan
 
 DENSE = dict(gpus=8, tp=8, gbs=8, seq=4096, overlap_grad_reduce=False)
 

@@ -6,7 +6,7 @@ import pytest
 
 import perfsim
 from perfsim.cli import main
-from perfsim.validate import write_html
+from perfsim.calibration.validate import write_html
 
 LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration" / "rccl-tests"
 NOGRAPH = LOGS / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"

@@ -3,7 +3,7 @@ exactly (the multi-GPU sweep itself needs GPUs; the format is checked here)."""
 
 import pytest
 
-from perfsim.readers import read_rccl_log
+from perfsim.calibration.readers import read_rccl_log
 from validation.collective_sweep import BUSBW, Point, RankInfo, format_log, format_row, main, sizes
 
 RANKS = [RankInfo(rank=r, host=f"node{r // 4}", device=r % 4, name="NVIDIA H200", pid=100 + r) for r in range(8)]

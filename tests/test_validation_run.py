@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsim.readers import KERNEL_CSV_COLUMNS, read_kernel_csv
+from perfsim.calibration.readers import KERNEL_CSV_COLUMNS, read_kernel_csv
 from validation.csvout import COLUMNS, NotAMeasurement, measured_row, write_rows
 from validation.timing import Timing
 

@@ -38,7 +38,7 @@ def bench(title: str, knobs: dict, workers: int | None) -> None:
           f"they fit); {rate.plans_per_s_per_core:,.0f} costed plans/s/core")
     print(f"  full search  {wall:.1f} s wall on {full.executor} ({full.workers} workers): sweep {full.sweep_wall_s:.1f} s, "
           f"engine confirmation {full.confirm_wall_s:.1f} s")
-    print(f"  winner {perfsim.parallel.ParallelPlan(**win.plan).describe()} {win.plan['schedule']}: "
+    print(f"  winner {perfsim.plan.parallel.ParallelPlan(**win.plan).describe()} {win.plan['schedule']}: "
           f"{win.tokens_per_s_per_gpu:,.0f} tok/s/GPU, MFU {win.mfu:.1%} ({win.estimator})")
 
 

@@ -2,7 +2,7 @@
 
 A case is built lazily on a device (``prepare``) and gives back ``run`` (the timed call)
 and ``error`` (max |kernel - torch| / max |torch|, checked against ``TOLERANCE``).
-Row keys are the columns of ``perfsim.readers.KERNEL_CSV_COLUMNS``.
+Row keys are the columns of ``perfsim.calibration.readers.KERNEL_CSV_COLUMNS``.
 """
 
 from collections.abc import Callable

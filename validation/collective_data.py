@@ -4,7 +4,7 @@ read from the rccl-tests logs with perfsim's own log reader."""
 from pathlib import Path
 
 from perfsim.errors import ConfigError
-from perfsim.readers import read_rccl_log
+from perfsim.calibration.readers import read_rccl_log
 
 LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration" / "rccl-tests"
 FIT_SERIES = "mi300x_1node_8gpu_mpi_nograph_amdblog"

@@ -1,6 +1,6 @@
 """Collective sweep with torch.distributed (NCCL on NVIDIA, RCCL on AMD via the same
 'nccl' backend), written as rccl-tests / nccl-tests logs that ``perfsim calibrate
---rccl-log`` and ``perfsim.readers.read_rccl_log`` read.
+--rccl-log`` and ``perfsim.calibration.readers.read_rccl_log`` read.
 
     torchrun --nproc_per_node 8 -m validation.collective_sweep --op all_reduce --out logs/
     (multi-node: torchrun --nnodes N --node_rank R --rdzv_endpoint HOST:PORT ...)

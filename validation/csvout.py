@@ -1,6 +1,6 @@
 """Write kernel-sweep rows in the schema ``perfsim calibrate`` reads.
 
-The column list comes from ``perfsim.readers.KERNEL_CSV_COLUMNS`` (documented in
+The column list comes from ``perfsim.calibration.readers.KERNEL_CSV_COLUMNS`` (documented in
 validation/KERNEL_CSV.md); our extras start with ``meta_`` as the reader requires. Only
 valid GPU timings become rows: an interpreter timing is refused, never written.
 The file is written to a temporary name and renamed, so it is never half-written.
@@ -11,11 +11,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from perfsim.readers import KERNEL_CSV_COLUMNS
+from perfsim.calibration.readers import KERNEL_CSV_COLUMNS
 
 META_COLUMNS = ("meta_counts", "meta_repeats", "meta_min_us", "meta_rel_error")
 COLUMNS = (*KERNEL_CSV_COLUMNS, *META_COLUMNS)
-ATTENTION_BWD_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # x forward FLOPs, as perfsim.readers
+ATTENTION_BWD_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # x forward FLOPs, as perfsim.calibration.readers
 
 
 class NotAMeasurement(ValueError):

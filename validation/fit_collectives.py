@@ -1,7 +1,7 @@
 """Fit mi300x-pollara's [collectives] protocol latencies and bandwidth efficiencies to the
 measured 8-GPU all_reduce sweep (least squares on relative error, scipy).
 
-Model (perfsim.collectives): time = launch + protocol latency + steps x xGMI hop
+Model (perfsim.cost.collectives): time = launch + protocol latency + steps x xGMI hop
 + bytes / (links x link bandwidth x efficiency). Fixed, not fitted: hop latency 0.8 us
 (RCCL gfx942 hwLat), xGMI 46.8 GB/s (TransferBench), protocol windows (RCCL gfx942
 llProtoRanges AllReduce: LL <= 524288 B, LL128 <= 4415057 B) and the direct (one-shot)
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from collective_data import FIT_SERIES, load_series  # noqa: E402
 from perfsim import api  # noqa: E402
-from perfsim.hardware import load_cluster  # noqa: E402
+from perfsim.system.hardware import load_cluster  # noqa: E402
 
 PROTOCOLS = ("ll", "ll128", "simple")
 

@@ -1,5 +1,5 @@
 """Convert the MI300X rows of ../shared/data/calibration/gemm_measured.csv into the
-kernel CSV schema (perfsim.readers.KERNEL_CSV_COLUMNS) -> validation/data/gemm_mi300x_measured.csv.
+kernel CSV schema (perfsim.calibration.readers.KERNEL_CSV_COLUMNS) -> validation/data/gemm_mi300x_measured.csv.
 
 Kept: MI300X rows measured per call with m, n, k and TFLOPS: the Azure ND MI300X v5
 hipBLASLt FP8 sweep (run1) and AMD's max-achievable-FLOPS table (FP16, BF16, FP8).
@@ -13,7 +13,7 @@ import csv
 import sys
 from pathlib import Path
 
-from perfsim.readers import KERNEL_CSV_COLUMNS
+from perfsim.calibration.readers import KERNEL_CSV_COLUMNS
 
 SRC = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration" / "gemm_measured.csv"
 OUT = Path(__file__).resolve().parent / "data" / "gemm_mi300x_measured.csv"

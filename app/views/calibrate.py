@@ -10,14 +10,14 @@ import charts
 import common
 import derive
 import perfsim
-from perfsim import hardware
+from perfsim.system import hardware
 
 st.title("Calibrate")
 readers = common.optional_api("readers", "read_rccl_log")
 if readers is None:
     common.unavailable("Measurement readers", "readers")
     st.stop()
-from perfsim.readers import read_kernel_csv, read_rccl_log  # noqa: E402 - present once checked above
+from perfsim.calibration.readers import read_kernel_csv, read_rccl_log  # noqa: E402 - present once checked above
 
 EXAMPLES = sorted((common.DATA_DIR / "calibration" / "rccl-tests").glob("*.log"))
 clusters = common.cluster_names()

@@ -15,8 +15,8 @@ def sweep(key: str) -> list[dict]:
     a = json.loads(key)
     base = perfsim.load_model(a.pop("model"))
     cluster = perfsim.load_cluster(a.pop("cluster"), nodes=a.pop("nodes"))
-    serving = perfsim.moe_width.Serving(batch=a.pop("batch"), context=a.pop("context"), ep=a.pop("serve_ep"))
-    training = perfsim.moe_width.Training(seq=a.pop("seq"), gbs=a.pop("gbs"))
+    serving = perfsim.design.moe_width.Serving(batch=a.pop("batch"), context=a.pop("context"), ep=a.pop("serve_ep"))
+    training = perfsim.design.moe_width.Training(seq=a.pop("seq"), gbs=a.pop("gbs"))
     return perfsim.moe_width_sweep(base, cluster, serving=serving, training=training,
                                    experts=tuple(a.pop("experts")), top_k=tuple(a.pop("top_k")), **a)
 

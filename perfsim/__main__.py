@@ -1,0 +1,6 @@
+"""python -m perfsim: the perfsim command."""
+
+from perfsim.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

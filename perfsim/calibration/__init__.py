@@ -1,0 +1,1 @@
+"""perfsim.calibration."""

@@ -1,0 +1,307 @@
+"""``perfsim`` command line: presentation only, everything else through ``perfsim.api``."""
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from perfsim import api
+from perfsim.errors import ConfigError, InfeasiblePlan, PerfsimError
+from perfsim.system.hardware import list_profiles
+from perfsim.model.io import list_models
+from perfsim.report import Report, write_trace
+from perfsim.plan.routing import RoutingSpec, load_histogram
+from perfsim.plan.stragglers import VariabilitySpec
+from perfsim.units import format_bytes, parse_size
+
+PLAN_INTS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, no usage dump
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def _add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="preset name, preset .toml or HF config.json")
+    p.add_argument("--cluster", default="mi300x-pollara", help="cluster profile name or .toml path")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--nodes", type=int, help="number of nodes (overrides the profile)")
+    size.add_argument("--gpus", type=int, help="number of GPUs (the cluster is sized to hold them)")
+    for knob in PLAN_INTS:
+        p.add_argument(f"--{knob}", type=int, default=None)
+    p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp8"])
+    p.add_argument("--recompute", default=None, choices=["none", "selective", "full"])
+    p.add_argument("--schedule", default=None, choices=["gpipe", "1f1b", "interleaved", "zb-h1"],
+                   help="pipeline schedule; with --vpp > 1 gpipe loops breadth-first, 1f1b interleaves, zb-h1 splits W")
+    p.add_argument("--no-overlap", action="store_true", help="do not overlap gradient reduction with backward")
+    p.add_argument("--grad-bucket-size", default=None, help="gradient bucket in bytes (e.g. 80M; default 40M bf16 params)")
+    p.add_argument("--overlap-cu-share", type=float, default=None,
+                   help="share of compute throughput lost while comm overlaps it (default 0)")
+    p.add_argument("--dma-offload", action="store_true", help="comm on DMA engines: no compute interference")
+    p.add_argument("--tp-comm-overlap", action="store_true",
+                   help="overlap TP all-gather/reduce-scatter with the adjacent GEMM (Megatron userbuffers)")
+    p.add_argument("--routing", default="uniform",
+                   help="MoE token routing: uniform, zipf[:S], dirichlet[:A] or a histogram file (CSV/JSON)")
+    p.add_argument("--routing-histogram", default=None, help="measured tokens per expert (CSV or JSON file)")
+    p.add_argument("--expert-placement", default=None,
+                   help="contiguous (default), speed (hot experts on fast GPUs) or EP rank per expert: 0,0,1,1,...")
+    p.add_argument("--capacity-factor", type=float, default=None, help="MoE capacity factor (0: no dropping)")
+    p.add_argument("--gpu-variability", type=float, default=0.0, help="std-dev of per-GPU relative speed (seeded)")
+    p.add_argument("--routing-skew", type=float, default=1.0, help="Zipf exponent for --routing zipf")
+    p.add_argument("--routing-concentration", type=float, default=1.0, help="Dirichlet alpha for --routing dirichlet")
+    p.add_argument("--seed", type=int, default=0, help="seed for routing")
+
+
+def _plan_knobs(args) -> dict:
+    knobs = {k: getattr(args, k) for k in PLAN_INTS + ("dtype", "recompute", "schedule")}
+    if args.no_overlap:
+        knobs["overlap_grad_reduce"] = False
+    if args.grad_bucket_size is not None:
+        knobs["grad_bucket_bytes"] = int(parse_size(args.grad_bucket_size, "--grad-bucket-size"))
+    knobs["comm_compute_interference"] = args.overlap_cu_share
+    if args.dma_offload:
+        knobs["dma_offload"] = True
+    if args.tp_comm_overlap:
+        knobs["tp_comm_overlap"] = True
+    return {k: v for k, v in knobs.items() if v is not None}
+
+
+def _cmd_simulate(args) -> int:
+    knobs = _plan_knobs(args)
+    knobs.setdefault("gbs", None)
+    knobs.setdefault("seq", None)
+    if knobs["gbs"] is None or knobs["seq"] is None:
+        raise ConfigError("simulate: --gbs and --seq are required")
+    model = api.load_model(args.model)
+    if args.capacity_factor is not None:
+        if args.capacity_factor < 0:
+            raise ConfigError(f"--capacity-factor: must be >= 0, got {args.capacity_factor}")
+        model = dataclasses.replace(model, capacity_factor=args.capacity_factor)
+    variability = VariabilitySpec(cv=args.gpu_variability, seed=args.seed)
+    report = api.simulate(model, args.cluster, nodes=args.nodes, gpus=args.gpus, estimator=args.engine,
+                          check_memory=not args.allow_oom, routing=_routing(args), variability=variability, **knobs)
+    if args.trace:
+        _write_trace(report, args.trace)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else _format_report(report))
+    return 0
+
+
+def _routing(args) -> RoutingSpec:
+    """--routing uniform | zipf[:S] | dirichlet[:A] | FILE, --routing-histogram, --expert-placement."""
+    kind, _, arg = args.routing.partition(":")
+    spec = dict(skew=args.routing_skew, concentration=args.routing_concentration, seed=args.seed)
+    if args.routing_histogram or kind not in ("uniform", "zipf", "dirichlet"):
+        spec.update(distribution="histogram", histogram=load_histogram(args.routing_histogram or args.routing))
+    else:
+        spec["distribution"] = kind
+        if arg:
+            try:
+                spec["skew" if kind == "zipf" else "concentration"] = float(arg)
+            except ValueError:
+                raise ConfigError(f"--routing: {arg!r} in {args.routing!r} is not a number") from None
+    placement = args.expert_placement
+    if placement == "speed":
+        spec["speed_aware"] = True
+    elif placement and placement != "contiguous":
+        try:
+            spec["placement"] = tuple(int(x) for x in placement.split(","))
+        except ValueError:
+            raise ConfigError(f"--expert-placement: {placement!r} is not contiguous, speed or a list of ranks") from None
+    return RoutingSpec(**spec)
+
+
+def _write_trace(report: Report, path: str) -> None:
+    try:
+        write_trace(report, path)
+    except OSError as exc:
+        raise ConfigError(f"trace: cannot write {path!r} ({exc.strerror or exc})") from None
+
+
+def _format_report(r: Report) -> str:
+    plan = " ".join(f"{k}={v}" for k, v in r.plan.items())
+    lines = [
+        f"{r.model} on {r.cluster} ({r.world_size} GPUs), estimator {r.estimator}",
+        f"plan: {plan}",
+        f"step time        {r.step_time_s * 1e3:10.2f} ms",
+        f"tokens/s         {r.tokens_per_s:14,.0f}   ({r.tokens_per_s_per_gpu:,.0f} per GPU)",
+        f"TFLOPS/GPU       {r.tflops_per_gpu:10.1f}     MFU {100 * r.mfu:.1f}%",
+        f"peak memory/GPU  {format_bytes(r.peak_memory_bytes)} of {format_bytes(r.memory_capacity_bytes)}",
+        "breakdown (critical stage {}):".format(r.critical_stage),
+    ]
+    for name, seconds in r.breakdown.items():
+        if seconds > 0:
+            lines.append(f"  {name:<20} {seconds * 1e3:10.2f} ms  {100 * seconds / r.step_time_s:5.1f}%")
+    lines += _format_fidelity(r)
+    lines += [f"warning: {w}" for w in r.warnings]
+    return "\n".join(lines)
+
+
+def _format_fidelity(r: Report) -> list[str]:
+    lines = [f"pipeline bubble  {r.bubble_s * 1e3:10.2f} ms  ({100 * r.bubble_fraction:.1f}%)   "
+             f"exposed comm {r.exposed_comm_s * 1e3:.2f} ms"]
+    if r.moe_imbalance > 1.0 or r.moe_imbalance_cost_s:
+        lines.append(f"MoE imbalance    {r.moe_imbalance:10.2f}x    costs {r.moe_imbalance_cost_s * 1e3:.2f} ms")
+    if r.straggler_slowdown > 1.0:
+        lines.append(f"stragglers       {r.straggler_slowdown:10.3f}x    costs {r.straggler_cost_s * 1e3:.2f} ms")
+    top = list(r.critical_path_s.items())[:4]
+    if top:
+        path = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in top)
+        lines.append(f"critical path    {r.critical_path_ops} ops: {path}")
+    return lines
+
+
+def _sizes(begin: int, end: int, factor: float) -> list[int]:
+    if end < begin:
+        raise ConfigError(f"-e: max size {end} is below min size {begin} (-b)")
+    if factor <= 1:
+        raise ConfigError(f"-f: step factor must be > 1, got {factor}")
+    sizes, size = [], begin
+    while size <= end:
+        sizes.append(int(size))
+        size *= factor
+    return sizes
+
+
+def _cmd_collective(args) -> int:
+    cluster = api.load_cluster(args.cluster, nodes=args.nodes, gpus=args.gpus if args.nodes is None else None)
+    sizes = _sizes(parse_size(args.minbytes, "-b"), parse_size(args.maxbytes, "-e"), args.stepfactor)
+    rows = [api.collective(args.op, s, args.gpus, cluster, protocol=args.protocol, algorithm=args.algo)
+            for s in sizes]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"# perfsim collective: {args.op} over {args.gpus} GPUs of {cluster.name} (predicted)")
+    print(f"#{'size':>12} {'count':>12} {'type':>6} {'time':>10} {'algbw':>8} {'busbw':>8}  algo/proto")
+    print(f"#{'(B)':>12} {'(elements)':>12} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}")
+    for r in rows:
+        print(f" {r['size_bytes']:>12} {r['size_bytes'] // 4:>12} {'float':>6} {r['time_us']:>10.2f} "
+              f"{r['algbw_GBps']:>8.2f} {r['busbw_GBps']:>8.2f}  {r['algorithm']}/{r['protocol']}")
+    return 0
+
+
+def _cmd_calibrate(args) -> int:
+    from perfsim.calibration.calibrate import calibrate  # layer 7
+
+    result = calibrate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.gemm_csv, p2p=args.p2p, out=args.out,
+                       force=args.force, fit_windows=not args.fix_windows, in_place=args.in_place,
+                       regenerate_gemm=args.regenerate_gemm)
+    print(f"# perfsim calibrate: {result.cluster.name} from {args.cluster} -> {result.path}")
+    for f in result.fits:
+        err = "" if f.mape_before is None else f"MAPE {f.mape_before:6.2f}% -> {f.mape_after:6.2f}%  "
+        print(f"{f.name:<12} {f.num_points:>4} points  {err}{f.detail}")
+    for note in result.notes:
+        print(f"note: {note}")
+    return 0
+
+
+def _cmd_validate(args) -> int:
+    from perfsim.calibration.validate import validate, write_html  # layer 7
+
+    result = validate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.kernel_csv, in_place=args.in_place)
+    if args.html:
+        write_html(result, args.html, plotlyjs=args.plotlyjs)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(f"# perfsim validate: {result.cluster}; error = (predicted - measured) / measured")
+        print(f"{'category':<58} {'point':>16} {'measured_us':>12} {'predicted_us':>12} {'error_%':>8}")
+        for p in result.points:
+            print(f"{p.category[:58]:<58} {p.label[:16]:>16} {p.measured_s * 1e6:>12.3f} {p.predicted_s * 1e6:>12.3f} "
+                  f"{p.error_pct:>+8.2f}")
+        for cat, err in result.by_category().items():
+            print(f"MAPE {err:6.2f}%  {cat}")
+        print(f"MAPE {result.mape:6.2f}%  overall ({len(result.points)} points)")
+        for note in result.notes:
+            print(f"note: {note}")
+    if args.max_mape is not None and result.mape > args.max_mape:
+        print(f"perfsim: accuracy gate failed: MAPE {result.mape:.2f}% > --max-mape {args.max_mape}%", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_calibration_parsers(sub) -> None:
+    cal = sub.add_parser("calibrate", help="fit a cluster profile to measurements; write a new profile")
+    cal.add_argument("--cluster", default="mi300x-pollara", help="base profile name or .toml path")
+    cal.add_argument("--rccl-log", action="append", default=[], help="rccl-tests/nccl-tests stdout log (repeatable)")
+    cal.add_argument("--gemm-csv", "--kernel-csv", dest="gemm_csv", action="append", default=[],
+                     help="kernel sweep CSV (schema: validation/KERNEL_CSV.md; repeatable)")
+    cal.add_argument("--p2p", action="append", default=[], help="point-to-point bandwidth CSV or matrix (repeatable)")
+    cal.add_argument("--out", required=True, help="where to write the calibrated profile (.toml)")
+    cal.add_argument("--force", action="store_true", help="replace --out if it exists")
+    cal.add_argument("--fix-windows", action="store_true", help="keep the protocol and direct-kernel size windows")
+    cal.add_argument("--in-place", action="store_true", help="fit the in-place rccl-tests columns")
+    cal.add_argument("--regenerate-gemm", action="store_true", help="new GEMM table knots over the measured sizes")
+    cal.set_defaults(func=_cmd_calibrate)
+    val = sub.add_parser("validate", help="predicted vs measured; exit 1 when --max-mape is exceeded")
+    val.add_argument("--cluster", default="mi300x-pollara", help="profile name or .toml path")
+    val.add_argument("--rccl-log", action="append", default=[], help="rccl-tests/nccl-tests stdout log (repeatable)")
+    val.add_argument("--kernel-csv", "--gemm-csv", dest="kernel_csv", action="append", default=[],
+                     help="kernel sweep CSV (repeatable)")
+    val.add_argument("--in-place", action="store_true", help="use the in-place rccl-tests columns")
+    val.add_argument("--html", help="write a Plotly report here (works offline)")
+    val.add_argument("--plotlyjs", default="embed", choices=["embed", "directory"],
+                     help="embed plotly.js in the report, or write plotly.min.js beside it")
+    val.add_argument("--max-mape", type=float, help="accuracy gate: exit 1 when the overall MAPE (%%) exceeds it")
+    val.add_argument("--json", action="store_true")
+    val.set_defaults(func=_cmd_validate)
+
+
+def _cmd_list(args) -> int:
+    print("clusters: " + ", ".join(list_profiles("cluster")))
+    print("gpus:     " + ", ".join(list_profiles("gpu")))
+    print("nodes:    " + ", ".join(list_profiles("node")))
+    print("models:   " + ", ".join(list_models()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="perfsim", description="Predict LLM training step time on GPU clusters.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sim = sub.add_parser("simulate", help="simulate one training step")
+    _add_plan_args(sim)
+    sim.add_argument("--engine", default="des", choices=["des", "analytic"])
+    sim.add_argument("--json", action="store_true")
+    sim.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
+    sim.add_argument("--allow-oom", action="store_true", help="report a plan that does not fit instead of failing")
+    sim.set_defaults(func=_cmd_simulate)
+    col = sub.add_parser("collective", help="rccl-tests-style collective benchmark (predicted)")
+    col.add_argument("--op", required=True)
+    col.add_argument("--gpus", "-g", type=int, required=True)
+    col.add_argument("--cluster", default="mi300x-pollara")
+    col.add_argument("--nodes", type=int)
+    col.add_argument("-b", "--minbytes", default="8")
+    col.add_argument("-e", "--maxbytes", default="128M")
+    col.add_argument("-f", "--stepfactor", type=float, default=2.0)
+    col.add_argument("--protocol", default=None, help="force a protocol (ll, ll128, simple)")
+    col.add_argument("--algo", default=None, help="force an algorithm (ring, tree, direct, hierarchical)")
+    col.add_argument("--json", action="store_true")
+    col.set_defaults(func=_cmd_collective)
+    _add_calibration_parsers(sub)
+    from perfsim.cli.design import add_commands as add_design_commands  # sizing, moe-width, goodput, reshard
+
+    add_design_commands(sub)
+    from perfsim.cli.search import add_command as add_search_command  # search
+
+    add_search_command(sub)
+    lst = sub.add_parser("list", help="list hardware profiles and model presets")
+    lst.set_defaults(func=_cmd_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except InfeasiblePlan as exc:
+        print(f"perfsim: infeasible plan: {exc}", file=sys.stderr)
+        return 2
+    except PerfsimError as exc:
+        print(f"perfsim: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

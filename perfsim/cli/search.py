@@ -1,0 +1,110 @@
+"""``perfsim search``: find the best parallel plan (presentation only; ``perfsim.search`` decides)."""
+
+import json
+import os
+import sys
+import tempfile
+
+from perfsim.errors import ConfigError
+from perfsim.search import search
+from perfsim.search.executors import EXECUTORS
+
+FIXABLE_INTS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs")
+LIMITS = ("tp", "pp", "vpp", "ep", "etp", "cp", "mbs")
+
+
+def _values(text: str, axis: str, cast=int) -> tuple:
+    try:
+        return tuple(cast(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--{axis}: {text!r} is not a value or a comma list of values") from None
+
+
+def add_command(sub) -> None:
+    p = sub.add_parser("search", help="find the best parallel plan for a model, GPU count and batch")
+    p.add_argument("--model", required=True, help="preset name, preset .toml or HF config.json")
+    p.add_argument("--cluster", default="mi300x-pollara", help="cluster profile name or .toml path")
+    p.add_argument("--gpus", required=True, help="GPU count, a list (256,512) or a doubling range (256-2048)")
+    p.add_argument("--gbs", type=int, required=True)
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
+    for axis in FIXABLE_INTS:
+        p.add_argument(f"--{axis}", help=f"fix {axis} to a value or a comma list")
+    p.add_argument("--recompute", help="fix recompute (none, selective, full; comma list)")
+    p.add_argument("--schedule", help="fix the pipeline schedule (comma list)")
+    for axis in LIMITS:
+        p.add_argument(f"--max-{axis}", type=int, help=f"largest {axis} to try")
+    p.add_argument("--max-memory", type=float, default=1.0, help="usable share of HBM per GPU (default 1.0)")
+    p.add_argument("--objective", default="time", choices=["time", "cost"], help="minimize step time or $/token")
+    p.add_argument("--usd-per-gpu-hour", type=float, help="GPU price for --objective cost and the $/Mtoken column")
+    p.add_argument("--top", type=int, default=10, help="plans to list")
+    p.add_argument("--confirm", type=int, default=3, help="leading plans re-run on the discrete-event engine")
+    p.add_argument("--all-recompute", action="store_true", help="also cost recompute variants of plans that fit without")
+    p.add_argument("--executor", default="local", help=f"where the sweep runs: {EXECUTORS}")
+    p.add_argument("--workers", type=int, help="worker processes (local pool / dask-local)")
+    p.add_argument("--progress", action="store_true", help="progress bar on stderr even when it is not a terminal")
+    p.add_argument("--json", action="store_true", help="print the ranked list as JSON")
+    p.add_argument("--csv", help="write the ranked list to this CSV file")
+    p.set_defaults(func=run)
+
+
+def _constraints(args) -> tuple[dict, dict]:
+    fixed = {a: _values(getattr(args, a), a) for a in FIXABLE_INTS if getattr(args, a) is not None}
+    for axis in ("recompute", "schedule"):
+        if getattr(args, axis) is not None:
+            fixed[axis] = _values(getattr(args, axis), axis, str)
+    limits = {a: getattr(args, f"max_{a}") for a in LIMITS if getattr(args, f"max_{a}") is not None}
+    return fixed, limits
+
+
+class _Bar:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.phase = enabled, None
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        filled = width * done // max(total, 1)
+        sys.stderr.write(f"\r{phase:<8} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: never half-written."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".perfsim-", suffix=".tmp")
+    except OSError as exc:
+        raise ConfigError(f"csv: cannot write {path!r} ({exc.strerror or exc})") from None
+    try:
+        with os.fdopen(fd, "w", newline="") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def run(args) -> int:
+    fixed, limits = _constraints(args)
+    bar = _Bar(args.progress or sys.stderr.isatty())
+    try:
+        result = search(
+            args.model, args.cluster, gpus=args.gpus, gbs=args.gbs, seq=args.seq, fixed=fixed, limits=limits,
+            max_memory_fraction=args.max_memory, objective=args.objective, usd_per_gpu_hour=args.usd_per_gpu_hour,
+            top=args.top, confirm=args.confirm, executor=args.executor, workers=args.workers, dtype=args.dtype,
+            dominance=not args.all_recompute, progress=bar,
+        )
+    except KeyboardInterrupt:
+        print("\nperfsim: search cancelled; nothing written", file=sys.stderr)
+        return 130
+    if args.csv:
+        write_atomic(args.csv, result.to_csv())
+    print(json.dumps(result.to_list(), indent=2) if args.json else result.summary())
+    return 0
+

@@ -1,0 +1,54 @@
+"""Attach a duration to every op of a graph: compute from ``costs``, communication from
+``collectives`` on the communicator's placement. Identical ops are priced once.
+
+Comm ops also get ``meta['latency_s']`` and ``meta['link_share']`` (the share of each
+link of the stage's representative rank the op keeps busy while it moves data alone),
+which the engine uses to share links among concurrent comm ops."""
+
+from perfsim.cost.collectives import collective_cost, local_peers
+from perfsim.cost.kernels import compute_time
+from perfsim.lowering.graph import OpGraph
+from perfsim.system.hardware import ClusterSpec
+from perfsim.lowering.ops import Op
+from perfsim.plan.parallel import group_shapes, group_strides
+
+
+def _key(op: Op) -> tuple:
+    return (op.kind, op.gemm, op.grouped, op.collective, op.flops, op.bytes, op.meta.get("backward", False))
+
+
+def price(graph: OpGraph, cluster: ClusterSpec, slowdowns: list[float] | None = None) -> OpGraph:
+    """Fill ``duration_s`` of every op in place; returns the graph.
+
+    ``slowdowns`` (one factor per pipeline stage, see ``stragglers``) stretch compute
+    ops to the pace of the stage's slowest GPU; an expert op that carries its EP rank's
+    ``speed`` runs at that speed instead."""
+    slow = slowdowns or [1.0] * graph.plan.pp
+    shapes = group_shapes(graph.plan, cluster.gpus_per_node)
+    strides = {k: stride for k, (_, stride) in group_strides(graph.plan).items()}
+    cache: dict[tuple, tuple] = {}
+    for op in graph.ops:
+        key = _key(op)
+        if key not in cache:
+            cache[key] = _duration(op, cluster, shapes, strides, graph.plan.dtype)
+        op.duration_s, comm = cache[key]
+        if comm is not None:
+            op.meta["latency_s"], op.meta["link_share"] = comm
+        elif "speed" in op.meta:
+            op.duration_s /= op.meta["speed"]
+        elif slow[op.stage] != 1.0:
+            op.duration_s *= slow[op.stage]
+    return graph
+
+
+def _duration(op: Op, cluster: ClusterSpec, shapes: dict, strides: dict, dtype: str) -> tuple:
+    if op.is_comm:
+        call = op.collective
+        shape = shapes[call.group]
+        peers = local_peers(shape, strides.get(call.group, 1))
+        cost = collective_cost(call.coll, call.size_bytes, shape, cluster, peers=peers)
+        bw_time = cost.time_s - cost.latency_s
+        share = {k: v / bw_time for k, v in cost.demand.items()} if bw_time > 0 else {}
+        return cost.time_s, (cost.latency_s, share)
+    gemm_dtype = dtype if op.gemm is not None else "bf16"
+    return compute_time(op, cluster.gpu, gemm_dtype), None

@@ -1,0 +1,289 @@
+"""Lowering model + plan into one op graph per pipeline stage.
+
+Every data/tensor-parallel replica of a stage runs the same program, so the graph holds
+one representative rank per pipeline stage. Within a microbatch the ops of a block form
+a chain; data-parallel gradient reduction and ZeRO parameter gathers run on their own
+stream, overlapped with compute where Megatron-Core overlaps them.
+"""
+
+from dataclasses import dataclass, field, replace
+
+from perfsim.lowering.layers import (
+    LayerBuilder,
+    Step,
+    backward,
+    coll_step,
+    overlap_tp_comm,
+    recompute_steps,
+    split_weight_grads,
+)
+from perfsim.model.spec import ModelSpec
+from perfsim.lowering.ops import Coll, Op, OpKind, Stream
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.routing import UNIFORM, RoutingSpec
+from perfsim.plan.schedules import BWD, FWD, WGT, splits_backward, stage_layers, stage_order
+from perfsim.plan.sharding import is_moe_layer, layer_grad_bytes, layer_param_bytes, optimizer_bytes
+
+
+@dataclass
+class OpGraph:
+    model: ModelSpec
+    plan: ParallelPlan
+    ops: list[Op] = field(default_factory=list)
+    num_microbatches: int = 0  # microbatches actually lowered (may be fewer than the plan's)
+
+    @property
+    def num_stages(self) -> int:
+        return self.plan.pp
+
+
+def _dp_step(name: str, coll: Coll, group: str, size: float, category: str) -> Step:
+    step = coll_step(name, coll, "tp", size, category)
+    return replace(step, stream=Stream.DP_COMM, collective=replace(step.collective, group=group))
+
+
+class _Builder:
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec, ep_speeds=None):
+        self.model, self.plan = model, plan
+        self.graph = OpGraph(model=model, plan=plan)
+        self.layers = LayerBuilder(model, plan, routing, ep_speeds)
+        self.fwd_cache: dict[bool, list[Step]] = {}
+        self.raw_cache: dict[bool, list[Step]] = {}
+        self.bwd_cache: dict[bool, list[Step]] = {}
+        self.wgt_cache: dict[bool, list[Step]] = {}
+        self.split = splits_backward(plan)
+        self.bucket: dict[int, dict[str, float]] = {s: {} for s in range(plan.pp)}
+        self.last: dict[int, int] = {}  # stage -> last op of its compute chain
+        self.marks: dict[int, list[int]] = {s: [-1, -1] for s in range(plan.pp)}  # layer boundaries
+        self.p2p: dict[tuple, int] = {}  # (phase, microbatch, virtual stage) -> send op
+        self.grad_ops: dict[int, list[int]] = {s: [] for s in range(plan.pp)}
+        self.last_vs = plan.pp * plan.vpp - 1
+        self.phase = FWD
+        self.deferred: dict[int, list[int]] = {s: [] for s in range(plan.pp)}
+
+    def add(self, stage: int, step: Step, deps: tuple[int, ...], mb: int, layer: int) -> int:
+        op = Op(
+            op_id=len(self.graph.ops), stage=stage, name=step.name, kind=step.kind, stream=step.stream,
+            category=step.category, deps=tuple(d for d in deps if d >= 0), flops=step.flops, bytes=step.bytes,
+            gemm=step.gemm, grouped=step.grouped, collective=step.collective, microbatch=mb, layer=layer,
+            phase=self.phase, meta=dict(step.meta),
+        )
+        self.graph.ops.append(op)
+        return op.op_id
+
+    def chain(self, stage: int, steps: list[Step], deps: tuple[int, ...], mb: int, layer: int) -> int:
+        """Append ``steps`` to the stage's compute chain; an ``offchain`` step starts
+        with the chain but does not block it, a ``join`` step also waits for the oldest
+        off-chain step not yet joined (ring attention)."""
+        prev, sides = self.last.get(stage, -1), []
+        for step in steps:
+            if ("offchain", True) in step.meta:
+                sides.append(self.add(stage, step, (prev, *deps), mb, layer))
+                continue
+            join = (sides.pop(0),) if ("join", True) in step.meta and sides else ()
+            prev = self.add(stage, step, (prev, *deps, *join), mb, layer)
+            deps = ()
+        self.last[stage] = prev
+        self.marks[stage].append(prev)
+        return prev
+
+    def forward_steps(self, layer: int) -> list[Step]:
+        moe = is_moe_layer(self.model, layer)
+        if moe not in self.fwd_cache:
+            self.fwd_cache[moe] = self._overlap(self.raw_forward(layer))
+        return self.fwd_cache[moe]
+
+    def raw_forward(self, layer: int) -> list[Step]:
+        """The layer's forward chain before TP-communication overlap is applied."""
+        moe = is_moe_layer(self.model, layer)
+        if moe not in self.raw_cache:
+            self.raw_cache[moe] = self.layers.layer_forward(layer)
+        return self.raw_cache[moe]
+
+    def _overlap(self, steps: list[Step]) -> list[Step]:
+        return overlap_tp_comm(steps) if self.plan.tp_comm_overlap and self.plan.tp > 1 else steps
+
+    def backward_steps(self, layer: int) -> list[Step]:
+        moe = is_moe_layer(self.model, layer)
+        if moe not in self.bwd_cache:
+            raw = self.raw_forward(layer)
+            recompute = recompute_steps(raw, self.plan.recompute)
+            chain = self._overlap(recompute + backward(raw))
+            if self.split:
+                chain, self.wgt_cache[moe] = split_weight_grads(chain)
+            self.bwd_cache[moe] = chain
+        return self.bwd_cache[moe]
+
+    def weight_steps(self, layer: int) -> list[Step]:
+        self.backward_steps(layer)
+        return self.wgt_cache[is_moe_layer(self.model, layer)]
+
+    def _groups(self, layer: int, sizes: tuple[float, float]) -> list[tuple[str, float]]:
+        plan = self.plan
+        degrees = {"dp_cp": plan.dp * plan.cp, "edp": plan.edp}
+        return [(g, s) for g, s in zip(("dp_cp", "edp"), sizes) if s > 0 and degrees[g] > 1]
+
+    def grad_reduce(self, stage: int, layer: int) -> None:
+        """Gradient buckets (Megatron-Core DDP): a layer's gradients join the open bucket
+        of their group (dense dp_cp, expert edp) once its last backward ends; a bucket
+        of at least ``grad_bucket_bytes`` is reduced at once, overlapped with the rest of
+        the backward (or after the whole backward when reduction is not overlapped)."""
+        if not self.plan.overlap_grad_reduce and layer not in self.deferred[stage]:
+            self.deferred[stage].append(layer)
+            return
+        bucket = self.bucket[stage]
+        for group, size in self._groups(layer, layer_grad_bytes(self.model, self.plan, layer)):
+            bucket[group] = bucket.get(group, 0.0) + size
+            if bucket[group] >= self.plan.grad_bucket_bytes:
+                self._reduce_bucket(stage, group, bucket.pop(group), layer)
+
+    def _reduce_bucket(self, stage: int, group: str, size: float, layer: int) -> None:
+        coll = Coll.ALL_REDUCE if self.plan.zero == 0 else Coll.REDUCE_SCATTER
+        step = _dp_step(f"grad_{coll}_{group}", coll, group, size, "dp_grad_reduce")
+        after = (self.last[stage],)
+        self.grad_ops[stage].append(self.add(stage, step, after, self.plan.num_microbatches - 1, layer))
+
+    def flush_buckets(self, stage: int) -> None:
+        for group, size in sorted(self.bucket[stage].items()):
+            self._reduce_bucket(stage, group, size, -1)
+        self.bucket[stage].clear()
+
+    def param_gather(self, stage: int, layer: int, phase: str, mb: int) -> tuple[int, ...]:
+        """ZeRO parameter all-gathers the layer must wait for: ZeRO-1/2 once per step
+        before the first forward (updated weights), ZeRO-3 before every pass, prefetched
+        one layer ahead."""
+        plan = self.plan
+        if plan.zero == 0 or (plan.zero < 3 and (phase == BWD or mb > 0 or not plan.overlap_grad_reduce)):
+            return ()
+        after = (self.marks[stage][-2],) if plan.zero == 3 else ()
+        ids = []
+        for group, size in self._groups(layer, layer_param_bytes(self.model, plan, layer)):
+            step = _dp_step(f"param_ag_{group}", Coll.ALL_GATHER, group, size, "dp_param_gather")
+            ids.append(self.add(stage, step, after, mb, layer))
+        return tuple(ids)
+
+    def send(self, stage: int, phase: str, mb: int, vs: int, after: int) -> None:
+        size = self.layers.local_tokens * self.model.hidden_size * 2
+        step = coll_step(f"{'act' if phase == FWD else 'grad'}_send", Coll.SEND_RECV, "tp", size, "pp_p2p")
+        step = replace(step, kind=OpKind.P2P, stream=Stream.PP_COMM, collective=replace(step.collective, group="pp"))
+        self.p2p[(phase, mb, vs)] = self.add(stage, step, (after,), mb, -1)
+
+    def chunk_forward(self, stage: int, mb: int, chunk: int, deps: tuple) -> int:
+        self.phase = FWD
+        vs = chunk * self.plan.pp + stage
+        if vs == 0:
+            self.chain(stage, self.layers.embedding_forward(), deps, mb, -1)
+            deps = ()
+        for layer in stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, chunk):
+            self.chain(stage, self.forward_steps(layer), deps + self.param_gather(stage, layer, FWD, mb), mb, layer)
+            deps = ()
+        if vs == self.last_vs:
+            self.chain(stage, self.layers.head_forward(), deps, mb, -1)
+        return self.last[stage]
+
+    def chunk_backward(self, stage: int, mb: int, chunk: int, deps: tuple) -> int:
+        self.phase = BWD
+        vs = chunk * self.plan.pp + stage
+        if vs == self.last_vs:
+            head = backward(self.layers.head_forward())
+            self.chain(stage, split_weight_grads(head)[0] if self.split else head, deps, mb, -1)
+            deps = ()
+        for layer in reversed(stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, chunk)):
+            self.chain(stage, self.backward_steps(layer), deps + self.param_gather(stage, layer, BWD, mb), mb, layer)
+            deps = ()
+            if mb == self.plan.num_microbatches - 1 and not self.split:
+                self.grad_reduce(stage, layer)
+                self.phase = BWD
+        if vs == 0:
+            self.chain(stage, backward(self.layers.embedding_forward()), deps, mb, -1)
+        return self.last[stage]
+
+    def chunk_weights(self, stage: int, mb: int, chunk: int) -> int:
+        """The deferred weight-gradient pass W of a split backward (zb-h1)."""
+        self.phase = WGT
+        vs = chunk * self.plan.pp + stage
+        if vs == self.last_vs:
+            self.chain(stage, split_weight_grads(backward(self.layers.head_forward()))[1], (), mb, -1)
+        for layer in reversed(stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, chunk)):
+            self.chain(stage, self.weight_steps(layer), (), mb, layer)
+            if mb == self.plan.num_microbatches - 1:
+                self.grad_reduce(stage, layer)
+                self.phase = WGT
+        return self.last[stage]
+
+    def optimizer(self, stage: int) -> None:
+        """Deferred gradient reductions, the Adam step, then (without overlap) the ZeRO
+        parameter all-gather of the updated weights, all exposed."""
+        self.phase = "optimizer"
+        for layer in self.deferred[stage]:
+            self.grad_reduce(stage, layer)
+        self.flush_buckets(stage)
+        num_bytes = optimizer_bytes(self.model, self.plan, stage)
+        step = Step(name="optimizer_step", kind=OpKind.OPTIMIZER, stream=Stream.COMPUTE, category="optimizer", bytes=num_bytes)
+        end = self.chain(stage, [step], tuple(self.grad_ops[stage]), -1, -1)
+        if self.plan.zero in (1, 2) and not self.plan.overlap_grad_reduce:
+            layers = [l for c in range(self.plan.vpp) for l in stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, c)]
+            gathers = []
+            for layer in layers:
+                for group, size in self._groups(layer, layer_param_bytes(self.model, self.plan, layer)):
+                    step = _dp_step(f"param_ag_{group}", Coll.ALL_GATHER, group, size, "dp_param_gather")
+                    gathers.append(self.add(stage, step, (end,), -1, layer))
+            if gathers:
+                self.chain(stage, [_barrier()], tuple(gathers), -1, -1)
+
+
+def _barrier() -> Step:
+    return Step(name="param_gather_wait", kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category="optimizer")
+
+
+def _emit(b: _Builder, orders: dict[int, list]) -> None:
+    """Emit the stages' schedules interleaved so that every p2p send precedes its
+    consumer: a topological order the engine can run stream by stream."""
+    cursor = {s: 0 for s in orders}
+    while any(cursor[s] < len(orders[s]) for s in orders):
+        progressed = False
+        for stage, order in orders.items():
+            while cursor[stage] < len(order):
+                phase, mb, chunk = order[cursor[stage]]
+                if phase == WGT:
+                    b.chunk_weights(stage, mb, chunk)
+                    cursor[stage] += 1
+                    progressed = True
+                    continue
+                vs = chunk * b.plan.pp + stage
+                src = (FWD, mb, vs - 1) if phase == FWD else (BWD, mb, vs + 1)
+                needs = vs > 0 if phase == FWD else vs < b.last_vs
+                if needs and src not in b.p2p:
+                    break
+                deps = (b.p2p[src],) if needs else ()
+                emit = b.chunk_forward if phase == FWD else b.chunk_backward
+                end = emit(stage, mb, chunk, deps)
+                if (vs < b.last_vs) if phase == FWD else (vs > 0):
+                    b.send(stage, phase, mb, vs, end)
+                cursor[stage] += 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"pipeline schedule {b.plan.schedule} deadlocks")
+
+
+def build_graph(
+    model: ModelSpec, plan: ParallelPlan, num_microbatches: int | None = None, routing: RoutingSpec = UNIFORM,
+    ep_speeds: tuple[float, ...] | None = None,
+) -> OpGraph:
+    """Lower ``model`` under ``plan`` into the per-stage op graph of one training step.
+
+    ``num_microbatches`` lowers only that many microbatches (identical to the rest);
+    the closed-form estimator scales them up, the engine needs them all. ``ep_speeds``
+    (relative GPU speed per EP rank, see ``stragglers``) picks the EP rank that ends
+    the MoE layer last and, for speed-aware routing, places the experts.
+    """
+    built = plan
+    if num_microbatches is not None and num_microbatches < plan.num_microbatches:
+        built = replace(plan, gbs=plan.mbs * plan.dp * num_microbatches)
+    b = _Builder(model, built, routing, ep_speeds)
+    _emit(b, {s: stage_order(built, s) for s in range(built.pp)})
+    for stage in range(built.pp):
+        b.optimizer(stage)
+    b.graph.plan = plan
+    b.graph.num_microbatches = built.num_microbatches
+    return b.graph

@@ -1,0 +1,326 @@
+"""Per-layer op templates: the forward and backward chains of one transformer block.
+
+A template is a list of ``Step``s built once per layer kind and stamped out per
+microbatch by ``graph``. Shapes are per rank: T = mbs*seq/cp tokens; weights are
+sharded over tp (dense) or ep x etp (experts). Backward GEMMs do dgrad + wgrad
+(batch 2); flash-attention backward does 2.5x the forward matmul work (Dao'23).
+"""
+
+from dataclasses import dataclass, field, replace
+
+from perfsim.model.spec import Linear, ModelSpec
+from perfsim.lowering.ops import CollectiveCall, Coll, Gemm, OpKind, Stream
+from perfsim.plan.parallel import ParallelPlan, Recompute
+from perfsim.plan.routing import UNIFORM, RoutingSpec, imbalance, slowest_expert_rank
+
+ACT_BYTES = 2  # bf16 activations
+LOGIT_BYTES = 4  # fp32 logits for the loss
+ATTN_BWD_FACTOR = 2.5
+
+_COLL_STREAM = {"tp": Stream.TP_COMM, "etp": Stream.TP_COMM, "ep": Stream.EP_COMM, "cp": Stream.CP_COMM}
+_BACKWARD_COLL = {
+    Coll.ALL_GATHER: Coll.REDUCE_SCATTER,
+    Coll.REDUCE_SCATTER: Coll.ALL_GATHER,
+    Coll.ALL_REDUCE: Coll.ALL_REDUCE,
+    Coll.ALL_TO_ALL: Coll.ALL_TO_ALL,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    name: str
+    kind: OpKind
+    stream: Stream
+    category: str
+    flops: float = 0.0
+    bytes: float = 0.0
+    gemm: Gemm | None = None
+    grouped: tuple[int, ...] = ()
+    collective: CollectiveCall | None = None
+    meta: tuple = field(default_factory=tuple)
+
+
+def gemm_step(name: str, m: int, k: int, n: int, category: str) -> Step:
+    g = Gemm(m=max(m, 1), n=max(n, 1), k=max(k, 1))
+    return Step(name=name, kind=OpKind.GEMM, stream=Stream.COMPUTE, category=category, flops=g.flops, gemm=g)
+
+
+def elementwise_step(name: str, num_bytes: float, category: str) -> Step:
+    return Step(name=name, kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category=category, bytes=num_bytes)
+
+
+def coll_step(name: str, coll: Coll, group: str, size: float, category: str) -> Step:
+    call = CollectiveCall(coll=coll, group=group, size_bytes=size)
+    return Step(name=name, kind=OpKind.COLLECTIVE, stream=_COLL_STREAM[group], category=category, collective=call)
+
+
+class LayerBuilder:
+    """Builds the step chains of one rank's layers for a model and plan."""
+
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec = UNIFORM,
+                 ep_speeds: tuple[float, ...] | None = None):
+        self.model, self.plan, self.routing, self.ep_speeds = model, plan, routing, ep_speeds
+        self.tokens = plan.mbs * plan.seq // plan.cp
+        self.sp = plan.sequence_parallel and plan.tp > 1
+        self.local_tokens = self.tokens // plan.tp if self.sp else self.tokens
+
+    def _tp_enter(self, name: str) -> list[Step]:
+        if not self.sp:
+            return []
+        size = self.tokens * self.model.hidden_size * ACT_BYTES
+        return [coll_step(f"{name}_ag", Coll.ALL_GATHER, "tp", size, "tp_comm")]
+
+    def _tp_exit(self, name: str) -> list[Step]:
+        if self.plan.tp == 1:
+            return []
+        size = self.tokens * self.model.hidden_size * ACT_BYTES
+        coll = Coll.REDUCE_SCATTER if self.sp else Coll.ALL_REDUCE
+        return [coll_step(f"{name}_{'rs' if self.sp else 'ar'}", coll, "tp", size, "tp_comm")]
+
+    def _norm(self, name: str) -> Step:
+        # read x and residual, write normed x and the new residual
+        return elementwise_step(name, 4 * self.local_tokens * self.model.hidden_size * ACT_BYTES, "norm")
+
+    def _linears(self, linears: list[Linear], category: str, shard_out: bool = True) -> list[Step]:
+        tp = self.plan.tp
+        steps = []
+        for lin in linears:
+            if shard_out and lin.name != "attn_out":
+                steps.append(gemm_step(lin.name, self.tokens, lin.in_features, lin.out_features // tp, category))
+            else:
+                steps.append(gemm_step(lin.name, self.tokens, lin.in_features // tp, lin.out_features, category))
+        return steps
+
+    def attention_forward(self) -> list[Step]:
+        m, plan = self.model, self.plan
+        linears = m.attention_linears()
+        steps = [self._norm("attn_norm"), *self._tp_enter("attn")]
+        steps += self._linears(linears[:-1], "attention_proj")
+        if plan.cp > 1:
+            kv = 2 * m.num_kv_heads * (m.head_dim + m.qk_rope_head_dim) // min(plan.tp, m.num_kv_heads)
+            steps += ring_attention(self._attention_core(), plan.cp, self.tokens * kv * ACT_BYTES)
+        else:
+            steps.append(self._attention_core())
+        steps += self._linears(linears[-1:], "attention_proj", shard_out=False)
+        return steps + self._tp_exit("attn")
+
+    def _attention_core(self) -> Step:
+        m, plan = self.model, self.plan
+        keys = plan.seq  # each query attends within its own sequence (all cp shards of it)
+        width = (m.q_width + m.v_width) / plan.tp
+        flops = 2.0 * self.tokens * keys * width * 0.5  # QK^T and AV, causal half
+        moved = self.tokens * (m.q_width + 2 * m.v_width) / plan.tp * ACT_BYTES
+        return Step(name="attn_core", kind=OpKind.ATTENTION, stream=Stream.COMPUTE, category="attention_core", flops=flops, bytes=moved)
+
+    def mlp_forward(self) -> list[Step]:
+        m = self.model
+        width = m.ffn_hidden_size // self.plan.tp
+        up_width = width * (2 if m.gated_mlp else 1)
+        steps = [self._norm("mlp_norm"), *self._tp_enter("mlp")]
+        steps.append(gemm_step("mlp_up", self.tokens, m.hidden_size, up_width, "mlp"))
+        steps.append(elementwise_step("mlp_act", self.tokens * (up_width + width) * ACT_BYTES, "activation"))
+        steps.append(gemm_step("mlp_down", self.tokens, width, m.hidden_size, "mlp"))
+        return steps + self._tp_exit("mlp")
+
+    def moe_forward(self) -> list[Step]:
+        m, plan = self.model, self.plan
+        t, h = self.local_tokens, m.hidden_size
+        routed = t * m.top_k
+        steps = [self._norm("moe_norm")]
+        steps += [gemm_step(lin.name, t, lin.in_features, lin.out_features, "router") for lin in m.router_linears()]
+        steps.append(elementwise_step("permute", 2 * routed * h * ACT_BYTES, "moe_permute"))
+        if plan.ep > 1:
+            steps.append(coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", self._a2a_bytes(routed), "ep_a2a"))
+        steps += self._experts(routed)
+        if plan.ep > 1:
+            steps.append(coll_step("combine_a2a", Coll.ALL_TO_ALL, "ep", self._a2a_bytes(routed), "ep_a2a"))
+        steps.append(elementwise_step("unpermute", 2 * routed * h * ACT_BYTES, "moe_permute"))
+        if m.shared_ffn_hidden_size:
+            w = m.shared_ffn_hidden_size
+            steps.append(gemm_step("shared_up", t, h, w * (2 if m.gated_mlp else 1), "shared_expert"))
+            steps.append(gemm_step("shared_down", t, w, h, "shared_expert"))
+        return steps
+
+    def _a2a_bytes(self, routed: int) -> float:
+        """all_to_allv as the busiest rank sees it: it receives ``imbalance`` x its share."""
+        skew = imbalance(self.model, self.plan, routed, self.routing, self.ep_speeds)
+        return routed * self.model.hidden_size * ACT_BYTES * skew
+
+    def _experts(self, routed: int) -> list[Step]:
+        m, plan = self.model, self.plan
+        tokens, speed = slowest_expert_rank(m, plan, routed, self.routing, self.ep_speeds)
+        loads = tuple(x * plan.etp for x in tokens)
+        meta = (("speed", speed),) if speed != 1.0 else ()  # the EP rank's own GPU speed
+        width = m.expert_ffn_hidden_size // plan.etp
+        up = width * (2 if m.gated_mlp else 1)
+        received = sum(loads)
+        steps = []
+        if plan.etp > 1:
+            steps.append(coll_step("etp_ag", Coll.ALL_GATHER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
+        steps.append(replace(_grouped("expert_up", loads, up, m.hidden_size), meta=meta))
+        steps.append(replace(elementwise_step("expert_act", received * (up + width) * ACT_BYTES, "activation"), meta=meta))
+        steps.append(replace(_grouped("expert_down", loads, m.hidden_size, width), meta=meta))
+        if plan.etp > 1:
+            steps.append(coll_step("etp_rs", Coll.REDUCE_SCATTER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
+        return steps
+
+    def embedding_forward(self) -> list[Step]:
+        return [elementwise_step("embedding", 2 * self.local_tokens * self.model.hidden_size * ACT_BYTES, "embedding")]
+
+    def head_forward(self) -> list[Step]:
+        m, tp = self.model, self.plan.tp
+        steps = [self._norm("final_norm"), *self._tp_enter("head")]
+        steps.append(gemm_step("lm_head", self.tokens, m.hidden_size, m.vocab_size // tp, "lm_head"))
+        steps.append(elementwise_step("loss", 3 * self.tokens * m.vocab_size // tp * LOGIT_BYTES, "loss"))
+        return steps
+
+    def layer_forward(self, layer: int) -> list[Step]:
+        m = self.model
+        mlp = self.moe_forward() if m.is_moe and layer >= m.num_dense_layers else self.mlp_forward()
+        return self.attention_forward() + mlp
+
+
+def _grouped(name: str, loads: tuple[int, ...], n: int, k: int) -> Step:
+    g = Gemm(m=max(max(loads, default=1), 1), n=n, k=k)
+    flops = sum(2.0 * x * n * k for x in loads)
+    return Step(name=name, kind=OpKind.GROUPED_GEMM, stream=Stream.COMPUTE, category="experts", flops=flops, gemm=g, grouped=loads)
+
+
+def ring_attention(core: Step, cp: int, block_bytes: float, backward_pass: bool = False) -> list[Step]:
+    """Ring attention (Liu'23; Megatron-Core context parallelism): the attention core in
+    ``cp`` blocks, one per KV shard; while block i computes, the KV shard for block i+1
+    arrives from the ring neighbour (cp-1 p2p steps, each overlapped with a block).
+    Backward also passes the dK/dV accumulators around: twice the bytes per step.
+
+    Off-chain steps (meta ``offchain``) start with the preceding compute and run on the
+    cp stream; a step marked ``join`` also waits for the oldest off-chain step not yet
+    joined: hop i starts when block i-1 frees its buffer (double buffering) and block i
+    waits for hop i-1."""
+    block = replace(core, flops=core.flops / cp, bytes=core.bytes / cp,
+                    meta=core.meta + (("ring", cp), ("ring_bytes", block_bytes)))
+    size = block_bytes * (2 if backward_pass else 1)
+    suffix = "_bwd" if backward_pass else ""
+    steps = []
+    for i in range(cp):
+        if i < cp - 1:
+            hop = coll_step(f"cp_ring_kv{suffix}", Coll.SEND_RECV, "cp", size, "cp_comm")
+            steps.append(replace(hop, kind=OpKind.P2P, meta=(("offchain", True), ("ring", cp), ("ring_bytes", block_bytes))))
+        meta = block.meta + ((("join", True),) if i > 0 else ())
+        steps.append(replace(block, name=f"{core.name}{suffix}", meta=meta))
+    return steps
+
+
+def _meta(step: Step, key: str, default=None):
+    return dict(step.meta).get(key, default)
+
+
+def backward(steps: list[Step]) -> list[Step]:
+    """The backward chain of a forward chain: reversed, GEMMs dgrad+wgrad, comm mirrored;
+    a ring-attention region is re-expanded as a backward ring."""
+    out, i = [], len(steps) - 1
+    while i >= 0:
+        step = steps[i]
+        cp = _meta(step, "ring")
+        if cp is None:
+            out.append(_backward_step(step))
+            i -= 1
+            continue
+        core = next(s for s in steps[i - 2 * cp + 2:i + 1] if s.kind is OpKind.ATTENTION)
+        bare = dict(core.meta)
+        bare.pop("ring"), bare.pop("join", None)
+        block_bytes = bare.pop("ring_bytes")
+        whole = replace(core, flops=core.flops * cp, bytes=core.bytes * cp, meta=tuple(bare.items()))
+        out += ring_attention(_backward_step(whole), cp, block_bytes, backward_pass=True)
+        i -= 2 * cp - 1
+    return out
+
+
+def split_weight_grads(chain: list[Step]) -> tuple[list[Step], list[Step]]:
+    """Split a backward chain into the input-gradient chain B (GEMMs do dgrad only) and
+    the weight-gradient chain W (the wgrad GEMMs), for zero-bubble schedules (Qi'23)."""
+    inputs, weights = [], []
+    for step in chain:
+        if step.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM) and step.gemm.batch == 2:
+            half = replace(step, flops=step.flops / 2, gemm=replace(step.gemm, batch=1))
+            inputs.append(half)
+            weights.append(replace(half, name=step.name.replace("_bwd", "_wgrad")))
+        else:
+            inputs.append(step)
+    return inputs, weights
+
+
+def _backward_step(step: Step) -> Step:
+    name = f"{step.name}_bwd"
+    if step.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM):
+        return replace(step, name=name, flops=2 * step.flops, gemm=replace(step.gemm, batch=2))
+    if step.kind is OpKind.ATTENTION:
+        return replace(step, name=name, flops=ATTN_BWD_FACTOR * step.flops, bytes=2 * step.bytes, meta=(("backward", True),))
+    if step.kind is OpKind.COLLECTIVE:
+        call = step.collective
+        mirrored = replace(call, coll=_BACKWARD_COLL.get(call.coll, call.coll))
+        if call.group == "cp":  # ring attention backward sends dK, dV back: a reduce-scatter
+            mirrored = replace(call, coll=Coll.REDUCE_SCATTER)
+        return replace(step, name=name, collective=mirrored)
+    return replace(step, name=name, bytes=2 * step.bytes)
+
+
+def _is_tp_comm(step: Step) -> bool:
+    return step.kind is OpKind.COLLECTIVE and step.collective.group == "tp"
+
+
+def _flag(step: Step, key: str) -> bool:
+    return bool(_meta(step, key, False))
+
+
+def overlap_tp_comm(steps: list[Step]) -> list[Step]:
+    """Tensor-parallel communication overlap (Megatron-Core ``--tp-comm-overlap``): an
+    all-gather feeding a GEMM, or a reduce-scatter draining one, runs off the chain beside
+    that GEMM; the step after the GEMM waits for both. Chunked pipelining is taken as full
+    concurrency: the pair costs max(GEMM, comm). Regions with ring-attention hops in
+    flight, and a comm with no step after its GEMM, stay blocking."""
+    out, pending, i = [], 0, 0
+    while i < len(steps):
+        step = steps[i]
+        pending += _flag(step, "offchain") - (_flag(step, "join") and pending > 0)
+        pair = _overlap_pair(steps, i) if pending == 0 else None
+        if pair is None:
+            out.append(step)
+            i += 1
+            continue
+        comm, gemm, after = pair
+        out += [replace(comm, meta=comm.meta + (("offchain", True),)), gemm,
+                replace(after, meta=after.meta + (("join", True),))]
+        i += 3
+    return out
+
+
+def _overlap_pair(steps: list[Step], i: int) -> tuple[Step, Step, Step] | None:
+    """(comm, gemm, step after) when steps[i:i+3] is comm->GEMM->x or GEMM->comm->x."""
+    if i + 2 >= len(steps):
+        return None
+    a, b, after = steps[i], steps[i + 1], steps[i + 2]
+    if _flag(after, "offchain") or _flag(after, "join"):
+        return None
+    if _is_tp_comm(a) and b.kind is OpKind.GEMM:
+        return a, b, after
+    if a.kind is OpKind.GEMM and _is_tp_comm(b):
+        return b, a, after
+    return None
+
+
+def recompute_steps(forward: list[Step], recompute: Recompute) -> list[Step]:
+    """The forward work re-run in front of a layer's backward: all of it (full) or the
+    attention cores (selective); compute re-run counts as ``recompute``."""
+    if recompute == Recompute.FULL:
+        picked = forward
+    elif recompute == Recompute.SELECTIVE:
+        picked = [s for s in forward if s.kind is OpKind.ATTENTION]
+    else:
+        return []
+    return [replace(s, name=f"{s.name}_recompute",
+                    category="recompute" if s.stream is Stream.COMPUTE else s.category) for s in picked]
+
+
+def routed_tokens(model: ModelSpec, plan: ParallelPlan) -> int:
+    """Routed token copies one EP rank sends per microbatch and MoE layer."""
+    return LayerBuilder(model, plan).local_tokens * model.top_k

@@ -1,0 +1,112 @@
+"""Per-rank memory: weights, gradients, optimizer states, activations in flight.
+
+Activations per layer and microbatch follow Korthikanti'22 (sec. 4) with flash
+attention (no s^2 score matrix kept), counted tensor by tensor from the layer shapes;
+tensor/sequence parallelism divide them by tp, context parallelism by cp.
+"""
+
+from dataclasses import dataclass
+
+from perfsim.model.spec import ModelSpec
+from perfsim.plan.parallel import ParallelPlan, Recompute, Schedule
+from perfsim.plan.sharding import (
+    MAIN_GRAD_BYTES,
+    OPTIMIZER_STATE_BYTES,
+    WEIGHT_BYTES,
+    is_moe_layer,
+    shard_degrees,
+    stage_layer_ids,
+    stage_rank_params,
+)
+
+ACT_BYTES = 2
+LOGIT_BYTES = 4
+# Caching-allocator fragmentation of the transient (activation + logits) allocations:
+# blocks freed between microbatches cannot always be reused for differently sized
+# tensors. GMLake (Guo et al., ASPLOS'24) measures fragmentation of several to ~30 % of
+# GPU memory in LLM training; we budget 10 % of the transient bytes (an assumption).
+FRAGMENTATION = 0.10
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBreakdown:
+    stage: int
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    logits_bytes: float
+    fragmentation_bytes: float = 0.0
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.logits_bytes + self.fragmentation_bytes)
+
+    def as_dict(self) -> dict:
+        return {
+            "stage": self.stage, "weights_bytes": self.weights_bytes, "gradients_bytes": self.gradients_bytes,
+            "optimizer_bytes": self.optimizer_bytes, "activations_bytes": self.activations_bytes,
+            "logits_bytes": self.logits_bytes, "fragmentation_bytes": self.fragmentation_bytes,
+            "total_bytes": self.total_bytes,
+        }
+
+
+def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
+    """Bytes one layer keeps for backward per microbatch on one rank."""
+    tokens = plan.mbs * plan.seq / plan.cp
+    h = model.hidden_size
+    if plan.recompute == Recompute.FULL:
+        return tokens * h * ACT_BYTES / plan.tp  # only the layer input (sequence-parallel shard)
+    qkv = sum(lin.out_features for lin in model.attention_linears()[:-1])
+    attn = 2 * h + qkv + 2 * model.v_width  # norm in, q/k/v, attention out, out-proj in
+    if plan.recompute == Recompute.SELECTIVE:
+        attn -= model.v_width
+    per_token = attn / plan.tp + 2 * h / plan.tp  # + residual stream copies (sharded by SP)
+    per_token += _mlp_per_token(model, plan, layer)
+    return tokens * per_token * ACT_BYTES
+
+
+def _mlp_per_token(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
+    gate = 2 if model.gated_mlp else 1
+    if not is_moe_layer(model, layer):
+        w = model.ffn_hidden_size
+        return model.hidden_size / plan.tp + (gate * w + w) / plan.tp
+    w = model.expert_ffn_hidden_size
+    routed = model.top_k * (2 * model.hidden_size + gate * w + w)  # permuted in, up out, act out
+    shared = (gate + 1) * model.shared_ffn_hidden_size
+    return (model.hidden_size + routed + shared) / plan.tp
+
+
+def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
+    """Microbatches whose activations a stage holds at its peak."""
+    m = plan.num_microbatches
+    if plan.schedule == Schedule.GPIPE:
+        return m
+    if plan.vpp > 1:  # Narayanan'21 sec. 2.2: (1 + (pp-1)/(pp*vpp)) x pp for the first stage
+        return min(m, (plan.pp - stage) * (1 + (plan.pp - 1) / (plan.pp * plan.vpp)))
+    if plan.schedule == Schedule.ZB_H1:  # stage s also keeps s deferred W passes' inputs
+        return min(m, max(plan.pp - stage, stage + 1))  # peak (stage 0) = 1F1B's (Qi'23)
+    return min(m, plan.pp - stage)
+
+
+def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBreakdown:
+    dense, expert = stage_rank_params(model, plan, stage)
+    d_shard, e_shard = shard_degrees(plan)
+    params = dense + expert
+    sharded = dense / d_shard + expert / e_shard
+    weights = (sharded if plan.zero == 3 else params) * WEIGHT_BYTES
+    grads = (sharded if plan.zero >= 2 else params) * MAIN_GRAD_BYTES
+    opt = (sharded if plan.zero >= 1 else params) * OPTIMIZER_STATE_BYTES
+    per_mb = sum(layer_activation_bytes(model, plan, l) for l in stage_layer_ids(model, plan, stage))
+    acts = per_mb * in_flight_microbatches(plan, stage)
+    logits = 0.0
+    if stage == plan.pp - 1:
+        logits = 2 * plan.mbs * plan.seq / plan.cp * model.vocab_size / plan.tp * LOGIT_BYTES  # logits + grad
+    return MemoryBreakdown(stage=stage, weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
+                           activations_bytes=acts, logits_bytes=logits,
+                           fragmentation_bytes=FRAGMENTATION * (acts + logits))
+
+
+def plan_memory(model: ModelSpec, plan: ParallelPlan) -> list[MemoryBreakdown]:
+    return [stage_memory(model, plan, s) for s in range(plan.pp)]

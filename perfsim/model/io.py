@@ -1,0 +1,224 @@
+"""Model loading: TOML presets in ``perfsim/model/presets/`` and Hugging Face ``config.json`` import.
+
+Recognised Hugging Face families (by ``model_type``, else by their distinctive keys):
+Llama-style dense, Mixtral, Qwen2-MoE / Qwen3-MoE, DeepSeek V2 / V3 and OLMoE. Small
+tensors ModelSpec has no place for (q/k norms, qkv biases, Qwen2-MoE's shared-expert
+gate, DeepSeek's router bias) are left out; they are < 0.01% of any preset.
+"""
+
+import json
+import logging
+import tomllib
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from perfsim.errors import ConfigError
+from perfsim.model.spec import AttentionKind, ModelSpec
+from perfsim.system.specio import from_dict
+
+log = logging.getLogger(__name__)
+
+def _preset_files() -> dict[str, Any]:
+    folder = resources.files("perfsim.model") / "presets"
+    return {f.name.removesuffix(".toml"): f for f in folder.iterdir() if f.name.endswith(".toml")}
+
+
+def list_models() -> list[str]:
+    """Names of the bundled model presets, sorted."""
+    return sorted(_preset_files())
+
+
+def load_model(name_or_path: str | Path) -> ModelSpec:
+    """A preset name, a path to a preset ``.toml``, or a path to a Hugging Face config.json."""
+    text = str(name_or_path)
+    presets = _preset_files()
+    if text in presets:
+        return _spec_from_toml(presets[text].read_text(), f"preset {text}")
+    path = Path(text)
+    if path.suffix == ".toml":
+        return _spec_from_toml(_read(path), str(path))
+    if path.suffix == ".json" or path.is_dir():
+        return _load_hf(path / "config.json" if path.is_dir() else path)
+    raise ConfigError(f"unknown model {text!r}: not a preset name or a .toml/.json path (presets: {', '.join(sorted(presets))})")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read model file ({exc.strerror or exc})") from None
+
+
+def _spec_from_toml(text: str, where: str) -> ModelSpec:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: invalid TOML ({exc})") from None
+    return from_dict(ModelSpec, data, where)
+
+
+def _load_hf(path: Path) -> ModelSpec:
+    try:
+        config = json.loads(_read(path))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    name = path.parent.name or path.stem
+    try:
+        return from_hf_config(config, name)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+# ---- Hugging Face config.json -> ModelSpec ------------------------------------------------
+
+
+def _get(config: dict, key: str, default: Any = ..., kind: type = int) -> Any:
+    """``config[key]`` checked to be of ``kind``; ``default`` when absent (or null)."""
+    value = config.get(key)
+    if value is None:
+        if default is ...:
+            raise ConfigError(f"missing required Hugging Face field {key!r}")
+        return default
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        raise ConfigError(f"Hugging Face field {key!r} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _common(config: dict, name: str) -> dict:
+    heads = _get(config, "num_attention_heads")
+    hidden = _get(config, "hidden_size")
+    act = config.get("hidden_act", "silu")
+    if act not in ("silu", "swiglu"):
+        raise ConfigError(f"Hugging Face field 'hidden_act' must be silu (gated MLP), got {act!r}")
+    return {
+        "name": name,
+        "source": f"Hugging Face config.json ({config.get('model_type', 'unknown model_type')})",
+        "num_layers": _get(config, "num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": _get(config, "num_key_value_heads", heads),
+        "head_dim": _get(config, "head_dim", hidden // heads if hidden % heads == 0 else 0),
+        "vocab_size": _get(config, "vocab_size"),
+        "tied_embeddings": _get(config, "tie_word_embeddings", False, bool),
+    }
+
+
+def _llama(config: dict) -> dict:
+    return {"ffn_hidden_size": _get(config, "intermediate_size")}
+
+
+def _mixtral(config: dict) -> dict:
+    return {
+        "ffn_hidden_size": 0,
+        "num_experts": _get(config, "num_local_experts"),
+        "top_k": _get(config, "num_experts_per_tok"),
+        "expert_ffn_hidden_size": _get(config, "intermediate_size"),
+    }
+
+
+def _olmoe(config: dict) -> dict:
+    return {
+        "ffn_hidden_size": 0,
+        "num_experts": _get(config, "num_experts"),
+        "top_k": _get(config, "num_experts_per_tok"),
+        "expert_ffn_hidden_size": _get(config, "intermediate_size"),
+    }
+
+
+def _qwen_moe(config: dict) -> dict:
+    num_layers = _get(config, "num_hidden_layers")
+    num_dense = _qwen_dense_prefix(config, num_layers)
+    shared = _get(config, "shared_expert_intermediate_size", 0)
+    return {
+        "ffn_hidden_size": _get(config, "intermediate_size") if num_dense else 0,
+        "num_experts": _get(config, "num_experts"),
+        "top_k": _get(config, "num_experts_per_tok"),
+        "expert_ffn_hidden_size": _get(config, "moe_intermediate_size"),
+        "num_shared_experts": 1 if shared else 0,
+        "shared_expert_ffn_hidden_size": shared,
+        "num_dense_layers": num_dense,
+    }
+
+
+def _qwen_dense_prefix(config: dict, num_layers: int) -> int:
+    """Qwen-MoE layer i is MoE iff i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0."""
+    step = _get(config, "decoder_sparse_step", 1)
+    mlp_only = config.get("mlp_only_layers") or []
+    if step < 1 or not isinstance(mlp_only, list):
+        raise ConfigError(f"Hugging Face fields decoder_sparse_step={step!r}, mlp_only_layers={mlp_only!r} are invalid")
+    dense = [i for i in range(num_layers) if i in mlp_only or (i + 1) % step]
+    if dense != list(range(len(dense))):
+        raise ConfigError(
+            f"Hugging Face dense layers {dense} (decoder_sparse_step={step}, mlp_only_layers={mlp_only}) "
+            "are not a prefix of the stack; ModelSpec only models the first k layers as dense"
+        )
+    return len(dense)
+
+
+def _deepseek(config: dict) -> dict:
+    layer_freq = _get(config, "moe_layer_freq", 1)
+    if layer_freq != 1:
+        raise ConfigError(f"Hugging Face field 'moe_layer_freq' must be 1 (ModelSpec has no interleaved MoE), got {layer_freq!r}")
+    heads = _get(config, "num_attention_heads")
+    fields = {
+        "num_kv_heads": heads,
+        "head_dim": _get(config, "qk_nope_head_dim"),
+        "ffn_hidden_size": _get(config, "intermediate_size"),
+        "attention": AttentionKind.MLA,
+        "q_lora_rank": _get(config, "q_lora_rank", 0),
+        "kv_lora_rank": _get(config, "kv_lora_rank"),
+        "qk_rope_head_dim": _get(config, "qk_rope_head_dim"),
+        "v_head_dim": _get(config, "v_head_dim"),
+    }
+    if _get(config, "num_nextn_predict_layers", 0):
+        log.info("ignoring the multi-token-prediction layers (not part of the main model's count)")
+    if not _get(config, "n_routed_experts", 0):
+        return fields
+    return fields | {
+        "num_experts": _get(config, "n_routed_experts"),
+        "top_k": _get(config, "num_experts_per_tok"),
+        "expert_ffn_hidden_size": _get(config, "moe_intermediate_size"),
+        "num_shared_experts": _get(config, "n_shared_experts", 0),
+        "num_dense_layers": _get(config, "first_k_dense_replace", 0),
+    }
+
+
+FAMILIES: dict[str, Callable[[dict], dict]] = {
+    "llama": _llama,
+    "mistral": _llama,
+    "qwen2": _llama,
+    "qwen3": _llama,
+    "mixtral": _mixtral,
+    "qwen2_moe": _qwen_moe,
+    "qwen3_moe": _qwen_moe,
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
+    "olmoe": _olmoe,
+}
+
+
+def _family(config: dict) -> Callable[[dict], dict]:
+    model_type = config.get("model_type")
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    if "kv_lora_rank" in config:
+        return _deepseek
+    if "num_local_experts" in config:
+        return _mixtral
+    if "moe_intermediate_size" in config and "num_experts" in config:
+        return _qwen_moe
+    if "num_experts" in config:
+        return _olmoe
+    return _llama
+
+
+def from_hf_config(config: dict, name: str) -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face ``config.json`` dict."""
+    try:
+        return ModelSpec(**(_common(config, name) | _family(config)(config)))
+    except ConfigError as exc:
+        raise ConfigError(f"Hugging Face config {name!r}: {exc}") from None

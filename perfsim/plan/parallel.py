@@ -1,0 +1,221 @@
+"""Parallel plans: validation and rank placement (which groups stay inside a node).
+
+Rank order follows Megatron-Core: tp innermost, then cp, then dp, then pp. Expert
+layers regroup the tp*cp*dp ranks of a stage as etp (innermost), ep, then edp.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+
+from perfsim.errors import ConfigError
+from perfsim.model.spec import ModelSpec
+
+
+class Recompute(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Schedule(StrEnum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+    ZB_H1 = "zb-h1"  # zero bubble, backward split into input- and weight-gradient (Qi'23)
+
+
+DTYPES = ("bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelPlan:
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    dp: int = 1
+    ep: int = 1
+    etp: int = 1
+    cp: int = 1
+    zero: int = 1
+    mbs: int = 1
+    gbs: int
+    seq: int
+    dtype: str = "bf16"
+    recompute: Recompute = Recompute.NONE
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    sequence_parallel: bool = True
+    overlap_grad_reduce: bool = True
+    # Megatron-Core DDP bucket: 40M params of bf16 gradients (ddp bucket_size default)
+    grad_bucket_bytes: int = 80_000_000
+    # share of compute throughput lost while a comm kernel runs beside it on the same GPU
+    # (RCCL kernels occupy CUs; FiCCO); 0 until a GPU profile carries a measured value
+    comm_compute_interference: float = 0.0
+    dma_offload: bool = False  # comm on SDMA engines: no CU stolen, so no interference
+    # Megatron-Core --tp-comm-overlap (userbuffers): a TP all-gather runs beside the GEMM
+    # that consumes it and a TP reduce-scatter beside the GEMM that produces it
+    tp_comm_overlap: bool = False
+
+    def __post_init__(self):
+        for key in ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "mbs", "gbs", "seq"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"plan.{key} must be a positive integer, got {value!r}")
+        if isinstance(self.grad_bucket_bytes, bool) or not isinstance(self.grad_bucket_bytes, int) or self.grad_bucket_bytes < 1:
+            raise ConfigError(f"plan.grad_bucket_bytes must be a positive integer, got {self.grad_bucket_bytes!r}")
+        share = self.comm_compute_interference
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
+            raise ConfigError(f"plan.comm_compute_interference must be in [0, 1), got {share!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ConfigError(f"plan.zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"plan.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        object.__setattr__(self, "recompute", _enum(Recompute, self.recompute, "recompute"))
+        object.__setattr__(self, "schedule", _enum(Schedule, self.schedule, "schedule"))
+        self._check_divisibility()
+
+    def _check_divisibility(self) -> None:
+        if self.gbs % (self.mbs * self.dp):
+            raise ConfigError(f"plan.gbs ({self.gbs}) must be divisible by mbs*dp ({self.mbs}*{self.dp})")
+        if (self.tp * self.cp * self.dp) % (self.ep * self.etp):
+            raise ConfigError(
+                f"plan.ep*etp ({self.ep}*{self.etp}) must divide tp*cp*dp ({self.tp}*{self.cp}*{self.dp})"
+            )
+        if self.vpp > 1 and self.pp == 1:
+            raise ConfigError(f"plan.vpp ({self.vpp}) needs pp > 1")
+        if self.seq % self.cp or (self.cp > 1 and (self.seq // self.cp) % 2):
+            raise ConfigError(f"plan.seq ({self.seq}) must be divisible by 2*cp ({2 * self.cp})")
+
+    @property
+    def interference(self) -> float:
+        """Compute slowdown share while comm runs (none with DMA offload)."""
+        return 0.0 if self.dma_offload else float(self.comm_compute_interference)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel degree: replicas of each expert within a stage."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.gbs // (self.mbs * self.dp)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.gbs * self.seq
+
+    def describe(self) -> str:
+        parts = [f"tp{self.tp}", f"pp{self.pp}"]
+        parts += [f"vpp{self.vpp}"] if self.vpp > 1 else []
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        parts += [f"dp{self.dp}"]
+        parts += [f"ep{self.ep}"] if self.ep > 1 else []
+        parts += [f"etp{self.etp}"] if self.etp > 1 else []
+        parts += [f"zero{self.zero}", f"mbs{self.mbs}", f"gbs{self.gbs}", f"seq{self.seq}", self.dtype]
+        parts += [f"recompute-{self.recompute}"] if self.recompute != Recompute.NONE else []
+        return " ".join(parts)
+
+    def to_dict(self) -> dict:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _plain(value):
+    return str(value) if isinstance(value, StrEnum) else value
+
+
+def _enum(cls: type, value, key: str):
+    try:
+        return cls(value)
+    except ValueError:
+        choices = ", ".join(m.value for m in cls)
+        raise ConfigError(f"plan.{key} must be one of {choices}, got {value!r}") from None
+
+
+def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
+    """Raise ConfigError naming the first knob that does not fit this model and cluster."""
+    if plan.world_size != num_gpus:
+        raise ConfigError(
+            f"plan: tp*pp*cp*dp = {plan.tp}*{plan.pp}*{plan.cp}*{plan.dp} = {plan.world_size} "
+            f"must equal the GPU count {num_gpus}"
+        )
+    if model.num_heads % plan.tp:
+        raise ConfigError(f"plan.tp ({plan.tp}) must divide the model's heads ({model.num_heads})")
+    if model.num_kv_heads % plan.tp and plan.tp % model.num_kv_heads:
+        raise ConfigError(f"plan.tp ({plan.tp}) and the model's kv heads ({model.num_kv_heads}) must divide one another")
+    if model.num_layers % (plan.pp * plan.vpp):
+        raise ConfigError(
+            f"plan.pp*vpp ({plan.pp}*{plan.vpp}) must divide the model's layers ({model.num_layers})"
+        )
+    _check_moe(plan, model)
+    if plan.schedule == Schedule.INTERLEAVED and plan.vpp == 1:
+        raise ConfigError("plan.schedule 'interleaved' needs vpp > 1")
+    if plan.vpp > 1 and plan.num_microbatches % plan.pp:
+        raise ConfigError(
+            f"plan: interleaving needs microbatches ({plan.num_microbatches}) divisible by pp ({plan.pp})"
+        )
+
+
+def _check_moe(plan: ParallelPlan, model: ModelSpec) -> None:
+    if not model.is_moe:
+        if plan.ep > 1 or plan.etp > 1:
+            raise ConfigError(f"plan.ep/etp ({plan.ep}/{plan.etp}) need an MoE model; {model.name} is dense")
+        return
+    if model.num_experts % plan.ep:
+        raise ConfigError(f"plan.ep ({plan.ep}) must divide the model's experts ({model.num_experts})")
+    if model.expert_ffn_hidden_size % plan.etp:
+        raise ConfigError(f"plan.etp ({plan.etp}) must divide expert_ffn_hidden_size ({model.expert_ffn_hidden_size})")
+
+
+# ---- placement ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupShape:
+    """Where a communicator's ranks sit: ``per_node`` GPUs on each of ``num_nodes`` nodes."""
+
+    size: int
+    per_node: int
+    num_nodes: int
+
+    @property
+    def intra_only(self) -> bool:
+        return self.num_nodes == 1
+
+
+def group_shape(size: int, stride: int, gpus_per_node: int) -> GroupShape:
+    """Geometry of ranks ``r0 + i*stride, i < size`` on nodes of ``gpus_per_node`` GPUs."""
+    if size == 1:
+        return GroupShape(size=1, per_node=1, num_nodes=1)
+    per_node = max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
+    return GroupShape(size=size, per_node=per_node, num_nodes=-(-size // per_node))
+
+
+def group_strides(plan: ParallelPlan) -> dict[str, tuple[int, int]]:
+    """(size, stride) of every communicator kind in Megatron-Core order."""
+    dp_cp = plan.dp * plan.cp
+    return {
+        "tp": (plan.tp, 1),
+        "cp": (plan.cp, plan.tp),
+        "dp": (plan.dp, plan.tp * plan.cp),
+        "dp_cp": (dp_cp, plan.tp),  # dense-gradient reduction group (Megatron shards over dp x cp)
+        "pp": (plan.pp, plan.tp * plan.cp * plan.dp),
+        "etp": (plan.etp, 1),
+        "ep": (plan.ep, plan.etp),
+        "edp": (plan.edp, plan.etp * plan.ep),
+    }
+
+
+def group_shapes(plan: ParallelPlan, gpus_per_node: int) -> dict[str, GroupShape]:
+    return {k: group_shape(size, stride, gpus_per_node) for k, (size, stride) in group_strides(plan).items()}
+
+
+def derive_dp(num_gpus: int, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
+    """dp from the GPU count; ConfigError when tp*pp*cp does not divide it."""
+    inner = tp * pp * cp
+    if num_gpus % inner:
+        raise ConfigError(f"plan: tp*pp*cp = {inner} does not divide the GPU count {num_gpus}")
+    return num_gpus // inner

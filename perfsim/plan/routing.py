@@ -1,0 +1,202 @@
+"""MoE routing: tokens per expert from a seeded distribution, experts placed on EP ranks.
+
+The busiest expert-parallel rank sets the MoE layer time (synchronized execution), so
+the graph uses that rank's per-expert token counts; all-to-all sizes follow the routing.
+"""
+
+import csv
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import numpy as np
+
+from perfsim.errors import ConfigError
+from perfsim.model.spec import ModelSpec
+from perfsim.plan.parallel import ParallelPlan
+
+
+class Distribution(StrEnum):
+    UNIFORM = "uniform"
+    ZIPF = "zipf"  # p_i ~ 1 / rank_i^skew, hot experts at seeded positions
+    DIRICHLET = "dirichlet"  # p ~ Dirichlet(concentration), seeded
+    HISTOGRAM = "histogram"  # measured tokens (or shares) per expert
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutingSpec:
+    distribution: Distribution = Distribution.UNIFORM
+    skew: float = 1.0
+    concentration: float = 1.0
+    histogram: tuple[float, ...] = ()
+    seed: int = 0
+    placement: tuple[int, ...] = ()  # EP rank of each expert; contiguous blocks when empty
+    speed_aware: bool = False  # hottest experts on the fastest EP ranks (ViBE)
+
+    def __post_init__(self):
+        try:
+            object.__setattr__(self, "distribution", Distribution(self.distribution))
+        except ValueError:
+            choices = ", ".join(d.value for d in Distribution)
+            raise ConfigError(f"routing.distribution must be one of {choices}, got {self.distribution!r}") from None
+        if self.skew < 0:
+            raise ConfigError(f"routing.skew must be >= 0, got {self.skew!r}")
+        if self.concentration <= 0:
+            raise ConfigError(f"routing.concentration must be > 0, got {self.concentration!r}")
+        if any(x < 0 for x in self.histogram):
+            raise ConfigError(f"routing.histogram must be non-negative, got {list(self.histogram)}")
+        if self.distribution is Distribution.HISTOGRAM and not sum(self.histogram) > 0:
+            raise ConfigError("routing.histogram: a histogram distribution needs positive counts")
+        if self.placement and self.speed_aware:
+            raise ConfigError("routing.placement: give a placement or ask for speed_aware, not both")
+
+
+UNIFORM = RoutingSpec()
+
+
+def expert_shares(spec: RoutingSpec, num_experts: int) -> np.ndarray:
+    """Probability that a routed token goes to each expert (sums to 1)."""
+    rng = np.random.default_rng(spec.seed)
+    if spec.distribution is Distribution.UNIFORM:
+        return np.full(num_experts, 1.0 / num_experts)
+    if spec.distribution is Distribution.ZIPF:
+        weights = 1.0 / np.arange(1, num_experts + 1) ** spec.skew
+        weights = weights[rng.permutation(num_experts)]
+    elif spec.distribution is Distribution.DIRICHLET:
+        weights = rng.dirichlet(np.full(num_experts, spec.concentration))
+    else:
+        if len(spec.histogram) != num_experts:
+            raise ConfigError(f"routing.histogram has {len(spec.histogram)} entries, the model has {num_experts} experts")
+        weights = np.asarray(spec.histogram, dtype=float)
+    return weights / weights.sum()
+
+
+def split_tokens(shares: np.ndarray, total: int) -> np.ndarray:
+    """Integer token counts proportional to ``shares`` summing to ``total`` (largest remainder)."""
+    exact = shares * total
+    counts = np.floor(exact).astype(np.int64)
+    short = total - int(counts.sum())
+    if short > 0:
+        counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
+    return counts
+
+
+def load_histogram(path: str | Path) -> tuple[float, ...]:
+    """Tokens (or shares) per expert from a measured histogram: JSON (a list of numbers,
+    or an object with a ``tokens_per_expert`` list) or CSV (one number per row, or a
+    ``tokens`` column). One ConfigError line naming the file on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"routing.histogram: cannot read {str(path)!r} ({exc.strerror or exc})") from None
+    try:
+        values = _parse_histogram(text, path.suffix.lower())
+        counts = tuple(float(v) for v in values)
+    except (ValueError, TypeError, KeyError, json.JSONDecodeError, csv.Error) as exc:
+        raise ConfigError(f"routing.histogram: {str(path)!r} is not a list of tokens per expert ({exc})") from None
+    if not counts or any(not np.isfinite(c) or c < 0 for c in counts) or not sum(counts) > 0:
+        raise ConfigError(f"routing.histogram: {str(path)!r} needs non-negative counts with a positive sum")
+    return counts
+
+
+def _parse_histogram(text: str, suffix: str) -> list:
+    if suffix == ".json" or text.lstrip().startswith(("[", "{")):
+        data = json.loads(text)
+        return data["tokens_per_expert"] if isinstance(data, dict) else data
+    rows = [r for r in csv.reader(text.splitlines()) if r and r[0].strip()]
+    if rows and not _is_number(rows[0][-1]):
+        header = [c.strip() for c in rows[0]]
+        column = header.index("tokens") if "tokens" in header else len(header) - 1
+        return [r[column] for r in rows[1:]]
+    return [r[-1] for r in rows]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def speed_aware_placement(tokens: np.ndarray, speeds: tuple[float, ...]) -> np.ndarray:
+    """Hottest expert first onto the EP rank with free slots that would finish it
+    soonest ((load + tokens) / speed): greedy LPT on uniform machines (Graham'69)."""
+    ep = len(speeds)
+    slots = np.full(ep, len(tokens) // ep)
+    load, ranks = np.zeros(ep), np.zeros(len(tokens), dtype=np.int64)
+    for e in np.argsort(-tokens, kind="stable"):
+        finish = [(load[r] + tokens[e]) / speeds[r] if slots[r] else np.inf for r in range(ep)]
+        r = int(np.argmin(finish))
+        ranks[e], load[r], slots[r] = r, load[r] + tokens[e], slots[r] - 1
+    return ranks
+
+
+def placement(spec: RoutingSpec, num_experts: int, ep: int) -> np.ndarray:
+    """EP rank of each expert; every rank must hold num_experts/ep experts."""
+    if not spec.placement:
+        return np.arange(num_experts) // (num_experts // ep)
+    ranks = np.asarray(spec.placement)
+    if len(ranks) != num_experts or ranks.min() < 0 or ranks.max() >= ep:
+        raise ConfigError(f"routing.placement must give a rank in [0, {ep}) for each of {num_experts} experts")
+    if np.any(np.bincount(ranks, minlength=ep) != num_experts // ep):
+        raise ConfigError(f"routing.placement must put {num_experts // ep} experts on each EP rank")
+    return ranks
+
+
+def expert_tokens(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec) -> np.ndarray:
+    """Tokens each expert processes in one microbatch of the EP group, after capacity drops."""
+    tokens = split_tokens(expert_shares(spec, model.num_experts), routed * plan.ep)
+    if model.capacity_factor > 0:
+        capacity = int(np.ceil(model.capacity_factor * routed * plan.ep / model.num_experts))
+        tokens = np.minimum(tokens, capacity)
+    return tokens
+
+
+def rank_tokens(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec,
+                speeds: tuple[float, ...] | None = None) -> list[np.ndarray]:
+    """Per EP rank: the token count of each of its local experts."""
+    tokens = expert_tokens(model, plan, routed, spec)
+    if spec.speed_aware:
+        ranks = speed_aware_placement(tokens, speeds or (1.0,) * plan.ep)
+    else:
+        ranks = placement(spec, model.num_experts, plan.ep)
+    return [tokens[ranks == r] for r in range(plan.ep)]
+
+
+def slowest_expert_rank(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec = UNIFORM,
+                        speeds: tuple[float, ...] | None = None) -> tuple[tuple[int, ...], float]:
+    """(token count of each local expert, relative speed) of the EP rank that finishes
+    last: the most tokens per unit of speed (the most tokens when speeds are equal)."""
+    speeds = speeds or (1.0,) * plan.ep
+    per_rank = rank_tokens(model, plan, routed, spec, speeds)
+    last = max(range(plan.ep), key=lambda r: (float(per_rank[r].sum()) / speeds[r], -r))
+    return tuple(int(x) for x in per_rank[last]), float(speeds[last])
+
+
+def rank_expert_loads(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec = UNIFORM) -> tuple[int, ...]:
+    """Token count of each local expert on the busiest EP rank."""
+    return slowest_expert_rank(model, plan, routed, spec)[0]
+
+
+def imbalance(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec,
+              speeds: tuple[float, ...] | None = None) -> float:
+    """max / mean tokens per EP rank (1.0 = perfectly balanced)."""
+    loads = np.array([t.sum() for t in rank_tokens(model, plan, routed, spec, speeds)], dtype=float)
+    return float(loads.max() / loads.mean()) if loads.mean() > 0 else 1.0
+
+
+def dropped_fraction(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec) -> float:
+    """Share of routed tokens dropped by the capacity factor."""
+    kept = expert_tokens(model, plan, routed, spec).sum()
+    return 1.0 - kept / (routed * plan.ep)
+
+
+def pair_bytes(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec, token_bytes: float) -> np.ndarray:
+    """all_to_allv matrix [src, dst] of dispatch bytes: every source rank routes with the
+    same expert shares, so rank r receives its experts' share from each source."""
+    per_rank = np.array([t.sum() for t in rank_tokens(model, plan, routed, spec)], dtype=float)
+    shares = per_rank / max(per_rank.sum(), 1.0)
+    return np.outer(np.full(plan.ep, routed), shares) * token_bytes

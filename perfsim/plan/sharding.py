@@ -1,0 +1,87 @@
+"""Where the parameters live: per-rank parameter counts by layer, stage and ZeRO stage.
+
+Mixed-precision Adam bookkeeping (Rajbhandari'20 ZeRO, sec. 3): bf16 weights (2 B),
+fp32 main gradients (4 B), fp32 master weights + Adam m and v (12 B) per parameter.
+"""
+
+from perfsim.model.spec import ModelSpec
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.schedules import stage_layers
+
+WEIGHT_BYTES = 2
+MAIN_GRAD_BYTES = 4
+REDUCE_GRAD_BYTES = 2  # gradients are reduced in bf16 (Megatron-Core DDP default)
+OPTIMIZER_STATE_BYTES = 12
+# Adam step traffic per local parameter: read fp32 master, grad, m, v; write master, m, v, bf16 copy
+OPTIMIZER_TRAFFIC_BYTES = 4 + 4 + 4 + 4 + 4 + 4 + 4 + 2
+
+
+def is_moe_layer(model: ModelSpec, layer: int) -> bool:
+    return model.is_moe and layer >= model.num_dense_layers
+
+
+def layer_params(model: ModelSpec, layer: int) -> tuple[int, int]:
+    """(dense, expert) parameters of one layer, unsharded."""
+    dense = model.attention_params() + model.norm_params_per_layer()
+    if is_moe_layer(model, layer):
+        return dense + model.router_params() + model.shared_expert_params(), model.num_experts * model.expert_params()
+    return dense + model.dense_mlp_params(), 0
+
+
+def layer_rank_params(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[float, float]:
+    """(dense, expert) parameters one rank holds for ``layer`` before ZeRO sharding."""
+    dense, expert = layer_params(model, layer)
+    return dense / plan.tp, expert / (plan.ep * plan.etp)
+
+
+def layer_grad_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[float, float]:
+    dense, expert = layer_rank_params(model, plan, layer)
+    return dense * REDUCE_GRAD_BYTES, expert * REDUCE_GRAD_BYTES
+
+
+def layer_param_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[float, float]:
+    dense, expert = layer_rank_params(model, plan, layer)
+    return dense * WEIGHT_BYTES, expert * WEIGHT_BYTES
+
+
+def stage_layer_ids(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[int]:
+    return [l for c in range(plan.vpp) for l in stage_layers(model.num_layers, plan.pp, plan.vpp, stage, c)]
+
+
+def embedding_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Vocabulary-parallel embedding on the first stage, LM head on the last (tied
+    embeddings keep a copy on both ends when pp > 1, as Megatron does)."""
+    table = model.vocab_size * model.hidden_size / plan.tp
+    count = 0.0
+    if stage == 0:
+        count += table
+    if stage == plan.pp - 1 and (not model.tied_embeddings or plan.pp > 1):
+        count += table
+    return count + (model.hidden_size if stage == plan.pp - 1 else 0)
+
+
+def stage_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters one rank of ``stage`` holds before ZeRO sharding."""
+    dense, expert = embedding_rank_params(model, plan, stage), 0.0
+    for layer in stage_layer_ids(model, plan, stage):
+        d, e = layer_rank_params(model, plan, layer)
+        dense, expert = dense + d, expert + e
+    return dense, expert
+
+
+def shard_degrees(plan: ParallelPlan) -> tuple[int, int]:
+    """Data-parallel shard degree of (dense, expert) parameters."""
+    return plan.dp * plan.cp, plan.edp
+
+
+def local_optimizer_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    dense, expert = stage_rank_params(model, plan, stage)
+    if plan.zero == 0:
+        return dense + expert
+    d_shard, e_shard = shard_degrees(plan)
+    return dense / d_shard + expert / e_shard
+
+
+def optimizer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """HBM traffic of one Adam step on this rank's parameter shard."""
+    return local_optimizer_params(model, plan, stage) * OPTIMIZER_TRAFFIC_BYTES

@@ -1,0 +1,268 @@
+"""Parallelism search: which plan should this model run on these GPUs at this batch?
+
+1. Enumerate every plan (``search_space``), prune by divisibility (``ParallelPlan`` /
+   ``check_plan``), memory (= ``memory.plan_memory``) and dominance (more recompute than
+   fits), and cost every survivor in closed form (``fastcost`` = ``analytic``) on an
+   executor (``search_exec``: process pool, Dask or Ray; same answer on each).
+2. Keep the best per GPU count, confirm the leaders with the discrete-event engine
+   (``api.simulate``), rank them (confirmed first, by the engine; ties by plan tuple) and
+   say why each loses to the winner: its largest breakdown excess and the knobs that differ.
+3. Over several GPU counts, mark the Pareto front of GPU count vs throughput.
+"""
+
+import csv
+import hashlib
+import io
+import logging
+import pickle
+import time
+from dataclasses import dataclass, field
+
+from perfsim import api
+from perfsim.errors import ConfigError, InfeasiblePlan
+from perfsim.estimators.fastcost import Coster
+from perfsim.system.hardware import ClusterSpec
+from perfsim.model.spec import ModelSpec
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.routing import UNIFORM, RoutingSpec
+from perfsim.search.executors import make_executor
+from perfsim.search.space import AXES, DOMINATED, OOM, Chunk, Context, build_space, cost_chunk, structures
+from perfsim.search.rank import Candidate, explain_infeasible, format_table, rank_rows
+
+log = logging.getLogger(__name__)
+OBJECTIVES = ("time", "cost")
+CHUNKS_PER_WORKER = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    model: str
+    cluster: str
+    objective: str
+    gpus: tuple[int, ...]
+    gbs: int
+    seq: int
+    rows: list  # SearchRow, ranked
+    enumerated: int
+    costed: int  # valid plans that fit, priced in closed form
+    bounded: int  # valid plans that fit, ruled out of the best by a lower bound
+    rejected: dict[str, int]
+    sweep_cpu_s: float  # CPU seconds the workers spent enumerating, pruning and costing
+    sweep_wall_s: float
+    confirm_wall_s: float
+    total_s: float
+    executor: str
+    workers: int
+    pareto: list[dict] = field(default_factory=list)
+
+    @property
+    def valid(self) -> int:
+        """Plans that pass divisibility: memory-checked, then costed, bounded or pruned."""
+        pruned = self.rejected.get(OOM, 0) + self.rejected.get(DOMINATED, 0)
+        return self.costed + self.bounded + pruned
+
+    @property
+    def valid_per_s_per_core(self) -> float:
+        return self.valid / self.sweep_cpu_s if self.sweep_cpu_s > 0 else 0.0
+
+    @property
+    def plans_per_s_per_core(self) -> float:
+        """Sweep rate: valid plans that fit, ranked per CPU-second of a worker
+        (enumeration and pruning included)."""
+        return (self.costed + self.bounded) / self.sweep_cpu_s if self.sweep_cpu_s > 0 else 0.0
+
+    def to_list(self) -> list[dict]:
+        return [r.to_dict() for r in self.rows]
+
+    def to_csv(self) -> str:
+        out = io.StringIO()
+        keys = ["rank", "world_size", *AXES, "estimator", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu",
+                "tflops_per_gpu", "mfu", "peak_memory_bytes", "memory_headroom_bytes", "exposed_comm_s",
+                "analytic_step_time_s", "usd_per_mtoken", "pareto", "reason"]
+        writer = csv.DictWriter(out, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        for row in self.rows:
+            writer.writerow({**row.to_dict(), **{k: row.plan[k] for k in AXES}})
+        return out.getvalue()
+
+    def summary(self) -> str:
+        """A short human answer: the table, the winner and the runner-up with the reason."""
+        lines = [f"{self.model} on {self.cluster}, {'/'.join(map(str, self.gpus))} GPUs, gbs {self.gbs} x seq {self.seq}: "
+                 f"{self.enumerated:,} plans enumerated, {self.costed + self.bounded:,} valid and fit "
+                 f"({self.plans_per_s_per_core:,.0f} plans/s/core, {self.total_s:.1f} s on {self.executor}, "
+                 f"{self.workers} worker{'s' if self.workers > 1 else ''})"]
+        lines += format_table(self.rows)
+        win = self.rows[0]
+        lines.append(f"winner: {_describe(win)} -- {win.tokens_per_s_per_gpu:,.0f} tok/s/GPU, MFU {win.mfu:.1%} ({win.estimator})")
+        if len(self.rows) > 1:
+            lines.append(f"runner-up: {_describe(self.rows[1])} -- {self.rows[1].reason}")
+        if self.pareto:
+            front = ", ".join(f"{p['gpus']} GPUs {p['tokens_per_s']:,.0f} tok/s" for p in self.pareto)
+            lines.append(f"Pareto front (GPUs vs throughput): {front}")
+        return "\n".join(lines)
+
+
+def _describe(row) -> str:
+    p = row.plan
+    text = ParallelPlan(**p).describe()
+    return f"{text} {p['schedule']}" + (f" on {row.world_size} GPUs" if row.pareto is not None else "")
+
+
+def gpu_counts(gpus) -> tuple[int, ...]:
+    """GPU counts from an int, a list, or text: '1024', '256,512', '256-2048' (doublings)."""
+    if isinstance(gpus, str):
+        try:
+            if "-" in gpus:
+                lo, hi = (int(x) for x in gpus.split("-", 1))
+                counts = []
+                while lo <= hi:
+                    counts.append(lo)
+                    lo *= 2
+                gpus = counts
+            else:
+                gpus = [int(x) for x in gpus.split(",")]
+        except ValueError:
+            raise ConfigError(f"gpus: {gpus!r} is not N, N,M,... or LO-HI") from None
+    gpus = [gpus] if isinstance(gpus, int) and not isinstance(gpus, bool) else list(gpus)
+    if not gpus or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in gpus):
+        raise ConfigError(f"gpus: must be positive integers, got {gpus!r}")
+    return tuple(sorted(set(gpus)))
+
+
+def _context(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, gbs: int, seq: int, dtype: str,
+             routing: RoutingSpec, fraction: float) -> Context:
+    sized = cluster.with_gpus(num_gpus)
+    key = hashlib.sha1(pickle.dumps((model, sized, routing))).hexdigest()
+    return Context(key=key, model=model, cluster=sized, num_gpus=num_gpus, gbs=gbs, seq=seq, dtype=dtype,
+                   routing=routing, max_bytes=fraction * sized.gpu.hbm_bytes)
+
+
+def _chunks(ctx: Context, space, num_chunks: int, keep: int, dominance: bool, bound: bool) -> list[Chunk]:
+    groups: dict[tuple, list] = {}
+    for st in structures(space, ctx.num_gpus):  # (tp, cp, pp, dp, ep, etp)
+        groups.setdefault((st[0], st[1], st[4], st[5]), []).append(st)
+    parts: list[list] = [[] for _ in range(num_chunks)]
+    # one (tp, cp, ep, etp) group per chunk: a worker prices each block template once;
+    # largest groups first onto the lightest chunk (deterministic)
+    for key in sorted(groups, key=lambda k: (-len(groups[k]), k)):
+        min(parts, key=len).extend(groups[key])
+    parts = [tuple(p) for p in parts]
+    return [Chunk(context=ctx, space=space, structures=p, keep=keep, dominance=dominance, bound=bound)
+            for p in parts if p]
+
+
+def confirm_plan(task: tuple) -> dict:
+    """The engine's report of one plan (a sweep task: picklable in, dict out)."""
+    model, cluster, plan, routing = task
+    report = api.simulate(model, cluster, plan, estimator="des", routing=routing, check_memory=False)
+    return report.to_dict()
+
+
+def _check_args(gbs, seq, top, confirm, fraction, objective, usd_per_gpu_hour) -> None:
+    for name, value in (("gbs", gbs), ("seq", seq), ("top", top)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+    if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
+        raise ConfigError(f"confirm: must be an integer >= 0, got {confirm!r}")
+    if not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        raise ConfigError(f"max_memory_fraction: must be in (0, 1], got {fraction!r}")
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    if usd_per_gpu_hour is not None and not (isinstance(usd_per_gpu_hour, int | float) and usd_per_gpu_hour > 0):
+        raise ConfigError(f"usd_per_gpu_hour: must be > 0, got {usd_per_gpu_hour!r}")
+    if objective == "cost" and usd_per_gpu_hour is None:
+        raise ConfigError("objective: 'cost' needs usd_per_gpu_hour (a $/GPU-hour price)")
+
+
+def search(
+    model, cluster, *, gpus, gbs: int, seq: int, fixed: dict | None = None, limits: dict | None = None,
+    max_memory_fraction: float = 1.0, objective: str = "time", usd_per_gpu_hour: float | None = None,
+    top: int = 10, confirm: int = 3, executor: str = "local", workers: int | None = None, dtype: str = "bf16",
+    routing: RoutingSpec | None = None, dominance: bool = True, bound: bool = True, progress=None,
+) -> SearchResult:
+    """Find the best plans for ``model`` on ``gpus`` GPUs (a count, a list or 'LO-HI').
+
+    ``fixed`` pins axes ({'tp': 1, 'zero': (1, 2)}); ``limits`` caps them ({'pp': 8});
+    ``objective`` 'time' (step time) or 'cost' ($ per token at ``usd_per_gpu_hour``);
+    the ``confirm`` best are re-run on the engine. ``progress(phase, done, total)`` is
+    called as chunks finish. Raises InfeasiblePlan naming the binding constraint when no
+    plan is valid and fits, ConfigError for bad input.
+    """
+    t0 = time.perf_counter()
+    _check_args(gbs, seq, top, confirm, max_memory_fraction, objective, usd_per_gpu_hour)
+    model, base = api.load_model(model), api.load_cluster(cluster)
+    counts, routing = gpu_counts(gpus), routing or UNIFORM
+    space = build_space(model, base.gpus_per_node, fixed, limits)
+    contexts = {w: _context(model, base, w, gbs, seq, dtype, routing, max_memory_fraction) for w in counts}
+    keep = max(top, confirm)
+    ex = make_executor(executor, workers)
+    try:
+        n = CHUNKS_PER_WORKER * ex.workers
+        chunks = [c for ctx in contexts.values() for c in _chunks(ctx, space, n, keep, dominance, bound)]
+        sweep = ex.map(cost_chunk, chunks, _phase(progress, "sweep"))
+        t_sweep = time.perf_counter()
+        candidates = _candidates(sweep, contexts, top, objective, usd_per_gpu_hour, gbs * seq)
+        if not candidates:
+            raise InfeasiblePlan(explain_infeasible(model, base, counts, gbs, seq, sweep, max_memory_fraction))
+        _confirm(ex, candidates, confirm, model, contexts, routing, objective, usd_per_gpu_hour, progress)
+    finally:
+        ex.close()
+    costers = {w: Coster(model, ctx.cluster, routing) for w, ctx in contexts.items()}
+    rows, pareto = rank_rows(candidates, costers, model, contexts, objective, usd_per_gpu_hour, multi=len(counts) > 1)
+    return SearchResult(
+        model=model.name, cluster=base.name, objective=objective, gpus=counts, gbs=gbs, seq=seq, rows=rows,
+        enumerated=sum(r.enumerated for r in sweep), costed=sum(r.costed for r in sweep),
+        bounded=sum(r.bounded for r in sweep),
+        rejected=_merge_rejected(sweep), sweep_cpu_s=sum(r.seconds for r in sweep), sweep_wall_s=t_sweep - t0,
+        confirm_wall_s=time.perf_counter() - t_sweep, total_s=time.perf_counter() - t0, executor=ex.name,
+        workers=ex.workers, pareto=pareto,
+    )
+
+
+def _confirm(ex, candidates, confirm, model, contexts, routing, objective, usd, progress) -> None:
+    """Run the engine on the leaders, ``confirm`` at a time, until the next candidate's
+    closed-form score cannot beat the ``confirm``-th best engine score (the engine adds
+    contention the closed form leaves out) or ``top`` candidates are confirmed."""
+    done, tokens = 0, candidates[0].plan.tokens_per_step
+    while confirm and done < len(candidates):
+        batch = candidates[done:done + confirm]
+        tasks = [(model, contexts[c.num_gpus].cluster, c.plan, routing) for c in batch]
+        for cand, report in zip(batch, ex.map(confirm_plan, tasks, _phase(progress, "confirm"))):
+            cand.report = report
+            cand.engine_objective = _score(report["step_time_s"], cand.num_gpus, objective, usd, tokens)
+        done += len(batch)
+        scores = sorted(c.engine_objective for c in candidates[:done])
+        if done >= len(candidates) or candidates[done].objective >= scores[min(confirm, len(scores)) - 1]:
+            return
+
+
+def _score(step: float, num_gpus: int, objective: str, usd: float | None, tokens: int) -> float:
+    """Step time, or $ per million tokens at ``usd`` per GPU-hour."""
+    return step * num_gpus * usd / 3600 / tokens * 1e6 if objective == "cost" else step
+
+
+def _phase(progress, phase: str):
+    return None if progress is None else (lambda done, total: progress(phase, done, total))
+
+
+def _merge_rejected(sweep) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for res in sweep:
+        for reason, n in res.rejected.items():
+            out[reason] = out.get(reason, 0) + n
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _candidates(sweep, contexts, top, objective, usd, tokens) -> list[Candidate]:
+    """The ``top`` best over all GPU counts, plus each count's best (for the front)."""
+    every = [Candidate(num_gpus=res.num_gpus, plan=plan, analytic_step_time_s=step,
+                       objective=_score(step, res.num_gpus, objective, usd, tokens), key=key)
+             for res in sweep for step, key, plan in res.best]
+    every.sort(key=lambda c: (c.objective, c.num_gpus, c.key))
+    chosen = every[:top]
+    for w in contexts:
+        best = next((c for c in every if c.num_gpus == w), None)
+        if best is not None and len(contexts) > 1 and all(best is not c for c in chosen):
+            chosen.append(best)
+    return chosen
+

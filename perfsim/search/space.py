@@ -1,0 +1,285 @@
+"""The plan space of a search and the sweep worker that prunes and costs one chunk of it.
+
+Enumeration goes axis by axis: (tp, cp, pp, dp, ep, etp) structures that multiply to the
+GPU count, then vpp, schedule, mbs, zero and recompute. Every candidate passes
+``ParallelPlan`` validation and ``check_plan`` (divisibility), then the memory model
+(``fastmem``, = ``memory.plan_memory``) before it is costed (``fastcost``, =
+``analytic``). Rejections are counted by reason so that an empty answer can say which
+constraint binds.
+"""
+
+import heapq
+import re
+import time
+from dataclasses import dataclass, field, replace
+
+from perfsim.errors import ConfigError
+from perfsim.estimators.fastcost import Coster
+from perfsim.estimators.fastmem import MemoryModel
+from perfsim.system.hardware import ClusterSpec
+from perfsim.model.spec import ModelSpec
+from perfsim.plan.parallel import ParallelPlan, Recompute, Schedule, check_plan
+from perfsim.plan.routing import UNIFORM, RoutingSpec
+
+AXES = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "recompute", "schedule")
+STRUCTURE = ("tp", "cp", "pp", "dp", "ep", "etp")
+INNER = ("vpp", "schedule", "mbs", "zero", "recompute")
+DEFAULT_LIMITS = {"cp": 8, "vpp": 8, "mbs": 8, "pp": 64}  # tp and etp: the GPUs of a node
+OOM = "out of memory"
+GBS_RULE = "plan.gbs must be divisible by mbs*dp"
+DOMINATED = "dominated: the same plan with less recompute fits"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Space:
+    """The values each axis may take; a fixed axis holds one value (None: derived)."""
+
+    tp: tuple[int, ...]
+    cp: tuple[int, ...]
+    pp: tuple[int, ...]
+    dp: tuple[int, ...] | None
+    ep: tuple[int, ...]
+    etp: tuple[int, ...]
+    vpp: tuple[int, ...]
+    mbs: tuple[int, ...]
+    zero: tuple[int, ...]
+    recompute: tuple[Recompute, ...]
+    schedule: tuple[Schedule, ...]
+
+
+def _up_to(limit: int) -> tuple[int, ...]:
+    return tuple(range(1, limit + 1))
+
+
+def _values(axis: str, value) -> tuple:
+    values = tuple(value) if isinstance(value, list | tuple | set | frozenset) else (value,)
+    if not values:
+        raise ConfigError(f"fixed.{axis}: needs at least one value")
+    if axis == "recompute":
+        return tuple(Recompute(v) if v in {r.value for r in Recompute} else _bad(axis, v) for v in values)
+    if axis == "schedule":
+        return tuple(Schedule(v) if v in {s.value for s in Schedule} else _bad(axis, v) for v in values)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1 and axis != "zero" or axis == "zero" and v not in (0, 1, 2, 3):
+            _bad(axis, v)
+    return tuple(sorted(set(values)))
+
+
+def _bad(axis: str, value):
+    raise ConfigError(f"fixed.{axis}: {value!r} is not a valid value")
+
+
+def build_space(model: ModelSpec, gpus_per_node: int, fixed: dict | None = None, limits: dict | None = None) -> Space:
+    """Default ranges (tp, etp within a node; cp, vpp, mbs up to ``DEFAULT_LIMITS``),
+    narrowed by ``limits`` ({axis: max}) and replaced by ``fixed`` ({axis: value(s)})."""
+    fixed, limits = dict(fixed or {}), {**DEFAULT_LIMITS, "tp": gpus_per_node, "etp": gpus_per_node, **(limits or {})}
+    for name, table in (("fixed", fixed), ("limits", limits)):
+        unknown = sorted(set(table) - set(AXES))
+        if unknown:
+            raise ConfigError(f"{name}: unknown axis {unknown[0]!r} (axes: {', '.join(AXES)})")
+    moe = model.is_moe
+    axes = {
+        "tp": _up_to(limits["tp"]), "cp": _up_to(limits["cp"]), "pp": _up_to(limits["pp"]), "dp": None,
+        "ep": _up_to(min(limits.get("ep", model.num_experts), model.num_experts)) if moe else (1,),
+        "etp": _up_to(limits["etp"]) if moe else (1,), "vpp": _up_to(limits["vpp"]), "mbs": _up_to(limits["mbs"]),
+        "zero": (0, 1, 2, 3), "recompute": tuple(Recompute), "schedule": tuple(Schedule),
+    }
+    for axis, value in fixed.items():
+        axes[axis] = _values(axis, value)
+    return Space(**axes)
+
+
+def _divisors(n: int, allowed: tuple[int, ...]) -> list[int]:
+    return [v for v in allowed if n % v == 0]
+
+
+def structures(space: Space, num_gpus: int) -> list[tuple[int, ...]]:
+    """(tp, cp, pp, dp, ep, etp) combinations whose sizes multiply to ``num_gpus`` and
+    whose expert groups fit inside tp*cp*dp, in a fixed order."""
+    out = []
+    for tp in _divisors(num_gpus, space.tp):
+        for cp in _divisors(num_gpus // tp, space.cp):
+            for pp in _divisors(num_gpus // (tp * cp), space.pp):
+                dp = num_gpus // (tp * cp * pp)
+                if space.dp is not None and dp not in space.dp:
+                    continue
+                for ep in _divisors(tp * cp * dp, space.ep):
+                    out += [(tp, cp, pp, dp, ep, etp) for etp in _divisors(tp * cp * dp // ep, space.etp)]
+    return out
+
+
+def schedules(space: Space, pp: int, vpp: int) -> list[Schedule]:
+    """Schedules that differ for this (pp, vpp): the first without pipelining; 1f1b is
+    the interleaved schedule once vpp > 1 and interleaved needs vpp > 1, so only one of
+    the two is kept."""
+    if pp == 1:
+        return [Schedule.ONE_F_ONE_B] if Schedule.ONE_F_ONE_B in space.schedule else list(space.schedule[:1])
+    pair = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
+    keep = [s for s in space.schedule if s not in pair]
+    if any(s in space.schedule for s in pair) and (vpp > 1 or Schedule.ONE_F_ONE_B in space.schedule):
+        keep.insert(0, Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
+    return keep
+
+
+_RECOMPUTE_ORDER = {r: i for i, r in enumerate(Recompute)}
+_SCHEDULE_ORDER = {s: i for i, s in enumerate(Schedule)}
+
+
+def plan_key(plan: ParallelPlan) -> tuple:
+    """Deterministic tie-break order of plans (the search's plan tuple)."""
+    return (plan.tp, plan.pp, plan.vpp, plan.dp, plan.ep, plan.etp, plan.cp, plan.zero, plan.mbs,
+            _RECOMPUTE_ORDER[plan.recompute], _SCHEDULE_ORDER[plan.schedule])
+
+
+def reason_of(exc: Exception) -> str:
+    """A rejection message without its numbers in parentheses, to count alike ones together."""
+    return re.sub(r"\s+", " ", re.sub(r"\([^)]*\)", "", str(exc))).strip()
+
+
+# ---- the sweep worker -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    """What every chunk of one GPU count shares."""
+
+    key: str  # identifies (model, cluster, routing) for the worker's memo
+    model: ModelSpec
+    cluster: ClusterSpec
+    num_gpus: int
+    gbs: int
+    seq: int
+    dtype: str = "bf16"
+    routing: RoutingSpec = UNIFORM
+    max_bytes: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Chunk:
+    context: Context
+    space: Space
+    structures: tuple[tuple[int, ...], ...]
+    keep: int
+    dominance: bool = True
+    bound: bool = True  # skip plans whose lower bound cannot make the best ``keep``
+
+
+@dataclass(kw_only=True)
+class ChunkResult:
+    num_gpus: int
+    enumerated: int = 0
+    costed: int = 0
+    bounded: int = 0  # valid plans skipped because a lower bound proved them out of the best
+    rejected: dict[str, int] = field(default_factory=dict)
+    best: list[tuple[float, tuple, ParallelPlan]] = field(default_factory=list)
+    smallest: tuple[float, tuple, ParallelPlan] | None = None  # least memory of the plans that do not fit
+    seconds: float = 0.0  # CPU seconds of the worker
+
+
+_MODELS: dict[str, tuple[Coster, MemoryModel]] = {}
+
+
+def _models(ctx: Context) -> tuple[Coster, MemoryModel]:
+    if ctx.key not in _MODELS:
+        _MODELS.clear()
+        _MODELS[ctx.key] = (Coster(ctx.model, ctx.cluster, ctx.routing), MemoryModel(ctx.model))
+    return _MODELS[ctx.key]
+
+
+def _reject(res: ChunkResult, reason: str, count: int = 1) -> None:
+    res.rejected[reason] = res.rejected.get(reason, 0) + count
+
+
+def _base_plans(chunk: Chunk, res: ChunkResult):
+    """Plans with the structure and vpp set; a whole sub-space is rejected at once."""
+    ctx, space = chunk.context, chunk.space
+    inner = len(space.mbs) * len(space.zero) * len(space.recompute)
+    for tp, cp, pp, dp, ep, etp in chunk.structures:
+        for vpp in space.vpp if pp > 1 else (1,):
+            scheds = schedules(space, pp, vpp)
+            if not scheds:
+                continue
+            res.enumerated += inner * len(scheds)
+            try:
+                base = ParallelPlan(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, gbs=ctx.gbs, seq=ctx.seq,
+                                    dtype=ctx.dtype, mbs=1, schedule=scheds[0])
+                check_plan(base, ctx.model, ctx.num_gpus)
+            except ConfigError as exc:
+                _reject(res, reason_of(exc), inner * len(scheds))
+                continue
+            yield base, scheds
+
+
+def _variant(plan: ParallelPlan, zero: int, recompute: Recompute) -> ParallelPlan:
+    """``plan`` with another zero stage and recompute, without re-running validation:
+    both only need to be members of their sets, which ``build_space`` checked (this is
+    the sweep's hot loop; replace() would double its cost)."""
+    new = object.__new__(ParallelPlan)
+    new.__dict__.update(plan.__dict__, zero=zero, recompute=recompute)
+    return new
+
+
+def _groups(chunk: Chunk, res: ChunkResult):
+    """Validated plans, grouped by everything but recompute (lightest recompute first)."""
+    ctx, space = chunk.context, chunk.space
+    recomputes = sorted(space.recompute, key=list(Recompute).index)
+    for base, scheds in _base_plans(chunk, res):
+        for schedule in scheds:
+            for mbs in space.mbs:
+                if ctx.gbs % (mbs * base.dp):  # ParallelPlan's rule, without building the plan
+                    _reject(res, GBS_RULE, len(space.zero) * len(recomputes))
+                    continue
+                try:
+                    plan = replace(base, schedule=schedule, mbs=mbs)
+                    check_plan(plan, ctx.model, ctx.num_gpus)
+                except ConfigError as exc:
+                    _reject(res, reason_of(exc), len(space.zero) * len(recomputes))
+                    continue
+                for zero in space.zero:
+                    yield [_variant(plan, zero, r) for r in recomputes]
+
+
+def cost_chunk(chunk: Chunk) -> ChunkResult:
+    """Prune (divisibility, memory, dominance) and cost every plan of a chunk; keep the
+    best ``keep``. Recompute only adds work (the step never shortens: the longer backward
+    hides at most one microbatch's worth of it), so once a lighter recompute fits, the
+    heavier ones of the same plan are dominated and not costed (``Chunk.dominance``)."""
+    t0 = time.process_time()
+    coster, memory = _models(chunk.context)
+    res = ChunkResult(num_gpus=chunk.context.num_gpus)
+    worst: list[tuple[float, tuple, ParallelPlan]] = []  # max-heap (negated) of the best ``keep``
+    for group in _groups(chunk, res):
+        fitted = False
+        for plan in group:
+            if fitted and chunk.dominance:
+                _reject(res, DOMINATED)
+                continue
+            peak, _ = memory.peak(plan)
+            if peak > chunk.context.max_bytes:
+                _reject(res, OOM)
+                _smallest(res, peak, plan)
+                continue
+            fitted = True
+            if chunk.bound and len(worst) == chunk.keep and coster.lower_bound_s(plan) > -worst[0][0]:
+                res.bounded += 1  # cannot enter the best ``keep``: its bound is already slower
+                continue
+            _push(worst, chunk.keep, coster.step_time_s(plan), plan)
+            res.costed += 1
+    res.best = sorted(((-s, tuple(-k for k in key), p) for s, key, p in worst), key=lambda e: e[:2])
+    res.seconds = time.process_time() - t0
+    return res
+
+
+def _smallest(res: ChunkResult, peak: float, plan: ParallelPlan) -> None:
+    entry = (peak, plan_key(plan), plan)
+    if res.smallest is None or entry[:2] < res.smallest[:2]:
+        res.smallest = entry
+
+
+def _push(heap: list, keep: int, step: float, plan: ParallelPlan) -> None:
+    """Keep the ``keep`` smallest (step, plan tuple) in a heap of negated entries."""
+    entry = (-step, tuple(-k for k in plan_key(plan)), plan)
+    if len(heap) < keep:
+        heapq.heappush(heap, entry)
+    elif entry[:2] > heap[0][:2]:
+        heapq.heapreplace(heap, entry)

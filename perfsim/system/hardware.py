@@ -1,0 +1,364 @@
+"""Hardware specs (GPU, node, fabric, collective tuning, cluster) and strict profile loading.
+
+Specs mirror the profile files key for key (units in key names, e.g. ``hbm_bw_GBps``);
+SI values come from properties (``hbm_Bps``) that convert through ``units``.
+"""
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+import tomli_w
+
+from perfsim import units
+from perfsim.errors import ConfigError
+from perfsim.system.specio import check_fraction, check_positive, from_dict, to_dict
+
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles"
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+
+class IntraTopology(StrEnum):
+    FULL_MESH = "full_mesh"  # MI300X: 7 xGMI links per GPU, one per peer
+    SWITCH = "switch"  # NVSwitch: every GPU reaches every peer at full injection bandwidth
+
+
+class FabricTopology(StrEnum):
+    RAILS_ONLY = "rails_only"
+    RAIL_OPTIMIZED = "rail_optimized"
+    FAT_TREE = "fat_tree"
+
+
+class Routing(StrEnum):
+    SPRAY = "spray"  # packet spraying (UEC / Pollara): load spread evenly over equal paths
+    ECMP_HASH = "ecmp_hash"  # one path per flow by hash: flows can collide
+
+
+def _check_table(owner: str, xs: tuple, ys: tuple, x_name: str, y_name: str) -> None:
+    if len(xs) != len(ys) or len(xs) < 1:
+        raise ConfigError(f"{owner}: {x_name}/{y_name} lengths differ ({len(xs)} vs {len(ys)}) or are empty")
+    if any(b <= a for a, b in zip(xs, xs[1:])):
+        raise ConfigError(f"{owner}.{x_name}: x values must increase, got {list(xs)}")
+    for y in ys:
+        check_fraction(owner, **{y_name: y})
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmEfficiency:
+    """Achieved fraction of dense peak vs GEMM size; wave quantization applied on top."""
+
+    source: str
+    tile_m: int
+    tile_n: int
+    gflop: tuple[float, ...]
+    efficiency: tuple[float, ...]
+
+    def __post_init__(self):
+        check_positive("gemm", tile_m=self.tile_m, tile_n=self.tile_n)
+        _check_table("gemm", self.gflop, self.efficiency, "gflop", "efficiency")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionEfficiency:
+    """Flash-attention achieved fraction of dense peak vs FLOPs per call."""
+
+    source: str
+    gflop: tuple[float, ...]
+    forward_efficiency: tuple[float, ...]
+    backward_efficiency: tuple[float, ...]
+
+    def __post_init__(self):
+        _check_table("attention", self.gflop, self.forward_efficiency, "gflop", "forward_efficiency")
+        _check_table("attention", self.gflop, self.backward_efficiency, "gflop", "backward_efficiency")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HbmEfficiency:
+    """Achieved fraction of peak HBM bandwidth vs bytes moved by one kernel."""
+
+    source: str
+    mbytes: tuple[float, ...]
+    efficiency: tuple[float, ...]
+
+    def __post_init__(self):
+        _check_table("hbm", self.mbytes, self.efficiency, "mbytes", "efficiency")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSpec:
+    name: str
+    vendor: str
+    source: str
+    num_compute_units: int
+    peak_tflops: dict[str, float]
+    hbm_capacity_GB: float
+    hbm_bw_GBps: float
+    clock_peak_MHz: float
+    clock_under_load_MHz: float
+    kernel_launch_us: float
+    gemm: GemmEfficiency
+    attention: AttentionEfficiency
+    hbm: HbmEfficiency
+
+    def __post_init__(self):
+        check_positive(
+            "gpu",
+            num_compute_units=self.num_compute_units,
+            hbm_capacity_GB=self.hbm_capacity_GB,
+            hbm_bw_GBps=self.hbm_bw_GBps,
+            clock_peak_MHz=self.clock_peak_MHz,
+            clock_under_load_MHz=self.clock_under_load_MHz,
+        )
+        if self.kernel_launch_us < 0:
+            raise ConfigError(f"gpu.kernel_launch_us must be >= 0, got {self.kernel_launch_us!r}")
+        for dtype, tflops in self.peak_tflops.items():
+            if dtype not in DTYPES:
+                raise ConfigError(f"gpu.peak_tflops: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+            check_positive("gpu.peak_tflops", **{dtype: tflops})
+        if "bf16" not in self.peak_tflops:
+            raise ConfigError("gpu.peak_tflops.bf16: missing required key")
+
+    def peak_flops(self, dtype: str) -> float:
+        if dtype not in self.peak_tflops:
+            raise ConfigError(f"dtype: {self.name} has no {dtype!r} peak (has {', '.join(self.peak_tflops)})")
+        return units.tflops_to_flops(self.peak_tflops[dtype])
+
+    @property
+    def hbm_bytes(self) -> float:
+        return units.GB_to_bytes(self.hbm_capacity_GB)
+
+    @property
+    def hbm_Bps(self) -> float:
+        return units.GBps_to_Bps(self.hbm_bw_GBps)
+
+    @property
+    def kernel_launch_s(self) -> float:
+        return units.us_to_s(self.kernel_launch_us)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSpec:
+    name: str
+    source: str
+    gpus_per_node: int
+    intra_topology: IntraTopology
+    links_per_gpu: int
+    link_bw_raw_GBps: float
+    link_bw_GBps: float
+    link_latency_us: float
+    pcie_bw_GBps: float
+
+    def __post_init__(self):
+        check_positive(
+            "node",
+            gpus_per_node=self.gpus_per_node,
+            links_per_gpu=self.links_per_gpu,
+            link_bw_GBps=self.link_bw_GBps,
+            pcie_bw_GBps=self.pcie_bw_GBps,
+        )
+        if self.link_bw_GBps > self.link_bw_raw_GBps:
+            raise ConfigError(
+                f"node.link_bw_GBps ({self.link_bw_GBps}) exceeds link_bw_raw_GBps ({self.link_bw_raw_GBps})"
+            )
+        if self.link_latency_us < 0:
+            raise ConfigError(f"node.link_latency_us must be >= 0, got {self.link_latency_us!r}")
+
+    @property
+    def link_Bps(self) -> float:
+        return units.GBps_to_Bps(self.link_bw_GBps)
+
+    @property
+    def link_latency_s(self) -> float:
+        return units.us_to_s(self.link_latency_us)
+
+    def gpu_bw_Bps(self, num_peers: int) -> float:
+        """Per-direction bandwidth one GPU has to ``num_peers`` peers of its node."""
+        if self.intra_topology is IntraTopology.FULL_MESH:
+            return min(num_peers, self.links_per_gpu) * self.link_Bps
+        return self.links_per_gpu * self.link_Bps
+
+
+@dataclass(frozen=True, kw_only=True)
+class FabricSpec:
+    source: str
+    topology: FabricTopology
+    nics_per_node: int
+    nic_bw_Gbps: float
+    nic_latency_us: float
+    switch_latency_us: float
+    nodes_per_leaf: int
+    oversubscription: float
+    routing: Routing
+
+    def __post_init__(self):
+        check_positive(
+            "fabric",
+            nics_per_node=self.nics_per_node,
+            nic_bw_Gbps=self.nic_bw_Gbps,
+            nodes_per_leaf=self.nodes_per_leaf,
+        )
+        if self.oversubscription < 1:
+            raise ConfigError(f"fabric.oversubscription must be >= 1, got {self.oversubscription!r}")
+        if self.nic_latency_us < 0 or self.switch_latency_us < 0:
+            raise ConfigError("fabric latencies must be >= 0")
+
+    @property
+    def nic_Bps(self) -> float:
+        return units.gbps_to_Bps(self.nic_bw_Gbps)
+
+    @property
+    def node_Bps(self) -> float:
+        return self.nics_per_node * self.nic_Bps
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProtocolSpec:
+    """One RCCL-like protocol: used up to ``max_bytes``; achieves a share of link bandwidth."""
+
+    max_bytes: float
+    latency_us: float
+    bw_efficiency: float
+
+    def __post_init__(self):
+        check_positive("protocol", max_bytes=self.max_bytes)
+        check_fraction("protocol", bw_efficiency=self.bw_efficiency)
+        if self.latency_us < 0:
+            raise ConfigError(f"protocol.latency_us must be >= 0, got {self.latency_us!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveTuning:
+    """Per-call and per-step latencies of the collective library, and its protocols."""
+
+    source: str
+    launch_latency_us: float
+    intra_step_latency_us: float
+    inter_step_latency_us: float
+    direct_min_bytes: float  # one-shot/all-pairs intra-node kernels serve sizes in
+    direct_max_bytes: float  # [direct_min_bytes, direct_max_bytes]; 0/0 disables them
+    protocols: dict[str, ProtocolSpec]
+
+    def __post_init__(self):
+        for key in ("launch_latency_us", "intra_step_latency_us", "inter_step_latency_us",
+                    "direct_min_bytes", "direct_max_bytes"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"collectives.{key} must be >= 0, got {getattr(self, key)!r}")
+        if self.direct_max_bytes < self.direct_min_bytes:
+            raise ConfigError(
+                f"collectives.direct_max_bytes ({self.direct_max_bytes}) is below direct_min_bytes ({self.direct_min_bytes})"
+            )
+        if not self.protocols:
+            raise ConfigError("collectives.protocols: at least one protocol is required")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    name: str
+    description: str
+    source: str
+    num_nodes: int
+    gpu: GpuSpec
+    node: NodeSpec
+    fabric: FabricSpec
+    collectives: CollectiveTuning
+    provenance: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        check_positive("cluster", num_nodes=self.num_nodes)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.node.gpus_per_node
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.node.gpus_per_node
+
+    def with_nodes(self, num_nodes: int) -> "ClusterSpec":
+        if not isinstance(num_nodes, int) or num_nodes < 1:
+            raise ConfigError(f"nodes must be a positive integer, got {num_nodes!r}")
+        return dataclasses.replace(self, num_nodes=num_nodes)
+
+    def with_gpus(self, num_gpus: int) -> "ClusterSpec":
+        """Smallest cluster of whole nodes holding ``num_gpus`` GPUs (a partial node is allowed)."""
+        if not isinstance(num_gpus, int) or num_gpus < 1:
+            raise ConfigError(f"gpus must be a positive integer, got {num_gpus!r}")
+        return self.with_nodes(-(-num_gpus // self.gpus_per_node))
+
+
+# ---- loading --------------------------------------------------------------------------
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _resolve(kind: str, name_or_path: str | Path) -> Path:
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"{kind}: profile file {str(path)!r} does not exist")
+        return path
+    candidate = PROFILE_DIR / f"{kind}s" / f"{name_or_path}.toml"
+    if not candidate.is_file():
+        known = ", ".join(list_profiles(kind)) or "none"
+        raise ConfigError(f"{kind}: unknown profile {str(name_or_path)!r} (known: {known})")
+    return candidate
+
+
+def list_profiles(kind: str) -> list[str]:
+    """Names of the shipped profiles of ``kind`` ('gpu', 'node', 'cluster')."""
+    return sorted(p.stem for p in (PROFILE_DIR / f"{kind}s").glob("*.toml"))
+
+
+def _load_part(kind: str, ref: str | dict, cls: type, where: str):
+    if isinstance(ref, dict):
+        return from_dict(cls, ref, f"{where}: {kind}")
+    if not isinstance(ref, str):
+        raise ConfigError(f"{where}: {kind} must be a profile name or a table, got {ref!r}")
+    path = _resolve(kind, ref)
+    return from_dict(cls, _read_toml(path), str(path))
+
+
+def load_gpu(name_or_path: str | Path) -> GpuSpec:
+    return _load_part("gpu", str(name_or_path), GpuSpec, "gpu")
+
+
+def load_cluster(name_or_path: str | Path, num_nodes: int | None = None) -> ClusterSpec:
+    """Load a cluster profile by name (``mi300x-pollara``) or path; optionally resize it."""
+    if isinstance(name_or_path, ClusterSpec):
+        cluster = name_or_path
+    else:
+        path = _resolve("cluster", name_or_path)
+        data = dict(_read_toml(path))
+        where = str(path)
+        for kind, cls in (("gpu", GpuSpec), ("node", NodeSpec)):
+            if kind not in data:
+                raise ConfigError(f"{where}: {kind}: missing required key")
+            data[kind] = to_dict(_load_part(kind, data[kind], cls, where))
+        cluster = from_dict(ClusterSpec, data, where)
+    return cluster if num_nodes is None else cluster.with_nodes(num_nodes)
+
+
+def dump_cluster(cluster: ClusterSpec) -> str:
+    """Self-contained TOML text of ``cluster`` (GPU and node inlined); loads back equal."""
+    return tomli_w.dumps(to_dict(cluster))
+
+
+def write_cluster(cluster: ClusterSpec, path: str | Path, overwrite: bool = False) -> Path:
+    """Write atomically; refuse to overwrite an existing file unless told to."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise ConfigError(f"out: {str(path)!r} exists; pass overwrite (--force) to replace it")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(dump_cluster(cluster))
+    tmp.replace(path)
+    return path
