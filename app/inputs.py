@@ -101,7 +101,7 @@ def simulate(inputs: dict):
     """perfsim.simulate (or estimate) for ``inputs``; OOM is a report warning, not an error."""
     return perfsim.simulate(
         model_spec(inputs), inputs["cluster"], nodes=int(inputs["nodes"]), estimator=inputs.get("estimator", "des"),
-        check_memory=False, routing=routing_spec(inputs), **plan_knobs(inputs),
+        check_memory=False, routing=routing_spec(inputs), trace=True, **plan_knobs(inputs),
     )
 
 

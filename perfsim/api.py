@@ -3,7 +3,8 @@
 import logging
 from dataclasses import fields
 
-from perfsim.estimators import analytic, engine
+from perfsim.estimators import engine, summary
+from perfsim.estimators.analytic import closed_form
 from perfsim.cost.collectives import bus_bandwidth, collective_cost
 from perfsim.errors import ConfigError, InfeasiblePlan
 from perfsim.lowering.graph import build_graph
@@ -16,7 +17,7 @@ from perfsim.model.io import load_model as _load_model
 from perfsim.lowering.ops import Coll
 from perfsim.plan.parallel import ParallelPlan, check_plan, derive_dp, group_shape
 from perfsim.cost.pricing import price
-from perfsim.report import Report, build_report
+from perfsim.report import Report, assemble_report, build_report
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
@@ -36,6 +37,23 @@ def load_cluster(cluster: str | ClusterSpec, nodes: int | None = None, gpus: int
     spec = cluster if isinstance(cluster, ClusterSpec) else _load_cluster(cluster)
     if nodes is not None and gpus is not None and gpus > nodes * spec.gpus_per_node:
         raise ConfigError(f"gpus: {gpus} GPUs do not fit on {nodes} nodes of {spec.gpus_per_node}")
+    if nodes is None and gpus is None:
+        return spec
+    key = (id(spec), nodes, gpus)
+    found = _RESIZED.get(key)
+    if found is not None and found[0] is spec:  # the same resized object: the closed form's memo hits
+        return found[1]
+    if len(_RESIZED) > 64:
+        _RESIZED.clear()
+    resized = _resize(spec, nodes, gpus)
+    _RESIZED[key] = (spec, resized)
+    return resized
+
+
+_RESIZED: dict[tuple, tuple[ClusterSpec, ClusterSpec]] = {}
+
+
+def _resize(spec: ClusterSpec, nodes: int | None, gpus: int | None) -> ClusterSpec:
     if nodes is not None:
         spec = spec.with_nodes(nodes)
     elif gpus is not None:
@@ -89,11 +107,12 @@ def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, ch
 def simulate(
     model, cluster, plan: ParallelPlan | None = None, *, nodes: int | None = None, gpus: int | None = None,
     estimator: str = "des", check_memory: bool = True, routing: RoutingSpec | None = None,
-    variability: VariabilitySpec | None = None, **knobs,
+    variability: VariabilitySpec | None = None, trace: bool = False, **knobs,
 ) -> Report:
-    """Simulate one training step. ``estimator``: 'des' (SimPy engine) or 'analytic'.
-    ``routing``: MoE token routing (uniform by default); ``variability``: seeded
-    per-GPU speed spread (none by default).
+    """Simulate one training step. ``estimator``: 'des' (SimPy engine) or 'analytic'
+    (the closed form). ``routing``: MoE token routing (uniform by default);
+    ``variability``: seeded per-GPU speed spread (none by default). The engine's report
+    always holds its spans; the closed form lays spans out only with ``trace=True``.
 
     Raises ConfigError for bad input and InfeasiblePlan when the plan does not fit in
     memory (pass ``check_memory=False`` to get a report with a warning instead).
@@ -104,33 +123,29 @@ def simulate(
     memory, warnings = _memory_check(model, cluster, plan, check_memory)
     routing, variability = routing or UNIFORM, variability or NO_VARIABILITY
     warnings += _routing_warnings(model, plan, routing)
-    spans, slowdown = _spans(model, cluster, plan, routing, variability, estimator)
     extras = _moe_and_straggler_costs(model, cluster, plan, routing, variability)
-    return build_report(spans=spans, memory=memory, model=model, plan=plan, cluster=cluster,
-                        estimator=estimator, warnings=warnings, straggler_slowdown=slowdown, **extras)
-
-
-def _spans(model, cluster, plan, routing, variability, estimator) -> tuple[list, float]:
-    """Spans of one step and the slowest stage's straggler factor."""
+    common = dict(memory=memory, model=model, plan=plan, cluster=cluster, estimator=estimator, warnings=warnings,
+                  **extras)
+    if estimator == "analytic":
+        cf = closed_form(model, cluster, routing, variability)
+        figures = summary.estimate(cf, plan).__dict__
+        spans = summary.spans(cf, plan) if trace else []
+        return assemble_report(figures=figures, spans=spans, straggler_slowdown=max(cf.speeds(plan)[0]), **common)
     speeds = gpu_speeds(plan.world_size, variability)
     slow = stage_slowdowns(plan, speeds)
     ep_speeds = ep_rank_speeds(plan, speeds) if model.is_moe and plan.ep > 1 else None
-    if estimator == "des":
-        graph = build_graph(model, plan, routing=routing, ep_speeds=ep_speeds)
-        return engine.run(price(graph, cluster, slow)), max(slow)
-    graph = build_graph(model, plan, analytic.lowered_microbatches(plan), routing=routing, ep_speeds=ep_speeds)
-    return analytic.run(price(graph, cluster, slow)), max(slow)
+    graph = build_graph(model, plan, routing=routing, ep_speeds=ep_speeds)
+    return build_report(spans=engine.run(price(graph, cluster, slow)), straggler_slowdown=max(slow), **common)
 
 
 def _closed_form_step(model, cluster, plan, routing, variability) -> float:
-    spans, _ = _spans(model, cluster, plan, routing, variability, "analytic")
-    return max(s.end_s for s in spans)
+    return closed_form(model, cluster, routing, variability).step_time_s(plan)
 
 
 def _moe_and_straggler_costs(model, cluster, plan, routing, variability) -> dict:
     """Imbalance (max/mean routed tokens per EP rank) and what skew and GPU variability
     cost: the closed-form step minus the same plan with uniform routing, or without
-    variability (the closed form keeps this cheap; zero when the feature is off)."""
+    variability (zero when the feature is off)."""
     out = {"moe_imbalance": 1.0, "moe_imbalance_cost_s": 0.0, "straggler_cost_s": 0.0}
     moe = model.is_moe and plan.ep > 1
     if moe:
@@ -162,7 +177,8 @@ def _routing_warnings(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec
 
 
 def estimate(model, cluster, plan: ParallelPlan | None = None, **kwargs) -> Report:
-    """The closed-form estimate (milliseconds per plan)."""
+    """The closed-form estimate (about a millisecond per plan once its blocks are priced;
+    ``trace=True`` also lays out spans for a trace)."""
     return simulate(model, cluster, plan, estimator="analytic", **kwargs)
 
 

@@ -176,8 +176,9 @@ def build_report(
     *, spans: list[Span], memory: list[MemoryBreakdown], model: ModelSpec, plan: ParallelPlan,
     cluster: ClusterSpec, estimator: str, warnings: list[str] | None = None, **moe_and_stragglers,
 ) -> Report:
-    """``moe_and_stragglers``: moe_imbalance, moe_imbalance_cost_s, straggler_slowdown,
-    straggler_cost_s (computed by ``api``, which knows the baselines)."""
+    """A report from the engine's spans. ``moe_and_stragglers``: moe_imbalance,
+    moe_imbalance_cost_s, straggler_slowdown, straggler_cost_s (computed by ``api``,
+    which knows the baselines)."""
     t0 = 0.0  # a step starts at t = 0; idle time before the first span (pipeline warm-up) is bubble
     t1 = max(s.end_s for s in spans)
     step = t1 - t0
@@ -187,23 +188,35 @@ def build_report(
     crit = max(by_stage, key=lambda r: (sum(s.end_s - s.start_s for s in by_stage[r] if s.stream == COMPUTE_STREAM), -r))
     breakdown, overlapped, per_coll = _stage_breakdown(by_stage[crit], t0, t1)
     path = critical_path(spans)
-    exposed = sum(e["exposed_s"] for e in per_coll.values())
-    tokens = plan.tokens_per_step
-    world = plan.world_size
-    flops = model.model_flops_per_token(plan.seq) * tokens
-    tflops = flops / step / world / 1e12
+    figures = dict(
+        step_time_s=step, breakdown=dict(sorted(breakdown.items(), key=lambda kv: -kv[1])),
+        overlapped_comm_s=overlapped, critical_stage=crit, bubble_s=breakdown[BUBBLE],
+        exposed_comm_s=sum(e["exposed_s"] for e in per_coll.values()), comm_by_collective=per_coll,
+        per_layer_s=_per_layer(by_stage[crit]), per_stage=_per_stage(by_stage, step),
+        per_stream_s=_per_stream(by_stage[crit]), critical_path_s=_path_summary(path), critical_path_ops=len(path),
+    )
+    return assemble_report(figures=figures, spans=spans, memory=memory, model=model, plan=plan, cluster=cluster,
+                           estimator=estimator, warnings=warnings, **moe_and_stragglers)
+
+
+def assemble_report(
+    *, figures: dict, spans: list[Span], memory: list[MemoryBreakdown], model: ModelSpec, plan: ParallelPlan,
+    cluster: ClusterSpec, estimator: str, warnings: list[str] | None = None, **moe_and_stragglers,
+) -> Report:
+    """A report from an estimator's figures (step_time_s, breakdown, overlapped_comm_s,
+    critical_stage, bubble_s, exposed_comm_s, comm_by_collective, per_layer_s, per_stage,
+    per_stream_s, critical_path_s, critical_path_ops): adds throughput, MFU and memory."""
+    step = figures["step_time_s"]
+    tokens, world = plan.tokens_per_step, plan.world_size
+    tflops = model.model_flops_per_token(plan.seq) * tokens / step / world / 1e12
     peak = max(memory, key=lambda m: m.total_bytes)
     return Report(
         model=model.name, cluster=cluster.name, plan=plan.to_dict(), estimator=estimator, world_size=world,
-        step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / world,
-        tflops_per_gpu=tflops, mfu=tflops * 1e12 / cluster.gpu.peak_flops(plan.dtype),
-        breakdown=dict(sorted(breakdown.items(), key=lambda kv: -kv[1])), overlapped_comm_s=overlapped,
-        critical_stage=crit, peak_memory_bytes=peak.total_bytes, memory_capacity_bytes=cluster.gpu.hbm_bytes,
-        memory=[m.as_dict() for m in memory], warnings=list(warnings or []), spans=spans,
-        bubble_s=breakdown[BUBBLE], bubble_fraction=breakdown[BUBBLE] / step, exposed_comm_s=exposed,
-        comm_by_collective=per_coll, per_layer_s=_per_layer(by_stage[crit]), per_stage=_per_stage(by_stage, step),
-        per_stream_s=_per_stream(by_stage[crit]), critical_path_s=_path_summary(path), critical_path_ops=len(path),
-        **moe_and_stragglers,
+        tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / world, tflops_per_gpu=tflops,
+        mfu=tflops * 1e12 / cluster.gpu.peak_flops(plan.dtype), peak_memory_bytes=peak.total_bytes,
+        memory_capacity_bytes=cluster.gpu.hbm_bytes, memory=[m.as_dict() for m in memory],
+        warnings=list(warnings or []), spans=spans, bubble_fraction=figures["bubble_s"] / step,
+        **figures, **moe_and_stragglers,
     )
 
 

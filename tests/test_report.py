@@ -23,7 +23,7 @@ RUNS = {
 def report(request):
     case, estimator = request.param
     model, knobs = RUNS[case]
-    return simulate(model, "mi300x-pollara", seq=2048, estimator=estimator, **knobs)
+    return simulate(model, "mi300x-pollara", seq=2048, estimator=estimator, trace=estimator == "analytic", **knobs)
 
 
 def test_breakdown_sums_to_step_time(report):

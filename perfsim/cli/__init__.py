@@ -80,7 +80,8 @@ def _cmd_simulate(args) -> int:
         model = dataclasses.replace(model, capacity_factor=args.capacity_factor)
     variability = VariabilitySpec(cv=args.gpu_variability, seed=args.seed)
     report = api.simulate(model, args.cluster, nodes=args.nodes, gpus=args.gpus, estimator=args.engine,
-                          check_memory=not args.allow_oom, routing=_routing(args), variability=variability, **knobs)
+                          check_memory=not args.allow_oom, routing=_routing(args), variability=variability,
+                          trace=bool(args.trace), **knobs)
     if args.trace:
         _write_trace(report, args.trace)
     print(json.dumps(report.to_dict(), indent=2) if args.json else _format_report(report))

@@ -47,10 +47,7 @@ class _Builder:
         self.model, self.plan = model, plan
         self.graph = OpGraph(model=model, plan=plan)
         self.layers = LayerBuilder(model, plan, routing, ep_speeds)
-        self.fwd_cache: dict[bool, list[Step]] = {}
-        self.raw_cache: dict[bool, list[Step]] = {}
-        self.bwd_cache: dict[bool, list[Step]] = {}
-        self.wgt_cache: dict[bool, list[Step]] = {}
+        self.blocks: dict = {}  # is_moe / "head" / "embedding" -> (F, B, W) steps
         self.split = splits_backward(plan)
         self.bucket: dict[int, dict[str, float]] = {s: {} for s in range(plan.pp)}
         self.last: dict[int, int] = {}  # stage -> last op of its compute chain
@@ -87,36 +84,25 @@ class _Builder:
         self.marks[stage].append(prev)
         return prev
 
+    def _block(self, layer: int) -> tuple[list[Step], list[Step], list[Step]]:
+        moe = is_moe_layer(self.model, layer)
+        if moe not in self.blocks:
+            self.blocks[moe] = block_passes(self.layers, self.plan, layer)
+        return self.blocks[moe]
+
     def forward_steps(self, layer: int) -> list[Step]:
-        moe = is_moe_layer(self.model, layer)
-        if moe not in self.fwd_cache:
-            self.fwd_cache[moe] = self._overlap(self.raw_forward(layer))
-        return self.fwd_cache[moe]
-
-    def raw_forward(self, layer: int) -> list[Step]:
-        """The layer's forward chain before TP-communication overlap is applied."""
-        moe = is_moe_layer(self.model, layer)
-        if moe not in self.raw_cache:
-            self.raw_cache[moe] = self.layers.layer_forward(layer)
-        return self.raw_cache[moe]
-
-    def _overlap(self, steps: list[Step]) -> list[Step]:
-        return overlap_tp_comm(steps) if self.plan.tp_comm_overlap and self.plan.tp > 1 else steps
+        return self._block(layer)[0]
 
     def backward_steps(self, layer: int) -> list[Step]:
-        moe = is_moe_layer(self.model, layer)
-        if moe not in self.bwd_cache:
-            raw = self.raw_forward(layer)
-            recompute = recompute_steps(raw, self.plan.recompute)
-            chain = self._overlap(recompute + backward(raw))
-            if self.split:
-                chain, self.wgt_cache[moe] = split_weight_grads(chain)
-            self.bwd_cache[moe] = chain
-        return self.bwd_cache[moe]
+        return self._block(layer)[1]
 
     def weight_steps(self, layer: int) -> list[Step]:
-        self.backward_steps(layer)
-        return self.wgt_cache[is_moe_layer(self.model, layer)]
+        return self._block(layer)[2]
+
+    def special(self, block: str) -> tuple[list[Step], list[Step], list[Step]]:
+        if block not in self.blocks:
+            self.blocks[block] = block_passes(self.layers, self.plan, block)
+        return self.blocks[block]
 
     def _groups(self, layer: int, sizes: tuple[float, float]) -> list[tuple[str, float]]:
         plan = self.plan
@@ -172,21 +158,20 @@ class _Builder:
         self.phase = FWD
         vs = chunk * self.plan.pp + stage
         if vs == 0:
-            self.chain(stage, self.layers.embedding_forward(), deps, mb, -1)
+            self.chain(stage, self.special("embedding")[0], deps, mb, -1)
             deps = ()
         for layer in stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, chunk):
             self.chain(stage, self.forward_steps(layer), deps + self.param_gather(stage, layer, FWD, mb), mb, layer)
             deps = ()
         if vs == self.last_vs:
-            self.chain(stage, self.layers.head_forward(), deps, mb, -1)
+            self.chain(stage, self.special("head")[0], deps, mb, -1)
         return self.last[stage]
 
     def chunk_backward(self, stage: int, mb: int, chunk: int, deps: tuple) -> int:
         self.phase = BWD
         vs = chunk * self.plan.pp + stage
         if vs == self.last_vs:
-            head = backward(self.layers.head_forward())
-            self.chain(stage, split_weight_grads(head)[0] if self.split else head, deps, mb, -1)
+            self.chain(stage, self.special("head")[1], deps, mb, -1)
             deps = ()
         for layer in reversed(stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, chunk)):
             self.chain(stage, self.backward_steps(layer), deps + self.param_gather(stage, layer, BWD, mb), mb, layer)
@@ -195,7 +180,7 @@ class _Builder:
                 self.grad_reduce(stage, layer)
                 self.phase = BWD
         if vs == 0:
-            self.chain(stage, backward(self.layers.embedding_forward()), deps, mb, -1)
+            self.chain(stage, self.special("embedding")[1], deps, mb, -1)
         return self.last[stage]
 
     def chunk_weights(self, stage: int, mb: int, chunk: int) -> int:
@@ -203,7 +188,7 @@ class _Builder:
         self.phase = WGT
         vs = chunk * self.plan.pp + stage
         if vs == self.last_vs:
-            self.chain(stage, split_weight_grads(backward(self.layers.head_forward()))[1], (), mb, -1)
+            self.chain(stage, self.special("head")[2], (), mb, -1)
         for layer in reversed(stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, chunk)):
             self.chain(stage, self.weight_steps(layer), (), mb, layer)
             if mb == self.plan.num_microbatches - 1:
@@ -230,6 +215,30 @@ class _Builder:
                     gathers.append(self.add(stage, step, (end,), -1, layer))
             if gathers:
                 self.chain(stage, [_barrier()], tuple(gathers), -1, -1)
+
+
+def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str) -> tuple[list[Step], list[Step], list[Step]]:
+    """The forward F, backward B and (zb-h1) weight-gradient W chains of one block,
+    exactly as the graph lowers them: ``block`` is a layer index, "embedding" or "head".
+    A layer's backward is its recompute then its backward, TP-comm overlap applied to
+    both passes; the LM head's backward is split for zero-bubble schedules, the
+    embedding's never. The closed form prices these same chains."""
+    split = splits_backward(plan)
+    if block in ("embedding", "head"):
+        fwd = layers.embedding_forward() if block == "embedding" else layers.head_forward()
+        bwd, wgt = backward(fwd), []
+        if block == "head" and split:
+            bwd, wgt = split_weight_grads(bwd)
+        return fwd, bwd, wgt
+    raw = layers.layer_forward(block)
+    overlapped = plan.tp_comm_overlap and plan.tp > 1
+    fwd = overlap_tp_comm(raw) if overlapped else raw
+    bwd = recompute_steps(raw, plan.recompute) + backward(raw)
+    bwd = overlap_tp_comm(bwd) if overlapped else bwd
+    wgt = []
+    if split:
+        bwd, wgt = split_weight_grads(bwd)
+    return fwd, bwd, wgt
 
 
 def _barrier() -> Step:

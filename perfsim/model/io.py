@@ -30,9 +30,32 @@ def list_models() -> list[str]:
     return sorted(_preset_files())
 
 
+_LOADED: dict[tuple, ModelSpec] = {}
+
+
 def load_model(name_or_path: str | Path) -> ModelSpec:
-    """A preset name, a path to a preset ``.toml``, or a path to a Hugging Face config.json."""
+    """A preset name, a path to a preset ``.toml``, or a path to a Hugging Face config.json.
+    An unchanged file is parsed once (ModelSpec is immutable)."""
     text = str(name_or_path)
+    key = (text, _stat(_preset_files().get(text) or Path(text)))
+    if key[1] is None:
+        return _load_model(text)
+    if key not in _LOADED:
+        if len(_LOADED) > 64:
+            _LOADED.clear()
+        _LOADED[key] = _load_model(text)
+    return _LOADED[key]
+
+
+def _stat(path) -> tuple | None:
+    try:
+        st = Path(str(path)).stat()
+    except (OSError, ValueError):
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
+def _load_model(text: str) -> ModelSpec:
     presets = _preset_files()
     if text in presets:
         return _spec_from_toml(presets[text].read_text(), f"preset {text}")

@@ -2,7 +2,7 @@
 
 1. Enumerate every plan (``search_space``), prune by divisibility (``ParallelPlan`` /
    ``check_plan``), memory (= ``memory.plan_memory``) and dominance (more recompute than
-   fits), and cost every survivor in closed form (``fastcost`` = ``analytic``) on an
+   fits), and cost every survivor in closed form (``estimators.analytic``, the one closed form) on an
    executor (``search_exec``: process pool, Dask or Ray; same answer on each).
 2. Keep the best per GPU count, confirm the leaders with the discrete-event engine
    (``api.simulate``), rank them (confirmed first, by the engine; ties by plan tuple) and
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from perfsim import api
 from perfsim.errors import ConfigError, InfeasiblePlan
-from perfsim.estimators.fastcost import Coster
+from perfsim.estimators.analytic import ClosedForm
 from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan
@@ -207,7 +207,7 @@ def search(
         _confirm(ex, candidates, confirm, model, contexts, routing, objective, usd_per_gpu_hour, progress)
     finally:
         ex.close()
-    costers = {w: Coster(model, ctx.cluster, routing) for w, ctx in contexts.items()}
+    costers = {w: ClosedForm(model, ctx.cluster, routing) for w, ctx in contexts.items()}
     rows, pareto = rank_rows(candidates, costers, model, contexts, objective, usd_per_gpu_hour, multi=len(counts) > 1)
     return SearchResult(
         model=model.name, cluster=base.name, objective=objective, gpus=counts, gbs=gbs, seq=seq, rows=rows,

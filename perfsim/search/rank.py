@@ -3,7 +3,8 @@ to the winner, the Pareto front over GPU counts, and the answer when nothing is 
 
 from dataclasses import dataclass
 
-from perfsim.estimators.fastcost import Coster
+from perfsim.estimators import summary
+from perfsim.estimators.analytic import ClosedForm
 from perfsim.estimators.fastmem import MemoryModel
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan
@@ -47,9 +48,9 @@ class SearchRow:
         return dict(self.__dict__)
 
 
-def _metrics(cand: Candidate, coster: Coster, memory: MemoryModel, model: ModelSpec, cluster) -> dict:
+def _metrics(cand: Candidate, coster: ClosedForm, memory: MemoryModel, model: ModelSpec, cluster) -> dict:
     plan, w = cand.plan, cand.num_gpus
-    fast = coster.estimate(plan)
+    fast = summary.estimate(coster, plan)
     if cand.report is not None:
         r = cand.report
         exposed = sum(r["breakdown"].get(k, 0.0) for k in r["overlapped_comm_s"])

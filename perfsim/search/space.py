@@ -3,8 +3,8 @@
 Enumeration goes axis by axis: (tp, cp, pp, dp, ep, etp) structures that multiply to the
 GPU count, then vpp, schedule, mbs, zero and recompute. Every candidate passes
 ``ParallelPlan`` validation and ``check_plan`` (divisibility), then the memory model
-(``fastmem``, = ``memory.plan_memory``) before it is costed (``fastcost``, =
-``analytic``). Rejections are counted by reason so that an empty answer can say which
+(``fastmem``, = ``memory.plan_memory``) before it is costed in closed form
+(``estimators.analytic``, the same one ``estimate()`` uses). Rejections are counted by reason so that an empty answer can say which
 constraint binds.
 """
 
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from perfsim.errors import ConfigError
-from perfsim.estimators.fastcost import Coster
+from perfsim.estimators.analytic import ClosedForm
 from perfsim.estimators.fastmem import MemoryModel
 from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
@@ -176,13 +176,13 @@ class ChunkResult:
     seconds: float = 0.0  # CPU seconds of the worker
 
 
-_MODELS: dict[str, tuple[Coster, MemoryModel]] = {}
+_MODELS: dict[str, tuple[ClosedForm, MemoryModel]] = {}
 
 
-def _models(ctx: Context) -> tuple[Coster, MemoryModel]:
+def _models(ctx: Context) -> tuple[ClosedForm, MemoryModel]:
     if ctx.key not in _MODELS:
         _MODELS.clear()
-        _MODELS[ctx.key] = (Coster(ctx.model, ctx.cluster, ctx.routing), MemoryModel(ctx.model))
+        _MODELS[ctx.key] = (ClosedForm(ctx.model, ctx.cluster, ctx.routing), MemoryModel(ctx.model))
     return _MODELS[ctx.key]
 
 

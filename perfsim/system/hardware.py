@@ -332,19 +332,50 @@ def load_gpu(name_or_path: str | Path) -> GpuSpec:
     return _load_part("gpu", str(name_or_path), GpuSpec, "gpu")
 
 
+def _signature(path: Path) -> tuple:
+    """What says a profile (and the GPU / node profiles it may name) is unchanged."""
+    parts = [path]
+    for kind in ("gpus", "nodes"):
+        folder = PROFILE_DIR / kind
+        parts += sorted(folder.glob("*.toml")) if folder.is_dir() else []
+    out = []
+    for p in parts:
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        out.append((str(p), st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+_LOADED: dict[tuple, ClusterSpec] = {}
+
+
 def load_cluster(name_or_path: str | Path, num_nodes: int | None = None) -> ClusterSpec:
-    """Load a cluster profile by name (``mi300x-pollara``) or path; optionally resize it."""
+    """Load a cluster profile by name (``mi300x-pollara``) or path; optionally resize it.
+    Specs are immutable, so an unchanged file is parsed once and the same object returned
+    (the closed form's memo is keyed by it)."""
     if isinstance(name_or_path, ClusterSpec):
         cluster = name_or_path
     else:
         path = _resolve("cluster", name_or_path)
-        data = dict(_read_toml(path))
-        where = str(path)
-        for kind, cls in (("gpu", GpuSpec), ("node", NodeSpec)):
-            if kind not in data:
-                raise ConfigError(f"{where}: {kind}: missing required key")
-            data[kind] = to_dict(_load_part(kind, data[kind], cls, where))
-        cluster = from_dict(ClusterSpec, data, where)
+        key = (_signature(path), num_nodes)
+        if key not in _LOADED:
+            if len(_LOADED) > 64:
+                _LOADED.clear()
+            _LOADED[key] = _load_cluster_file(path, num_nodes)
+        return _LOADED[key]
+    return cluster if num_nodes is None else cluster.with_nodes(num_nodes)
+
+
+def _load_cluster_file(path: Path, num_nodes: int | None) -> ClusterSpec:
+    data = dict(_read_toml(path))
+    where = str(path)
+    for kind, cls in (("gpu", GpuSpec), ("node", NodeSpec)):
+        if kind not in data:
+            raise ConfigError(f"{where}: {kind}: missing required key")
+        data[kind] = to_dict(_load_part(kind, data[kind], cls, where))
+    cluster = from_dict(ClusterSpec, data, where)
     return cluster if num_nodes is None else cluster.with_nodes(num_nodes)
 
 
