@@ -60,7 +60,7 @@ def list_storage() -> list[str]:
 
 
 def load_storage(name_or_path: "str | Path | StorageSpec") -> StorageSpec:
-    """A storage profile by name (hardware_profiles/storage/NAME.toml) or path; strict keys."""
+    """A storage profile by name (perfsim/hardware_profiles/storage/NAME.toml) or path; strict keys."""
     if isinstance(name_or_path, StorageSpec):
         return name_or_path
     path = Path(name_or_path)

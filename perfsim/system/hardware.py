@@ -16,7 +16,7 @@ from perfsim import units
 from perfsim.errors import ConfigError
 from perfsim.system.specio import check_fraction, check_positive, from_dict, to_dict
 
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles"
+PROFILE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles"  # inside the package: wheels carry it
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 
