@@ -22,7 +22,8 @@ from perfsim.report import chrome_trace
 from scenarios import ScenarioStore
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA_DIR = Path(os.environ.get("PERFSIM_DATA", ROOT.parent / "shared" / "data"))
+# public measurements shipped in the repo (validation/data/calibration/SOURCES.md); $PERFSIM_DATA moves them
+DATA_DIR = Path(os.environ.get("PERFSIM_DATA", ROOT / "validation" / "data"))
 EXPECTED = (perfsim.ConfigError, perfsim.InfeasiblePlan, perfsim.PerfsimError, ValueError, KeyError)
 
 

@@ -20,7 +20,7 @@ CHOICES = {
     "estimator": ("des", "analytic"),
 }
 
-# ZAYA1-base on 128 nodes x 8 MI300X + Pollara, as trained (../shared/data/calibration/zaya1_cluster.csv)
+# ZAYA1-base on 128 nodes x 8 MI300X + Pollara, as trained (Zyphra ZAYA1 report; perfsim/model/presets/zaya1-base.toml)
 DEFAULT = {
     "model": "zaya1-base",
     "model_config": None,  # text of an uploaded Hugging Face config.json; overrides "model"

@@ -30,8 +30,8 @@ low = d.text_input("Min size (-b)", "8", key="w.fab_min")
 high = e.text_input("Max size (-e)", "8G", key="w.fab_max")
 csv_path = f.text_input("Measured points (CSV, rccl-tests columns)",
                         os.environ.get("PERFSIM_CALIBRATION_CSV", str(common.DATA_DIR / MEASURED_CSV)),
-                        key="w.fab_csv", help="Default: ../shared/data/calibration/allreduce_busbw_vs_size.csv "
-                                             "from the repository root; set PERFSIM_DATA to move the data folder")
+                        key="w.fab_csv", help="Default: validation/data/calibration/allreduce_busbw_vs_size.csv (shipped in the "
+                                             "repository); set PERFSIM_DATA to move the data folder")
 
 predicted = []
 with common.shown_errors("Cannot sweep these collectives"):

@@ -11,6 +11,7 @@ import derive
 from inputs import nodes_for, with_plan
 
 FIXABLE = ("tp", "pp", "ep", "cp", "zero", "mbs", "recompute")
+EXECUTORS = ("local-spawn", "serial", "dask-local")  # never a forked pool inside Streamlit (issue 17.2)
 
 st.title("Search")
 search = common.optional_api("search", "search")
@@ -42,8 +43,10 @@ with st.expander("Constraints and execution"):
     i, j, k = st.columns(3)
     price = i.number_input("$ per GPU-hour (cost objective)", min_value=0.0, value=2.0, step=0.25, key="w.s_price")
     confirm = j.number_input("Confirm the best N with the engine", min_value=0, max_value=20, value=3, key="w.s_confirm")
-    executor = k.selectbox("Executor", ("local", "serial", "dask-local"), key="w.s_executor",
-                           help="local: a process pool on this machine; serial: in this process")
+    executor = k.selectbox("Executor", EXECUTORS, key="w.s_executor",
+                           help="local-spawn: a pool of fresh worker processes, closed when the search ends "
+                                "(a forked pool would inherit the planner's threads and signal handlers); "
+                                "serial: in this process; dask-local: a Dask LocalCluster")
 
 args = None
 with common.shown_errors("Invalid search"):

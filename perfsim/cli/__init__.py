@@ -196,9 +196,20 @@ def _cmd_calibrate(args) -> int:
     return 0
 
 
+def _need_plotly(flag: str) -> None:
+    """A report that needs plotly says so in one line (exit 2) before any work is done."""
+    try:
+        import plotly  # noqa: F401 - optional: only the HTML reports need it
+    except ImportError:
+        raise ConfigError(f"{flag}: the HTML report needs plotly, which is not installed "
+                          "(pip install plotly, or pip install 'perfsim[planner]')") from None
+
+
 def _cmd_validate(args) -> int:
     from perfsim.calibration.validate import validate, write_html  # layer 7
 
+    if args.html:
+        _need_plotly("--html")
     result = validate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.kernel_csv, in_place=args.in_place)
     if args.html:
         write_html(result, args.html, plotlyjs=args.plotlyjs)

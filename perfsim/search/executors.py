@@ -17,7 +17,7 @@ from perfsim.errors import ConfigError
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None] | None
-EXECUTORS = "local, serial, dask-local, dask://HOST:PORT, ray, ray://HOST:PORT"
+EXECUTORS = "local, local-spawn, serial, dask-local, dask://HOST:PORT, ray, ray://HOST:PORT"
 
 
 def _tick(progress: Progress, done: int, total: int) -> None:
@@ -41,8 +41,11 @@ class SerialExecutor:
 
 
 def _ignore_sigint() -> None:
-    """Pool workers leave Ctrl-C to the parent, which terminates them."""
+    """Pool workers leave Ctrl-C to the parent, which terminates them; SIGTERM is reset to
+    its default, so a forked worker that inherited a host's handler (Streamlit installs
+    one) still dies on ``Pool.terminate`` instead of blocking the join forever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _indexed(item: tuple):
@@ -51,13 +54,15 @@ def _indexed(item: tuple):
 
 
 class PoolExecutor:
-    """A multiprocessing pool on this machine (terminated at once on Ctrl-C)."""
+    """A multiprocessing pool on this machine (terminated at once on Ctrl-C). ``start``
+    is the multiprocessing start method: None for the platform default (fork on Linux),
+    "spawn" for fresh interpreters (what a threaded host such as the planner needs)."""
 
-    name = "local"
-
-    def __init__(self, workers: int | None):
+    def __init__(self, workers: int | None, start: str | None = None):
         self.workers = workers or os.cpu_count() or 1
-        self.pool = multiprocessing.Pool(self.workers, initializer=_ignore_sigint)
+        self.name = "local" if start is None else f"local-{start}"
+        context = multiprocessing.get_context(start)
+        self.pool = context.Pool(self.workers, initializer=_ignore_sigint)
 
     def map(self, fn, tasks: list, progress: Progress = None) -> list:
         out = [None] * len(tasks)
@@ -164,6 +169,8 @@ def make_executor(spec: str = "local", workers: int | None = None):
         return SerialExecutor()
     if spec == "local":
         return PoolExecutor(workers)
+    if spec == "local-spawn":
+        return PoolExecutor(workers, start="spawn")
     if spec == "dask-local":
         return DaskExecutor(None, workers)
     if spec.startswith(("dask://", "tcp://")):
