@@ -111,6 +111,28 @@ def _get(config: dict, key: str, default: Any = ..., kind: type = int) -> Any:
     return value
 
 
+def _get_any(config: dict, keys: tuple[str, ...], default: Any = ..., kind: type = int) -> Any:
+    """The first of ``keys`` present (transformers renamed some fields between releases:
+    Qwen3MoeConfig writes ``num_local_experts`` where 4.x wrote ``num_experts``)."""
+    for key in keys:
+        if config.get(key) is not None:
+            return _get(config, key, default, kind)
+    if default is ...:
+        raise ConfigError(f"missing required Hugging Face field {keys[0]!r} (or {', '.join(map(repr, keys[1:]))})")
+    return default
+
+
+NUM_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def _full_attention_only(config: dict) -> None:
+    """transformers 5 lists each layer's attention; ModelSpec models full causal attention."""
+    kinds = sorted({k for k in config.get("layer_types") or [] if k != "full_attention"})
+    if kinds:
+        raise ConfigError(f"Hugging Face field 'layer_types' has {', '.join(map(repr, kinds))} layers; "
+                          "perfsim models full causal attention only")
+
+
 def _common(config: dict, name: str) -> dict:
     heads = _get(config, "num_attention_heads")
     hidden = _get(config, "hidden_size")
@@ -137,7 +159,7 @@ def _llama(config: dict) -> dict:
 def _mixtral(config: dict) -> dict:
     return {
         "ffn_hidden_size": 0,
-        "num_experts": _get(config, "num_local_experts"),
+        "num_experts": _get_any(config, ("num_local_experts", "num_experts")),
         "top_k": _get(config, "num_experts_per_tok"),
         "expert_ffn_hidden_size": _get(config, "intermediate_size"),
     }
@@ -146,7 +168,7 @@ def _mixtral(config: dict) -> dict:
 def _olmoe(config: dict) -> dict:
     return {
         "ffn_hidden_size": 0,
-        "num_experts": _get(config, "num_experts"),
+        "num_experts": _get_any(config, NUM_EXPERTS),
         "top_k": _get(config, "num_experts_per_tok"),
         "expert_ffn_hidden_size": _get(config, "intermediate_size"),
     }
@@ -158,7 +180,7 @@ def _qwen_moe(config: dict) -> dict:
     shared = _get(config, "shared_expert_intermediate_size", 0)
     return {
         "ffn_hidden_size": _get(config, "intermediate_size") if num_dense else 0,
-        "num_experts": _get(config, "num_experts"),
+        "num_experts": _get_any(config, NUM_EXPERTS),
         "top_k": _get(config, "num_experts_per_tok"),
         "expert_ffn_hidden_size": _get(config, "moe_intermediate_size"),
         "num_shared_experts": 1 if shared else 0,
@@ -225,15 +247,19 @@ FAMILIES: dict[str, Callable[[dict], dict]] = {
 
 
 def _family(config: dict) -> Callable[[dict], dict]:
+    """By ``model_type`` (an unknown one is an error naming it: gpt_oss is not Mixtral);
+    only a config without ``model_type`` is recognised by its distinctive keys."""
     model_type = config.get("model_type")
     if model_type in FAMILIES:
         return FAMILIES[model_type]
+    if model_type is not None:
+        raise ConfigError(f"unsupported model_type {model_type!r} (supported: {', '.join(sorted(FAMILIES))})")
     if "kv_lora_rank" in config:
         return _deepseek
+    if "moe_intermediate_size" in config and any(k in config for k in NUM_EXPERTS):
+        return _qwen_moe
     if "num_local_experts" in config:
         return _mixtral
-    if "moe_intermediate_size" in config and "num_experts" in config:
-        return _qwen_moe
     if "num_experts" in config:
         return _olmoe
     return _llama
@@ -242,6 +268,8 @@ def _family(config: dict) -> Callable[[dict], dict]:
 def from_hf_config(config: dict, name: str) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face ``config.json`` dict."""
     try:
-        return ModelSpec(**(_common(config, name) | _family(config)(config)))
+        family = _family(config)
+        _full_attention_only(config)
+        return ModelSpec(**(_common(config, name) | family(config)))
     except ConfigError as exc:
         raise ConfigError(f"Hugging Face config {name!r}: {exc}") from None

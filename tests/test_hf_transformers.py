@@ -1,0 +1,92 @@
+"""Hugging Face import of configs as the `transformers` package writes them today (5.x):
+each config is built with transformers' own config class and saved with save_pretrained,
+so field renames (Qwen3MoeConfig's ``num_local_experts``, DeepseekV3Config's
+``num_nextn_predict_layers``) are what a user's download holds. The imported spec must
+equal the preset built from the published shapes; unknown model types are refused by name."""
+
+import dataclasses
+
+import pytest
+
+from perfsim.errors import ConfigError
+from perfsim.model.io import from_hf_config, load_model
+from perfsim.model.spec import ModelSpec
+from perfsim.system.specio import to_dict
+
+transformers = pytest.importorskip("transformers")
+
+# Published shapes (the models' config.json on the Hub), as constructor arguments.
+CONFIGS = {
+    "llama3.1-8b": ("LlamaConfig", dict(
+        hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_hidden_layers=32,
+        num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False)),
+    "mixtral-8x7b": ("MixtralConfig", dict(
+        hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_hidden_layers=32,
+        num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000)),
+    "qwen3-30b-a3b": ("Qwen3MoeConfig", dict(
+        hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, num_hidden_layers=48, num_experts=128, num_experts_per_tok=8,
+        decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936, tie_word_embeddings=False)),
+    "deepseek-v3": ("DeepseekV3Config", dict(
+        hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_attention_heads=128,
+        num_key_value_heads=128, num_hidden_layers=61, n_routed_experts=256, n_shared_experts=1,
+        num_experts_per_tok=8, first_k_dense_replace=3, q_lora_rank=1536, kv_lora_rank=512,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=129280)),
+    "olmoe-1b-7b": ("OlmoeConfig", dict(
+        hidden_size=2048, intermediate_size=1024, num_attention_heads=16, num_key_value_heads=16,
+        num_hidden_layers=16, num_experts=64, num_experts_per_tok=8, vocab_size=50304)),
+}
+EXCLUDED = {"name", "source"} | {f.name for f in dataclasses.fields(ModelSpec) if f.name.startswith("published_")}
+
+
+def _structure(spec: ModelSpec) -> dict:
+    return {k: v for k, v in to_dict(spec).items() if k not in EXCLUDED}
+
+
+def _saved(tmp_path, name: str, cls: str, kwargs: dict):
+    folder = tmp_path / name
+    getattr(transformers, cls)(**kwargs).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_transformers_config_matches_the_preset(tmp_path, name):
+    cls, kwargs = CONFIGS[name]
+    imported, preset = load_model(_saved(tmp_path, name, cls, kwargs)), load_model(name)
+    assert _structure(imported) == _structure(preset)
+    assert imported.total_params() == preset.total_params()
+
+
+def test_qwen3_moe_writes_num_local_experts_and_is_accepted(tmp_path):
+    cls, kwargs = CONFIGS["qwen3-30b-a3b"]
+    written = getattr(transformers, cls)(**kwargs).to_dict()
+    assert written.get("num_local_experts") == 128  # the transformers 5.x name
+    assert from_hf_config(written, "q").num_experts == 128
+
+
+def test_gpt_oss_is_refused_by_name_not_read_as_mixtral():
+    config = transformers.GptOssConfig().to_dict()
+    assert "num_local_experts" in config  # the key that used to make it "Mixtral"
+    with pytest.raises(ConfigError, match=r"unsupported model_type 'gpt_oss'.*mixtral"):
+        from_hf_config(config, "gpt-oss")
+
+
+def test_unknown_model_type_is_refused_even_with_familiar_keys():
+    config = transformers.Qwen3NextConfig().to_dict()
+    with pytest.raises(ConfigError, match=r"model_type 'qwen3_next'"):
+        from_hf_config(config, "next")
+
+
+def test_non_full_attention_layers_are_refused_by_field():
+    cls, kwargs = CONFIGS["llama3.1-8b"]
+    config = getattr(transformers, cls)(**kwargs).to_dict()
+    config["layer_types"] = ["sliding_attention", "full_attention"] * 16
+    with pytest.raises(ConfigError, match=r"'layer_types'.*'sliding_attention'"):
+        from_hf_config(config, "x")
+
+
+def test_a_config_without_model_type_is_recognised_by_its_keys():
+    cls, kwargs = CONFIGS["qwen3-30b-a3b"]
+    config = getattr(transformers, cls)(**kwargs).to_dict()
+    del config["model_type"]
+    assert _structure(from_hf_config(config, "q")) == _structure(load_model("qwen3-30b-a3b"))
