@@ -9,9 +9,10 @@ this; the engine is the reference it is tested against.
 
 Step = pipeline bubble + 2(pp-1) p2p + m (F + B + W) of the critical stage + exposed DP
 traffic + interference + optimizer step, with
-- bubble (uniform-stage textbook forms, F/B/W per-stage pass times): 1F1B, GPipe and
-  interleaved (pp-1)/vpp (F + B) (Narayanan'21 eq.3, sec. 2.2); ZB-H1 (pp-1)(F + B - W)
-  with B the input- and W the weight-gradient pass (Qi'23 sec. 3), over vpp;
+- bubble: the textbook forms -- 1F1B and interleaved (pp-1)/vpp (F + B) (Narayanan'21
+  eq.3, sec. 2.2), ZB-H1 (pp-1)(F + B - W) with B the input- and W the weight-gradient
+  pass (Qi'23 sec. 3), over vpp -- generalised to stages of unequal work
+  (``pipeline_bubble``);
 - overlapped DP traffic exposed only where it outlasts the pass it hides behind, all
   but one layer's share (``exposure``); the hidden part slows compute by the plan's
   interference share (FiCCO);
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from perfsim.cost.collectives import collective_cost, local_peers
 from perfsim.cost.kernels import elementwise_time
 from perfsim.cost.pricing import price
+from perfsim.estimators.overlap import Window, add_links, drain_s, window_s
 from perfsim.lowering.graph import OpGraph, block_passes
 from perfsim.lowering.layers import LayerBuilder, Step
 from perfsim.lowering.ops import Coll, Op, OpKind, Stream
@@ -54,6 +56,7 @@ class Pass:
     comm: frozenset  # categories that are communication
     ops: tuple[Op, ...]
     exposed: tuple[float, ...]  # per op: seconds it adds to the chain
+    links: tuple[tuple[str, float], ...] = ()  # link -> seconds its comm keeps the link busy (alone)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,19 +107,44 @@ def walk(ops: list[Op]) -> Pass:
         cats[op.category] = cats.get(op.category, 0.0) + op.duration_s
         t += op.duration_s
     comm = frozenset(o.category for o in ops if o.stream is not Stream.COMPUTE)
-    return Pass(seconds=t, categories=tuple(cats.items()), comm=comm, ops=tuple(ops), exposed=tuple(exposed))
+    return Pass(seconds=t, categories=tuple(cats.items()), comm=comm, ops=tuple(ops), exposed=tuple(exposed),
+                links=tuple(link_loads(ops).items()))
 
 
-def pipeline_bubble(plan: ParallelPlan, stages: dict) -> float:
-    """Idle time of a stage in the uniform-stage closed form (module docstring)."""
+def link_loads(ops) -> dict[str, float]:
+    """Seconds each link is kept busy by these priced comm ops, each moving data alone
+    (``pricing``'s ``link_share`` x the op's data time)."""
+    out: dict[str, float] = {}
+    for op in ops:
+        share = op.meta.get("link_share") or {}
+        data_s = op.duration_s - op.meta.get("latency_s", 0.0)
+        for link, fraction in share.items():
+            out[link] = out.get(link, 0.0) + fraction * data_s
+    return out
+
+
+def pipeline_bubble(plan: ParallelPlan, stages: dict, crit: int) -> float:
+    """Idle time of the critical stage ``crit`` (the one with the most work per
+    microbatch) around its m passes, for stages of unequal work (the first holds the
+    embedding, the last the LM head). 1F1B and interleaved: the other stages' F + B
+    once, over vpp -- the uniform-stage (pp-1)/vpp (F + B) of Narayanan'21 eq.3 and
+    sec. 2.2; GPipe: all forwards, then all backwards, each phase filling the virtual
+    pipeline and paced by its slowest stage; ZB-H1: the other stages' F + B - W (Qi'23
+    sec. 3: W fills the cool-down), over vpp. With vpp > 1 and fewer microbatches than
+    stages a chunk waits for its input to come round the ring: (vpp-1)/vpp (pp-m) passes."""
     if plan.pp == 1:
         return 0.0
+    m, vpp, c = plan.num_microbatches, plan.vpp, stages[crit]
+    others = [s for k, s in stages.items() if k != crit]
     f = max(s.fwd for s in stages.values())
-    b = max(s.bwd_in for s in stages.values())
-    w = max(s.wgt for s in stages.values())
+    b = max(s.bwd for s in stages.values())
+    wrap = (vpp - 1) / vpp * max(0, plan.pp - m) * (f + b)
     if plan.schedule == Schedule.ZB_H1:
-        return (plan.pp - 1) / plan.vpp * max(0.0, f + b - w)
-    return (plan.pp - 1) / plan.vpp * (f + b + w)
+        return sum(max(0.0, s.fwd + s.bwd_in - s.wgt) for s in others) / vpp + wrap
+    if plan.schedule == Schedule.GPIPE:
+        fill = sum(s.fwd + s.bwd for s in stages.values()) / vpp + (m - 1 / vpp) * (f + b)
+        return max(0.0, fill + wrap - m * (c.fwd + c.bwd))
+    return sum(s.fwd + s.bwd for s in others) / vpp + wrap
 
 
 def exposure(total: float, last: float, window: float, num_layers: int, overlapped: bool) -> float:
@@ -210,12 +238,15 @@ class ClosedForm:
 
     # ---- communicators ---------------------------------------------------------------------
 
-    def coll_s(self, coll: Coll, size: float, ranks: int, stride: int) -> float:
-        """Duration of one collective, priced as ``pricing`` prices it."""
+    def coll(self, coll: Coll, size: float, ranks: int, stride: int):
+        """One collective priced as ``pricing`` prices it (its ``demand`` is link busy seconds)."""
         def make():
             shape = group_shape(ranks, stride, self.gpn)
-            return collective_cost(coll, size, shape, self.cluster, peers=local_peers(shape, stride)).time_s
+            return collective_cost(coll, size, shape, self.cluster, peers=local_peers(shape, stride))
         return self._cached(("coll", coll, size, ranks, stride), make)
+
+    def coll_s(self, coll: Coll, size: float, ranks: int, stride: int) -> float:
+        return self.coll(coll, size, ranks, stride).time_s
 
     def _groups(self, plan: ParallelPlan) -> dict[str, tuple[int, int]]:
         return {"dp_cp": (plan.dp * plan.cp, plan.tp), "edp": (plan.edp, plan.etp * plan.ep)}
@@ -226,15 +257,15 @@ class ClosedForm:
         sizes = what(self.model, plan, self.rep_layer[kind])
         return [(g, s) for g, s in zip(("dp_cp", "edp"), sizes) if s > 0 and groups[g][0] > 1]
 
-    def grad_buckets(self, plan: ParallelPlan, stage: int) -> tuple[float, float, int]:
-        """(total, last op, count) seconds of a stage's gradient reduction in Megatron-Core
+    def grad_buckets(self, plan: ParallelPlan, stage: int) -> tuple[float, float, int, dict]:
+        """(total, last op, count, link loads) seconds of a stage's gradient reduction in Megatron-Core
         DDP buckets of ``grad_bucket_bytes`` per group, filled in backward (descending)
         layer order, remainders flushed in group order (graph.grad_reduce / flush_buckets)."""
         key = ("grads", plan.pp, plan.vpp, stage, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp,
                plan.zero == 0, plan.grad_bucket_bytes)
         return self._cached(key, lambda: self._bucket_costs(plan, stage))
 
-    def _bucket_costs(self, plan: ParallelPlan, stage: int) -> tuple[float, float, int]:
+    def _bucket_costs(self, plan: ParallelPlan, stage: int) -> tuple[float, float, int, dict]:
         coll = Coll.ALL_REDUCE if plan.zero == 0 else Coll.REDUCE_SCATTER
         groups = self._groups(plan)
         per_kind = {k: self._sizes(plan, k, layer_grad_bytes) for k in self.kinds}
@@ -243,9 +274,10 @@ class ClosedForm:
             for group, size in per_kind[self.kind(layer)]:
                 bucket[group] = bucket.get(group, 0.0) + size
                 if bucket[group] >= plan.grad_bucket_bytes:
-                    ops.append(self.coll_s(coll, bucket.pop(group), *groups[group]))
-        ops += [self.coll_s(coll, size, *groups[g]) for g, size in sorted(bucket.items())]
-        return sum(ops), (ops[-1] if ops else 0.0), len(ops)
+                    ops.append(self.coll(coll, bucket.pop(group), *groups[group]))
+        ops += [self.coll(coll, size, *groups[g]) for g, size in sorted(bucket.items())]
+        times = [o.time_s for o in ops]
+        return sum(times), (times[-1] if ops else 0.0), len(ops), add_links(*(o.demand for o in ops))
 
     def layer_gathers(self, plan: ParallelPlan, kind: str) -> tuple[float, ...]:
         """ZeRO all-gather seconds of one layer's parameters, per group."""
@@ -253,6 +285,13 @@ class ClosedForm:
         groups = self._groups(plan)
         return self._cached(key, lambda: tuple(self.coll_s(Coll.ALL_GATHER, s, *groups[g])
                                                for g, s in self._sizes(plan, kind, layer_param_bytes)))
+
+    def gather_links(self, plan: ParallelPlan, kind: str) -> dict[str, float]:
+        """Link busy seconds of one layer's parameter all-gathers."""
+        key = ("gather_links", kind, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp)
+        groups = self._groups(plan)
+        return self._cached(key, lambda: add_links(*(self.coll(Coll.ALL_GATHER, s, *groups[g]).demand
+                                                     for g, s in self._sizes(plan, kind, layer_param_bytes))))
 
     def p2p_s(self, plan: ParallelPlan) -> float:
         """One pipeline send: graph._Builder.send (bf16 activations of the local tokens)."""
@@ -291,82 +330,141 @@ class ClosedForm:
         return parts
 
     def stage_passes(self, plan: ParallelPlan, stage: int) -> StagePasses:
-        f = b = w = 0.0
-        for t, n in self.stage_parts(plan, stage):
-            f, b, w = f + n * t.fwd.seconds, b + n * t.bwd.seconds, w + n * t.wgt.seconds
-        return StagePasses(fwd=f, bwd_in=b, wgt=w)
+        """F, B, W of a stage per microbatch, ZeRO-3 prefetch windows included."""
+        w = self.windows(plan, stage)
+        return StagePasses(fwd=w["fwd"], bwd_in=w["bwd"], wgt=w["wgt"])
+
+    # ---- overlap windows ---------------------------------------------------------------------
+
+    def _sequence(self, plan: ParallelPlan, stage: int) -> list[tuple[int, str, int]]:
+        """(pass index, block kind, layer or -1) of one microbatch on a stage, in order:
+        the forward, the backward (input gradients), the weight-gradient pass."""
+        layers = [(self.kind(layer), layer) for layer in sorted(stage_layer_ids(self.model, plan, stage))]
+        fwd = ([("embedding", -1)] if stage == 0 else []) + layers + ([("head", -1)] if stage == plan.pp - 1 else [])
+        out = [(0, k, layer) for k, layer in fwd] + [(1, k, layer) for k, layer in fwd[::-1]]
+        if splits_backward(plan):
+            out += [(2, k, layer) for k, layer in fwd[::-1] if k != "embedding"]
+        return out
+
+    def _window_list(self, plan: ParallelPlan, stage: int, gathers_in: tuple[int, ...], cyclic: bool) -> list:
+        """(pass index, Window) per block: each holds the gathers of the next layer block
+        in passes ``gathers_in`` (the next microbatch's first one when ``cyclic``)."""
+        seq = self._sequence(plan, stage)
+        out = []
+        for j, (pi, kind, layer) in enumerate(seq):
+            part = self.template(plan, kind, stage).passes[pi]
+            nxt = seq[j + 1] if j + 1 < len(seq) else (seq[0] if cyclic else None)
+            prefetch, links = 0.0, {}
+            if nxt is not None and nxt[2] >= 0 and nxt[0] in gathers_in:
+                prefetch, links = sum(self.layer_gathers(plan, nxt[1])), self.gather_links(plan, nxt[1])
+            out.append((pi, Window(chain_s=part.seconds, links=dict(part.links), prefetch_s=prefetch,
+                                   prefetch_links=links)))
+        return out
+
+    def windows(self, plan: ParallelPlan, stage: int) -> dict:
+        """Per microbatch on a stage: pass seconds with ZeRO-3 gathers prefetched a block
+        ahead (``overlap.window_s``), the gathers' exposed seconds and each pass's link
+        loads; and the first forward with ZeRO-1/2's one gather of updated weights."""
+        key = ("windows", stage, plan.pp, plan.vpp, plan.zero, plan.overlap_grad_reduce, plan.dp * plan.cp,
+               plan.edp, *template_key(plan), self.speeds(plan))
+        return self._cached(key, lambda: self._windows(plan, stage))
+
+    def _windows(self, plan: ParallelPlan, stage: int) -> dict:
+        wins = self._window_list(plan, stage, (0, 1) if plan.zero == 3 else (), cyclic=True)
+        totals, exposed, links = [0.0, 0.0, 0.0], 0.0, [{}, {}, {}]
+        for pi, w in wins:
+            seconds = window_s(w)
+            totals[pi] += seconds
+            exposed += seconds - w.chain_s
+            links[pi] = add_links(links[pi], w.links, w.prefetch_links)
+        first_extra = 0.0
+        if plan.zero in (1, 2) and plan.overlap_grad_reduce:  # updated weights gathered in the first forward
+            first = [w for pi, w in self._window_list(plan, stage, (0,), cyclic=False) if pi == 0]
+            first_extra = sum(window_s(w) - w.chain_s for w in first)
+        return {"fwd": totals[0], "bwd": totals[1], "wgt": totals[2], "gather_exposed": exposed,
+                "links": links, "first_extra": first_extra}
+
+    def stage_gathers(self, plan: ParallelPlan, layout: tuple) -> float:
+        """All-gather seconds of one pass over a stage's layers (alone, back to back)."""
+        counts = {"dense": layout[0], "moe": layout[1]}
+        return sum(counts[k] * sum(self.layer_gathers(plan, k)) for k in self.kinds)
 
     # ---- step time -------------------------------------------------------------------------
 
-    def _last_gather(self, plan: ParallelPlan, layout: tuple, lowest: bool) -> float:
-        """The all-gather the graph creates last: ZeRO-3's in the last backward (lowest
-        layer), ZeRO-1/2's in the first forward (highest layer)."""
-        nd, nm, lo, hi = layout
-        first = self.kind(lo if lowest else hi)
-        for kind in (first, "moe" if first == "dense" else "dense"):
-            if (nd if kind == "dense" else nm) and self.layer_gathers(plan, kind):
-                return self.layer_gathers(plan, kind)[-1]
-        return 0.0
-
-    def stage_gathers(self, plan: ParallelPlan, layout: tuple) -> tuple[float, float, float]:
-        """(all-gather seconds of a stage's layers, last one in a backward, in a forward)."""
-        def make():
-            counts = {"dense": layout[0], "moe": layout[1]}
-            per_step = sum(counts[k] * sum(self.layer_gathers(plan, k)) for k in self.kinds)
-            return per_step, self._last_gather(plan, layout, True), self._last_gather(plan, layout, False)
-        return self._cached(("stage_gathers", layout, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp), make)
-
-    def _gathers(self, plan, layout, fwd, busy, n_layers) -> tuple[float, float, float, float]:
-        """(total, exposed, shift before compute, lowered sum) of the ZeRO parameter
-        all-gathers; exposed after the optimizer when not shifted."""
-        if not plan.zero:
-            return 0.0, 0.0, 0.0, 0.0
-        per_step, last_lo, last_hi = self.stage_gathers(plan, layout)
-        if per_step <= 0:
-            return 0.0, 0.0, 0.0, 0.0
-        if plan.zero == 3:  # gathered before every pass of every microbatch, prefetched a layer ahead
-            lowered = min(plan.pp if plan.vpp > 1 else 1, plan.num_microbatches)
-            total = 2 * plan.num_microbatches * per_step
-            exposed = exposure(total, last_lo, busy, n_layers, True)
-            return total, exposed, exposed, 2 * lowered * per_step
-        if plan.overlap_grad_reduce:  # ZeRO-1/2: updated weights gathered behind the first forward
-            exposed = exposure(per_step, last_hi, fwd, n_layers, True)
-            return per_step, exposed, exposed, per_step
-        return per_step, per_step, 0.0, 0.0
-
     def pipeline(self, plan: ParallelPlan) -> tuple[int, StagePasses, float]:
-        """(critical stage, its passes, compute part of the bubble): the same for every
-        plan with these templates, stages and schedule."""
+        """(critical stage, its passes, compute part of the bubble)."""
         def make():
             stages = {s: self.stage_passes(plan, s) for s in range(plan.pp)}
             crit = max(stages, key=lambda s: (stages[s].fwd + stages[s].bwd, s))
-            return crit, stages[crit], pipeline_bubble(plan, stages)
-        return self._cached(("pipe", *template_key(plan), plan.pp, plan.vpp, plan.schedule, self.speeds(plan)), make)
+            return crit, stages[crit], pipeline_bubble(plan, stages, crit)
+        return self._cached(("pipe", *template_key(plan), plan.pp, plan.vpp, plan.schedule, plan.zero,
+                             plan.overlap_grad_reduce, plan.dp * plan.cp, plan.edp, self.speeds(plan)), make)
 
     def timeline(self, plan: ParallelPlan) -> dict:
         """The parts of the step, in seconds (memoised per plan)."""
         return self._cached(("timeline", plan), lambda: self._timeline(plan))
 
+    def _grad_exposed(self, plan: ParallelPlan, stage: int, st: StagePasses) -> tuple[float, float, int]:
+        """(total, exposed, buckets) of a stage's gradient reduction: overlapped, it drains
+        behind the last microbatch's backward and shares its links (``overlap.drain_s``)."""
+        grads, last, num_buckets, loads = self.grad_buckets(plan, stage)
+        if not plan.overlap_grad_reduce or grads <= 0:
+            return grads, grads, num_buckets
+        nd, nm, _, _ = self.layout(plan, stage)
+        alone = exposure(grads, last, st.bwd, max(1, nd + nm), True)
+        w = self.windows(plan, stage)
+        return grads, drain_s(st.bwd, alone, add_links(w["links"][1], w["links"][2]), loads), num_buckets
+
+    def _gathers(self, plan: ParallelPlan, stage: int) -> tuple[float, float, float]:
+        """(total, exposed, exposed before the stage's first forward) ZeRO all-gather seconds."""
+        if not plan.zero:
+            return 0.0, 0.0, 0.0
+        per_step = self.stage_gathers(plan, self.layout(plan, stage))
+        if per_step <= 0:
+            return 0.0, 0.0, 0.0
+        w = self.windows(plan, stage)
+        if plan.zero == 3:  # gathered before every pass of every microbatch (inside the passes)
+            return 2 * plan.num_microbatches * per_step, plan.num_microbatches * w["gather_exposed"], 0.0
+        if plan.overlap_grad_reduce:  # ZeRO-1/2: updated weights gathered behind the first forward
+            return per_step, w["first_extra"], w["first_extra"]
+        return per_step, per_step, 0.0  # after the optimizer, all exposed
+
+    def _stage_end(self, plan: ParallelPlan, stage: int, st: StagePasses) -> dict:
+        """What a stage adds after its last backward, and before its first forward."""
+        grads, grad_x, num_buckets = self._grad_exposed(plan, stage, st)
+        gathers, gather_x, shift = self._gathers(plan, stage)
+        hidden = grads - grad_x + gathers - gather_x
+        tail = gather_x if gathers and plan.zero in (1, 2) and not plan.overlap_grad_reduce else 0.0
+        return {"grads_s": grads, "grad_exposed_s": grad_x, "num_buckets": num_buckets, "gathers_s": gathers,
+                "gather_exposed_s": gather_x, "gather_shift_s": shift, "tail_s": tail,
+                "interference_s": plan.interference * max(0.0, hidden),  # FiCCO: hidden comm slows compute
+                "optimizer_s": self.optimizer_s(plan, stage)}
+
     def _timeline(self, plan: ParallelPlan) -> dict:
+        """1F1B-family pipeline: stage s starts its first forward after the stages before
+        it ran theirs (warm-up) and ends its last backward that much earlier (cool-down),
+        so its gradient drain and optimizer step may hide there; the step ends when the
+        last stage to finish is done."""
         crit, st, bubble = self.pipeline(plan)
         p2p = 2 * (plan.pp - 1) * self.p2p_s(plan)
-        layout = self.layout(plan, crit)
-        n_layers = max(1, layout[0] + layout[1])
-        busy = plan.num_microbatches * (st.fwd + st.bwd)
-        grads, last, num_buckets = self.grad_buckets(plan, crit)
-        grad_x = exposure(grads, last, st.bwd, n_layers, plan.overlap_grad_reduce)
-        gathers, gather_x, shift, lowered = self._gathers(plan, layout, st.fwd, busy, n_layers)
-        hidden = grads - grad_x + (gathers - gather_x if shift else 0.0)
-        slowdown = plan.interference * max(0.0, hidden)  # FiCCO: hidden comm slows compute
-        tail = gather_x if gathers and not shift else 0.0
-        opt = self.optimizer_s(plan, crit)
-        step = bubble + p2p + shift + busy + grad_x + slowdown + opt + tail
-        if shift:
-            step = max(step, lowered)
-        return {"step_time_s": step, "critical_stage": crit, "bubble_s": bubble, "p2p_s": p2p, "busy_s": busy,
-                "grads_s": grads, "grad_exposed_s": grad_x, "num_buckets": num_buckets, "gathers_s": gathers,
-                "gather_exposed_s": gather_x, "gather_shift_s": shift, "interference_s": slowdown,
-                "optimizer_s": opt}
+        m = plan.num_microbatches
+        passes = {s: self.stage_passes(plan, s) for s in range(plan.pp)}
+        ends = {s: self._stage_end(plan, s, passes[s]) for s in range(plan.pp)}
+        warm = cool = 0.0
+        offsets = {}
+        for s in range(plan.pp):
+            offsets[s] = (warm / plan.vpp, cool / plan.vpp)
+            warm, cool = warm + passes[s].fwd, cool + passes[s].bwd
+        shift = max(max(0.0, ends[s]["gather_shift_s"] - offsets[s][0]) for s in range(plan.pp))
+        pipe = bubble + p2p + shift + m * (st.fwd + st.bwd)  # stage 0's last backward ends here
+
+        def finish(s):
+            e = ends[s]
+            return (pipe - offsets[s][1] + e["grad_exposed_s"] + e["interference_s"] + e["optimizer_s"] + e["tail_s"],)
+        step = max(finish(s)[0] for s in range(plan.pp))
+        e = ends[crit]  # reported: the stage with the most work, as the engine's report does
+        return {"step_time_s": step, "critical_stage": crit, "bubble_s": bubble, "p2p_s": p2p,
+                "busy_s": m * (st.fwd + st.bwd), **e, "gather_shift_s": shift}
 
     def step_time_s(self, plan: ParallelPlan) -> float:
         return self.timeline(plan)["step_time_s"]

@@ -93,7 +93,7 @@ def _stage_totals(cf: ClosedForm, plan: ParallelPlan, stage: int) -> tuple[float
     for block, n in cf.stage_parts(plan, stage):
         compute, comm = compute + m * n * block.compute_s, comm + m * n * block.comm_s
     grads = cf.grad_buckets(plan, stage)[0]
-    gathers = cf.stage_gathers(plan, cf.layout(plan, stage))[0] if plan.zero else 0.0
+    gathers = cf.stage_gathers(plan, cf.layout(plan, stage)) if plan.zero else 0.0
     gathers *= 2 * m if plan.zero == 3 else 1
     return compute + cf.optimizer_s(plan, stage), comm + grads + gathers
 
@@ -180,20 +180,32 @@ def _one_microbatch(cf: ClosedForm, plan: ParallelPlan, stage: int, t: float, ou
 
 
 def spans(cf: ClosedForm, plan: ParallelPlan) -> list[Span]:
-    """The critical stage laid out: bubble (idle), ZeRO gathers ahead of the compute,
-    microbatch 0 op by op, the other microbatches as one span per category, then the
-    exposed gradient reduction, interference, optimizer and any gathers after it."""
+    """The reported stage laid out: idle until its first forward (pipeline fill), ZeRO
+    gathers of the updated weights ahead of it, microbatch 0 op by op and its exposed
+    ZeRO-3 gathers, the other microbatches as one span per category, then the exposed
+    gradient reduction, interference, optimizer and any gathers after it."""
     tl = cf.timeline(plan)
     crit, m = tl["critical_stage"], plan.num_microbatches
+    passes, gathered = cf.stage_passes(plan, crit), cf.windows(plan, crit)["gather_exposed"] if plan.zero == 3 else 0.0
+    work = m * (passes.fwd + passes.bwd)
+    tail = tl["grad_exposed_s"] + tl["interference_s"] + tl["optimizer_s"] + tl["tail_s"]
+    start = max(0.0, tl["step_time_s"] - tail - work)
     out: list[Span] = []
-    t = _one_microbatch(cf, plan, crit, tl["bubble_s"] + tl["p2p_s"] + tl["gather_shift_s"], out)
+    t = _one_microbatch(cf, plan, crit, start, out)
     first = out[0] if out else None
-    if m > 1 and first is not None:
-        per_cat: dict[tuple, float] = {}
+    if first is None:
+        return out
+    if tl["gather_shift_s"] > 0:
+        _comm(out, first, PARAM_GATHER, "param_gather", tl["gathers_s"], tl["gather_shift_s"], start - tl["gather_shift_s"])
+    t = _comm(out, first, PARAM_GATHER, "param_gather_wait", gathered, gathered, t)
+    if m > 1:
+        per_cat: dict[str, float] = {}
         for block, n in cf.stage_parts(plan, crit):
             for part in block.passes:
                 for cat, seconds in part.categories:
                     per_cat[cat] = per_cat.get(cat, 0.0) + n * seconds
+        if gathered:
+            per_cat[PARAM_GATHER] = per_cat.get(PARAM_GATHER, 0.0) + gathered
         for cat, seconds in per_cat.items():
             out.append(replace(first, op=f"{cat} x{m - 1} microbatches", category=cat, stream=COMPUTE, kind="summary",
                                start_s=t, end_s=t + (m - 1) * seconds, microbatch=-1, layer=-1, phase="", op_id=-1,
@@ -201,15 +213,11 @@ def spans(cf: ClosedForm, plan: ParallelPlan) -> list[Span]:
             t += (m - 1) * seconds
     t = _comm(out, first, GRAD_REDUCE, "grad_reduce", tl["grads_s"], tl["grad_exposed_s"], t)
     for cat, key in ((INTERFERENCE, "interference_s"), ("optimizer", "optimizer_s")):
-        if tl[key] > 0 and first is not None:
+        if tl[key] > 0:
             out.append(replace(first, op=cat, category=cat, stream=COMPUTE, kind="elementwise", start_s=t,
                                end_s=t + tl[key], microbatch=-1, layer=-1, phase="optimizer", op_id=-1, deps=(), coll=""))
             t += tl[key]
-    if tl["gathers_s"] > 0 and first is not None:
-        if tl["gather_shift_s"]:
-            _comm(out, first, PARAM_GATHER, "param_gather", tl["gathers_s"], tl["gathers_s"], 0.0)
-        else:
-            _comm(out, first, PARAM_GATHER, "param_gather", tl["gathers_s"], tl["gather_exposed_s"], t)
+    _comm(out, first, PARAM_GATHER, "param_gather", tl["tail_s"], tl["tail_s"], t)
     return sorted(out, key=lambda s: (s.start_s, s.end_s))
 
 

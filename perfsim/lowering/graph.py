@@ -38,8 +38,14 @@ class OpGraph:
 
 
 def _dp_step(name: str, coll: Coll, group: str, size: float, category: str) -> Step:
+    """A data-parallel collective. Parameter all-gathers and gradient reductions run on
+    separate queues, as PyTorch FSDP2 (its own all-gather and reduce-scatter streams) and
+    Megatron-Core's distributed optimizer (``overlap_param_gather`` beside
+    ``overlap_grad_reduce``) run them: a reduce-scatter never holds a prefetch back in
+    line; both share the rank's links (the engine divides them max-min fairly)."""
     step = coll_step(name, coll, "tp", size, category)
-    return replace(step, stream=Stream.DP_COMM, collective=replace(step.collective, group=group))
+    stream = Stream.DP_GATHER if coll is Coll.ALL_GATHER else Stream.DP_COMM
+    return replace(step, stream=stream, collective=replace(step.collective, group=group))
 
 
 class _Builder:

@@ -19,7 +19,8 @@ class Stream(StrEnum):
     TP_COMM = "tp_comm"
     EP_COMM = "ep_comm"
     CP_COMM = "cp_comm"
-    DP_COMM = "dp_comm"
+    DP_COMM = "dp_comm"  # gradient reduction (all-reduce / reduce-scatter)
+    DP_GATHER = "dp_gather"  # ZeRO parameter all-gathers: their own queue (FSDP2, Megatron-Core)
     PP_COMM = "pp_comm"
 
 

@@ -1,0 +1,96 @@
+"""The closed form against the engine on a seeded sample of valid plans.
+
+The sample spans ZeRO 0-3, tp/pp/vpp/cp/ep/etp, every schedule, recompute, TP-comm
+overlap, DP overlap on/off, MoE routing skew and three clusters (MI300X, MI355X +
+Pollara, H100 + InfiniBand), on 8-64 GPUs. Models are published shapes cut to a few
+layers (so the engine stays fast) plus the tests' tiny models. Used by
+``tests/test_agreement.py`` (the bound) and ``validation/bench_estimators.py`` (the
+distribution).
+"""
+
+import dataclasses
+import random
+from dataclasses import dataclass
+
+import perfsim
+from perfsim.errors import ConfigError
+from perfsim.model.spec import ModelSpec
+from perfsim.plan.parallel import ParallelPlan, Schedule, check_plan
+from perfsim.plan.routing import RoutingSpec
+
+CLUSTERS = ("mi300x-pollara", "mi355x-pollara", "h100-ib")
+SHAPES = (  # (preset, layers kept)
+    ("llama3.1-8b", 16), ("mixtral-8x7b", 8), ("olmoe-1b-7b", 16), ("qwen3-30b-a3b", 8), ("deepseek-v2-lite", 8),
+)
+GPUS = (8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Case:
+    model: ModelSpec
+    cluster: str
+    num_gpus: int
+    plan: ParallelPlan
+    routing: RoutingSpec
+
+    def describe(self) -> str:
+        skew = "" if self.routing == RoutingSpec() else f" routing={self.routing.distribution}:{self.routing.skew}"
+        return f"{self.model.name} {self.cluster} {self.num_gpus} GPUs: {self.plan.describe()}{skew}"
+
+
+def models() -> list[ModelSpec]:
+    out = []
+    for name, layers in SHAPES:
+        spec = perfsim.load_model(name)
+        dense = min(spec.num_dense_layers, 1)
+        out.append(dataclasses.replace(spec, name=f"{name}-{layers}l", num_layers=layers, num_dense_layers=dense))
+    return out
+
+
+def _knobs(rng: random.Random, model: ModelSpec, num_gpus: int) -> dict | None:
+    k = dict(tp=rng.choice([1, 2, 4, 8]), pp=rng.choice([1, 1, 2, 4]), cp=rng.choice([1, 1, 1, 2]),
+             zero=rng.choice([0, 1, 2, 3]), mbs=rng.choice([1, 2]), seq=rng.choice([2048, 4096]),
+             recompute=rng.choice(["none", "selective", "full"]), overlap_grad_reduce=rng.random() < 0.8,
+             tp_comm_overlap=rng.random() < 0.3, dtype=rng.choice(["bf16", "bf16", "fp8"]))
+    if num_gpus % (k["tp"] * k["pp"] * k["cp"]):
+        return None
+    k["vpp"] = rng.choice([1, 2]) if k["pp"] > 1 and model.num_layers % (2 * k["pp"]) == 0 else 1
+    schedules = [s.value for s in Schedule if s.value != ("1f1b" if k["vpp"] > 1 else "interleaved")]
+    k["schedule"] = rng.choice(schedules) if k["pp"] > 1 else "1f1b"
+    if k["schedule"] == "zb-h1" and k["vpp"] > 1:
+        k["schedule"] = "interleaved"
+    k["dp"] = num_gpus // (k["tp"] * k["pp"] * k["cp"])
+    if model.is_moe:
+        ranks = k["tp"] * k["cp"] * k["dp"]
+        k["ep"] = rng.choice([e for e in (1, 2, 4, 8) if ranks % e == 0 and model.num_experts % e == 0])
+        k["etp"] = rng.choice([1, 1, 2]) if ranks % (k["ep"] * 2) == 0 else 1
+    k["gbs"] = k["dp"] * k["mbs"] * rng.choice([1, 2, 4, 8])
+    return k
+
+
+def sample(count: int, seed: int = 0) -> list[Case]:
+    """``count`` valid plans (divisibility checked; memory not: both estimators price OOM plans)."""
+    rng, specs, out = random.Random(seed), models(), []
+    while len(out) < count:
+        model, cluster, num_gpus = rng.choice(specs), rng.choice(CLUSTERS), rng.choice(GPUS)
+        k = _knobs(rng, model, num_gpus)
+        if k is None:
+            continue
+        try:
+            plan = ParallelPlan(**k)
+            check_plan(plan, model, num_gpus)
+        except ConfigError:
+            continue
+        routing = RoutingSpec(distribution="zipf", skew=rng.choice([0.5, 1.0]), seed=seed) \
+            if model.is_moe and plan.ep > 1 and rng.random() < 0.3 else RoutingSpec()
+        out.append(Case(model=model, cluster=cluster, num_gpus=num_gpus, plan=plan, routing=routing))
+    return out
+
+
+def compare(case: Case) -> tuple[float, float]:
+    """(closed-form step, engine step) in seconds."""
+    cluster = perfsim.load_cluster(case.cluster, gpus=case.num_gpus)
+    kwargs = dict(check_memory=False, routing=case.routing)
+    closed = perfsim.estimate(case.model, cluster, case.plan, **kwargs).step_time_s
+    engine = perfsim.simulate(case.model, cluster, case.plan, **kwargs).step_time_s
+    return closed, engine
