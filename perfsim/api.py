@@ -1,7 +1,7 @@
 """The public facade: load inputs, simulate or estimate a step, time a collective."""
 
 import logging
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from perfsim.estimators import engine, summary
 from perfsim.estimators.analytic import closed_form
@@ -17,7 +17,7 @@ from perfsim.model.io import load_model as _load_model
 from perfsim.lowering.ops import Coll
 from perfsim.plan.parallel import ParallelPlan, check_plan, derive_dp, group_shape
 from perfsim.cost.pricing import price
-from perfsim.report import Report, assemble_report, build_report
+from perfsim.report import Report, assemble_report, build_report, extrapolate_figures, span_figures
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
@@ -107,12 +107,16 @@ def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, ch
 def simulate(
     model, cluster, plan: ParallelPlan | None = None, *, nodes: int | None = None, gpus: int | None = None,
     estimator: str = "des", check_memory: bool = True, routing: RoutingSpec | None = None,
-    variability: VariabilitySpec | None = None, trace: bool = False, **knobs,
+    variability: VariabilitySpec | None = None, trace: bool = False, fold: bool = True, **knobs,
 ) -> Report:
     """Simulate one training step. ``estimator``: 'des' (SimPy engine) or 'analytic'
     (the closed form). ``routing``: MoE token routing (uniform by default);
     ``variability``: seeded per-GPU speed spread (none by default). The engine's report
     always holds its spans; the closed form lays spans out only with ``trace=True``.
+    ``fold``: the engine simulates two short steps in the pipeline's steady state and
+    extends them linearly to the plan's microbatches when there are many (the spans are
+    the longer short step's; ``Report.simulated_microbatches`` says which); False runs
+    every microbatch.
 
     Raises ConfigError for bad input and InfeasiblePlan when the plan does not fit in
     memory (pass ``check_memory=False`` to get a report with a warning instead).
@@ -134,8 +138,32 @@ def simulate(
     speeds = gpu_speeds(plan.world_size, variability)
     slow = stage_slowdowns(plan, speeds)
     ep_speeds = ep_rank_speeds(plan, speeds) if model.is_moe and plan.ep > 1 else None
-    graph = build_graph(model, plan, routing=routing, ep_speeds=ep_speeds)
-    return build_report(spans=engine.run(price(graph, cluster, slow)), straggler_slowdown=max(slow), **common)
+    points = fold_points(plan) if fold else None
+    if points is None:
+        graph = build_graph(model, plan, routing=routing, ep_speeds=ep_speeds)
+        return build_report(spans=engine.run(price(graph, cluster, slow)), straggler_slowdown=max(slow), **common)
+    runs = []
+    for m in points:
+        short = replace(plan, gbs=plan.mbs * plan.dp * m)
+        spans = engine.run(price(build_graph(model, short, routing=routing, ep_speeds=ep_speeds), cluster, slow))
+        runs.append((span_figures(spans), spans))
+    figures = extrapolate_figures(runs[0][0], runs[1][0], *points, plan.num_microbatches)
+    return assemble_report(figures=figures, spans=runs[1][1], straggler_slowdown=max(slow),
+                           simulated_microbatches=points, **common)
+
+
+def fold_points(plan: ParallelPlan) -> tuple[int, int] | None:
+    """Microbatch counts of the two short steps the engine extends from, or None to run
+    them all. Both are past the pipeline's warm-up (2 pp vpp + 2 microbatches: every
+    stage in its steady 1F1B cycle; 2 without a pipeline, where only the first microbatch
+    (ZeRO-1/2 gathers) and the last (gradient drain) differ), a whole number of
+    interleaving groups (pp) apart;
+    folding pays only when the plan has at least twice the longer one."""
+    unit = plan.pp if plan.vpp > 1 else 1
+    warm = 2 if plan.pp == 1 else 2 * plan.pp * plan.vpp + 2  # one pipeline: microbatch 0 and the last differ
+    first = -(-warm // unit) * unit
+    second = first + max(unit, plan.pp)
+    return (first, second) if plan.num_microbatches >= 2 * second else None
 
 
 def _closed_form_step(model, cluster, plan, routing, variability) -> float:

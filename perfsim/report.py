@@ -71,6 +71,7 @@ class Report:
     moe_imbalance_cost_s: float = 0.0  # step time minus the same plan with uniform routing
     straggler_slowdown: float = 1.0  # slowest stage's compute factor from GPU variability
     straggler_cost_s: float = 0.0  # step time minus the same plan without variability
+    simulated_microbatches: tuple[int, ...] = ()  # engine folded: the two short steps it extended linearly
     spans: list[Span] = field(default_factory=list, repr=False, compare=False)
 
     @property
@@ -179,6 +180,12 @@ def build_report(
     """A report from the engine's spans. ``moe_and_stragglers``: moe_imbalance,
     moe_imbalance_cost_s, straggler_slowdown, straggler_cost_s (computed by ``api``,
     which knows the baselines)."""
+    return assemble_report(figures=span_figures(spans), spans=spans, memory=memory, model=model, plan=plan,
+                           cluster=cluster, estimator=estimator, warnings=warnings, **moe_and_stragglers)
+
+
+def span_figures(spans: list[Span]) -> dict:
+    """What a report shows of a step, from the engine's spans."""
     t0 = 0.0  # a step starts at t = 0; idle time before the first span (pipeline warm-up) is bubble
     t1 = max(s.end_s for s in spans)
     step = t1 - t0
@@ -188,15 +195,36 @@ def build_report(
     crit = max(by_stage, key=lambda r: (sum(s.end_s - s.start_s for s in by_stage[r] if s.stream == COMPUTE_STREAM), -r))
     breakdown, overlapped, per_coll = _stage_breakdown(by_stage[crit], t0, t1)
     path = critical_path(spans)
-    figures = dict(
+    return dict(
         step_time_s=step, breakdown=dict(sorted(breakdown.items(), key=lambda kv: -kv[1])),
         overlapped_comm_s=overlapped, critical_stage=crit, bubble_s=breakdown[BUBBLE],
         exposed_comm_s=sum(e["exposed_s"] for e in per_coll.values()), comm_by_collective=per_coll,
         per_layer_s=_per_layer(by_stage[crit]), per_stage=_per_stage(by_stage, step),
         per_stream_s=_per_stream(by_stage[crit]), critical_path_s=_path_summary(path), critical_path_ops=len(path),
     )
-    return assemble_report(figures=figures, spans=spans, memory=memory, model=model, plan=plan, cluster=cluster,
-                           estimator=estimator, warnings=warnings, **moe_and_stragglers)
+
+
+def extrapolate_figures(a: dict, b: dict, m_a: int, m_b: int, m: int) -> dict:
+    """Figures of an m-microbatch step from two steps of m_a < m_b microbatches in the
+    steady state, where each more microbatch adds the same work: linear in m."""
+    k = (m - m_a) / (m_b - m_a)
+
+    def lerp(x, y):
+        if isinstance(x, dict) or isinstance(y, dict):
+            x, y = x or {}, y or {}
+            return {key: lerp(x.get(key, 0.0), y.get(key, 0.0)) for key in {**x, **y}}
+        if isinstance(x, list):
+            return [lerp(u, v) for u, v in zip(x, y)]
+        if isinstance(x, bool) or not isinstance(x, int | float):
+            return y
+        value = x + (y - x) * k
+        return round(value) if isinstance(x, int) and isinstance(y, int) else max(0.0, value)
+    out = {key: lerp(a[key], b[key]) for key in a}
+    out["critical_stage"] = b["critical_stage"]
+    rest = sum(v for c, v in out["breakdown"].items() if c != BUBBLE)
+    out["breakdown"][BUBBLE] = out["bubble_s"] = max(0.0, out["step_time_s"] - rest)
+    out["breakdown"] = dict(sorted(out["breakdown"].items(), key=lambda kv: -kv[1]))
+    return out
 
 
 def assemble_report(

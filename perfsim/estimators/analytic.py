@@ -329,6 +329,13 @@ class ClosedForm:
         parts += [(self.template(plan, "head", stage), 1)] if stage == plan.pp - 1 else []
         return parts
 
+    def chain_passes(self, plan: ParallelPlan, stage: int) -> StagePasses:
+        """F, B, W of a stage per microbatch: its blocks' chains alone."""
+        f = b = w = 0.0
+        for t, n in self.stage_parts(plan, stage):
+            f, b, w = f + n * t.fwd.seconds, b + n * t.bwd.seconds, w + n * t.wgt.seconds
+        return StagePasses(fwd=f, bwd_in=b, wgt=w)
+
     def stage_passes(self, plan: ParallelPlan, stage: int) -> StagePasses:
         """F, B, W of a stage per microbatch, ZeRO-3 prefetch windows included."""
         w = self.windows(plan, stage)
@@ -393,10 +400,11 @@ class ClosedForm:
 
     def pipeline(self, plan: ParallelPlan) -> tuple[int, StagePasses, float]:
         """(critical stage, its passes, compute part of the bubble)."""
-        def make():
+        def make():  # the fill and drain cost other stages' compute; their gathers prefetch in the wait
             stages = {s: self.stage_passes(plan, s) for s in range(plan.pp)}
             crit = max(stages, key=lambda s: (stages[s].fwd + stages[s].bwd, s))
-            return crit, stages[crit], pipeline_bubble(plan, stages, crit)
+            chains = {s: self.chain_passes(plan, s) for s in range(plan.pp)}
+            return crit, stages[crit], pipeline_bubble(plan, {**chains, crit: stages[crit]}, crit)
         return self._cached(("pipe", *template_key(plan), plan.pp, plan.vpp, plan.schedule, plan.zero,
                              plan.overlap_grad_reduce, plan.dp * plan.cp, plan.edp, self.speeds(plan)), make)
 
