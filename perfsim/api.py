@@ -218,9 +218,13 @@ def _coll(op: str) -> Coll:
 
 
 def collective(op: str, size_bytes: float, ranks: int, cluster, protocol: str | None = None,
-               algorithm: str | None = None) -> dict:
+               algorithm: str | None = None, launch: str = "mpi", graph: bool = False,
+               impl: str | None = None) -> dict:
     """Time of one collective over ``ranks`` consecutive GPUs (rccl-tests conventions);
-    ``algorithm`` forces ring, tree, direct or hierarchical, ``protocol`` ll, ll128 or simple."""
+    ``algorithm`` forces ring, tree, direct, hierarchical or nvls, ``protocol`` ll, ll128 or
+    simple; ``launch`` is ``mpi`` (one process per GPU) or ``single-process`` (-g N),
+    ``graph`` prices graph capture; ``impl`` picks an all-to-all implementation of the
+    profile's ``[dispatch]`` (rccl, mori, deepep, ...)."""
     coll = _coll(op)
     spec = load_cluster(cluster)
     if not isinstance(ranks, int) or ranks < 1:
@@ -234,7 +238,7 @@ def collective(op: str, size_bytes: float, ranks: int, cluster, protocol: str | 
     if size_bytes < 0:
         raise ConfigError(f"size: must be >= 0 bytes, got {size_bytes!r}")
     shape = group_shape(max(ranks, 2), 1, spec.gpus_per_node)
-    cost = collective_cost(coll, size_bytes, shape, spec, protocol, algorithm)
+    cost = collective_cost(coll, size_bytes, shape, spec, protocol, algorithm, launch=launch, graph=graph, impl=impl)
     algbw, busbw = bus_bandwidth(coll, size_bytes, ranks, cost.time_s)
     return {
         "op": coll.value, "size_bytes": int(size_bytes), "ranks": ranks, "time_us": cost.time_s * 1e6,

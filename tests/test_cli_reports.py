@@ -1,9 +1,14 @@
 """CLI report options added for issue 17: `validate --html` without plotly is one clear
-line and exit 2 (1 means "accuracy gate failed")."""
+line and exit 2 (1 means "accuracy gate failed"); `search --objective cost` prints a $
+column; `simulate --trace` compresses (.json.gz), keeps chosen stages and reports progress."""
 
+import gzip
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG = ROOT / "validation" / "data" / "calibration" / "rccl-tests" / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
@@ -26,3 +31,63 @@ def test_validate_html_with_plotly_writes_the_report(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert out.stat().st_size > 100_000 and "plotly" in out.read_text()[:200_000].lower()
+
+
+# ---- search --objective cost: a $ column -----------------------------------------------------
+
+SEARCH = ["search", "--model", "llama3.1-8b", "--gpus", "8", "--gbs", "64", "--seq", "2048", "--top", "3",
+          "--confirm", "1", "--executor", "serial"]
+
+
+def _main(argv, capsys):
+    from perfsim.cli import main
+
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_search_cost_objective_prints_a_dollar_column(capsys):
+    code, out, _ = _main([*SEARCH, "--objective", "cost", "--usd-per-gpu-hour", "2.5"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#"))
+    assert "$/Mtok" in lines[head]
+    code, listed, _ = _main([*SEARCH, "--objective", "cost", "--usd-per-gpu-hour", "2.5", "--json"], capsys)
+    rows = json.loads(listed)
+    for line, row in zip(lines[head + 1:head + 1 + len(rows)], rows):
+        assert f"${row['usd_per_mtoken']:,.3f}" in line  # the column is the priced figure of that row
+    code, out, _ = _main(SEARCH, capsys)
+    assert code == 0 and "$/Mtok" not in out  # not priced: no empty column
+
+
+# ---- simulate --trace: compressed, per stage, with progress on stderr ----------------------------
+
+SIM = ["simulate", "--model", "llama3.1-8b", "--nodes", "1", "--pp", "2", "--gbs", "16", "--seq", "1024",
+       "--engine", "analytic"]
+
+
+def test_trace_gz_is_gzip_perfetto_json_and_progress_is_on_stderr(tmp_path, capsys):
+    plain, packed = tmp_path / "t.json", tmp_path / "t.json.gz"
+    assert _main([*SIM, "--trace", str(plain)], capsys)[0] == 0
+    code, _, err = _main([*SIM, "--trace", str(packed)], capsys)
+    assert code == 0 and "writing trace" in err and "trace written" in err
+    with gzip.open(packed, "rt") as handle:
+        unpacked = json.load(handle)
+    assert unpacked["traceEvents"] == json.loads(plain.read_text())["traceEvents"]
+    assert packed.stat().st_size < plain.stat().st_size / 4
+
+
+def test_trace_stages_keeps_only_those_stages(tmp_path, capsys):
+    path = tmp_path / "last.json"
+    assert _main([*SIM, "--trace", str(path), "--trace-stages", "last"], capsys)[0] == 0
+    events = json.loads(path.read_text())["traceEvents"]
+    assert {e["pid"] for e in events if e["ph"] == "X"} == {1}
+
+
+@pytest.mark.parametrize("extra, field", [(["--trace-stages", "5"], "--trace-stages"),
+                                          (["--trace-stages", "x"], "--trace-stages")])
+def test_bad_trace_stages_are_one_line_exit_2(tmp_path, capsys, extra, field):
+    code, _, err = _main([*SIM, "--trace", str(tmp_path / "t.json"), *extra], capsys)
+    assert code == 2 and field in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "t.json").exists()

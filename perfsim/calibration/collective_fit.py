@@ -52,6 +52,10 @@ class CollectivePoint:
     shape: GroupShape
     time_s: float
     label: str = ""
+    algorithm: str | None = None  # forced by the run (NCCL_ALGO), None: the selector's pick
+    protocol: str | None = None  # forced by the run (NCCL_PROTO)
+    launch: str = "mpi"  # mpi | single-process (rccl-tests -g N)
+    graph: bool = False  # graph capture (rccl-tests -G 1)
 
 
 @dataclass(frozen=True, kw_only=True)

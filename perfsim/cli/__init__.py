@@ -7,9 +7,10 @@ import sys
 
 from perfsim import api
 from perfsim.errors import ConfigError, InfeasiblePlan, PerfsimError
-from perfsim.system.hardware import list_profiles
+from perfsim.system.hardware import list_profiles, load_gpu
+from perfsim.system.kernel_tables import table_provenance
 from perfsim.model.io import list_models
-from perfsim.report import Report, write_trace
+from perfsim.report import Report
 from perfsim.plan.routing import RoutingSpec, load_histogram
 from perfsim.plan.stragglers import VariabilitySpec
 from perfsim.units import format_bytes, parse_size
@@ -79,11 +80,18 @@ def _cmd_simulate(args) -> int:
             raise ConfigError(f"--capacity-factor: must be >= 0, got {args.capacity_factor}")
         model = dataclasses.replace(model, capacity_factor=args.capacity_factor)
     variability = VariabilitySpec(cv=args.gpu_variability, seed=args.seed)
+    from perfsim.cli import traceout
+
+    if args.trace_stages and not args.trace:
+        raise ConfigError("--trace-stages: needs --trace FILE")
+    stages = traceout.parse_stages(args.trace_stages, knobs.get("pp") or 1)
+    if args.trace:
+        print("perfsim: simulating the step with every op recorded for the trace...", file=sys.stderr, flush=True)
     report = api.simulate(model, args.cluster, nodes=args.nodes, gpus=args.gpus, estimator=args.engine,
                           check_memory=not args.allow_oom, routing=_routing(args), variability=variability,
                           trace=bool(args.trace), **knobs)
     if args.trace:
-        _write_trace(report, args.trace)
+        traceout.write(report, args.trace, stages)
     print(json.dumps(report.to_dict(), indent=2) if args.json else _format_report(report))
     return 0
 
@@ -110,13 +118,6 @@ def _routing(args) -> RoutingSpec:
         except ValueError:
             raise ConfigError(f"--expert-placement: {placement!r} is not contiguous, speed or a list of ranks") from None
     return RoutingSpec(**spec)
-
-
-def _write_trace(report: Report, path: str) -> None:
-    try:
-        write_trace(report, path)
-    except OSError as exc:
-        raise ConfigError(f"trace: cannot write {path!r} ({exc.strerror or exc})") from None
 
 
 def _format_report(r: Report) -> str:
@@ -167,7 +168,8 @@ def _sizes(begin: int, end: int, factor: float) -> list[int]:
 def _cmd_collective(args) -> int:
     cluster = api.load_cluster(args.cluster, nodes=args.nodes, gpus=args.gpus if args.nodes is None else None)
     sizes = _sizes(parse_size(args.minbytes, "-b"), parse_size(args.maxbytes, "-e"), args.stepfactor)
-    rows = [api.collective(args.op, s, args.gpus, cluster, protocol=args.protocol, algorithm=args.algo)
+    rows = [api.collective(args.op, s, args.gpus, cluster, protocol=args.protocol, algorithm=args.algo,
+                           launch=args.launch, graph=args.graph, impl=args.impl)
             for s in sizes]
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -264,6 +266,11 @@ def _cmd_list(args) -> int:
     print("gpus:     " + ", ".join(list_profiles("gpu")))
     print("nodes:    " + ", ".join(list_profiles("node")))
     print("models:   " + ", ".join(list_models()))
+    if getattr(args, "provenance", False):
+        for name in list_profiles("gpu"):
+            print(f"\n{name}:")
+            for table, status, source in table_provenance(load_gpu(name)):
+                print(f"  {table:<18} {status:<9} {source}")
     return 0
 
 
@@ -274,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_args(sim)
     sim.add_argument("--engine", default="des", choices=["des", "analytic"])
     sim.add_argument("--json", action="store_true")
-    sim.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
+    sim.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here (.json.gz: gzip-compressed)")
+    sim.add_argument("--trace-stages", help="only these pipeline stages in the trace: 0,3 or first,last")
     sim.add_argument("--allow-oom", action="store_true", help="report a plan that does not fit instead of failing")
     sim.set_defaults(func=_cmd_simulate)
     col = sub.add_parser("collective", help="rccl-tests-style collective benchmark (predicted)")
@@ -286,7 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("-e", "--maxbytes", default="128M")
     col.add_argument("-f", "--stepfactor", type=float, default=2.0)
     col.add_argument("--protocol", default=None, help="force a protocol (ll, ll128, simple)")
-    col.add_argument("--algo", default=None, help="force an algorithm (ring, tree, direct, hierarchical)")
+    col.add_argument("--algo", default=None, help="force an algorithm (ring, tree, direct, hierarchical, nvls)")
+    col.add_argument("--launch", default="mpi", choices=["mpi", "single-process"],
+                     help="rccl-tests launch: one process per GPU (-np N -g 1) or one process for all (-g N)")
+    col.add_argument("--graph", action="store_true", help="graph capture (rccl-tests -G 1): no per-call launch cost")
+    col.add_argument("--impl", default=None, help="all-to-all implementation from the profile's [dispatch] (rccl, mori, deepep)")
     col.add_argument("--json", action="store_true")
     col.set_defaults(func=_cmd_collective)
     _add_calibration_parsers(sub)
@@ -297,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_search_command(sub)
     lst = sub.add_parser("list", help="list hardware profiles and model presets")
+    lst.add_argument("--provenance", action="store_true",
+                     help="per GPU: each kernel table, measured (fitted to its own data) or assumed/derived, and its source")
     lst.set_defaults(func=_cmd_list)
     return parser
 

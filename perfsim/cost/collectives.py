@@ -12,14 +12,25 @@ and carries its per-link demand so the engine can share links among concurrent c
 Buffer sizes follow rccl-tests: ``size`` is the full buffer (n chunks for RS/AG/A2A).
 """
 
-from dataclasses import dataclass, field
+from enum import StrEnum
 
 from perfsim import units
-from perfsim.system import network
+from perfsim.cost import alltoall
+from perfsim.cost.phases import CollectiveCost, Phase, price
 from perfsim.errors import ConfigError
-from perfsim.system.hardware import ClusterSpec, FabricTopology, ProtocolSpec
 from perfsim.lowering.ops import Coll
 from perfsim.plan.parallel import GroupShape
+from perfsim.system import network
+from perfsim.system.hardware import ClusterSpec, IntraTopology, ProtocolSpec
+
+__all__ = ["ALGORITHMS", "BUSBW_FACTOR", "CollectiveCost", "LaunchMode", "Phase", "all_to_allv_cost",
+           "bus_bandwidth", "collective_cost", "local_peers", "pick_protocol"]
+
+
+class LaunchMode(StrEnum):
+    MPI = "mpi"  # one process per GPU (rccl-tests -np N -g 1)
+    SINGLE_PROCESS = "single-process"  # one process drives all GPUs (rccl-tests -g N)
+
 
 # rccl-tests busbw = algbw * factor(n) (rccl-tests doc/PERFORMANCE.md)
 BUSBW_FACTOR = {
@@ -41,28 +52,6 @@ RING_SHARE = {
 }
 # ring steps per call (NCCL tuning.cc: AR 2(n-1); RS/AG n-1; broadcast/reduce pipeline n-1)
 RING_STEPS = {Coll.ALL_REDUCE: 2}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Phase:
-    intra_bytes: float = 0.0  # bytes the rank sends over xGMI
-    inter_bytes: float = 0.0  # bytes the rank's NIC sends
-    intra_links: int = 1  # xGMI links the intra bytes spread over
-    intra_steps: int = 0
-    inter_steps: int = 0
-    cross_share: float | None = None  # share of inter bytes leaving the leaf; None: a
-    # neighbour pattern (ring/tree) whose crossing edges carry all the rank's NIC bytes
-    flows_per_gpu: int = 1  # NIC flows (for ECMP hashing)
-
-
-@dataclass(frozen=True, kw_only=True)
-class CollectiveCost:
-    time_s: float
-    latency_s: float
-    protocol: str
-    algorithm: str
-    demand: dict[str, float] = field(default_factory=dict)  # link -> seconds busy alone
-    bytes_sent: float = 0.0  # per rank, all phases
 
 
 def _steps(coll: Coll, n: int) -> int:
@@ -99,7 +88,7 @@ def direct(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> 
     all-reduce: 2 steps, same bytes as a ring); all-to-all and send/recv everywhere."""
     n, p, m = shape.size, shape.per_node, shape.num_nodes
     if coll is Coll.ALL_TO_ALL:
-        return [_all_to_all_phase(size * (p - 1) / n, size * (n - p) / n, shape, cluster)]
+        return [alltoall.all_to_all_phase(size * (p - 1) / n, size * (n - p) / n, shape, cluster)]
     if coll is Coll.SEND_RECV:
         return [Phase(inter_bytes=size, inter_steps=1)] if m > 1 else [Phase(intra_bytes=size, intra_steps=1)]
     if m > 1:
@@ -110,20 +99,15 @@ def direct(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> 
     return [Phase(intra_bytes=RING_SHARE[coll](n) * size, intra_links=n - 1, intra_steps=steps)]
 
 
-def _all_to_all_phase(intra: float, inter: float, shape: GroupShape, cluster: ClusterSpec) -> Phase:
-    """Pairwise exchange. Rails-only fabrics have no path between rails, so traffic for
-    another rail first crosses xGMI to the GPU on that rail (PXN); rail-optimized
-    fabrics send it up to the shared spines instead."""
-    p, m = shape.per_node, shape.num_nodes
-    other_rail = (p - 1) / p
-    topology = cluster.fabric.topology
-    pxn = inter * other_rail if topology is FabricTopology.RAILS_ONLY else 0.0
-    cross = network.cross_leaf_fraction(cluster, m)
-    if topology is FabricTopology.RAIL_OPTIMIZED and m > 1:
-        cross = other_rail + (1 - other_rail) * cross
-    return Phase(intra_bytes=intra + pxn, inter_bytes=inter, intra_links=max(p - 1, 1),
-                 intra_steps=1 if p > 1 else 0, inter_steps=1 if m > 1 else 0,
-                 cross_share=cross, flows_per_gpu=max(1, shape.size - p))
+def nvls(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
+    """NVLink SHARP all-reduce inside an NVSwitch node (NCCL NVLS): the switch reduces
+    (multimem.ld_reduce) and multicasts (multimem.st), so each GPU moves its buffer once
+    each way plus its 1/n slice, S (n + 1) / n per direction, at ``nvls_efficiency``."""
+    tune, n = cluster.collectives, shape.size
+    if (coll is not Coll.ALL_REDUCE or shape.num_nodes > 1 or tune.nvls_efficiency <= 0
+            or cluster.node.intra_topology is not IntraTopology.SWITCH):
+        return []
+    return [Phase(intra_bytes=size * (n + 1) / n, intra_links=n - 1, intra_efficiency=tune.nvls_efficiency)]
 
 
 def hierarchical(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
@@ -143,7 +127,7 @@ def hierarchical(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpe
     return [local, rail] if coll is Coll.REDUCE_SCATTER else [rail, local]
 
 
-ALGORITHMS = {"ring": ring, "tree": tree, "direct": direct, "hierarchical": hierarchical}
+ALGORITHMS = {"ring": ring, "tree": tree, "direct": direct, "hierarchical": hierarchical, "nvls": nvls}
 
 
 def pick_protocol(cluster: ClusterSpec, size_bytes: float, protocol: str | None = None) -> tuple[str, ProtocolSpec]:
@@ -159,38 +143,19 @@ def pick_protocol(cluster: ClusterSpec, size_bytes: float, protocol: str | None 
     return ordered[-1]
 
 
-def _link_demand(phase: Phase, shape: GroupShape, cluster: ClusterSpec, peers: tuple[int, ...]) -> dict[str, float]:
-    """Seconds each link of the representative rank is busy for this phase at full speed."""
-    demand = {}
-    if phase.intra_bytes > 0:
-        links = peers[: max(1, min(phase.intra_links, len(peers)))]
-        for peer in links:
-            demand[f"{network.XGMI}:{peer}"] = phase.intra_bytes / len(links) / cluster.node.link_Bps
-    if phase.inter_bytes > 0:
-        demand[network.NIC] = phase.inter_bytes / network.nic_Bps(cluster)
-        xleaf = network.cross_leaf_fraction(cluster, shape.num_nodes)
-        gpus_share = xleaf if phase.cross_share is None else phase.cross_share
-        bytes_share = (1.0 if xleaf > 0 else 0.0) if phase.cross_share is None else phase.cross_share
-        if bytes_share > 0:
-            up = network.uplink_Bps(cluster, shape.num_nodes, gpus_share, phase.flows_per_gpu)
-            demand[network.UPLINK] = phase.inter_bytes * bytes_share / up
-    return demand
-
-
-def _price(phases: list[Phase], shape: GroupShape, cluster: ClusterSpec, proto: ProtocolSpec,
-           peers: tuple[int, ...]) -> tuple[float, float, dict[str, float]]:
-    """(latency, bandwidth time, summed link demand) of a phase list under ``proto``."""
+def base_latency_s(cluster: ClusterSpec, proto: ProtocolSpec, launch: str = LaunchMode.MPI,
+                   graph: bool = False) -> float:
+    """Per-call latency before any step: library launch (+ single-process launch cost,
+    - what graph capture removes) + the protocol's own."""
     tune = cluster.collectives
-    steps_us = sum(ph.intra_steps * tune.intra_step_latency_us + ph.inter_steps * tune.inter_step_latency_us
-                   for ph in phases)
-    latency = units.us_to_s(tune.launch_latency_us + proto.latency_us + steps_us)
-    bw_time, total = 0.0, {}
-    for ph in phases:
-        demand = {k: v / proto.bw_efficiency for k, v in _link_demand(ph, shape, cluster, peers).items()}
-        bw_time += max(demand.values(), default=0.0)
-        for k, v in demand.items():
-            total[k] = total.get(k, 0.0) + v
-    return latency, bw_time, total
+    try:
+        mode = LaunchMode(launch)
+    except ValueError:
+        raise ConfigError(f"launch: {launch!r} is not one of {', '.join(m.value for m in LaunchMode)}") from None
+    launch_us = tune.launch_latency_us + (tune.single_process_latency_us if mode is LaunchMode.SINGLE_PROCESS else 0.0)
+    if graph:
+        launch_us = max(0.0, launch_us - tune.graph_saving_us)
+    return units.us_to_s(launch_us + proto.latency_us)
 
 
 def _candidates(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec, algorithm: str | None) -> list[str]:
@@ -204,6 +169,8 @@ def _candidates(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec
     names = ["ring", "tree", "hierarchical"]
     if shape.num_nodes == 1 and tune.direct_min_bytes <= size <= tune.direct_max_bytes:
         names.append("direct")  # RCCL's one-shot/MSCCL kernels serve only this window
+    if size >= tune.nvls_min_bytes:
+        names.append("nvls")  # empty unless the node has NVLS (nvls() checks)
     return names
 
 
@@ -212,27 +179,41 @@ def local_peers(shape: GroupShape, stride: int = 1) -> tuple[int, ...]:
     return tuple(i * stride for i in range(1, shape.per_node)) or (1,)
 
 
+def _nvls_latency(algo: str, cluster: ClusterSpec) -> float:
+    return units.us_to_s(cluster.collectives.nvls_latency_us) if algo == "nvls" else 0.0
+
+
 def collective_cost(
     coll: Coll, size_bytes: float, shape: GroupShape, cluster: ClusterSpec, protocol: str | None = None,
-    algorithm: str | None = None, peers: tuple[int, ...] | None = None,
+    algorithm: str | None = None, peers: tuple[int, ...] | None = None, launch: str = LaunchMode.MPI,
+    graph: bool = False, impl: str | None = None,
 ) -> CollectiveCost:
     """Time of one collective call on a buffer of ``size_bytes`` per rank; the selector
-    takes the fastest applicable algorithm (RCCL's tuner), or the one forced."""
+    takes the fastest applicable algorithm (RCCL's tuner), or the one forced. ``launch``
+    and ``graph`` set the per-call launch cost; ``impl`` names an all-to-all
+    implementation of the profile's ``[dispatch]`` (default: its ``rccl`` entry)."""
     if size_bytes < 0:
         raise ConfigError(f"size_bytes must be >= 0, got {size_bytes!r}")
     if shape.size <= 1 or size_bytes == 0:
         return CollectiveCost(time_s=0.0, latency_s=0.0, protocol="none", algorithm="none")
     name, proto = pick_protocol(cluster, size_bytes, protocol)
     peers = peers or local_peers(shape)
+    base = base_latency_s(cluster, proto, launch, graph)
+    if coll is Coll.ALL_TO_ALL and algorithm in (None, "direct"):
+        n, p = shape.size, shape.per_node
+        spec = alltoall.dispatch_spec(cluster, impl)
+        phase = alltoall.all_to_all_phase(size_bytes * (p - 1) / n, size_bytes * (n - p) / n, shape, cluster, spec=spec)
+        return alltoall.cost_of(phase, shape, cluster, name, proto, peers, spec, base, phase.intra_bytes + phase.inter_bytes)
     best = None
     for algo in _candidates(coll, size_bytes, shape, cluster, algorithm):
         phases = ALGORITHMS[algo](coll, size_bytes, shape, cluster)
         if not phases:
             continue
-        latency, bw_time, demand = _price(phases, shape, cluster, proto, peers)
+        steps, bw_time, demand, nic = price(phases, shape.num_nodes, cluster, proto, peers)
+        latency = base + steps + _nvls_latency(algo, cluster)
         sent = sum(ph.intra_bytes + ph.inter_bytes for ph in phases)
         cost = CollectiveCost(time_s=latency + bw_time, latency_s=latency, protocol=name, algorithm=algo,
-                              demand=demand, bytes_sent=sent)
+                              demand=demand, bytes_sent=sent, inter_s=nic)
         if best is None or cost.time_s < best.time_s:
             best = cost
     if best is None:
@@ -240,36 +221,15 @@ def collective_cost(
     return best
 
 
-def _tier_bytes(counts: list[list[float]], rank: int, per_node: int, sending: bool) -> tuple[float, float]:
-    """(intra-node, inter-node) bytes ``rank`` sends (or receives) in an all_to_allv."""
-    row = counts[rank] if sending else [r[rank] for r in counts]
-    intra = sum(b for peer, b in enumerate(row) if peer != rank and peer // per_node == rank // per_node)
-    inter = sum(b for peer, b in enumerate(row) if peer // per_node != rank // per_node)
-    return intra, inter
-
-
 def all_to_allv_cost(counts: list[list[float]], shape: GroupShape, cluster: ClusterSpec,
-                     protocol: str | None = None) -> CollectiveCost:
+                     protocol: str | None = None, impl: str | None = None, launch: str = LaunchMode.MPI,
+                     graph: bool = False) -> CollectiveCost:
     """All-to-all with per-pair byte counts ``counts[src][dst]``; the slowest rank sets
-    the time, whether it is slow sending or receiving (links are full duplex, so each
-    direction is priced on its own and the larger counts)."""
-    n, p = shape.size, shape.per_node
-    if len(counts) != n or any(len(row) != n for row in counts):
-        raise ConfigError(f"counts: need a {n}x{n} matrix of bytes")
-    if any(b < 0 for row in counts for b in row):
-        raise ConfigError("counts: byte counts must be >= 0")
-    worst = None
-    for rank in range(n):
-        for sending in (True, False):
-            intra, inter = _tier_bytes(counts, rank, p, sending)
-            name, proto = pick_protocol(cluster, intra + inter, protocol)
-            phase = _all_to_all_phase(intra, inter, shape, cluster)
-            latency, bw_time, demand = _price([phase], shape, cluster, proto, local_peers(shape))
-            cost = CollectiveCost(time_s=latency + bw_time, latency_s=latency, protocol=name, algorithm="direct",
-                                  demand=demand, bytes_sent=intra + inter)
-            if worst is None or cost.time_s > worst.time_s:
-                worst = cost
-    return worst
+    the time, whether it is slow sending or receiving (incast at a hot receiver)."""
+    alltoall.check_counts(counts, shape.size)
+    spec = alltoall.dispatch_spec(cluster, impl)
+    return alltoall.worst_rank(counts, shape, cluster, lambda b: pick_protocol(cluster, b, protocol),
+                               local_peers(shape), spec, lambda proto: base_latency_s(cluster, proto, launch, graph))
 
 
 def bus_bandwidth(coll: Coll, size_bytes: float, ranks: int, time_s: float) -> tuple[float, float]:

@@ -157,8 +157,11 @@ def explain_infeasible(model: ModelSpec, cluster, counts, gbs: int, seq: int, sw
 
 
 def format_table(rows: list[SearchRow]) -> list[str]:
-    head = f"{'#':>3} {'gpus':>5}  {'plan':<44} {'step ms':>9} {'tok/s/GPU':>10} {'MFU':>6} {'mem GB':>7} {'free GB':>7} {'comm ms':>8}  est"
-    lines = [head]
+    """The ranked table; a ``$/Mtok`` column (dollars per million tokens at the given GPU-hour
+    price) whenever the rows were priced (``--usd-per-gpu-hour``, always with ``--objective cost``)."""
+    priced = any(r.usd_per_mtoken is not None for r in rows)
+    head = f"{'#':>3} {'gpus':>5}  {'plan':<44} {'step ms':>9} {'tok/s/GPU':>10} {'MFU':>6} {'mem GB':>7} {'free GB':>7} {'comm ms':>8}"
+    lines = [head + (f" {'$/Mtok':>8}" if priced else "") + "  est"]
     for r in rows:
         p = r.plan
         knobs = " ".join(f"{k}{p[k]}" for k in ("tp", "pp", "vpp", "cp", "dp", "ep", "etp") if p[k] > 1 or k in ("tp", "pp", "dp"))
@@ -166,5 +169,10 @@ def format_table(rows: list[SearchRow]) -> list[str]:
         knobs += f" {p['schedule']}" if p["pp"] > 1 else ""
         lines.append(f"{r.rank:>3} {r.world_size:>5}  {knobs:<44} {r.step_time_s * 1e3:>9.1f} {r.tokens_per_s_per_gpu:>10,.0f} "
                      f"{r.mfu:>6.1%} {r.peak_memory_bytes / 1e9:>7.1f} {r.memory_headroom_bytes / 1e9:>7.1f} "
-                     f"{r.exposed_comm_s * 1e3:>8.1f}  {r.estimator}{' *' if r.pareto else ''}")
+                     f"{r.exposed_comm_s * 1e3:>8.1f}" + (f" {_usd(r.usd_per_mtoken):>8}" if priced else "")
+                     + f"  {r.estimator}{' *' if r.pareto else ''}")
     return lines
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.3f}"

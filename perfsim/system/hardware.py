@@ -36,6 +36,15 @@ class Routing(StrEnum):
     ECMP_HASH = "ecmp_hash"  # one path per flow by hash: flows can collide
 
 
+class Multipath(StrEnum):
+    """What the NIC does with one flow: keep it on one path (in-order RoCE), or split it
+    over ``multipath_paths`` entropy values and accept out-of-order delivery (UEC /
+    Pollara multipath), which hashes as that many independent sub-flows."""
+
+    SINGLE = "single"
+    OUT_OF_ORDER = "out_of_order"
+
+
 def _check_table(owner: str, xs: tuple, ys: tuple, x_name: str, y_name: str) -> None:
     if len(xs) != len(ys) or len(xs) < 1:
         raise ConfigError(f"{owner}: {x_name}/{y_name} lengths differ ({len(xs)} vs {len(ys)}) or are empty")
@@ -191,6 +200,15 @@ class FabricSpec:
     nodes_per_leaf: int
     oversubscription: float
     routing: Routing
+    # share of NIC line rate one rank's message stream reaches vs the bytes it sends to
+    # one peer per algorithm step (log-size interpolation, clamped); empty = 1.0
+    message_kbytes: tuple[float, ...] = ()
+    message_efficiency: tuple[float, ...] = ()
+    message_source: str = ""
+    message_rate_Mps: float = 0.0  # NIC messages per second (millions); 0 = no limit
+    multipath: Multipath = Multipath.SINGLE
+    multipath_paths: int = 1  # entropy values one flow is split over (out_of_order)
+    reorder_efficiency: float = 1.0  # share of bandwidth kept when reordering out-of-order packets
 
     def __post_init__(self):
         check_positive(
@@ -198,11 +216,17 @@ class FabricSpec:
             nics_per_node=self.nics_per_node,
             nic_bw_Gbps=self.nic_bw_Gbps,
             nodes_per_leaf=self.nodes_per_leaf,
+            multipath_paths=self.multipath_paths,
         )
         if self.oversubscription < 1:
             raise ConfigError(f"fabric.oversubscription must be >= 1, got {self.oversubscription!r}")
-        if self.nic_latency_us < 0 or self.switch_latency_us < 0:
-            raise ConfigError("fabric latencies must be >= 0")
+        if self.nic_latency_us < 0 or self.switch_latency_us < 0 or self.message_rate_Mps < 0:
+            raise ConfigError("fabric latencies and message_rate_Mps must be >= 0")
+        check_fraction("fabric", reorder_efficiency=self.reorder_efficiency)
+        if self.message_kbytes or self.message_efficiency:
+            _check_table("fabric", self.message_kbytes, self.message_efficiency, "message_kbytes", "message_efficiency")
+            if not self.message_source:
+                raise ConfigError("fabric.message_source: a message-efficiency table needs its source")
 
     @property
     def nic_Bps(self) -> float:
@@ -239,6 +263,14 @@ class CollectiveTuning:
     direct_min_bytes: float  # one-shot/all-pairs intra-node kernels serve sizes in
     direct_max_bytes: float  # [direct_min_bytes, direct_max_bytes]; 0/0 disables them
     protocols: dict[str, ProtocolSpec]
+    # launch mode and graph capture: extra per-call cost of a single-process (-g N)
+    # launch, and the per-call cost graph capture removes (0: no measurement, no change)
+    single_process_latency_us: float = 0.0
+    graph_saving_us: float = 0.0
+    # NVLS (NVSwitch multicast/reduce) all-reduce; efficiency 0 = the node has none
+    nvls_efficiency: float = 0.0
+    nvls_latency_us: float = 0.0
+    nvls_min_bytes: float = 0.0  # NCCL picks NVLS from this size up
 
     def __post_init__(self):
         for key in ("launch_latency_us", "intra_step_latency_us", "inter_step_latency_us",
@@ -251,6 +283,28 @@ class CollectiveTuning:
             )
         if not self.protocols:
             raise ConfigError("collectives.protocols: at least one protocol is required")
+        for key in ("single_process_latency_us", "graph_saving_us", "nvls_latency_us", "nvls_min_bytes"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"collectives.{key} must be >= 0, got {getattr(self, key)!r}")
+        if self.nvls_efficiency:
+            check_fraction("collectives", nvls_efficiency=self.nvls_efficiency)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchSpec:
+    """One MoE dispatch/combine implementation (RCCL all-to-all, DeepEP-style, MORI, UCCL-EP):
+    the share of NIC and xGMI/NVLink bandwidth it reaches and its per-call latency."""
+
+    source: str
+    rdma_efficiency: float
+    intra_efficiency: float
+    latency_us: float
+    dedup_per_node: bool = False  # a token crosses to a remote node once, then is forwarded locally
+
+    def __post_init__(self):
+        check_fraction("dispatch", rdma_efficiency=self.rdma_efficiency, intra_efficiency=self.intra_efficiency)
+        if self.latency_us < 0:
+            raise ConfigError(f"dispatch.latency_us must be >= 0, got {self.latency_us!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,6 +317,7 @@ class ClusterSpec:
     node: NodeSpec
     fabric: FabricSpec
     collectives: CollectiveTuning
+    dispatch: dict[str, DispatchSpec] = field(default_factory=dict)  # MoE dispatch/combine implementations
     provenance: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):

@@ -1,0 +1,126 @@
+"""Fit the inter-node parameters of a cluster to multi-node collective sweeps (scipy).
+
+Free parameters: the fabric's per-message NIC efficiency ramp (``message_efficiency``
+at fixed knots of bytes per peer per step, log interpolation) and the per-step latency
+of a network hop (``inter_step_latency_us``). Everything intra-node (xGMI/NVLink
+bandwidth, protocol latencies and efficiencies, launch latency) is held at the profile's
+values, which come from single-node sweeps (``collective_fit``), so the two fits do not
+trade against each other. Each point is priced by ``collectives.collective_cost`` itself,
+with the algorithm/protocol the run forced (``NCCL_ALGO=Ring``) where the log says so.
+
+Least squares on relative error, soft-L1 loss (f_scale 5%), a weak pull (``PRIOR``)
+toward the starting values; a knot no point's message size reaches is pinned and
+reported as not fitted, so a 1,024-rank sweep of 1-16 GB moves only the knots its
+1-16 MB per-peer messages touch.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from perfsim.calibration.collective_fit import CollectivePoint, cluster_for
+from perfsim.cost.collectives import collective_cost
+from perfsim.errors import ConfigError
+from perfsim.system.hardware import ClusterSpec
+
+KNOTS_KB = (0.1, 1.0, 16.0, 256.0, 4096.0, 65536.0)  # bytes per peer per step, in kB
+EFF_BOUNDS = (0.002, 1.0)
+INTER_STEP_BOUNDS_US = (0.0, 200.0)
+PRIOR = 1e-3
+START_EFF = 0.5  # where a profile without a ramp starts
+SENSITIVITY = 1e-3  # a knot whose -95% moves no point's time by this share is not fitted
+
+
+@dataclass(frozen=True, kw_only=True)
+class FabricFit:
+    cluster: ClusterSpec
+    mape_before: float  # percent
+    mape_after: float
+    num_points: int
+    fitted: tuple[str, ...]
+
+
+def predict(point: CollectivePoint, cluster: ClusterSpec) -> float:
+    shape_cluster = cluster_for(cluster, point.shape)
+    return collective_cost(point.coll, point.size_bytes, point.shape, shape_cluster, protocol=point.protocol,
+                           algorithm=point.algorithm, launch=point.launch, graph=point.graph).time_s
+
+
+def mape(points: list[CollectivePoint], cluster: ClusterSpec) -> float:
+    return 100 * float(np.mean([abs(predict(p, cluster) / p.time_s - 1) for p in points]))
+
+
+def _start(cluster: ClusterSpec) -> np.ndarray:
+    """Starting efficiencies at ``KNOTS_KB``: the profile's ramp read there, or 1.0."""
+    fab = cluster.fabric
+    if not fab.message_kbytes:
+        return np.full(len(KNOTS_KB), START_EFF)
+    return np.interp(np.log(KNOTS_KB), np.log(fab.message_kbytes), fab.message_efficiency)
+
+
+def _ramp(theta: np.ndarray, used: np.ndarray | None, monotone: bool = True) -> np.ndarray:
+    """Knot values: an unfitted knot takes its nearest fitted neighbour's value, then the
+    ramp is made non-decreasing (a larger message never does worse)."""
+    k = len(KNOTS_KB)
+    eff = np.clip(theta[:k], *EFF_BOUNDS)
+    if used is not None and used[:k].any():
+        fitted = np.flatnonzero(used[:k])
+        eff = eff[[fitted[np.argmin(np.abs(fitted - i))] for i in range(k)]]
+    return np.maximum.accumulate(eff) if monotone else eff
+
+
+def with_params(cluster: ClusterSpec, theta: np.ndarray, source: str, digits: int | None = None,
+                used: np.ndarray | None = None, monotone: bool = True) -> ClusterSpec:
+    k = len(KNOTS_KB)
+    ramp = _ramp(theta, used, monotone)
+    eff = tuple(float(x) if digits is None else round(float(x), digits) for x in ramp)
+    inter = float(theta[k]) if digits is None else round(float(theta[k]), digits)
+    fab = dataclasses.replace(cluster.fabric, message_kbytes=KNOTS_KB, message_efficiency=eff, message_source=source)
+    tune = dataclasses.replace(cluster.collectives, inter_step_latency_us=inter)
+    return dataclasses.replace(cluster, fabric=fab, collectives=tune)
+
+
+def _times(points, cluster, theta, used=None, monotone=True) -> np.ndarray:
+    c = with_params(cluster, theta, "fit in progress", used=used, monotone=monotone)
+    return np.array([predict(p, c) for p in points])
+
+
+def _used(points, cluster, theta0, measured) -> np.ndarray:
+    base = _times(points, cluster, theta0, monotone=False)
+    used = np.zeros(len(theta0), dtype=bool)
+    for i in range(len(theta0)):
+        trial = theta0.copy()
+        trial[i] = trial[i] * 0.05 if i < len(KNOTS_KB) else trial[i] + 1.0
+        moved = _times(points, cluster, trial, monotone=False) - base
+        used[i] = bool(np.max(np.abs(moved) / measured) > SENSITIVITY)
+    return used
+
+
+def fit_fabric(points: list[CollectivePoint], cluster: ClusterSpec, source: str = "",
+               min_knot_kb: float = 0.0) -> FabricFit:
+    """Refit the NIC ramp and network hop latency of ``cluster`` to multi-node ``points``;
+    knots below ``min_knot_kb`` are left out of the fit (and take the nearest fitted value)."""
+    points = [p for p in points if p.shape.num_nodes > 1]
+    if not points:
+        raise ConfigError("fabric: no multi-node points to fit (every log is single-node)")
+    measured = np.array([p.time_s for p in points])
+    theta0 = np.concatenate([np.clip(_start(cluster), *EFF_BOUNDS), [cluster.collectives.inter_step_latency_us]])
+    lo = np.array([EFF_BOUNDS[0]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[0]])
+    hi = np.array([EFF_BOUNDS[1]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[1]])
+    theta0 = np.clip(theta0, lo, hi)
+    used = _used(points, cluster, theta0, measured)
+    used[: len(KNOTS_KB)] &= np.array(KNOTS_KB) >= min_knot_kb
+    lo, hi = np.where(used, lo, theta0 - 1e-9), np.where(used, hi, theta0 + 1e-9)
+    scale = np.maximum(np.abs(theta0), 0.05)
+
+    def residuals(theta):
+        return np.concatenate([_times(points, cluster, theta, used) / measured - 1, PRIOR * (theta - theta0) / scale])
+
+    fit = least_squares(residuals, theta0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale=scale)
+    out = with_params(cluster, fit.x, source or f"fitted by perfsim fabric_fit to {len(points)} multi-node points", 4,
+                      used)
+    names = [f"message_efficiency@{kb:g}kB" for kb in KNOTS_KB] + ["inter_step_latency_us"]
+    return FabricFit(cluster=out, mape_before=mape(points, cluster), mape_after=mape(points, out),
+                     num_points=len(points), fitted=tuple(n for n, u in zip(names, used) if u))

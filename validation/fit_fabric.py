@@ -1,0 +1,88 @@
+"""Fit the inter-node and NVSwitch parameters of the shipped cluster profiles from the
+public multi-node data copied into validation/data/multinode/ (split by source: each fit
+names the series it uses; validation/accuracy_fabric.py checks on the others).
+
+* Pollara NIC ramp + network hop latency: hisohara AAC14 MI355X + Pollara 400 2-node
+  all_reduce sweep (mi355x-pollara; the MI300X/MI325X Pollara profiles carry the same NIC).
+* H100/H200 IB NIC ramp (knots >= 4 MB only: no small-message RDMA series) + hop
+  latency: NVIDIA nccl-tests #322, 1,024 H100 ranks, Ring + LL128 forced.
+* NVLS efficiency and latency: Azure ND H100 v5 8-GPU NVLS all_reduce log.
+* Graph-capture saving: the MI300X hipGraph vs no-graph rccl-tests pair (AMD blog).
+
+Usage: python validation/fit_fabric.py   (prints the values written into the profiles)
+"""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from perfsim.calibration import fabric_fit
+from perfsim.calibration.readers import read_rccl_log
+from perfsim.calibration.readers_multinode import read_collective_table
+from perfsim.cost.collectives import collective_cost
+from perfsim.lowering.ops import Coll
+from perfsim.plan.parallel import GroupShape
+from perfsim.system.hardware import load_cluster
+
+DATA = Path(__file__).resolve().parent / "data" / "multinode"
+TABLE = DATA / "collectives_multinode.csv"
+POLLARA_FIT = "hisohara_AAC14_MI355X_2node_Pollara_ANP_allreduce"
+IB_FIT = "nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128"
+IB_MIN_KNOT_KB = 4096.0
+NVLS_LOG = DATA / "azure_ndh100v5_1node_8gpu_nccl_nvls.log"
+GRAPH_LOGS = (DATA / "mi300x_1node_8gpu_mpi_nograph_amdblog.log", DATA / "mi300x_1node_8gpu_mpi_hipgraph_amdblog.log")
+SMALL_BYTES = 64 * 1024  # graph saving: the latency-bound sizes
+
+
+def series(name: str):
+    return next(s for s in read_collective_table(TABLE) if s.series == name)
+
+
+def fit_ramp(profile: str, name: str, min_knot_kb: float = 0.0):
+    cluster = load_cluster(profile).with_nodes(128)
+    return fabric_fit.fit_fabric(series(name).points(), cluster, min_knot_kb=min_knot_kb)
+
+
+def fit_nvls(profile: str = "h100-ib") -> tuple[float, float, float]:
+    """(efficiency, latency us, MAPE %) of NVLS on the 8-GPU log (in-place column: the log prints only it)."""
+    log = read_rccl_log(NVLS_LOG)
+    rows = log.series(in_place=True)
+    cluster = load_cluster(profile)
+    shape = GroupShape(size=8, per_node=8, num_nodes=1)
+
+    def times(theta):
+        tune = dataclasses.replace(cluster.collectives, nvls_efficiency=float(theta[0]), nvls_latency_us=float(theta[1]))
+        c = dataclasses.replace(cluster, collectives=tune)
+        return np.array([collective_cost(Coll.ALL_REDUCE, s, shape, c, algorithm="nvls").time_s for s, _ in rows])
+
+    measured = np.array([t * 1e-6 for _, t in rows])
+    fit = least_squares(lambda th: times(th) / measured - 1, [0.8, 10.0], bounds=([0.05, 0.0], [1.0, 200.0]),
+                        loss="soft_l1", f_scale=0.05)
+    return float(fit.x[0]), float(fit.x[1]), 100 * float(np.mean(np.abs(times(fit.x) / measured - 1)))
+
+
+def fit_graph_saving() -> float:
+    """Median per-call time graph capture removes at latency-bound sizes (us)."""
+    nograph, graph = (dict(read_rccl_log(p).series()) for p in GRAPH_LOGS)
+    return float(np.median([nograph[s] - graph[s] for s in nograph if s in graph and s <= SMALL_BYTES]))
+
+
+def main() -> int:
+    for profile, name, knot in (("mi355x-pollara", POLLARA_FIT, 0.0), ("h100-ib", IB_FIT, IB_MIN_KNOT_KB)):
+        fit = fit_ramp(profile, name, knot)
+        fab, tune = fit.cluster.fabric, fit.cluster.collectives
+        print(f"[{profile}] fit on {name}: MAPE {fit.mape_before:.2f}% -> {fit.mape_after:.2f}% over {fit.num_points} "
+              f"points; fitted {', '.join(fit.fitted)}")
+        print(f"  message_kbytes = {list(fab.message_kbytes)}\n  message_efficiency = {list(fab.message_efficiency)}")
+        print(f"  inter_step_latency_us = {tune.inter_step_latency_us}")
+    eff, lat, err = fit_nvls()
+    print(f"[h100-ib] NVLS on {NVLS_LOG.name}: nvls_efficiency = {eff:.4f}, nvls_latency_us = {lat:.2f} (MAPE {err:.2f}%)")
+    print(f"[mi300x-pollara] graph_saving_us = {fit_graph_saving():.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
