@@ -1,12 +1,16 @@
 """Pure Plotly figures for the planner: plain rows in, ``go.Figure`` out; no Streamlit."""
 
+import math
+import zlib
+
 import plotly.graph_objects as go
 from plotly.colors import qualitative
+from plotly.subplots import make_subplots
 
 GROUP_PALETTES = {
     "compute": qualitative.Set2 + qualitative.Pastel2,
     "comm": ["#d62728", "#ff7f0e", "#e377c2", "#bcbd22", "#8c564b", "#9467bd", "#f4a582", "#b2182b"],
-    "bubble": ["#b0b0b0"],
+    "bubble": ["#9e9e9e", "#d0d0d0", "#707070"],
 }
 MEMORY_PARTS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes")
 
@@ -18,16 +22,31 @@ def memory_parts(memory: list[dict]) -> list[str]:
 GB = 1e9
 
 
+# One fixed colour per category, the same in every plan and chart (issue 17.10): compute in
+# greens/blues/purples, communication in reds/oranges/browns, waiting in greys. A category
+# not listed takes a colour of its group picked by a hash of its name: still fixed per name.
+CATEGORY_COLORS = {
+    "attention_proj": "#1b9e77", "attention_core": "#66c2a5", "mlp": "#1f78b4", "experts": "#a6cee3",
+    "shared_expert": "#6a3d9a", "router": "#cab2d6", "norm": "#b2df8a", "embedding": "#33a02c",
+    "lm_head": "#0b6e4f", "head": "#0b6e4f", "loss": "#8dd3c7", "optimizer": "#4b0082", "recompute": "#80b1d3",
+    "moe_permute": "#bebada", "fp8_cast": "#ccebc5", "elementwise": "#9ecae1", "activation": "#c7e9c0",
+    "tp_comm": "#d62728", "cp_comm": "#ff7f0e", "ep_a2a": "#e6550d", "etp_ag": "#fd8d3c", "etp_rs": "#fdae6b",
+    "dp_grad_reduce": "#8c564b", "dp_param_gather": "#e377c2", "pp_p2p": "#bcbd22",
+    "pipeline_bubble": "#9e9e9e", "idle": "#d0d0d0", "wait": "#707070",
+}
+
+
+def category_color(category: str, group: str) -> str:
+    """The fixed colour of ``category`` (its group's palette when the category is new)."""
+    if category in CATEGORY_COLORS:
+        return CATEGORY_COLORS[category]
+    palette = GROUP_PALETTES.get(group, GROUP_PALETTES["compute"])
+    return palette[zlib.crc32(category.encode()) % len(palette)]
+
+
 def category_colors(groups: dict[str, str]) -> dict[str, str]:
-    """A stable colour per category: compute greens/blues, comm reds/oranges, bubble grey."""
-    used = {g: 0 for g in GROUP_PALETTES}
-    out = {}
-    for category in sorted(groups):
-        group = groups[category]
-        palette = GROUP_PALETTES[group]
-        out[category] = palette[used[group] % len(palette)]
-        used[group] += 1
-    return out
+    """Colour per category of ``groups`` ({category: group}); independent of the other categories."""
+    return {category: category_color(category, group) for category, group in groups.items()}
 
 
 def _layout(fig: go.Figure, title: str, **kwargs) -> go.Figure:
@@ -129,20 +148,47 @@ def pareto_chart(points: list[dict], front: list[dict], x: str, y: str, labels: 
     return _layout(fig, "Candidate plans", height=380, xaxis_title=labels.get(x, x), yaxis_title=labels.get(y, y))
 
 
-def predicted_vs_measured(rows: list[dict], x: str = "size_bytes") -> go.Figure:
-    """Measured and predicted values against ``x`` with the signed error (%) on a second axis;
-    rows carry ``measured``, ``predicted`` and optionally ``series``."""
-    fig = go.Figure()
-    for series in sorted({r.get("series", "") for r in rows}):
+def size_axis(sizes: list[float]) -> dict:
+    """A log message-size axis with one readable tick per factor of 16 ('16 B', '4 KiB', '1 GiB')."""
+    sizes = [x for x in sizes if x and x > 0]
+    if not sizes:
+        return dict(type="log")
+    lo, hi = int(math.floor(math.log2(min(sizes)))), int(math.ceil(math.log2(max(sizes))))
+    ticks = [2 ** k for k in range(lo - lo % 4, hi + 1, 4)]
+    return dict(type="log", tickvals=ticks, ticktext=[binary_size(t) for t in ticks], tickangle=0)
+
+
+def binary_size(n: float) -> str:
+    for shift, unit in ((40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):g} {unit}"
+    return f"{n:g} B"
+
+
+def predicted_vs_measured(rows: list[dict], x: str = "size_bytes", y_title: str = "bus bandwidth (GB/s)") -> go.Figure:
+    """Top: measured points and the predicted curve per series (``measured``/``predicted``,
+    e.g. busbw). Bottom, on its own axis so it never covers the curves: the signed error of
+    the time per call (``error``, a fraction; (predicted - measured) / measured, as
+    ``perfsim validate`` and ``calibrate`` report it), or of ``predicted`` when rows carry no ``error``."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.68, 0.32], vertical_spacing=0.06)
+    for i, series in enumerate(sorted({r.get("series", "") for r in rows})):
         mine = sorted((r for r in rows if r.get("series", "") == series), key=lambda r: r[x])
-        xs = [r[x] for r in mine]
+        xs, color = [r[x] for r in mine], qualitative.D3[i % len(qualitative.D3)]
         fig.add_scatter(x=xs, y=[r["measured"] for r in mine], mode="markers", name=f"{series} measured",
-                        marker=dict(symbol="x", size=7))
-        fig.add_scatter(x=xs, y=[r["predicted"] for r in mine], mode="lines", name=f"{series} predicted")
-        fig.add_bar(x=xs, y=[100 * (r["predicted"] - r["measured"]) / r["measured"] if r["measured"] else None
-                             for r in mine], name=f"{series} error %", yaxis="y2", opacity=0.35)
-    return _layout(fig, "Predicted vs measured", height=420, xaxis_type="log" if x == "size_bytes" else "linear",
-                   xaxis_title=x, yaxis_title="value", yaxis2=dict(title="error %", overlaying="y", side="right"))
+                        marker=dict(symbol="x", size=7, color=color), row=1, col=1)
+        fig.add_scatter(x=xs, y=[r["predicted"] for r in mine], mode="lines", name=f"{series} predicted",
+                        line=dict(color=color), row=1, col=1)
+        errors = [r["error"] if "error" in r else ((r["predicted"] - r["measured"]) / r["measured"]
+                                                   if r["measured"] else None) for r in mine]
+        fig.add_bar(x=xs, y=[None if e is None else 100 * e for e in errors], name=f"{series} error",
+                    marker_color=color, showlegend=False, row=2, col=1,
+                    hovertemplate="%{y:+.1f}%<extra>" + series + "</extra>")
+    axis = size_axis([r[x] for r in rows]) if x == "size_bytes" else dict(type="linear")
+    fig.update_xaxes(**axis, row=1, col=1)
+    fig.update_xaxes(**axis, title_text="message size" if x == "size_bytes" else x, row=2, col=1)
+    fig.update_yaxes(title_text=y_title, row=1, col=1)
+    fig.update_yaxes(title_text="time error %", zeroline=True, row=2, col=1)
+    return _layout(fig, "Predicted vs measured", height=520, legend=dict(orientation="h", y=-0.18, x=0))
 
 
 def compare_bars(results: dict[str, dict], metrics: tuple[tuple[str, str], ...]) -> go.Figure:

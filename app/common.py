@@ -14,6 +14,7 @@ from pathlib import Path
 
 import streamlit as st
 
+import fmt
 import inputs as planner_inputs
 import perfsim
 from perfsim.system import hardware
@@ -54,9 +55,9 @@ def shown_errors(what: str):
     try:
         yield
     except EXPECTED as exc:
-        st.error(f"{what}: {exc}", icon=":material/error:")
+        st.error(fmt.md(f"{what}: {exc}"), icon=":material/error:")
     except Exception as exc:  # the page must survive whatever the model raises
-        st.error(f"{what}: unexpected {type(exc).__name__}: {exc}", icon=":material/bug_report:")
+        st.error(fmt.md(f"{what}: unexpected {type(exc).__name__}: {exc}"), icon=":material/bug_report:")
         with st.expander("details"):
             st.code(traceback.format_exc())
 
@@ -116,7 +117,7 @@ def store() -> ScenarioStore:
 
 
 def plan_caption(inputs: dict) -> None:
-    st.caption(f"Plan: {planner_inputs.describe(inputs)} · change it on the Plan page")
+    st.caption(fmt.md(f"Plan: {planner_inputs.describe(inputs)} · change it on the Plan page"))
 
 
 def optional_api(module: str, name: str):

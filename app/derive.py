@@ -185,12 +185,12 @@ def pareto_front(points: list[dict], x: str, y: str) -> list[dict]:
 
 
 METRICS = (  # (key in Report.to_dict(), label, higher is better)
-    ("step_time_s", "step time (s)", False),
+    ("step_time_s", "step time", False),
     ("tokens_per_s_per_gpu", "tokens/s/GPU", True),
     ("tokens_per_s", "tokens/s", True),
     ("mfu", "MFU", True),
     ("tflops_per_gpu", "TFLOPS/GPU", True),
-    ("peak_memory_bytes", "peak memory (bytes)", False),
+    ("peak_memory_bytes", "peak memory", False),
     ("world_size", "GPUs", None),
 )
 
@@ -277,10 +277,11 @@ def search_rows(result) -> list[dict]:
 
 def rccl_points(log, series: str) -> list[dict]:
     """Measured out-of-place points of a parsed rccl-tests log (perfsim.calibration.readers.RcclLog)
-    that carry a bus bandwidth; one dict per message size."""
+    that carry a time, one dict per message size: every point `perfsim validate` and `calibrate`
+    score, including the small sizes whose printed busbw rounds to 0.00."""
     return [{"series": series, "op": log.op, "ranks": log.num_ranks, "size_bytes": r.size_bytes,
-             "time_us": r.time_us_oop, "measured": r.busbw_GBps_oop}
-            for r in log.rows if r.busbw_GBps_oop is not None and r.busbw_GBps_oop > 0]
+             "time_us": r.time_us_oop, "measured": r.busbw_GBps_oop or 0.0}
+            for r in log.rows if r.time_us_oop is not None and r.time_us_oop > 0]
 
 
 def error_stats(rows: list[dict]) -> dict:
@@ -315,3 +316,40 @@ def search_summary(result) -> str:
             + (f" (rejected: {rejected})" if rejected else "")
             + f" in {getattr(result, 'total_s', 0.0):.1f} s on {getattr(result, 'executor', '?')}"
             + f" x {getattr(result, 'workers', 1)}")
+
+
+NVIDIA = ("nvidia", "h100", "h200", "h800", "a100", "b200", "gb200", "b100", "l40", "tesla", "nccl version")
+AMD = ("amd", "instinct", "mi300", "mi325", "mi350", "mi355", "mi250", "rccl version", "gfx9")
+
+
+def _vendor(text: str) -> str | None:
+    text = text.lower()
+    if any(k in text for k in AMD):
+        return "AMD"
+    if any(k in text for k in NVIDIA):
+        return "NVIDIA"
+    return None
+
+
+def log_devices(text: str) -> list[str]:
+    """Device names of an rccl-tests / nccl-tests log ('#  Rank  0 ... device  0 [bus] NAME')."""
+    out = []
+    for line in text.splitlines():
+        if line.lstrip("# ").startswith("Rank") and "device" in line and "]" in line:
+            out.append(line.rsplit("]", 1)[1].strip())
+    return out
+
+
+def vendor_mismatch(log_text: str, profile_gpu: str) -> str:
+    """A warning when a log's devices (or its NCCL/RCCL banner) are another vendor's than the
+    profile's GPU (an H100 NCCL log fitted into an MI300X profile); '' when they agree or
+    either is unknown."""
+    devices = log_devices(log_text)
+    banner = "\n".join(line for line in log_text.splitlines()[:40] if "version" in line.lower())
+    measured = _vendor(" ".join(devices)) or _vendor(banner)
+    expected = _vendor(profile_gpu)
+    if not measured or not expected or measured == expected:
+        return ""
+    seen = devices[0] if devices else f"a {measured} library"
+    return (f"measured on {seen} ({measured}) but the profile's GPU is {profile_gpu} ({expected}): "
+            "its fit would describe the other machine")

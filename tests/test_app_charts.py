@@ -134,7 +134,7 @@ def test_pareto_front():
 
 def test_compare_rows_deltas():
     rows = derive.compare_rows({"a": {"step_time_s": 2.0, "mfu": 0.4}, "b": {"step_time_s": 1.0, "mfu": 0.5}})
-    step = next(r for r in rows if r["metric"] == "step time (s)")
+    step = next(r for r in rows if r["metric"] == "step time")
     assert step["a"] == 2.0 and step["b"] == 1.0 and step["b vs a"] == pytest.approx(-0.5)
     mfu = next(r for r in rows if r["metric"] == "MFU")
     assert mfu["b vs a"] == pytest.approx(0.25)
@@ -168,7 +168,8 @@ def test_rccl_points_from_a_shipped_log():
     readers = pytest.importorskip("perfsim.calibration.readers")
     log_path = ROOT / "validation" / "data" / "calibration" / "rccl-tests" / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
     points = derive.rccl_points(readers.read_rccl_log(log_path), "mi300x")
-    assert points and all(p["op"] == "all_reduce" and p["ranks"] == 8 and p["measured"] > 0 for p in points)
+    assert all(p["op"] == "all_reduce" and p["ranks"] == 8 and p["time_us"] > 0 for p in points)
+    assert len(points) == len(readers.read_rccl_log(log_path).rows) == 32  # 8 B..16 GiB, as validate scores them
 
 
 # ---- charts ---------------------------------------------------------------------------------
@@ -176,8 +177,35 @@ def test_rccl_points_from_a_shipped_log():
 def test_category_colors_are_stable_and_grouped():
     colors = charts.category_colors({"gemm": "compute", "dp": "comm", "idle": "bubble"})
     assert colors == charts.category_colors({"idle": "bubble", "dp": "comm", "gemm": "compute"})
-    assert colors["idle"] == charts.GROUP_PALETTES["bubble"][0]
+    assert colors["idle"] in charts.GROUP_PALETTES["bubble"]
     assert colors["dp"] in charts.GROUP_PALETTES["comm"]
+
+
+def test_a_category_keeps_its_colour_whatever_else_the_plan_has():
+    """Issue 17.10: dp_param_gather was orange in one plan and ep_a2a in the next."""
+    one = charts.category_colors({"dp_param_gather": "comm", "mlp": "compute"})
+    other = charts.category_colors({"ep_a2a": "comm", "tp_comm": "comm", "dp_param_gather": "comm", "mlp": "compute"})
+    assert one["dp_param_gather"] == other["dp_param_gather"] and one["mlp"] == other["mlp"]
+    assert other["ep_a2a"] != other["dp_param_gather"]
+
+
+def test_fixed_palette_is_one_colour_per_category_and_grey_only_for_waiting():
+    fixed = charts.CATEGORY_COLORS
+    named = {k: v for k, v in fixed.items() if k != "head"}  # "head" is lm_head's other name
+    assert len(set(named.values())) == len(named)  # no two categories share a colour
+    greys = {k for k, v in fixed.items() if len({v[1:3], v[3:5], v[5:7]}) == 1}
+    assert greys == {"pipeline_bubble", "idle", "wait"}
+
+
+def test_every_category_of_real_plans_has_a_fixed_colour(report):
+    moe = perfsim.simulate("mixtral-8x7b", "mi300x-pollara", nodes=2, tp=2, cp=2, ep=4, zero=3, pp=2, gbs=16,
+                           seq=2048, recompute="full", check_memory=False)
+    categories = set()
+    for r in (report, moe):
+        bars = derive.gantt_bars(r.spans, r.step_time_s, 500) + derive.idle_bars(r.spans, r.step_time_s)
+        categories |= set(r.breakdown) | {b["category"] for b in bars}
+    assert {"ep_a2a", "cp_comm", "tp_comm", "experts"} <= categories
+    assert categories <= set(charts.CATEGORY_COLORS), categories - set(charts.CATEGORY_COLORS)
 
 
 def test_breakdown_bar_sums_to_the_step(report):

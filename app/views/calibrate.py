@@ -9,15 +9,12 @@ import streamlit as st
 import charts
 import common
 import derive
+import fmt
 import perfsim
 from perfsim.system import hardware
 
 st.title("Calibrate")
-readers = common.optional_api("readers", "read_rccl_log")
-if readers is None:
-    common.unavailable("Measurement readers", "readers")
-    st.stop()
-from perfsim.calibration.readers import read_kernel_csv, read_rccl_log  # noqa: E402 - present once checked above
+from perfsim.calibration.readers import read_kernel_csv, read_rccl_log  # noqa: E402
 
 EXAMPLES = sorted((common.DATA_DIR / "calibration" / "rccl-tests").glob("*.log"))
 clusters = common.cluster_names()
@@ -61,8 +58,8 @@ for path in log_paths:
         parsed[path] = log
         points += derive.rccl_points(log, path.stem)
         if log.num_skipped:
-            st.warning(f"{path.name}: skipped {log.num_skipped} unparsable lines "
-                       f"(first at line {log.skipped_lines[0]}); used {len(log.rows)} rows.")
+            st.warning(fmt.md(f"{path.name}: skipped {log.num_skipped} unparsable lines "
+                              f"(first at line {log.skipped_lines[0]}); used {len(log.rows)} rows."))
 kernels = []
 for path in csv_paths:
     with common.shown_errors(f"Cannot read {path.name}"):
@@ -70,19 +67,31 @@ for path in csv_paths:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def predict(cluster_ref: str, rows: tuple[tuple[str, int, int], ...]) -> list[float]:
-    return [perfsim.collective(op, size, ranks, cluster_ref)["busbw_GBps"] for op, size, ranks in rows]
+def predict(cluster_ref: str, rows: tuple[tuple[str, int, int], ...]) -> list[dict]:
+    return [perfsim.collective(op, size, ranks, cluster_ref) for op, size, ranks in rows]
 
 
 def compare(cluster_ref: str, title: str) -> None:
+    """Busbw curves against the measured points; MAPE and the error panel are of the time per
+    call, the figure `perfsim validate` and the fit table report, so the three agree."""
     keys = tuple((p["op"], p["size_bytes"], p["ranks"]) for p in points)
     with common.shown_errors(f"Cannot predict with {title}"):
-        rows = [{**p, "predicted": v} for p, v in zip(points, predict(cluster_ref, keys))]
-        stats = derive.error_stats(rows)
-        st.markdown(f"**{title}**: MAPE {stats['mape']:.1%} over {stats['points']} sizes, "
-                    f"worst {stats['worst']:+.1%}" if stats["points"] else f"**{title}**: no comparable points")
+        rows = [{**p, "predicted": r["busbw_GBps"], "error": (r["time_us"] - p["time_us"]) / p["time_us"]}
+                for p, r in zip(points, predict(cluster_ref, keys)) if p.get("time_us")]
+        stats = derive.error_stats([{"measured": p["time_us"], "predicted": p["time_us"] * (1 + p["error"])}
+                                    for p in rows])
+        st.markdown(f"**{fmt.md(title)}**: MAPE of the time per call {fmt.percent(stats['mape'], 2)} over "
+                    f"{stats['points']} sizes, worst {fmt.signed_percent(stats['worst'])}" if stats["points"]
+                    else f"**{fmt.md(title)}**: no comparable points")
         st.plotly_chart(charts.predicted_vs_measured(rows), width="stretch", key=f"chart.pvm.{title}")
 
+
+profile_gpu = common.cluster_info(cluster)["gpu"]
+for path in parsed:
+    with common.shown_errors(f"Cannot check the devices of {path.name}"):
+        mismatch = derive.vendor_mismatch(path.read_text(errors="replace"), profile_gpu)
+        if mismatch:
+            st.warning(fmt.md(f"{path.name}: {mismatch}"), icon=":material/warning:")
 
 if points:
     st.subheader("Collectives: predicted vs measured bus bandwidth")
@@ -95,10 +104,7 @@ if kernels:
     st.dataframe(derive.kernel_rows(kernels), hide_index=True, width="stretch", key="c.kernels")
 
 st.subheader("Fit")
-calibrate = common.optional_api("calibrate", "calibrate")
-if calibrate is None:
-    common.unavailable("Fitting", "calibrate")
-    st.stop()
+calibrate = perfsim.calibrate
 if st.button("Fit the profile to these measurements", type="primary", icon=":material/tune:", key="c.fit"):
     with common.shown_errors("Fit failed"), st.status("Fitting...", expanded=False) as status:
         result = calibrate(cluster, rccl_logs=[str(p) for p in log_paths], kernel_csvs=[str(p) for p in csv_paths],
@@ -114,7 +120,7 @@ if result is not None:
                      column_config={"mape_before": st.column_config.NumberColumn("MAPE before %", format="%.1f"),
                                     "mape_after": st.column_config.NumberColumn("MAPE after %", format="%.1f")})
     for note in getattr(result, "notes", ()):
-        st.caption(note)
+        st.caption(fmt.md(note))
     path = workdir / "calibrated.toml"
     with common.shown_errors("Cannot use the fitted profile"):
         hardware.write_cluster(fitted, path, overwrite=True)
@@ -124,4 +130,4 @@ if result is not None:
         if st.button("Save calibrated profile", icon=":material/save:", key="c.save"):
             common.profile_dir().mkdir(parents=True, exist_ok=True)
             out = hardware.write_cluster(fitted, common.profile_dir() / f"{Path(name).stem}.toml")
-            st.success(f"Saved {out}; pick it as the cluster on the Plan page.", icon=":material/check_circle:")
+            st.success(fmt.md(f"Saved {out}; pick it as the cluster on the Plan page."), icon=":material/check_circle:")

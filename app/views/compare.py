@@ -6,6 +6,7 @@ import streamlit as st
 import charts
 import common
 import derive
+import fmt
 
 st.title("Compare scenarios")
 store = None
@@ -13,7 +14,7 @@ with common.shown_errors("Cannot open the scenario database"):
     store = common.store()
 if store is None:
     st.stop()
-st.caption(f"Database: {store.path}")
+st.caption(fmt.md(f"Database: {store.path}"))
 
 names = store.names()
 if not names:
@@ -26,9 +27,8 @@ if not chosen:
 scenarios = {name: store.get(name) for name in chosen}
 results = {name: s.results for name, s in scenarios.items()}
 
-st.dataframe(derive.compare_rows(results), hide_index=True, width="stretch", key="cmp.table",
-             column_config={f"{n} vs {chosen[0]}": st.column_config.NumberColumn(format="percent")
-                            for n in chosen[1:]})
+st.dataframe([fmt.compare_row(row, key, chosen) for row, (key, _, _) in zip(derive.compare_rows(results), derive.METRICS)],
+             hide_index=True, width="stretch", key="cmp.table")
 if len(chosen) >= 2:
     metrics = tuple((k, label) for k, label, _ in derive.METRICS if k != "world_size")
     st.plotly_chart(charts.compare_bars(results, metrics), width="stretch", key="chart.compare")

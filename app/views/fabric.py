@@ -8,6 +8,7 @@ import streamlit as st
 import charts
 import common
 import derive
+import fmt
 from perfsim.units import parse_size
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce")
@@ -43,7 +44,7 @@ with common.shown_errors("Cannot sweep these collectives"):
         status.update(label=f"Timed {len(predicted)} collectives on {cluster}", state="complete")
 measured = derive.read_measured_busbw(csv_path)
 if not measured:
-    st.info(f"No measured points at {csv_path!r}; showing predictions only.", icon=":material/info:")
+    st.info(fmt.md(f"No measured points at {csv_path!r}; showing predictions only."), icon=":material/info:")
 elif "all_reduce" not in ops:
     st.caption("Measured points are all_reduce runs; pick all_reduce to compare against them.")
 series = sorted({r["series"] for r in measured})
@@ -62,6 +63,6 @@ if report is not None:
     rows = derive.stream_utilization(report.spans, report.step_time_s)
     st.plotly_chart(charts.utilization_bar(rows), width="stretch", key="chart.util")
     for note in derive.idle_link_notes(rows):
-        st.info(f"Idle link: {note}", icon=":material/link_off:")
+        st.info(fmt.md(f"Idle link: {note}"), icon=":material/link_off:")
     st.caption("Busy fraction = time a stream has at least one op in flight / step time, per representative rank "
                "of each pipeline stage; GB/s is bytes moved / busy time (collective payload, rccl-tests 'size').")

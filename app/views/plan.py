@@ -6,8 +6,8 @@ import streamlit as st
 import charts
 import common
 import derive
+import fmt
 from inputs import CHOICES, KNOBS, default_inputs
-from perfsim.units import format_bytes
 
 st.title("Plan")
 current = common.get_inputs()
@@ -27,7 +27,7 @@ with st.sidebar:
             model, model_config = upload.name.removesuffix(".json"), upload.getvalue().decode("utf-8", "replace")
         elif current.get("model_config"):
             model_config = current["model_config"]
-            st.caption(f"Using the stored config of {model!r}.")
+            st.caption(fmt.md(f"Using the stored config of {model!r}."))
         else:
             st.info("Upload a config.json (Llama, Mixtral, Qwen-MoE, DeepSeek, OLMoE).")
     clusters = common.cluster_names()
@@ -76,26 +76,27 @@ if report is None:
     st.stop()
 
 m = st.columns(6)
-m[0].metric("Step time", f"{report.step_time_s * 1e3:,.1f} ms")
-m[1].metric("Tokens/s", f"{report.tokens_per_s / 1e6:,.2f} M")
-m[2].metric("Tokens/s/GPU", f"{report.tokens_per_s_per_gpu:,.0f}")
-m[3].metric("MFU", f"{report.mfu:.1%}")
+m[0].metric("Step time", fmt.duration(report.step_time_s))
+m[1].metric("Tokens/s", fmt.tokens_per_s(report.tokens_per_s))
+m[2].metric("Tokens/s/GPU", fmt.tokens_per_s(report.tokens_per_s_per_gpu))
+m[3].metric("MFU", fmt.percent(report.mfu))
 m[4].metric("TFLOPS/GPU", f"{report.tflops_per_gpu:,.0f}")
-m[5].metric("Peak memory", format_bytes(report.peak_memory_bytes),
-            delta=f"{format_bytes(abs(report.memory_capacity_bytes - report.peak_memory_bytes))} "
-                  f"{'free' if report.fits else 'over capacity'}", delta_color="normal" if report.fits else "inverse",
-            delta_arrow="off")
+m[5].metric("Peak memory", fmt.num_bytes(report.peak_memory_bytes),
+            delta=f"{fmt.num_bytes(abs(report.memory_capacity_bytes - report.peak_memory_bytes))} "
+                  + (f"free of {fmt.num_bytes(report.memory_capacity_bytes)}" if report.fits
+                     else f"over capacity ({fmt.num_bytes(report.memory_capacity_bytes)})"),
+            delta_color="normal" if report.fits else "inverse", delta_arrow="off")
 
 for warning in report.warnings:
-    st.warning(warning, icon=":material/warning:")
+    st.warning(fmt.md(warning), icon=":material/warning:")
 for note in derive.idle_link_notes(derive.stream_utilization(report.spans, report.step_time_s)):
-    st.info(f"Idle link: {note}", icon=":material/link_off:")
+    st.info(fmt.md(f"Idle link: {note}"), icon=":material/link_off:")
 
 left, right = st.columns([3, 2])
 left.plotly_chart(charts.breakdown_bar(derive.breakdown_rows(report.breakdown, report.overlapped_comm_s),
                                        report.overlapped_comm_s), width="stretch", key="chart.breakdown")
 right.plotly_chart(charts.memory_bar(report.memory, report.memory_capacity_bytes), width="stretch", key="chart.memory")
-st.caption(f"{report.world_size} GPUs · critical pipeline stage {report.critical_stage} · estimator {report.estimator}")
+st.caption(fmt.md(f"{report.world_size:,} GPUs · critical pipeline stage {report.critical_stage} · estimator {report.estimator}"))
 
 # ---- save as a scenario -------------------------------------------------------------------
 with st.container(border=True):
@@ -105,4 +106,4 @@ with st.container(border=True):
     if b.button("Save scenario", icon=":material/save:", width="stretch"):
         with common.shown_errors("Could not save"):
             saved = common.store().save(name, inputs, report.to_dict())
-            st.success(f"Saved scenario {saved!r}.", icon=":material/check_circle:")
+            st.success(fmt.md(f"Saved scenario {saved!r}."), icon=":material/check_circle:")

@@ -8,6 +8,7 @@ import streamlit as st
 import charts
 import common
 import derive
+import fmt
 from inputs import nodes_for, with_plan
 
 FIXABLE = ("tp", "pp", "ep", "cp", "zero", "mbs", "recompute")
@@ -77,9 +78,11 @@ if not found:
 
 rows = found["rows"]
 if found["summary"]:
-    st.caption(found["summary"])
-st.dataframe([{k: v for k, v in r.items() if k != "plan"} for r in rows], hide_index=True, width="stretch",
-             key="s.table", column_config={"mfu": st.column_config.NumberColumn(format="percent")})
+    st.caption(fmt.md(found["summary"]))
+st.dataframe(fmt.scaled_rows([{k: v for k, v in r.items() if k != "plan"} for r in rows]), hide_index=True,
+             width="stretch", key="s.table",
+             column_config={k: st.column_config.NumberColumn(label, format=f)
+                            for k, (label, _, f) in fmt.TABLE_COLUMNS.items()})
 multi = len({r.get("world_size") for r in rows}) > 1
 x = "world_size" if multi else "peak_memory_bytes"
 y = "tokens_per_s" if multi else "tokens_per_s_per_gpu"

@@ -6,6 +6,7 @@ import streamlit as st
 import charts
 import common
 import derive
+import fmt
 
 st.title("Timeline")
 inputs = common.get_inputs()
@@ -33,7 +34,7 @@ if bars:
     st.plotly_chart(charts.gantt(bars, groups), width="stretch", key="chart.gantt")
 else:
     st.info("Pick at least one stage and one stream.")
-st.caption(f"{len(report.spans):,} ops simulated, {len(bars):,} bars drawn · step {report.step_time_s * 1e3:,.1f} ms · "
+st.caption(f"{len(report.spans):,} ops simulated, {len(bars):,} bars drawn · step {fmt.duration(report.step_time_s)} · "
            f"critical stage {report.critical_stage}; one representative rank per pipeline stage")
 
 st.download_button(

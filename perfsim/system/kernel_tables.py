@@ -1,0 +1,116 @@
+"""Kernel efficiency tables of a GPU profile (``[gemm]``, ``[gemm_dtypes.*]``,
+``[grouped_gemm.*]``, ``[attention]``, ``[hbm]``): what fraction of the roofline a
+kernel reaches as a function of its shape. Each table carries its ``source`` (a
+measurement it was fitted to, or the word ``assumed``); ``cost.kernels`` reads them.
+
+Tables are piecewise linear in log10(x), clamped at both ends.
+"""
+
+from dataclasses import dataclass
+
+from perfsim.errors import ConfigError
+from perfsim.system.specio import check_fraction, check_positive
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
+def check_table(owner: str, xs: tuple, ys: tuple, x_name: str, y_name: str, fraction: bool = True) -> None:
+    if len(xs) != len(ys) or len(xs) < 1:
+        raise ConfigError(f"{owner}: {x_name}/{y_name} lengths differ ({len(xs)} vs {len(ys)}) or are empty")
+    if any(b <= a for a, b in zip(xs, xs[1:])):
+        raise ConfigError(f"{owner}.{x_name}: x values must increase, got {list(xs)}")
+    for y in ys:
+        if fraction:
+            check_fraction(owner, **{y_name: y})
+        else:
+            check_positive(owner, **{y_name: y})
+
+
+def is_assumed(source: str) -> bool:
+    """A table whose source starts with 'assumed' or 'derived' is not fitted to its own GPU."""
+    return source.strip().lower().startswith(("assumed", "derived"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmEfficiency:
+    """Achieved fraction of the clock-scaled dense peak vs GEMM size (GFLOP), for one input
+    dtype; tile and wave quantization are applied on top (``tile_m`` x ``tile_n`` is the
+    library's largest macro tile; it may halve either side for a better fit). Bytes are
+    counted with ``output_dtype`` for the written result ("" = the input dtype)."""
+
+    source: str
+    tile_m: int
+    tile_n: int
+    gflop: tuple[float, ...]
+    efficiency: tuple[float, ...]
+    output_dtype: str = ""
+
+    def __post_init__(self):
+        check_positive("gemm", tile_m=self.tile_m, tile_n=self.tile_n)
+        check_table("gemm", self.gflop, self.efficiency, "gflop", "efficiency")
+        if self.output_dtype and self.output_dtype not in DTYPE_BYTES:
+            raise ConfigError(f"gemm.output_dtype: unknown dtype {self.output_dtype!r} (known: {', '.join(DTYPE_BYTES)})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupedGemmEfficiency:
+    """A grouped (MoE expert) GEMM kernel: achieved fraction of the clock-scaled peak vs
+    the tokens routed to one expert, forward and backward (dgrad + wgrad), on the
+    tile-padded work; wave quantization over all experts' tiles on top."""
+
+    source: str
+    tokens: tuple[float, ...]
+    forward_efficiency: tuple[float, ...]
+    backward_efficiency: tuple[float, ...]
+
+    def __post_init__(self):
+        check_table("grouped_gemm", self.tokens, self.forward_efficiency, "tokens", "forward_efficiency")
+        check_table("grouped_gemm", self.tokens, self.backward_efficiency, "tokens", "backward_efficiency")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionEfficiency:
+    """Flash-attention achieved fraction of the clock-scaled BF16 peak vs sequence length,
+    forward and backward; times a head-dim factor (vs ``head_dim``) and a causal factor
+    (causal kernels skip masked tiles but lose some efficiency at the diagonal)."""
+
+    source: str
+    seq: tuple[float, ...]
+    forward_efficiency: tuple[float, ...]
+    backward_efficiency: tuple[float, ...]
+    head_dim: tuple[float, ...] = (128.0,)
+    head_dim_factor: tuple[float, ...] = (1.0,)
+    causal_forward_factor: float = 1.0
+    causal_backward_factor: float = 1.0
+
+    def __post_init__(self):
+        check_table("attention", self.seq, self.forward_efficiency, "seq", "forward_efficiency")
+        check_table("attention", self.seq, self.backward_efficiency, "seq", "backward_efficiency")
+        check_table("attention", self.head_dim, self.head_dim_factor, "head_dim", "head_dim_factor", fraction=False)
+        check_positive("attention", causal_forward_factor=self.causal_forward_factor,
+                       causal_backward_factor=self.causal_backward_factor)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HbmEfficiency:
+    """Achieved fraction of peak HBM bandwidth vs bytes moved by one kernel."""
+
+    source: str
+    mbytes: tuple[float, ...]
+    efficiency: tuple[float, ...]
+
+    def __post_init__(self):
+        check_table("hbm", self.mbytes, self.efficiency, "mbytes", "efficiency")
+
+
+def table_provenance(gpu) -> list[tuple[str, str, str]]:
+    """(table, 'measured' | 'derived' | 'assumed', source) for every kernel table of a ``GpuSpec``."""
+    tables = [("gemm.bf16", gpu.gemm), *((f"gemm.{d}", t) for d, t in sorted(gpu.gemm_dtypes.items())),
+              *((f"grouped_gemm.{d}", t) for d, t in sorted(gpu.grouped_gemm.items())),
+              ("attention", gpu.attention), ("hbm", gpu.hbm)]
+    return [(name, _status(t.source), t.source) for name, t in tables]
+
+
+def _status(source: str) -> str:
+    word = source.strip().lower()
+    return "derived" if word.startswith("derived") else "assumed" if word.startswith("assumed") else "measured"
