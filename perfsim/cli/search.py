@@ -38,7 +38,12 @@ def add_command(sub) -> None:
     p.add_argument("--objective", default="time", choices=["time", "cost"], help="minimize step time or $/token")
     p.add_argument("--usd-per-gpu-hour", type=float, help="GPU price for --objective cost and the $/Mtoken column")
     p.add_argument("--top", type=int, default=10, help="plans to list")
-    p.add_argument("--confirm", type=int, default=3, help="leading plans re-run on the discrete-event engine")
+    p.add_argument("--confirm", type=int, default=1,
+                   help="re-run at least this many leaders on the discrete-event engine (default 1)")
+    p.add_argument("--confirm-bound", type=float, default=None,
+                   help="also re-run every plan whose closed form is within this share of the best engine answer "
+                        "(default: the p95 of the closed form's measured disagreement, estimators/agreement.toml)")
+    p.add_argument("--max-confirm", type=int, default=32, help="most plans re-run on the engine (default 32)")
     p.add_argument("--all-recompute", action="store_true", help="also cost recompute variants of plans that fit without")
     p.add_argument("--executor", default="local", help=f"where the sweep runs: {EXECUTORS}")
     p.add_argument("--workers", type=int, help="worker processes (local pool / dask-local)")
@@ -98,7 +103,8 @@ def run(args) -> int:
             args.model, args.cluster, gpus=args.gpus, gbs=args.gbs, seq=args.seq, fixed=fixed, limits=limits,
             max_memory_fraction=args.max_memory, objective=args.objective, usd_per_gpu_hour=args.usd_per_gpu_hour,
             top=args.top, confirm=args.confirm, executor=args.executor, workers=args.workers, dtype=args.dtype,
-            dominance=not args.all_recompute, progress=bar,
+            dominance=not args.all_recompute, progress=bar, confirm_bound=args.confirm_bound,
+            max_confirm=args.max_confirm,
         )
     except KeyboardInterrupt:
         print("\nperfsim: search cancelled; nothing written", file=sys.stderr)
@@ -106,5 +112,7 @@ def run(args) -> int:
     if args.csv:
         write_atomic(args.csv, result.to_csv())
     print(json.dumps(result.to_list(), indent=2) if args.json else result.summary())
+    if args.json:
+        print(result.confirmation_line(), file=sys.stderr)
     return 0
 

@@ -20,7 +20,9 @@ traffic + interference + optimizer step, with
   the compute it runs beside (``walk``).
 """
 
+import tomllib
 from collections import OrderedDict, deque
+from importlib import resources
 from dataclasses import dataclass
 
 from perfsim.cost.collectives import collective_cost, local_peers
@@ -156,6 +158,10 @@ def exposure(total: float, last: float, window: float, num_layers: int, overlapp
     return max(last, total - window * (1 - 1 / num_layers))
 
 
+def _scaled(load: dict[str, float], count: int) -> dict[str, float]:
+    return {link: busy * count for link, busy in load.items()}
+
+
 def template_key(plan: ParallelPlan) -> tuple:
     """Plan fields a block template depends on (not dp, pp, vpp, zero or the batch)."""
     return (plan.tp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.seq, plan.dtype, plan.recompute,
@@ -261,7 +267,7 @@ class ClosedForm:
         """(total, last op, count, link loads) seconds of a stage's gradient reduction in Megatron-Core
         DDP buckets of ``grad_bucket_bytes`` per group, filled in backward (descending)
         layer order, remainders flushed in group order (graph.grad_reduce / flush_buckets)."""
-        key = ("grads", plan.pp, plan.vpp, stage, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp,
+        key = ("grads", self.signature(plan, stage), plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp,
                plan.zero == 0, plan.grad_bucket_bytes)
         return self._cached(key, lambda: self._bucket_costs(plan, stage))
 
@@ -315,8 +321,15 @@ class ClosedForm:
             return len(ids) - moe, moe, min(ids), max(ids)
         return self._cached(("layout", plan.pp, plan.vpp, stage), make)
 
+    def signature(self, plan: ParallelPlan, stage: int) -> tuple:
+        """What a stage's blocks, their order and its GPUs' speed depend on: stages alike
+        in it (the middle ones, mostly) are priced once."""
+        nd, nm, lo, _ = self.layout(plan, stage)
+        slow, ep_speeds = self.speeds(plan)
+        return (nd, nm, self.kind(lo), stage == 0, stage == plan.pp - 1, slow[stage], ep_speeds)
+
     def optimizer_s(self, plan: ParallelPlan, stage: int) -> float:
-        key = ("opt", plan.tp, plan.ep, plan.etp, plan.pp, plan.vpp, stage, plan.zero == 0, plan.dp * plan.cp,
+        key = ("opt", plan.tp, plan.ep, plan.etp, self.signature(plan, stage), plan.zero == 0, plan.dp * plan.cp,
                plan.edp, self.speeds(plan)[0][stage])
         return self._cached(key, lambda: self.speeds(plan)[0][stage] * elementwise_time(
             optimizer_bytes(self.model, plan, stage), self.cluster.gpu))
@@ -331,15 +344,41 @@ class ClosedForm:
 
     def chain_passes(self, plan: ParallelPlan, stage: int) -> StagePasses:
         """F, B, W of a stage per microbatch: its blocks' chains alone."""
-        f = b = w = 0.0
-        for t, n in self.stage_parts(plan, stage):
-            f, b, w = f + n * t.fwd.seconds, b + n * t.bwd.seconds, w + n * t.wgt.seconds
-        return StagePasses(fwd=f, bwd_in=b, wgt=w)
+        def make():
+            f = b = w = 0.0
+            for t, n in self.stage_parts(plan, stage):
+                f, b, w = f + n * t.fwd.seconds, b + n * t.bwd.seconds, w + n * t.wgt.seconds
+            return StagePasses(fwd=f, bwd_in=b, wgt=w)
+        return self._cached(("chain", self.signature(plan, stage), *template_key(plan)), make)
 
     def stage_passes(self, plan: ParallelPlan, stage: int) -> StagePasses:
         """F, B, W of a stage per microbatch, ZeRO-3 prefetch windows included."""
+        if plan.zero != 3:
+            return self.chain_passes(plan, stage)
         w = self.windows(plan, stage)
-        return StagePasses(fwd=w["fwd"], bwd_in=w["bwd"], wgt=w["wgt"])
+        return w["passes"]
+
+    def pass_links(self, plan: ParallelPlan, stage: int) -> list[dict]:
+        """Link busy seconds of a stage's F, B and W passes per microbatch (ZeRO-3 gathers in)."""
+        if plan.zero == 3:
+            return self.windows(plan, stage)["links"]
+
+        def make():
+            out = [{}, {}, {}]
+            for t, n in self.stage_parts(plan, stage):
+                for i, part in enumerate(t.passes):
+                    out[i] = add_links(out[i], _scaled(dict(part.links), n))
+            return out
+        return self._cached(("pass_links", self.signature(plan, stage), *template_key(plan)), make)
+
+    def first_extra(self, plan: ParallelPlan, stage: int) -> float:
+        """ZeRO-1/2 with overlap: what gathering the updated weights, a block ahead, adds
+        to the first forward of a step."""
+        def make():
+            first = [(c, w) for pi, c, w in self._window_list(plan, stage, (0,), cyclic=False) if pi == 0]
+            return sum(c * (window_s(w) - w.chain_s) for c, w in first)
+        key = ("first", self.signature(plan, stage), plan.dp * plan.cp, plan.edp, *template_key(plan))
+        return self._cached(key, make)
 
     # ---- overlap windows ---------------------------------------------------------------------
 
@@ -353,43 +392,49 @@ class ClosedForm:
             out += [(2, k, layer) for k, layer in fwd[::-1] if k != "embedding"]
         return out
 
+    def _pairs(self, plan: ParallelPlan, stage: int, cyclic: bool) -> tuple:
+        """((pass, kind, next kind, next pass), count) over a stage's block sequence: each
+        block with the block after it (the next microbatch's first when ``cyclic``).
+        Depends on the layout only, so it is shared by every plan with these stages."""
+        def make():
+            seq = self._sequence(plan, stage)
+            counts: dict[tuple, int] = {}
+            for j, (pi, kind, _) in enumerate(seq):
+                nxt = seq[j + 1] if j + 1 < len(seq) else (seq[0] if cyclic else None)
+                key = (pi, kind, nxt[1] if nxt and nxt[2] >= 0 else None, nxt[0] if nxt else None)
+                counts[key] = counts.get(key, 0) + 1
+            return tuple(counts.items())
+        return self._cached(("pairs", plan.pp, plan.vpp, stage, splits_backward(plan), cyclic), make)
+
     def _window_list(self, plan: ParallelPlan, stage: int, gathers_in: tuple[int, ...], cyclic: bool) -> list:
-        """(pass index, Window) per block: each holds the gathers of the next layer block
-        in passes ``gathers_in`` (the next microbatch's first one when ``cyclic``)."""
-        seq = self._sequence(plan, stage)
+        """(pass index, count, Window): each block holds the gathers of the next layer
+        block in passes ``gathers_in``."""
         out = []
-        for j, (pi, kind, layer) in enumerate(seq):
+        for (pi, kind, next_kind, next_pass), count in self._pairs(plan, stage, cyclic):
             part = self.template(plan, kind, stage).passes[pi]
-            nxt = seq[j + 1] if j + 1 < len(seq) else (seq[0] if cyclic else None)
             prefetch, links = 0.0, {}
-            if nxt is not None and nxt[2] >= 0 and nxt[0] in gathers_in:
-                prefetch, links = sum(self.layer_gathers(plan, nxt[1])), self.gather_links(plan, nxt[1])
-            out.append((pi, Window(chain_s=part.seconds, links=dict(part.links), prefetch_s=prefetch,
-                                   prefetch_links=links)))
+            if next_kind is not None and next_pass in gathers_in:
+                prefetch, links = sum(self.layer_gathers(plan, next_kind)), self.gather_links(plan, next_kind)
+            out.append((pi, count, Window(chain_s=part.seconds, links=dict(part.links), prefetch_s=prefetch,
+                                          prefetch_links=links)))
         return out
 
     def windows(self, plan: ParallelPlan, stage: int) -> dict:
-        """Per microbatch on a stage: pass seconds with ZeRO-3 gathers prefetched a block
-        ahead (``overlap.window_s``), the gathers' exposed seconds and each pass's link
-        loads; and the first forward with ZeRO-1/2's one gather of updated weights."""
-        key = ("windows", stage, plan.pp, plan.vpp, plan.zero, plan.overlap_grad_reduce, plan.dp * plan.cp,
-               plan.edp, *template_key(plan), self.speeds(plan))
+        """ZeRO-3, per microbatch on a stage: pass seconds with the gathers prefetched a
+        block ahead (``overlap.window_s``), their exposed seconds, each pass's link loads."""
+        key = ("windows", self.signature(plan, stage), plan.dp * plan.cp, plan.edp, *template_key(plan))
         return self._cached(key, lambda: self._windows(plan, stage))
 
     def _windows(self, plan: ParallelPlan, stage: int) -> dict:
-        wins = self._window_list(plan, stage, (0, 1) if plan.zero == 3 else (), cyclic=True)
+        wins = self._window_list(plan, stage, (0, 1), cyclic=True)
         totals, exposed, links = [0.0, 0.0, 0.0], 0.0, [{}, {}, {}]
-        for pi, w in wins:
+        for pi, count, w in wins:
             seconds = window_s(w)
-            totals[pi] += seconds
-            exposed += seconds - w.chain_s
-            links[pi] = add_links(links[pi], w.links, w.prefetch_links)
-        first_extra = 0.0
-        if plan.zero in (1, 2) and plan.overlap_grad_reduce:  # updated weights gathered in the first forward
-            first = [w for pi, w in self._window_list(plan, stage, (0,), cyclic=False) if pi == 0]
-            first_extra = sum(window_s(w) - w.chain_s for w in first)
-        return {"fwd": totals[0], "bwd": totals[1], "wgt": totals[2], "gather_exposed": exposed,
-                "links": links, "first_extra": first_extra}
+            totals[pi] += count * seconds
+            exposed += count * (seconds - w.chain_s)
+            links[pi] = add_links(links[pi], _scaled(w.links, count), _scaled(w.prefetch_links, count))
+        return {"passes": StagePasses(fwd=totals[0], bwd_in=totals[1], wgt=totals[2]), "gather_exposed": exposed,
+                "links": links}
 
     def stage_gathers(self, plan: ParallelPlan, layout: tuple) -> float:
         """All-gather seconds of one pass over a stage's layers (alone, back to back)."""
@@ -420,8 +465,8 @@ class ClosedForm:
             return grads, grads, num_buckets
         nd, nm, _, _ = self.layout(plan, stage)
         alone = exposure(grads, last, st.bwd, max(1, nd + nm), True)
-        w = self.windows(plan, stage)
-        return grads, drain_s(st.bwd, alone, add_links(w["links"][1], w["links"][2]), loads), num_buckets
+        links = self.pass_links(plan, stage)
+        return grads, drain_s(st.bwd, alone, add_links(links[1], links[2]), loads), num_buckets
 
     def _gathers(self, plan: ParallelPlan, stage: int) -> tuple[float, float, float]:
         """(total, exposed, exposed before the stage's first forward) ZeRO all-gather seconds."""
@@ -430,11 +475,12 @@ class ClosedForm:
         per_step = self.stage_gathers(plan, self.layout(plan, stage))
         if per_step <= 0:
             return 0.0, 0.0, 0.0
-        w = self.windows(plan, stage)
         if plan.zero == 3:  # gathered before every pass of every microbatch (inside the passes)
-            return 2 * plan.num_microbatches * per_step, plan.num_microbatches * w["gather_exposed"], 0.0
+            exposed = self.windows(plan, stage)["gather_exposed"]
+            return 2 * plan.num_microbatches * per_step, plan.num_microbatches * exposed, 0.0
         if plan.overlap_grad_reduce:  # ZeRO-1/2: updated weights gathered behind the first forward
-            return per_step, w["first_extra"], w["first_extra"]
+            extra = self.first_extra(plan, stage)
+            return per_step, extra, extra
         return per_step, per_step, 0.0  # after the optimizer, all exposed
 
     def _stage_end(self, plan: ParallelPlan, stage: int, st: StagePasses) -> dict:
@@ -456,21 +502,25 @@ class ClosedForm:
         crit, st, bubble = self.pipeline(plan)
         p2p = 2 * (plan.pp - 1) * self.p2p_s(plan)
         m = plan.num_microbatches
-        passes = {s: self.stage_passes(plan, s) for s in range(plan.pp)}
-        ends = {s: self._stage_end(plan, s, passes[s]) for s in range(plan.pp)}
+        sigs = [self.signature(plan, s) for s in range(plan.pp)]
+        firsts = {}  # one stage per signature: alike stages differ only in their offsets
+        for s, sig in enumerate(sigs):
+            firsts.setdefault(sig, s)
+        passes = {sig: self.stage_passes(plan, s) for sig, s in firsts.items()}
+        ends = {sig: self._stage_end(plan, s, passes[sig]) for sig, s in firsts.items()}
         warm = cool = 0.0
         offsets = {}
-        for s in range(plan.pp):
+        for s, sig in enumerate(sigs):
             offsets[s] = (warm / plan.vpp, cool / plan.vpp)
-            warm, cool = warm + passes[s].fwd, cool + passes[s].bwd
-        shift = max(max(0.0, ends[s]["gather_shift_s"] - offsets[s][0]) for s in range(plan.pp))
+            warm, cool = warm + passes[sig].fwd, cool + passes[sig].bwd
+        shift = max(max(0.0, ends[sigs[s]]["gather_shift_s"] - offsets[s][0]) for s in range(plan.pp))
         pipe = bubble + p2p + shift + m * (st.fwd + st.bwd)  # stage 0's last backward ends here
 
         def finish(s):
-            e = ends[s]
+            e = ends[sigs[s]]
             return (pipe - offsets[s][1] + e["grad_exposed_s"] + e["interference_s"] + e["optimizer_s"] + e["tail_s"],)
         step = max(finish(s)[0] for s in range(plan.pp))
-        e = ends[crit]  # reported: the stage with the most work, as the engine's report does
+        e = ends.get(sigs[crit]) or self._stage_end(plan, crit, st)  # reported: the stage with the most work
         return {"step_time_s": step, "critical_stage": crit, "bubble_s": bubble, "p2p_s": p2p,
                 "busy_s": m * (st.fwd + st.bwd), **e, "gather_shift_s": shift}
 
@@ -482,6 +532,13 @@ class ClosedForm:
         of the critical stage (every other term of the step is >= 0)."""
         _, st, bubble = self.pipeline(plan)
         return bubble + plan.num_microbatches * (st.fwd + st.bwd)
+
+
+def measured_disagreement() -> dict:
+    """The closed form's measured distance from the engine (``agreement.toml``: median,
+    p95 and max of |estimate / simulate - 1| over a seeded plan sample, with its source)."""
+    text = resources.files("perfsim.estimators").joinpath("agreement.toml").read_text()
+    return tomllib.loads(text)
 
 
 _CACHE: OrderedDict = OrderedDict()

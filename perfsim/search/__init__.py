@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from perfsim import api
 from perfsim.errors import ConfigError, InfeasiblePlan
-from perfsim.estimators.analytic import ClosedForm
+from perfsim.estimators.analytic import ClosedForm, measured_disagreement
 from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan
@@ -32,6 +32,7 @@ from perfsim.search.rank import Candidate, explain_infeasible, format_table, ran
 log = logging.getLogger(__name__)
 OBJECTIVES = ("time", "cost")
 CHUNKS_PER_WORKER = 4
+MAX_CONFIRM = 32  # engine runs a search may spend confirming (each 0.01-0.5 s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +55,10 @@ class SearchResult:
     executor: str
     workers: int
     pareto: list[dict] = field(default_factory=list)
+    confirmed: int = 0  # plans re-run on the engine
+    confirm_bound: float = 0.0  # closed-form disagreement bound used to pick them
+    max_disagreement: float = 0.0  # largest |closed form / engine - 1| among them
+    confirm_capped: bool = False  # max_confirm stopped the confirmation before the bound did
 
     @property
     def valid(self) -> int:
@@ -99,7 +104,14 @@ class SearchResult:
         if self.pareto:
             front = ", ".join(f"{p['gpus']} GPUs {p['tokens_per_s']:,.0f} tok/s" for p in self.pareto)
             lines.append(f"Pareto front (GPUs vs throughput): {front}")
+        lines.append(self.confirmation_line())
         return "\n".join(lines)
+
+    def confirmation_line(self) -> str:
+        capped = f"; stopped at max_confirm={self.confirmed}, more were within the bound" if self.confirm_capped else ""
+        return (f"confirmed {self.confirmed} plan{'s' if self.confirmed != 1 else ''} on the engine (every plan whose "
+                f"closed form is within {self.confirm_bound:.1%} of the best engine answer{capped}); largest "
+                f"closed-form vs engine disagreement seen: {self.max_disagreement:.1%}")
 
 
 def _describe(row) -> str:
@@ -177,39 +189,53 @@ def _check_args(gbs, seq, top, confirm, fraction, objective, usd_per_gpu_hour) -
 def search(
     model, cluster, *, gpus, gbs: int, seq: int, fixed: dict | None = None, limits: dict | None = None,
     max_memory_fraction: float = 1.0, objective: str = "time", usd_per_gpu_hour: float | None = None,
-    top: int = 10, confirm: int = 3, executor: str = "local", workers: int | None = None, dtype: str = "bf16",
+    top: int = 10, confirm: int = 1, executor: str = "local", workers: int | None = None, dtype: str = "bf16",
     routing: RoutingSpec | None = None, dominance: bool = True, bound: bool = True, progress=None,
+    confirm_bound: float | None = None, max_confirm: int = MAX_CONFIRM,
 ) -> SearchResult:
     """Find the best plans for ``model`` on ``gpus`` GPUs (a count, a list or 'LO-HI').
 
     ``fixed`` pins axes ({'tp': 1, 'zero': (1, 2)}); ``limits`` caps them ({'pp': 8});
-    ``objective`` 'time' (step time) or 'cost' ($ per token at ``usd_per_gpu_hour``);
-    the ``confirm`` best are re-run on the engine. ``progress(phase, done, total)`` is
+    ``objective`` 'time' (step time) or 'cost' ($ per token at ``usd_per_gpu_hour``).
+    Confirmation: at least the ``confirm`` best, and every plan whose closed-form score
+    is within ``confirm_bound`` (default: the p95 of the closed form's measured disagreement,
+    ``estimators/agreement.toml``) of the best engine score, are re-run on the engine, up
+    to ``max_confirm``; rows are ranked by the engine first. ``progress(phase, done, total)`` is
     called as chunks finish. Raises InfeasiblePlan naming the binding constraint when no
     plan is valid and fits, ConfigError for bad input.
     """
     t0 = time.perf_counter()
     _check_args(gbs, seq, top, confirm, max_memory_fraction, objective, usd_per_gpu_hour)
+    bound_rel = measured_disagreement()["p95_rel"] if confirm_bound is None else confirm_bound
+    if isinstance(bound_rel, bool) or not isinstance(bound_rel, int | float) or not 0 <= bound_rel < 10:
+        raise ConfigError(f"confirm_bound: must be a number in [0, 10), got {confirm_bound!r}")
+    if isinstance(max_confirm, bool) or not isinstance(max_confirm, int) or max_confirm < 0:
+        raise ConfigError(f"max_confirm: must be an integer >= 0, got {max_confirm!r}")
     model, base = api.load_model(model), api.load_cluster(cluster)
     counts, routing = gpu_counts(gpus), routing or UNIFORM
     space = build_space(model, base.gpus_per_node, fixed, limits)
     contexts = {w: _context(model, base, w, gbs, seq, dtype, routing, max_memory_fraction) for w in counts}
-    keep = max(top, confirm)
+    keep = max(top, confirm, max_confirm)
     ex = make_executor(executor, workers)
     try:
         n = CHUNKS_PER_WORKER * ex.workers
         chunks = [c for ctx in contexts.values() for c in _chunks(ctx, space, n, keep, dominance, bound)]
         sweep = ex.map(cost_chunk, chunks, _phase(progress, "sweep"))
         t_sweep = time.perf_counter()
-        candidates = _candidates(sweep, contexts, top, objective, usd_per_gpu_hour, gbs * seq)
+        candidates = _candidates(sweep, contexts, keep, objective, usd_per_gpu_hour, gbs * seq)
         if not candidates:
             raise InfeasiblePlan(explain_infeasible(model, base, counts, gbs, seq, sweep, max_memory_fraction))
-        _confirm(ex, candidates, confirm, model, contexts, routing, objective, usd_per_gpu_hour, progress)
+        policy = (confirm, bound_rel, max_confirm)
+        capped = _confirm(ex, candidates, policy, model, contexts, routing, objective, usd_per_gpu_hour, progress)
     finally:
         ex.close()
     costers = {w: ClosedForm(model, ctx.cluster, routing) for w, ctx in contexts.items()}
     rows, pareto = rank_rows(candidates, costers, model, contexts, objective, usd_per_gpu_hour, multi=len(counts) > 1)
+    confirmed = [c for c in candidates if c.report is not None]
+    rows = rows[:max(top, len(confirmed))]  # confirmed rows come first
     return SearchResult(
+        confirmed=len(confirmed), confirm_bound=bound_rel, confirm_capped=capped,
+        max_disagreement=max((abs(c.analytic_step_time_s / c.report["step_time_s"] - 1) for c in confirmed), default=0.0),
         model=model.name, cluster=base.name, objective=objective, gpus=counts, gbs=gbs, seq=seq, rows=rows,
         enumerated=sum(r.enumerated for r in sweep), costed=sum(r.costed for r in sweep),
         bounded=sum(r.bounded for r in sweep),
@@ -219,21 +245,33 @@ def search(
     )
 
 
-def _confirm(ex, candidates, confirm, model, contexts, routing, objective, usd, progress) -> None:
-    """Run the engine on the leaders, ``confirm`` at a time, until the next candidate's
-    closed-form score cannot beat the ``confirm``-th best engine score (the engine adds
-    contention the closed form leaves out) or ``top`` candidates are confirmed."""
-    done, tokens = 0, candidates[0].plan.tokens_per_step
-    while confirm and done < len(candidates):
-        batch = candidates[done:done + confirm]
+def _confirm(ex, candidates, policy, model, contexts, routing, objective, usd, progress) -> bool:
+    """Run the engine on the leaders (in closed-form order, a batch per worker round):
+    at least ``confirm`` of them, then every next one whose closed-form score divided by
+    (1 + bound) could still beat the best engine score -- the closed form is within
+    ``bound`` of the engine -- up to ``max_confirm``. True when the cap stopped it."""
+    confirm, bound, cap = policy
+    done, tokens, batch_size = 0, candidates[0].plan.tokens_per_step, max(1, confirm, ex.workers)
+    best = float("inf")
+    while done < len(candidates):
+        batch = []
+        for cand in candidates[done:done + batch_size]:
+            if done + len(batch) >= confirm and cand.objective / (1 + bound) >= best:
+                break
+            batch.append(cand)
+        if not batch:
+            return False
+        if done + len(batch) > cap:
+            batch = batch[:max(0, cap - done)]
+            if not batch:
+                return True
         tasks = [(model, contexts[c.num_gpus].cluster, c.plan, routing) for c in batch]
         for cand, report in zip(batch, ex.map(confirm_plan, tasks, _phase(progress, "confirm"))):
             cand.report = report
             cand.engine_objective = _score(report["step_time_s"], cand.num_gpus, objective, usd, tokens)
+            best = min(best, cand.engine_objective)
         done += len(batch)
-        scores = sorted(c.engine_objective for c in candidates[:done])
-        if done >= len(candidates) or candidates[done].objective >= scores[min(confirm, len(scores)) - 1]:
-            return
+    return False
 
 
 def _score(step: float, num_gpus: int, objective: str, usd: float | None, tokens: int) -> float:

@@ -1,0 +1,60 @@
+"""How far the closed form (``estimate``) is from the engine (``simulate``): the
+distribution of |closed / engine - 1| over the seeded plan sample of
+``validation/agreement.py`` (ZeRO 0-3, tp/pp/vpp/cp/ep/etp, every schedule, recompute,
+TP-comm overlap, routing skew, three clusters), and the cases at the top.
+
+    .venv/bin/python validation/bench_estimators.py [--plans 300] [--seed 0] [--top 10]
+
+``BEFORE`` is the same sample measured on commit 1721bd4 (the graph-lowering closed form
+and the engine's single data-parallel queue), for the before/after.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from validation import agreement  # noqa: E402
+
+BEFORE = {"plans": 300, "seed": 0, "median": 0.0242, "p95": 0.2124, "max": 0.4926, "within_5pct": 197}
+
+
+def measure(plans: int, seed: int) -> list[tuple[float, float, float, agreement.Case]]:
+    """(signed error, closed-form s, engine s, case) per plan."""
+    out = []
+    for case in agreement.sample(plans, seed):
+        closed, engine = agreement.compare(case)
+        out.append((closed / engine - 1, closed, engine, case))
+    return out
+
+
+def distribution(rows) -> dict:
+    errs = sorted(abs(r[0]) for r in rows)
+    return {"median": statistics.median(errs), "p95": errs[max(0, int(0.95 * len(errs)) - 1)], "max": errs[-1],
+            "within_5pct": sum(e <= 0.05 for e in errs)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plans", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top", type=int, default=10)
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    rows = measure(args.plans, args.seed)
+    d = distribution(rows)
+    print(f"closed form vs engine, {args.plans} plans (seed {args.seed}), {time.perf_counter() - t0:.1f} s")
+    print(f"  |closed/engine - 1|: median {d['median']:.2%}  p95 {d['p95']:.2%}  max {d['max']:.2%}  "
+          f"within 5%: {d['within_5pct']}/{args.plans}")
+    print(f"  before (1721bd4):    median {BEFORE['median']:.2%}  p95 {BEFORE['p95']:.2%}  max {BEFORE['max']:.2%}  "
+          f"within 5%: {BEFORE['within_5pct']}/{BEFORE['plans']}")
+    print(f"  largest {args.top}:")
+    for err, closed, engine, case in sorted(rows, key=lambda r: -abs(r[0]))[:args.top]:
+        print(f"    {err:+7.1%}  closed {closed * 1e3:9.2f} ms  engine {engine * 1e3:9.2f} ms  {case.describe()}")
+
+
+if __name__ == "__main__":
+    main()
