@@ -5,7 +5,8 @@ their dependencies; the engine only records spans, ``report`` interprets them.
 
 Comm ops of a stage that overlap in time share the representative rank's links (xGMI
 links, NIC, leaf uplinks): after its fixed latency an op moves data as a fluid flow,
-and rates are re-divided max-min fairly whenever a flow starts or ends. An op alone
+and rates are re-divided max-min fairly whenever a flow starts or ends, gradient
+buckets after everything else (``priority_rates``). An op alone
 takes exactly its priced duration, so the engine equals ``analytic`` without overlap.
 
 With ``plan.comm_compute_interference`` > 0 a compute op progresses at (1 - share) of
@@ -22,6 +23,7 @@ from perfsim.system.network import max_min_rates
 from perfsim.lowering.ops import Op
 
 DONE_S = 1e-15  # a flow with less work left than this (seconds at full rate) has ended
+BACKGROUND = frozenset({"dp_grad_reduce"})  # comm categories served after everything else
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +100,7 @@ class _Links:
             return
         self._advance()
         finished = self.env.event()
-        self.flows[op.op_id] = [work, share, finished]
+        self.flows[op.op_id] = [work, share, finished, op.category in BACKGROUND]
         self._reschedule()
         yield finished
 
@@ -109,7 +111,7 @@ class _Links:
         self.last = self.env.now
 
     def _reschedule(self) -> None:
-        self.rates = max_min_rates({fid: flow[1] for fid, flow in self.flows.items()})
+        self.rates = priority_rates(self.flows)
         self.generation += 1
         if self.flows:
             wait = min(flow[0] / max(self.rates[fid], 1e-300) for fid, flow in self.flows.items())
@@ -126,6 +128,32 @@ class _Links:
         for fid in [f for f, flow in self.flows.items() if flow[0] <= tolerance * max(self.rates.get(f, 0.0), 1.0)]:
             self.flows.pop(fid)[2].succeed()
         self._reschedule()
+
+
+def priority_rates(flows: dict) -> dict[int, float]:
+    """Max-min fair rates in two classes: foreground traffic (everything a pass waits
+    for: TP/EP/CP/PP comm, parameter prefetch) shares the links first; background
+    gradient buckets take what is left, so overlapping them never slows the pass
+    (``flows[id] = [work, link shares, event, background]``)."""
+    front = {fid: f[1] for fid, f in flows.items() if not f[3]}
+    rates = max_min_rates(front) if front else {}
+    back = {fid: f[1] for fid, f in flows.items() if f[3]}
+    if not back:
+        return rates
+    used: dict[str, float] = {}
+    for fid, share in front.items():
+        for link, d in share.items():
+            used[link] = used.get(link, 0.0) + d * rates[fid]
+    scaled, stalled = {}, []
+    for fid, share in back.items():
+        left = {link: 1.0 - used.get(link, 0.0) for link in share}
+        if any(v <= 1e-12 for v in left.values()):
+            stalled.append(fid)
+        else:
+            scaled[fid] = {link: d / left[link] for link, d in share.items()}
+    rates.update(max_min_rates(scaled) if scaled else {})
+    rates.update({fid: 0.0 for fid in stalled})
+    return rates
 
 
 def _stream(env: simpy.Environment, ops: list[Op], done: list, spans: list, links: _Links, share: float):
