@@ -127,7 +127,7 @@ def _cmd_goodput(args) -> int:
     out = goodput.plan_goodput(args.model, cluster, failures=failures, storage=args.storage, restart_s=args.restart_s,
                                async_checkpoint=args.async_checkpoint, interval_s=args.interval_s,
                                monte_carlo_runs=args.monte_carlo, run_days=args.run_days, seed=args.seed,
-                               **_plan_knobs(args, cluster.num_gpus))
+                               estimator=args.engine, **_plan_knobs(args, cluster.num_gpus))
     if args.json:
         _print_json(out)
         return 0
@@ -135,7 +135,8 @@ def _cmd_goodput(args) -> int:
     lines = [
         f"{out['model']} on {out['num_nodes']} nodes x {out['num_gpus'] // out['num_nodes']} ({out['cluster']}), "
         f"plan {out['plan']}, storage {out['storage']}",
-        f"step time            {out['step_time_s']:.3f} s   ({out['tokens_per_s']:,.0f} tokens/s without failures)",
+        f"step time            {out['step_time_s']:.3f} s   ({out['tokens_per_s']:,.0f} tokens/s without failures; "
+        f"estimator {out['estimator']})",
         f"checkpoint           {format_bytes(out['checkpoint_bytes'])} (largest shard {format_bytes(out['checkpoint_per_rank_bytes'])}/rank), "
         f"{mode}: blocks {out['delta_s']:.2f} s, write {out['write_s']:.1f} s, read {out['read_s']:.1f} s",
         f"job MTBF             {out['system_mtbf_s'] / 3600:.2f} h ({out['failures_per_day']:.2f} failures/day); "
@@ -209,9 +210,10 @@ def _add_moe_width(sub) -> None:
     p.add_argument("--total-params", type=float, help="total parameter budget")
     p.add_argument("--experts", default=",".join(map(str, moe_width.DEFAULT_EXPERTS)))
     p.add_argument("--top-k", default=",".join(map(str, moe_width.DEFAULT_TOP_K)))
-    p.add_argument("--batch", type=int, default=64, help="sequences decoding together")
-    p.add_argument("--context", type=int, default=4096, help="tokens in each sequence's KV cache")
-    p.add_argument("--serve-ep", type=int, default=8, help="serving expert-parallel degree")
+    serving = moe_width.Serving()  # defaults shared with the planner's MoE width page
+    p.add_argument("--batch", type=int, default=serving.batch, help="sequences decoding together")
+    p.add_argument("--context", type=int, default=serving.context, help="tokens in each sequence's KV cache")
+    p.add_argument("--serve-ep", type=int, default=serving.ep, help="serving expert-parallel degree")
     p.add_argument("--nodes", type=int, help="training nodes (default: the profile's)")
     for knob, default in (("seq", 4096), ("mbs", 1), ("zero", 1), ("align", 64)):
         p.add_argument(f"--{knob}", type=int, default=default)
@@ -226,7 +228,9 @@ def _add_goodput(sub) -> None:
     p.add_argument("--nodes", type=int)
     p.add_argument("--mtbf-node-hours", type=float, help="mean time between failures of one node")
     p.add_argument("--mtbf-gpu-hours", type=float, help="mean time between failures of one GPU")
-    p.add_argument("--storage", default="pfs-shared", help="storage profile name or .toml path")
+    p.add_argument("--storage", default=goodput.DEFAULT_STORAGE, help="storage profile name or .toml path")
+    p.add_argument("--engine", default=goodput.DEFAULT_ESTIMATOR, choices=["des", "analytic"],
+                   help="estimator of the step time (default des: the step time perfsim simulate reports)")
     p.add_argument("--restart-s", type=float, default=goodput.DEFAULT_RESTART_S,
                    help="restart + re-initialization seconds, before the checkpoint read (default: assumed 600)")
     p.add_argument("--async", dest="async_checkpoint", action="store_true", help="asynchronous checkpointing")
@@ -245,7 +249,7 @@ def _add_reshard(sub) -> None:
     _model_cluster(p)
     p.add_argument("--from-gpus", type=int, required=True)
     p.add_argument("--to-gpus", type=int, required=True)
-    p.add_argument("--storage", default="pfs-shared")
+    p.add_argument("--storage", default=goodput.DEFAULT_STORAGE)
     for knob in ("tp", "pp", "ep", "zero"):
         p.add_argument(f"--{knob}", type=int)
     p.set_defaults(func=_cmd_reshard)

@@ -6,7 +6,7 @@ import sys
 import tempfile
 
 from perfsim.errors import ConfigError
-from perfsim.search import search
+from perfsim.search import DEFAULT_MAX_MEMORY_FRACTION, search
 from perfsim.search.executors import EXECUTORS
 
 FIXABLE_INTS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs")
@@ -34,7 +34,8 @@ def add_command(sub) -> None:
     p.add_argument("--schedule", help="fix the pipeline schedule (comma list)")
     for axis in LIMITS:
         p.add_argument(f"--max-{axis}", type=int, help=f"largest {axis} to try")
-    p.add_argument("--max-memory", type=float, default=1.0, help="usable share of HBM per GPU (default 1.0)")
+    p.add_argument("--max-memory", type=float, default=DEFAULT_MAX_MEMORY_FRACTION,
+                   help=f"usable share of HBM per GPU (default {DEFAULT_MAX_MEMORY_FRACTION})")
     p.add_argument("--objective", default="time", choices=["time", "cost"], help="minimize step time or $/token")
     p.add_argument("--usd-per-gpu-hour", type=float, help="GPU price for --objective cost and the $/Mtoken column")
     p.add_argument("--top", type=int, default=10, help="plans to list")

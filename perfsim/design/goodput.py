@@ -195,6 +195,8 @@ def goodput_curve(tau_s: float, cost: CheckpointCost, mtbf_s: float, points: int
     return [{"interval_s": float(t), "goodput": goodput(float(t), cost, mtbf_s)} for t in taus]
 
 
+DEFAULT_STORAGE = "pfs-shared"  # the CLI's and the planner's default storage profile
+DEFAULT_ESTIMATOR = "des"  # the step time `perfsim simulate` reports (its default engine), not the closed form
 DEFAULT_RESTART_S = 600.0  # assumed: reschedule + container start + process-group init + warm-up (not measured)
 
 
@@ -207,11 +209,12 @@ def checkpoint_cost(times: dict, restart_s: float, async_checkpoint: bool) -> Ch
     return CheckpointCost(delta_s=times["write_s"], restart_s=restart_s + times["read_s"])
 
 
-def plan_goodput(model, cluster, plan=None, *, failures: FailureModel, storage="pfs-shared",
+def plan_goodput(model, cluster, plan=None, *, failures: FailureModel, storage=DEFAULT_STORAGE,
                  restart_s: float = DEFAULT_RESTART_S, async_checkpoint: bool = False, interval_s: float | None = None,
                  nodes: int | None = None, monte_carlo_runs: int = 0, run_days: float = 30.0, seed: int = 0,
-                 **knobs) -> dict:
-    """Goodput of a training run: step time from ``api.estimate``, checkpoint size from the
+                 estimator: str = DEFAULT_ESTIMATOR, **knobs) -> dict:
+    """Goodput of a training run: step time from ``api.simulate`` with ``estimator`` (by default
+    the engine, so it equals ``perfsim simulate``'s), checkpoint size from the
     model and plan, save/load times from the storage profile, the Daly interval (or
     ``interval_s``), goodput, lost work per failure and tokens per day; optionally a
     seeded Monte-Carlo over ``run_days`` of useful training."""
@@ -223,7 +226,7 @@ def plan_goodput(model, cluster, plan=None, *, failures: FailureModel, storage="
     model = api.load_model(model)
     cl = api.load_cluster(cluster, nodes=nodes)
     plan = plan or api.make_plan(cl.num_gpus, **knobs)
-    report = api.estimate(model, cl, plan)
+    report = api.simulate(model, cl, plan, estimator=estimator)
     store = checkpoint.load_storage(storage)
     size = checkpoint.checkpoint_size(model, plan)
     times = checkpoint.checkpoint_times(size, cl, store)
@@ -237,7 +240,7 @@ def plan_goodput(model, cluster, plan=None, *, failures: FailureModel, storage="
     out = {
         "model": model.name, "cluster": cl.name, "num_nodes": cl.num_nodes, "num_gpus": cl.num_gpus,
         "plan": plan.describe(), "storage": store.name, "async_checkpoint": async_checkpoint,
-        "step_time_s": report.step_time_s, "tokens_per_s": report.tokens_per_s,
+        "step_time_s": report.step_time_s, "tokens_per_s": report.tokens_per_s, "estimator": report.estimator,
         "checkpoint_bytes": size.total_bytes, "checkpoint_per_rank_bytes": size.per_rank_bytes, **times,
         "system_mtbf_s": m, "failures_per_day": DAY / m, "delta_s": delta, "restart_total_s": cost.restart_s,
         "persist_s": cost.persist_s, "formula": DAILY_FORMULA, "daly_interval_s": daly,

@@ -174,9 +174,12 @@ def _check_args(gbs, seq, top, confirm, fraction, objective, usd_per_gpu_hour) -
         raise ConfigError("objective: 'cost' needs usd_per_gpu_hour (a $/GPU-hour price)")
 
 
+DEFAULT_MAX_MEMORY_FRACTION = 1.0  # share of HBM a plan may use: the CLI's and the planner's default
+
+
 def search(
     model, cluster, *, gpus, gbs: int, seq: int, fixed: dict | None = None, limits: dict | None = None,
-    max_memory_fraction: float = 1.0, objective: str = "time", usd_per_gpu_hour: float | None = None,
+    max_memory_fraction: float = DEFAULT_MAX_MEMORY_FRACTION, objective: str = "time", usd_per_gpu_hour: float | None = None,
     top: int = 10, confirm: int = 3, executor: str = "local", workers: int | None = None, dtype: str = "bf16",
     routing: RoutingSpec | None = None, dominance: bool = True, bound: bool = True, progress=None,
 ) -> SearchResult:
