@@ -74,6 +74,22 @@ def test_plan_default_is_zaya1_on_128_mi300x_nodes():
     assert len(at.get("plotly_chart")) == 2  # breakdown + memory
 
 
+def test_plan_errors_render_as_typed_not_as_markdown():
+    """Issue 17.7: `tp*pp*cp*dp = 3*1*1*1024` must not become italics."""
+    at = start()
+    knob(at, "tp", 3)
+    shown = errors(at)[0]
+    assert r"tp\*pp\*cp\*dp = 3\*1\*1\*1024" in shown
+    assert shown.replace("\\", "") .startswith("This plan cannot run: plan: tp*pp*cp*dp = 3*1*1*1024")
+
+
+def test_plan_page_explains_the_critical_path():
+    at = start()
+    note = next(m.value for m in at.markdown if "longest chain" in m.value)
+    assert "critical" in note.lower() and "bubble" in note
+    assert any("sums to the step" in c.value for c in at.caption)
+
+
 def test_changing_a_knob_changes_the_step_time():
     at = start()
     before = metric(at, "Step time")

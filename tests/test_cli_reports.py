@@ -91,3 +91,20 @@ def test_bad_trace_stages_are_one_line_exit_2(tmp_path, capsys, extra, field):
     code, _, err = _main([*SIM, "--trace", str(tmp_path / "t.json"), *extra], capsys)
     assert code == 2 and field in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "t.json").exists()
+
+
+# ---- critical path vs breakdown: both explained, both sum to the step -----------------------------
+
+def test_critical_path_and_breakdown_are_explained_and_both_sum_to_the_step(capsys):
+    argv = ["simulate", "--model", "llama3.1-8b", "--nodes", "1", "--pp", "2", "--gbs", "16", "--seq", "1024"]
+    code, out, _ = _main(argv, capsys)
+    assert code == 0
+    assert "sums to the step" in out and "longest chain of dependent ops through all stages" in out
+    code, listed, _ = _main([*argv, "--json"], capsys)
+    report = json.loads(listed)
+    step = report["step_time_s"]
+    assert sum(report["breakdown"].values()) == pytest.approx(step, rel=1e-6)
+    assert sum(report["critical_path_s"].values()) == pytest.approx(step, rel=1e-6)
+    assert "pipeline_bubble" in report["breakdown"] and "pipeline_bubble" not in report["critical_path_s"]
+    shown = next(line for line in out.splitlines() if line.startswith("critical path"))
+    assert f"{step * 1e3:.1f} ms" in shown

@@ -96,7 +96,12 @@ left, right = st.columns([3, 2])
 left.plotly_chart(charts.breakdown_bar(derive.breakdown_rows(report.breakdown, report.overlapped_comm_s),
                                        report.overlapped_comm_s), width="stretch", key="chart.breakdown")
 right.plotly_chart(charts.memory_bar(report.memory, report.memory_capacity_bytes), width="stretch", key="chart.memory")
-st.caption(fmt.md(f"{report.world_size:,} GPUs · critical pipeline stage {report.critical_stage} · estimator {report.estimator}"))
+st.caption(fmt.md(f"{report.world_size:,} GPUs · estimator {report.estimator} · the bar is where critical pipeline "
+                  f"stage {report.critical_stage}'s step goes (sums to the step; its idle time is pipeline_bubble)"))
+with st.expander("Critical path: why it differs from the breakdown", icon=":material/route:"):
+    st.markdown(fmt.md(derive.critical_path_note(report)))
+    st.dataframe([{"category": k, "on the critical path": fmt.duration(v), "in the breakdown": fmt.duration(report.breakdown.get(k, 0.0))}
+                  for k, v in derive.critical_path_rows(report)], hide_index=True, key="plan.critical")
 
 # ---- save as a scenario -------------------------------------------------------------------
 with st.container(border=True):
