@@ -75,8 +75,7 @@ def _fit_kernels(cluster, csv_files, when, fits, notes, regenerate_gemm):
         raise ConfigError(f"gemm-csv: no row in {', '.join(csv_files)} is for {cluster.gpu.name}")
     gpu, tables = kernel_fit.fit_kernels(points, cluster.gpu, regenerate_gemm)
     for t in tables:
-        spec = getattr(gpu, t.name)
-        gpu = dataclasses.replace(gpu, **{t.name: dataclasses.replace(spec, source=_stamp(spec.source, csv_files, when))})
+        gpu = kernel_fit.restamp(gpu, t.name, lambda text: _stamp(text, csv_files, when))
         fits.append(FitSummary(name=t.name, num_points=t.num_points, mape_before=t.mape_before, mape_after=t.mape_after,
                                detail=f"x={list(t.xs)} y={list(t.ys)} {t.note}".strip()))
     return dataclasses.replace(cluster, gpu=gpu)

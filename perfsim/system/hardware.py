@@ -14,6 +14,8 @@ import tomli_w
 
 from perfsim import units
 from perfsim.errors import ConfigError
+from perfsim.system.kernel_tables import (AttentionEfficiency, GemmEfficiency, GroupedGemmEfficiency,  # noqa: F401
+                                          HbmEfficiency)
 from perfsim.system.specio import check_fraction, check_positive, from_dict, to_dict
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles"  # inside the package: wheels carry it
@@ -55,47 +57,6 @@ def _check_table(owner: str, xs: tuple, ys: tuple, x_name: str, y_name: str) -> 
 
 
 @dataclass(frozen=True, kw_only=True)
-class GemmEfficiency:
-    """Achieved fraction of dense peak vs GEMM size; wave quantization applied on top."""
-
-    source: str
-    tile_m: int
-    tile_n: int
-    gflop: tuple[float, ...]
-    efficiency: tuple[float, ...]
-
-    def __post_init__(self):
-        check_positive("gemm", tile_m=self.tile_m, tile_n=self.tile_n)
-        _check_table("gemm", self.gflop, self.efficiency, "gflop", "efficiency")
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttentionEfficiency:
-    """Flash-attention achieved fraction of dense peak vs FLOPs per call."""
-
-    source: str
-    gflop: tuple[float, ...]
-    forward_efficiency: tuple[float, ...]
-    backward_efficiency: tuple[float, ...]
-
-    def __post_init__(self):
-        _check_table("attention", self.gflop, self.forward_efficiency, "gflop", "forward_efficiency")
-        _check_table("attention", self.gflop, self.backward_efficiency, "gflop", "backward_efficiency")
-
-
-@dataclass(frozen=True, kw_only=True)
-class HbmEfficiency:
-    """Achieved fraction of peak HBM bandwidth vs bytes moved by one kernel."""
-
-    source: str
-    mbytes: tuple[float, ...]
-    efficiency: tuple[float, ...]
-
-    def __post_init__(self):
-        _check_table("hbm", self.mbytes, self.efficiency, "mbytes", "efficiency")
-
-
-@dataclass(frozen=True, kw_only=True)
 class GpuSpec:
     name: str
     vendor: str
@@ -107,9 +68,11 @@ class GpuSpec:
     clock_peak_MHz: float
     clock_under_load_MHz: float
     kernel_launch_us: float
-    gemm: GemmEfficiency
+    gemm: GemmEfficiency  # the BF16 table (and any dtype without its own)
     attention: AttentionEfficiency
     hbm: HbmEfficiency
+    gemm_dtypes: dict[str, GemmEfficiency] = field(default_factory=dict)  # per input dtype: fp8, fp16, ...
+    grouped_gemm: dict[str, GroupedGemmEfficiency] = field(default_factory=dict)  # per input dtype
 
     def __post_init__(self):
         check_positive(
@@ -128,6 +91,22 @@ class GpuSpec:
             check_positive("gpu.peak_tflops", **{dtype: tflops})
         if "bf16" not in self.peak_tflops:
             raise ConfigError("gpu.peak_tflops.bf16: missing required key")
+        for table, tables in (("gemm_dtypes", self.gemm_dtypes), ("grouped_gemm", self.grouped_gemm)):
+            for dtype in tables:
+                if dtype not in self.peak_tflops:
+                    raise ConfigError(f"gpu.{table}.{dtype}: no peak_tflops.{dtype} to scale it")
+
+    def gemm_table(self, dtype: str) -> GemmEfficiency:
+        """The GEMM table for input ``dtype`` (``gemm`` where the profile has none)."""
+        return self.gemm_dtypes.get(dtype, self.gemm)
+
+    def grouped_table(self, dtype: str) -> GroupedGemmEfficiency | None:
+        return self.grouped_gemm.get(dtype) or self.grouped_gemm.get("bf16")
+
+    @property
+    def clock_ratio(self) -> float:
+        """Clock under sustained load / peak clock: what the dense peak is scaled by."""
+        return self.clock_under_load_MHz / self.clock_peak_MHz
 
     def peak_flops(self, dtype: str) -> float:
         if dtype not in self.peak_tflops:
