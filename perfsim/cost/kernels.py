@@ -114,8 +114,8 @@ def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dty
                       backward: bool = False) -> float:
     """One grouped kernel over experts with ``groups[i]`` tokens each, priced per expert:
     expert i runs [groups[i], k] @ [k, n] padded to whole tiles at the grouped kernel's
-    efficiency for groups[i] tokens; all experts' tiles share the CUs (wave quantization
-    over the total). ``backward``: dgrad + wgrad (twice the FLOPs, the backward table).
+    efficiency for groups[i] tokens; all experts' tiles share the CUs (CU fill and wave
+    quantization over the total). ``backward``: dgrad + wgrad (twice the FLOPs, the backward table).
     Empty experts cost only their weight reads."""
     tokens = sum(groups)
     out = output_bytes(dtype, gpu)
@@ -136,8 +136,14 @@ def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dty
             padded = 2.0 * passes * math.ceil(m / tm) * tm * math.ceil(n / tn) * tn * k
             work += padded / interp_log(m, table.tokens, effs)
             tiles += _tiles(m, n, tm, tn)
-    compute = work / (peak(gpu, dtype) * _waves(tiles, gpu))
+    compute = work / (peak(gpu, dtype) * _fill(tiles, gpu))
     return max(compute, hbm_time(moved, gpu)) + gpu.kernel_launch_s
+
+
+def _fill(tiles: int, gpu: GpuSpec) -> float:
+    """Share of CU slots a grouped kernel keeps busy: one workgroup per output tile, so
+    fewer tiles than CUs leave CUs idle (no stream-K split across experts)."""
+    return tiles / gpu.num_compute_units if tiles < gpu.num_compute_units else _waves(tiles, gpu)
 
 
 def attention_efficiency(gpu: GpuSpec, backward: bool, seq: float | None = None, head_dim: float | None = None,
