@@ -73,7 +73,10 @@ def ring(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> li
 
 def tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
     """Double binary tree across nodes, chain inside a node (NCCL): reduce up, broadcast
-    down; each node's NICs carry the buffer once each way."""
+    down; each node's NICs carry the buffer once each way. (Pricing up and down on the
+    two directions of a full-duplex NIC, S / p each, was tried: it makes tree beat ring by
+    ~10% at 2 nodes for large buffers, which the measured sweeps do not show: the RCCL
+    default on 2 x MI355X + Pollara reaches 369 GB/s, the forced ring on MI325X 350.)"""
     if coll not in (Coll.ALL_REDUCE, Coll.BROADCAST, Coll.REDUCE) or shape.num_nodes < 2:
         return []
     p, m = shape.per_node, shape.num_nodes
