@@ -72,11 +72,36 @@ def _derived(table, base: str):
                                              f"peak, clock under load and HBM; {table.source}")
 
 
-def write_profile(gpu: GpuSpec) -> Path:
-    """The profile as TOML with one-line arrays (scalars first, then one table per block)."""
+def write_profile(gpu: GpuSpec, previous: str | None = None) -> Path:
+    """The profile as TOML with one-line arrays (scalars first, then one table per block);
+    the comment lines above each top-level key of ``previous`` (default: the file being
+    replaced) are kept above that key -- they carry provenance (clock, launch gap)."""
     path = PROFILE_DIR / "gpus" / f"{gpu.name}.toml"
-    path.write_text(toml_text(to_dict(gpu)))
+    old = previous if previous is not None else (path.read_text() if path.exists() else "")
+    path.write_text(with_comments(toml_text(to_dict(gpu)), old))
     return path
+
+
+def with_comments(text: str, previous: str) -> str:
+    """``text`` with the comment block that preceded each top-level ``key =`` in ``previous``."""
+    notes, block = {}, []
+    for line in previous.splitlines():
+        if line.startswith("#"):
+            block.append(line)
+            continue
+        if line.startswith("["):
+            break
+        if "=" in line and block:
+            notes[line.split("=", 1)[0].strip()] = block
+        block = []
+    out = []
+    for line in text.splitlines():
+        key = line.split("=", 1)[0].strip() if "=" in line and not line.startswith("[") else None
+        out += notes.pop(key, []) if key else []
+        out.append(line)
+        if line.startswith("["):
+            notes = {}
+    return "\n".join(out) + "\n"
 
 
 def toml_text(data: dict, prefix: str = "") -> str:
