@@ -26,12 +26,16 @@ from perfsim.system.kernel_tables import AttentionEfficiency, GemmEfficiency, Gr
 
 EFF_BOUNDS = (0.005, 1.0)
 FACTOR_BOUNDS = (0.3, 1.5)  # head-dim and causal factors
-FRESH_EFFICIENCY = 0.5  # starting value of a grouped table no profile had yet (the fit moves it)
+FRESH_EFFICIENCY = 0.5  # where a fitted plateau starts (the fit moves it; a fit prior, not a measurement)
 FP8_OUTPUT = "bf16"  # FP8 training GEMMs write BF16 (Transformer Engine, Primus-Turbo, aiter a8w8)
 # written-out grid of each parametric curve: (log10 lo, log10 hi, knots per decade)
 GRID = {"gemm": (-4.0, 6.0, 2), "grouped_gemm": (0.0, 5.0, 2), "attention": (2.0, 5.5, 2)}
 PLATEAU_BOUNDS = (0.02, 1.0)
 HALF_BOUNDS = {"gemm": (-5.0, 5.0), "grouped_gemm": (-1.0, 5.0), "attention": (0.0, 6.0)}
+# where log10(x_half) starts (and, through the weak prior, stays where no point constrains
+# it): 1 GFLOP, 256 tokens per expert, 1024 keys -- fit priors, not measurements; a refit
+# does not depend on the table it replaces
+HALF_START = {"gemm": 0.0, "grouped_gemm": 2.408, "attention": 3.01}
 
 
 def saturating(xs, plateau: float, log_half: float) -> np.ndarray:
@@ -108,18 +112,12 @@ class TableRef:
         return np.concatenate(ys)
 
     def _initial_params(self, table, x_field: str, y_fields: tuple[str, ...]) -> np.ndarray:
-        """(plateau, log10 x_half) per curve: the table's best value, and half of it at
-        the table's first x (a fresh table: FRESH_EFFICIENCY, mid-range x_half)."""
-        params = []
-        for f in y_fields:
-            if table is None:
-                params += [FRESH_EFFICIENCY, float(np.mean(HALF_BOUNDS[self.kind]))]
-            else:
-                ys, xs = getattr(table, f), getattr(table, x_field)
-                params += [float(np.clip(max(ys), *PLATEAU_BOUNDS)), float(np.clip(np.log10(xs[0]), *HALF_BOUNDS[self.kind]))]
+        """(plateau, log10 x_half) per curve from fixed starts (``FRESH_EFFICIENCY``,
+        ``HALF_START``; attention factors 1): a refit does not depend on the table it
+        replaces, so refitting a fitted profile gives it back."""
+        params = [v for _ in y_fields for v in (FRESH_EFFICIENCY, HALF_START[self.kind])]
         if self.kind == "attention":
-            params += [costs.interp_log(h, table.head_dim, table.head_dim_factor) for h in self.head_dims]
-            params += [table.causal_forward_factor, table.causal_backward_factor]
+            params += [1.0] * (len(self.head_dims) + 2)
         return np.array(params)
 
     def bounds(self, n: int) -> tuple[np.ndarray, np.ndarray]:
