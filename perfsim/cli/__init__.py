@@ -81,14 +81,15 @@ def _plan_knobs(args) -> dict:
 
 
 def _cmd_simulate(args) -> int:
-    knobs = _plan_knobs(args)
+    from perfsim.cli import frameworks
+
+    knobs, model = frameworks.apply(args, _plan_knobs(args), api.load_model(args.model))
     knobs.setdefault("gbs", None)
     knobs.setdefault("seq", None)
     if knobs["gbs"] is None or knobs["seq"] is None:
         raise ConfigError("simulate: --gbs and --seq are required")
     if args.trace:
         check_output(args.trace, args.force, "--trace")
-    model = api.load_model(args.model)
     if args.capacity_factor is not None:
         model = dataclasses.replace(model, capacity_factor=args.capacity_factor)
     variability = VariabilitySpec(cv=args.gpu_variability, seed=args.seed)
@@ -329,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--trace-stages", help="only these pipeline stages in the trace: 0,3 or first,last")
     sim.add_argument("--allow-oom", action="store_true", help="report a plan that does not fit instead of failing")
     sim.add_argument("--force", action="store_true", help="replace an existing --trace file")
+    from perfsim.cli import frameworks
+
+    frameworks.add_arguments(sim)
     sim.set_defaults(func=_cmd_simulate)
     col = sub.add_parser("collective", help="rccl-tests-style collective benchmark (predicted)")
     col.add_argument("--op", required=True)
