@@ -122,7 +122,7 @@ class LayerBuilder:
         else:
             steps.append(self._attention_core())
         steps += self._linears(linears[-1:], "attention_proj", shard_out=False)
-        return steps + self._tp_exit("attn")
+        return _casts_before_gather(steps + self._tp_exit("attn"))
 
     def _attention_core(self) -> Step:
         m, plan = self.model, self.plan
@@ -142,7 +142,7 @@ class LayerBuilder:
         steps += self._fp8(gemm_step("mlp_up", self.tokens, m.hidden_size, up_width, "mlp"))
         steps.append(elementwise_step("mlp_act", self.tokens * (up_width + width) * ACT_BYTES, "activation"))
         steps += self._fp8(gemm_step("mlp_down", self.tokens, width, m.hidden_size, "mlp"))
-        return steps + self._tp_exit("mlp")
+        return _casts_before_gather(steps + self._tp_exit("mlp"))
 
     def moe_forward(self) -> list[Step]:
         m, plan = self.model, self.plan
@@ -206,6 +206,20 @@ class LayerBuilder:
         return self.attention_forward() + mlp
 
 
+def _casts_before_gather(steps: list[Step]) -> list[Step]:
+    """FP8 casts that follow a sequence-parallel all-gather move in front of it
+    (Transformer Engine gathers the FP8 tensor), so the gather stays next to the GEMM it
+    feeds (``overlap_tp_comm``)."""
+    out = list(steps)
+    for i, step in enumerate(out):
+        if step.kind is OpKind.COLLECTIVE and step.collective.coll is Coll.ALL_GATHER:
+            j = i + 1
+            while j < len(out) and out[j].category == "fp8_cast":
+                j += 1
+            out[i:j] = out[i + 1:j] + [step]
+    return out
+
+
 def _grouped(name: str, loads: tuple[int, ...], n: int, k: int) -> Step:
     g = Gemm(m=max(max(loads, default=1), 1), n=n, k=k)
     flops = sum(2.0 * x * n * k for x in loads)
@@ -222,8 +236,10 @@ def ring_attention(core: Step, cp: int, block_bytes: float, backward_pass: bool 
     cp stream; a step marked ``join`` also waits for the oldest off-chain step not yet
     joined: hop i starts when block i-1 frees its buffer (double buffering) and block i
     waits for hop i-1."""
+    seq = dict(core.meta).get("seq")
+    per_block = (("seq", seq / cp),) if seq else ()  # each block attends over one KV shard
     block = replace(core, flops=core.flops / cp, bytes=core.bytes / cp,
-                    meta=core.meta + (("ring", cp), ("ring_bytes", block_bytes)))
+                    meta=core.meta + per_block + (("ring", cp), ("ring_bytes", block_bytes)))
     size = block_bytes * (2 if backward_pass else 1)
     suffix = "_bwd" if backward_pass else ""
     steps = []
@@ -255,6 +271,8 @@ def backward(steps: list[Step]) -> list[Step]:
         bare = dict(core.meta)
         bare.pop("ring"), bare.pop("join", None)
         block_bytes = bare.pop("ring_bytes")
+        if "seq" in bare:
+            bare["seq"] *= cp  # back to the whole sequence; ring_attention splits it again
         whole = replace(core, flops=core.flops * cp, bytes=core.bytes * cp, meta=tuple(bare.items()))
         out += ring_attention(_backward_step(whole), cp, block_bytes, backward_pass=True)
         i -= 2 * cp - 1

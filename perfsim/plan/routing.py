@@ -15,6 +15,7 @@ import numpy as np
 from perfsim.errors import ConfigError
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan
+from perfsim.system.specio import json_depth, read_text
 
 
 class Distribution(StrEnum):
@@ -87,10 +88,9 @@ def load_histogram(path: str | Path) -> tuple[float, ...]:
     or an object with a ``tokens_per_expert`` list) or CSV (one number per row, or a
     ``tokens`` column). One ConfigError line naming the file on any problem."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"routing.histogram: cannot read {str(path)!r} ({exc.strerror or exc})") from None
+    text = read_text(path, "routing histogram")
+    if json_depth(text) > 2:
+        raise ConfigError(f"routing.histogram: {str(path)!r} nests deeper than a list of numbers")
     try:
         values = _parse_histogram(text, path.suffix.lower())
         counts = tuple(float(v) for v in values)

@@ -16,8 +16,10 @@ from perfsim import units
 from perfsim.errors import ConfigError
 from perfsim.system.kernel_tables import (AttentionEfficiency, GemmEfficiency, GroupedGemmEfficiency,  # noqa: F401
                                           HbmEfficiency)
-from perfsim.system.specio import check_fraction, check_positive, from_dict, to_dict
+from perfsim.system.specio import check_finite_output, check_fraction, check_positive, from_dict, to_dict, write_atomic
 
+MAX_NODES = 1 << 20  # input bound: a million nodes, far past any cluster built
+MAX_GPUS_PER_NODE = 576  # input bound: the largest scale-up domain announced (NVL576)
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles"  # inside the package: wheels carry it
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
@@ -146,6 +148,8 @@ class NodeSpec:
             link_bw_GBps=self.link_bw_GBps,
             pcie_bw_GBps=self.pcie_bw_GBps,
         )
+        if self.gpus_per_node > MAX_GPUS_PER_NODE:
+            raise ConfigError(f"node.gpus_per_node must be <= {MAX_GPUS_PER_NODE}, got {self.gpus_per_node!r}")
         if self.link_bw_GBps > self.link_bw_raw_GBps:
             raise ConfigError(
                 f"node.link_bw_GBps ({self.link_bw_GBps}) exceeds link_bw_raw_GBps ({self.link_bw_raw_GBps})"
@@ -301,6 +305,8 @@ class ClusterSpec:
 
     def __post_init__(self):
         check_positive("cluster", num_nodes=self.num_nodes)
+        if self.num_nodes > MAX_NODES:
+            raise ConfigError(f"cluster.num_nodes must be <= {MAX_NODES}, got {self.num_nodes!r}")
 
     @property
     def gpus_per_node(self) -> int:
@@ -331,6 +337,8 @@ def _read_toml(path: Path) -> dict:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: profile is not UTF-8 text (bad byte at offset {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
 
@@ -423,7 +431,8 @@ def write_cluster(cluster: ClusterSpec, path: str | Path, overwrite: bool = Fals
     path = Path(path)
     if path.exists() and not overwrite:
         raise ConfigError(f"out: {str(path)!r} exists; pass overwrite (--force) to replace it")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dump_cluster(cluster))
-    tmp.replace(path)
-    return path
+    if path.is_dir():
+        raise ConfigError(f"out: {str(path)!r} is a directory; give a file name")
+    data = to_dict(cluster)
+    check_finite_output(data, "out")  # a NaN or inf profile would not load back
+    return write_atomic(path, tomli_w.dumps(data), "out")

@@ -281,3 +281,10 @@ def check_type(name: str, value: Any, types: type | tuple, what: str) -> Any:
     if not isinstance(value, types):
         raise ConfigError(f"{name}: expected {what}, got {value!r}")
     return value
+
+
+def as_path(path: Any, what: str = "file") -> Path:
+    """``path`` as a Path; ConfigError when it is not a str or os.PathLike."""
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        raise ConfigError(f"{what}: expected a file path, got {path!r}")
+    return Path(path)
