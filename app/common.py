@@ -82,6 +82,18 @@ def trace_json(inputs: dict) -> str:
     return _trace_json(planner_inputs.cache_key(inputs))
 
 
+@st.cache_data(max_entries=16, show_spinner=False)
+def _html_report(key: str) -> str:
+    from perfsim.cli import html_report
+
+    return html_report.render(_simulate(key))
+
+
+def html_report(inputs: dict) -> str:
+    """The `perfsim simulate --html` report of ``inputs`` (cached per input)."""
+    return _html_report(planner_inputs.cache_key(inputs))
+
+
 @st.cache_data(max_entries=256, show_spinner=False)
 def collective_rows(op: str, ranks: int, cluster: str, sizes: tuple[int, ...]) -> list[dict]:
     return [perfsim.collective(op, size, ranks, cluster) for size in sizes]

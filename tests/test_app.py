@@ -90,6 +90,19 @@ def test_plan_page_explains_the_critical_path():
     assert any("sums to the step" in c.value for c in at.caption)
 
 
+def test_plan_page_offers_the_html_run_report():
+    """Issue 17.18: the same report as `perfsim simulate --html`, for the plan on the page."""
+    at = start()
+    labels = [d.proto.label for d in at.get("download_button")]
+    assert "Download HTML run report" in labels
+    sys.path.insert(0, str(ROOT / "app"))
+    import inputs as planner_inputs
+    from perfsim.cli import html_report
+
+    text = html_report.render(planner_inputs.simulate(at.session_state["inputs"]))
+    assert "zaya1-base" in text and ">Communication" in text and ">Timeline" in text
+
+
 def test_changing_a_knob_changes_the_step_time():
     at = start()
     before = metric(at, "Step time")

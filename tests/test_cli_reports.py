@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+import perfsim
+from perfsim.units import format_bytes
+
 ROOT = Path(__file__).resolve().parent.parent
 LOG = ROOT / "validation" / "data" / "calibration" / "rccl-tests" / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
 NO_PLOTLY = "import sys; sys.modules['plotly'] = None; from perfsim.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -108,3 +111,30 @@ def test_critical_path_and_breakdown_are_explained_and_both_sum_to_the_step(caps
     assert "pipeline_bubble" in report["breakdown"] and "pipeline_bubble" not in report["critical_path_s"]
     shown = next(line for line in out.splitlines() if line.startswith("critical path"))
     assert f"{step * 1e3:.1f} ms" in shown
+
+
+# ---- simulate --html: a run report without plotly -------------------------------------------------
+
+def test_html_run_report_has_every_section_and_the_true_message_sizes(tmp_path, capsys):
+    from perfsim.cli import html_report
+
+    path = tmp_path / "run.html"
+    argv = ["simulate", "--model", "mixtral-8x7b", "--nodes", "2", "--tp", "2", "--ep", "4", "--pp", "2",
+            "--gbs", "16", "--seq", "2048", "--allow-oom", "--engine", "analytic"]
+    code, _, _ = _main([*argv, "--html", str(path)], capsys)
+    assert code == 0
+    text = path.read_text()
+    for section in ("Plan", "Breakdown", "Memory per rank", "Communication", "Per layer", "Timeline"):
+        assert f">{section}" in text, section
+    report = perfsim.estimate("mixtral-8x7b", "mi300x-pollara", nodes=2, tp=2, ep=4, pp=2, gbs=16, seq=2048,
+                              check_memory=False, trace=True)
+    rows = html_report.comm_rows(report.spans)
+    dispatch = next(r for r in rows if r["op"] == "dispatch_a2a")
+    sizes = {s.bytes for s in report.spans if s.op == "dispatch_a2a"}
+    assert dispatch["min_bytes"] == min(sizes) and dispatch["calls"] == sum(s.op == "dispatch_a2a" for s in report.spans)
+    assert format_bytes(dispatch["min_bytes"]) in text
+    layers = html_report.layer_comm_rows(report.spans, report.critical_stage)
+    assert layers and all("dispatch_a2a" in row["ops"] for row in layers)
+    assert "plotly" not in text  # self-contained: opens without plotly or a network
+    code, _, err = _main([*argv, "--html", str(path)], capsys)
+    assert code == 2 and "--html" in err  # an existing report is not replaced without --force

@@ -103,6 +103,11 @@ with st.expander("Critical path: why it differs from the breakdown", icon=":mate
     st.dataframe([{"category": k, "on the critical path": fmt.duration(v), "in the breakdown": fmt.duration(report.breakdown.get(k, 0.0))}
                   for k, v in derive.critical_path_rows(report)], hide_index=True, key="plan.critical")
 
+st.download_button("Download HTML run report", common.html_report(inputs), file_name="perfsim_run.html",
+                   mime="text/html", icon=":material/download:", key="plan.html",
+                   help="plan, breakdown, memory, communication with message sizes per collective and per layer, "
+                        "timeline; the same report as `perfsim simulate --html`")
+
 # ---- save as a scenario -------------------------------------------------------------------
 with st.container(border=True):
     st.markdown("**Save this scenario** (compare it on the Compare page)")

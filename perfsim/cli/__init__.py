@@ -90,6 +90,8 @@ def _cmd_simulate(args) -> int:
         raise ConfigError("simulate: --gbs and --seq are required")
     if args.trace:
         check_output(args.trace, args.force, "--trace")
+    if args.html:
+        check_output(args.html, args.force, "--html")
     if args.capacity_factor is not None:
         model = dataclasses.replace(model, capacity_factor=args.capacity_factor)
     variability = VariabilitySpec(cv=args.gpu_variability, seed=args.seed)
@@ -102,12 +104,24 @@ def _cmd_simulate(args) -> int:
         print("perfsim: simulating the step with every op recorded for the trace...", file=sys.stderr, flush=True)
     report = api.simulate(model, args.cluster, nodes=args.nodes, gpus=args.gpus, estimator=args.engine,
                           check_memory=not args.allow_oom, routing=_routing(args), variability=variability,
-                          trace=bool(args.trace), **knobs)
+                          trace=bool(args.trace or args.html), **knobs)
     check_finite_output(report.to_dict(), "simulate")
     if args.trace:
         traceout.write(report, args.trace, stages)
+    if args.html:
+        from perfsim.cli import html_report
+
+        _write_text(args.html, html_report.render(report), "--html")
     print(dumps(report.to_dict()) if args.json else _format_report(report))
     return 0
+
+
+def _write_text(path: str, text: str, flag: str) -> None:
+    try:
+        with open(path, "w") as handle:
+            handle.write(text)
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot write {path!r} ({exc.strerror or exc})") from None
 
 
 def dumps(obj) -> str:
@@ -329,7 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here (.json.gz: gzip-compressed)")
     sim.add_argument("--trace-stages", help="only these pipeline stages in the trace: 0,3 or first,last")
     sim.add_argument("--allow-oom", action="store_true", help="report a plan that does not fit instead of failing")
-    sim.add_argument("--force", action="store_true", help="replace an existing --trace file")
+    sim.add_argument("--force", action="store_true", help="replace an existing --trace / --html file")
+    sim.add_argument("--html", help="write a self-contained HTML run report here (plan, breakdown, memory, "
+                                    "comm sizes per collective and layer, timeline)")
     from perfsim.cli import frameworks
 
     frameworks.add_arguments(sim)
