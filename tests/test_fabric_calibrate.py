@@ -46,7 +46,7 @@ def test_calibrate_fits_the_fabric_from_a_multinode_table(tmp_path):
     out = tmp_path / "cal.toml"
     result = calibrate(base, collective_tables=[TABLE], series=[FIT], out=out)
     fit = next(f for f in result.fits if f.name == "fabric")
-    assert fit.num_points == 31 and fit.mape_after < 0.5 * fit.mape_before and fit.mape_after < 5.0
+    assert fit.num_points == 31 and fit.mape_after < 0.5 * fit.mape_before and fit.mape_after < 6.0
     assert "fit.fabric" in result.cluster.provenance
     assert "calibrated by perfsim calibrate" in result.cluster.fabric.message_source
     loaded = load_cluster(out)

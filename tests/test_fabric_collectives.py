@@ -60,7 +60,7 @@ def test_cli_h200_sweep_runs_and_reports_nvls_inside_a_node():
 def test_nic_ramp_is_monotone_and_mid_size_two_node_busbw_rises_with_size():
     fab = load_cluster("mi355x-pollara").fabric
     effs = [message_efficiency(fab, 2.0 ** k) for k in range(6, 34)]
-    assert effs == sorted(effs) and effs[0] < 0.05 < 0.9 < effs[-1]
+    assert effs == sorted(effs) and effs[0] < 0.05 < 0.85 < effs[-1]
     busbw = [api.collective("all_reduce", s, 16, "mi355x-pollara")["busbw_GBps"] for s in SIZES]
     assert busbw == sorted(busbw)
     # mid sizes are far from line rate across nodes (the 2-node sweeps show ~24 GB/s at 1 MB)
@@ -118,9 +118,9 @@ def _mape(series, lo=0.0, hi=float("inf")):
 
 @pytest.mark.parametrize("series, large_max", [
     ("rccl_pr2078_AINIC_internal_plugin_2node_allreduce", 3.0),
-    ("hisohara_AAC11_MI325X_2node_bnxt_allreduce_ring", 6.0),
-    ("hisohara_AAC11_MI325X_8node_bnxt_allreduce_ring", 6.0),
-    ("coreweave_H100_64gpu_sharp_allreduce", 5.0),
+    ("hisohara_AAC11_MI325X_2node_bnxt_allreduce_ring", 4.0),
+    ("hisohara_AAC11_MI325X_8node_bnxt_allreduce_ring", 4.0),
+    ("coreweave_H100_64gpu_sharp_allreduce", 3.0),
 ])
 def test_check_series_stay_within_their_figures(series, large_max):
     """Series no parameter was fitted to (>= 1 MB rows only: that is what they hold)."""
@@ -129,8 +129,8 @@ def test_check_series_stay_within_their_figures(series, large_max):
 
 def test_fit_series_in_sample():
     pollara = "hisohara_AAC14_MI355X_2node_Pollara_ANP_allreduce"
-    assert _mape(pollara, accuracy_fabric.LARGE) <= 3.0
-    assert _mape(pollara, 0, accuracy_fabric.LARGE) <= 6.0
+    assert _mape(pollara, accuracy_fabric.LARGE) <= 5.0
+    assert _mape(pollara, 0, accuracy_fabric.LARGE) <= 7.0
     assert _mape("nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128") <= 13.0
     nvls = accuracy_fabric.nvls_rows()
     assert accuracy_fabric.mape(nvls, accuracy_fabric.LARGE) <= 8.0

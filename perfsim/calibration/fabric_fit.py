@@ -1,7 +1,7 @@
 """Fit the inter-node parameters of a cluster to multi-node collective sweeps (scipy).
 
 Free parameters: the fabric's per-message NIC efficiency ramp (``message_efficiency``
-at fixed knots of bytes per peer per step, log interpolation) and the per-step latency
+at fixed knots of NIC bytes per phase, log interpolation) and the per-step latency
 of a network hop (``inter_step_latency_us``). Everything intra-node (xGMI/NVLink
 bandwidth, protocol latencies and efficiencies, launch latency) is held at the profile's
 values, which come from single-node sweeps (``collective_fit``), so the two fits do not
@@ -10,8 +10,8 @@ with the algorithm/protocol the run forced (``NCCL_ALGO=Ring``) where the log sa
 
 Least squares on relative error, soft-L1 loss (f_scale 5%), a weak pull (``PRIOR``)
 toward the starting values; a knot no point's message size reaches is pinned and
-reported as not fitted, so a 1,024-rank sweep of 1-16 GB moves only the knots its
-1-16 MB per-peer messages touch.
+reported as not fitted, so a 1,024-rank sweep of 1-16 GB (256 MB-4 GB per NIC) moves
+only the top knot.
 """
 
 import dataclasses
@@ -25,7 +25,7 @@ from perfsim.cost.collectives import collective_cost
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec
 
-KNOTS_KB = (0.1, 1.0, 16.0, 256.0, 4096.0, 65536.0)  # bytes per peer per step, in kB
+KNOTS_KB = (0.1, 1.0, 16.0, 256.0, 4096.0, 65536.0)  # NIC bytes per phase (per remote peer for all-to-all), kB
 EFF_BOUNDS = (0.002, 1.0)
 INTER_STEP_BOUNDS_US = (0.0, 200.0)
 PRIOR = 1e-3
