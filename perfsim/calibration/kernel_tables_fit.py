@@ -11,7 +11,7 @@ out as tables on a fixed wide grid (``GRID``), so they extrapolate the way kerne
 behave instead of clamping at the edge of the data: eff(x) = plateau * x / (x + x_half),
 the shape of a fixed per-call cost (prologue, epilogue, tail wave) beside work that
 grows with x. Parameters per curve: plateau and log10(x_half). ``hbm`` keeps its own
-knots (y values fitted directly).
+knots (y values fitted directly, weak pull to the old ones).
 """
 
 import dataclasses
@@ -33,8 +33,8 @@ GRID = {"gemm": (-4.0, 6.0, 2), "grouped_gemm": (0.0, 5.0, 2), "attention": (2.0
 PLATEAU_BOUNDS = (0.02, 1.0)
 HALF_BOUNDS = {"gemm": (-5.0, 5.0), "grouped_gemm": (-1.0, 5.0), "attention": (0.0, 6.0)}
 # where log10(x_half) starts (and, through the weak prior, stays where no point constrains
-# it): 1 GFLOP, 256 tokens per expert, 1024 keys -- fit priors, not measurements; a refit
-# does not depend on the table it replaces
+# it): 1 GFLOP, 256 tokens per expert, 1024 keys -- fit priors, not measurements; a
+# refit does not depend on the table it replaces
 HALF_START = {"gemm": 0.0, "grouped_gemm": 2.408, "attention": 3.01}
 
 
@@ -171,11 +171,11 @@ class TableRef:
         return dataclasses.replace(gpu, gemm_dtypes={**gpu.gemm_dtypes, self.dtype: table})
 
 
-ORDER = {"gemm": 0, "grouped_gemm": 1, "memory": 2, "attention": 3}
+ORDER = {"memory": 0, "gemm": 1, "grouped_gemm": 2, "attention": 3}  # HBM first: FP8 cast rows lean on it
 
 
 def table_refs(points: list[KernelPoint]) -> list[TableRef]:
-    """The tables ``points`` inform, GEMM first (grouped and cast rows lean on it)."""
+    """The tables ``points`` inform, in ``ORDER`` (a table's points may lean on earlier ones)."""
     refs = set()
     for p in points:
         if p.kind == "attention":

@@ -46,7 +46,7 @@ def gpu_of(label: str) -> str | None:
     low = label.lower()
     if "mi325x" in low and "mi300x" not in low:
         return "mi325x"
-    if low.startswith("mi300x") or "gfx942" in low:
+    if low.startswith(("mi300x", "mi300 (mi300x")) or "gfx942" in low:
         return "mi300x" if "1005mhz" not in low else None  # clock-pinned report: not a stock part
     if low.startswith("mi355x") or low.startswith("gfx950"):
         return "mi355x"
@@ -172,6 +172,56 @@ def attention_rows(path: Path) -> list[dict]:
     return out
 
 
+_KV = re.compile(r"([A-Za-z]+)=(\d+)")
+
+
+def _dims(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in _KV.findall(text)}
+
+
+def memory_bytes(r: dict) -> float | None:
+    """Bytes one memory-bound kernel moves, from the shape the source prints; None if unknown."""
+    series, kernel, d = r["series"], r["kernel"].lower(), _dims(r["size"])
+    if series.startswith("hipkittens_layernorm"):  # x and residual in, out and residual out, bf16
+        return 4 * d["B"] * d["N"] * d["D"] * 2
+    if series.startswith("hipkittens_rotary"):  # x in, x out, bf16 (cos/sin tables are small)
+        return 2 * d["B"] * d["H"] * d["N"] * d["D"] * 2
+    if "rmsnorm" in series or "rms_norm" in kernel:  # x in, out out, 16-bit (weight ignored, as aiter #335 counts)
+        return 2 * d["M"] * d["H"] * 2
+    if series.startswith("pytorch_issue132964_sum"):
+        return 2 ** 30 * 4
+    if series.startswith("sglang_pr29771_moe_router"):  # fp32 logits in; top-k fp32 weights + int32 ids out
+        return d["M"] * d["N"] * 4 + d["M"] * 8 * 8
+    return None
+
+
+def memory_label(r: dict) -> str:
+    return next((tag for tag in ("layernorm", "rotary", "rmsnorm", "sum", "router") if tag in r["series"]), "memory")
+
+
+def memory_rows(path: Path) -> list[dict]:
+    out = []
+    for r in csv.DictReader(open(path)):
+        gpu, kernel = gpu_of(r["gpu"]), r["kernel"]
+        if not gpu or experimental(kernel) or kernel.lower().startswith(("hipkittens", "pytorch eager")):
+            continue  # HipKittens' own kernels are research; eager runs several kernels
+        if r["series"].startswith("azure_ai_benchmarking_guide_babelstream"):
+            continue  # the HBM tables' own source (hbm_bandwidth_measured.csv): not a check
+        moved, unit = memory_bytes(r), r["note"].split(";")[0].removeprefix("unit=").strip()
+        try:
+            value = float(r["achieved_GBps_or_time_us"].lstrip("~"))
+        except ValueError:
+            continue
+        time_us = {"ms": value * 1e3, "us": value}.get(unit.split()[0]) if moved else None
+        if time_us is None and moved:
+            rate = {"TB/s": 1e12, "GB/s": 1e9}.get(unit.split()[0].replace("(1e9)", ""))
+            time_us = moved / (value * rate) * 1e6 if rate else None
+        if time_us:
+            out.append(_row("memory", "", gpu, r["series"], r["source_url"], kernel, bytes=f"{moved:.6g}",
+                            kernel=memory_label(r), time_us=f"{time_us:.6g}"))
+    return out
+
+
 def cap(rows: list[dict]) -> list[dict]:
     """At most ``CAP`` rows per (gpu, kind, dtype, series), evenly spaced in time."""
     groups = defaultdict(list)
@@ -188,7 +238,7 @@ def cap(rows: list[dict]) -> list[dict]:
 
 
 SHAPE = ("device", "kind", "dtype", "meta_family", "m", "n", "k", "batch", "seq", "heads", "kv_heads", "head_dim",
-         "causal", "direction")
+         "causal", "direction", "bytes", "kernel")
 
 
 def fastest(rows: list[dict]) -> list[dict]:
@@ -222,7 +272,8 @@ def thin(rows: list[dict]) -> list[dict]:
 def split(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     """Fit = the family with the most rows in each (gpu, kind, dtype) cell, check = the
     other families. A cell with a single family falls back to the kernel library within
-    it (the library with the most rows fits, the others check): a weaker split, flagged in
+    it (the library with the most rows fits, the others check). Memory-bound kernels are
+    all checks: the HBM tables come from BabelStream (hbm_bandwidth_measured.csv): a weaker split, flagged in
     ``meta_family`` as ``family/series``."""
     cells = defaultdict(lambda: defaultdict(int))
     for r in rows:
@@ -234,8 +285,9 @@ def split(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     for r in rows:
         cells[(r["device"], r["kind"], r["dtype"])][r["meta_family"]] += 1
     fit_family = {cell: max(sorted(fams), key=lambda f: fams[f]) for cell, fams in cells.items()}
-    fit = [r for r in rows if r["meta_family"] == fit_family[(r["device"], r["kind"], r["dtype"])]]
-    check = [r for r in rows if r["meta_family"] != fit_family[(r["device"], r["kind"], r["dtype"])]]
+    fitted = {id(r) for r in rows if r["kind"] != "memory" and r["meta_family"] == fit_family[(r["device"], r["kind"], r["dtype"])]}
+    fit = [r for r in rows if id(r) in fitted]
+    check = [r for r in rows if id(r) not in fitted]
     return fit, check
 
 
@@ -250,7 +302,8 @@ def write(rows: list[dict], path: Path) -> None:
 def main(shared: Path) -> None:
     kernels = shared / "kernels"
     rows = cap(fastest(gemm_rows(kernels / "gemm.csv") + maf_rows(shared / "gemm_measured.csv")
-               + grouped_rows(kernels / "grouped_gemm.csv") + attention_rows(kernels / "attention.csv")))
+               + grouped_rows(kernels / "grouped_gemm.csv") + attention_rows(kernels / "attention.csv")
+                       + memory_rows(kernels / "membound.csv")))
     fit, check = split(rows)
     fit, check = thin(fit), thin(check)
     for gpu in sorted({r["device"] for r in rows}):
