@@ -122,3 +122,27 @@ def test_derived_profiles_say_so():
         gpu = load_gpu(name)
         assert is_assumed(gpu.gemm.source) and base in gpu.gemm.source
     assert not is_assumed(load_gpu("mi300x").gemm.source)
+
+
+def test_capacity_padded_dispatch_computes_the_padding():
+    """Dense (padded) dispatch runs every expert at its full capacity; dropless runs only
+    the routed tokens, so with balanced routing and capacity factor 1.5 padded does 1.5x
+    the expert FLOPs."""
+    import dataclasses as dc
+
+    from perfsim.plan.routing import RoutingSpec
+
+    model = dc.replace(load_model("olmoe-1b-7b"), capacity_factor=1.5)
+    plan = ParallelPlan(dp=8, ep=8, mbs=1, gbs=8, seq=4096)
+    expert_flops = []
+    for pad in (False, True):
+        steps = LayerBuilder(model, plan, routing=RoutingSpec(pad_to_capacity=pad)).moe_forward()
+        expert_flops.append(sum(s.flops for s in steps if s.kind is OpKind.GROUPED_GEMM))
+    assert expert_flops[1] == pytest.approx(1.5 * expert_flops[0], rel=0.01)
+
+
+def test_router_top_k_is_a_memory_bound_step():
+    model = load_model("olmoe-1b-7b")
+    steps = LayerBuilder(model, ParallelPlan(dp=8, ep=8, mbs=1, gbs=8, seq=4096)).moe_forward()
+    topk = next(s for s in steps if s.name == "router_topk")
+    assert topk.kind is OpKind.ELEMENTWISE and topk.bytes > 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from perfsim.model.spec import Linear, ModelSpec
 from perfsim.lowering.ops import CollectiveCall, Coll, Gemm, OpKind, Stream
 from perfsim.plan.parallel import ParallelPlan, Recompute
-from perfsim.plan.routing import UNIFORM, RoutingSpec, imbalance, slowest_expert_rank
+from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalance, slowest_expert_rank
 
 ACT_BYTES = 2  # bf16 activations
 FP8_BYTES = 1
@@ -174,6 +174,8 @@ class LayerBuilder:
     def _experts(self, routed: int) -> list[Step]:
         m, plan = self.model, self.plan
         tokens, speed = slowest_expert_rank(m, plan, routed, self.routing, self.ep_speeds)
+        if self.routing.pad_to_capacity and m.capacity_factor > 0:  # dense dispatch computes the padding
+            tokens = (expert_capacity(m, plan, routed),) * len(tokens)
         loads = tuple(x * plan.etp for x in tokens)
         meta = (("speed", speed),) if speed != 1.0 else ()  # the EP rank's own GPU speed
         width = m.expert_ffn_hidden_size // plan.etp
