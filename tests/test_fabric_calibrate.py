@@ -72,3 +72,33 @@ def test_cli_calibrate_unknown_series_is_one_line_exit_2(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and "nope" in out.stderr
+
+
+def _single_process_copy(src: Path, dst: Path, extra_us: float) -> Path:
+    """The MI300X mpi sweep re-rendered as a -g 8 single-process run with ``extra_us`` more
+    per call (synthetic: there is no public single-process sweep outside the held-out set)."""
+    out = []
+    for line in src.read_text().splitlines():
+        if line.lstrip("# ").startswith("nThread"):
+            line = line.replace("nGpus 1", "nGpus 8")
+        elif line.strip() and not line.startswith("#"):
+            tok = line.split()
+            tok[5] = f"{float(tok[5]) + extra_us:.2f}"
+            tok[9] = f"{float(tok[9]) + extra_us:.2f}"
+            line = "  ".join(tok)
+        out.append(line)
+    dst.write_text("\n".join(out) + "\n")
+    return dst
+
+
+def test_calibrate_reads_launch_floors_from_single_process_and_graph_logs(tmp_path):
+    data = ROOT / "validation" / "data" / "multinode"
+    nograph = data / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
+    single = _single_process_copy(nograph, tmp_path / "g8.log", 40.0)
+    result = calibrate("mi300x-pollara", rccl_logs=[single, data / "mi300x_1node_8gpu_mpi_hipgraph_amdblog.log"],
+                       out=tmp_path / "l.toml")
+    tune = result.cluster.collectives
+    assert tune.single_process_latency_us == pytest.approx(40.0, abs=3.0)
+    assert tune.graph_saving_us == pytest.approx(load_cluster("mi300x-pollara").collectives.graph_saving_us, abs=0.5)
+    assert [f.name for f in result.fits] == ["launch"]
+    assert tune.launch_latency_us == load_cluster("mi300x-pollara").collectives.launch_latency_us  # not refit

@@ -49,7 +49,9 @@ def collective_points(logs: list[RcclLog], in_place: bool = False) -> list[colle
     for lg in logs:
         shape = GroupShape(size=lg.num_ranks, per_node=min(lg.gpus_per_node, lg.num_ranks), num_nodes=lg.num_nodes)
         label = f"{lg.op} {lg.num_ranks} ranks/{lg.num_nodes} node{'s' if lg.num_nodes > 1 else ''}"
-        points += [collective_fit.CollectivePoint(coll=Coll(lg.op), size_bytes=s, shape=shape, time_s=t * 1e-6, label=label)
+        launch = "single-process" if int(lg.header.get("nGpus", "1") or 1) > 1 else "mpi"  # rccl-tests -g N
+        points += [collective_fit.CollectivePoint(coll=Coll(lg.op), size_bytes=s, shape=shape, time_s=t * 1e-6, label=label,
+                                                  launch=launch, graph=lg.graph)
                    for s, t in lg.series(in_place)]
     return points
 
@@ -134,8 +136,13 @@ def calibrate(cluster: str | ClusterSpec, *, rccl_logs=(), kernel_csvs=(), p2p=(
     if kernel_csvs:
         spec = _fit_kernels(spec, [str(f) for f in kernel_csvs], when, fits, notes, regenerate_gemm)
     points = collective_points(logs, in_place) + calibrate_fabric.table_points(collective_tables, series, in_place)
-    if points:
-        spec = _fit_collectives(spec, points, [str(f) for f in (*rccl_logs, *collective_tables)], when, fits, fit_windows)
+    plain = [p for p in points if p.launch == "mpi" and not p.graph]  # launch-mode runs refit only their floor
+    collective_files = [str(f) for f in (*rccl_logs, *collective_tables)]
+    if plain:
+        spec = _fit_collectives(spec, plain, collective_files, when, fits, fit_windows)
+    if len(plain) < len(points):
+        spec = calibrate_fabric.fit_launch(spec, [p for p in points if p not in plain], collective_files, when, fits,
+                                           FitSummary, _stamp)
     if dispatch_tables:
         spec = calibrate_fabric.fit_dispatch(spec, dispatch_tables, when, fits, FitSummary, _stamp)
     new_name = name or (out.stem if out is not None else f"{spec.name}-calibrated")
