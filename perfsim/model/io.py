@@ -115,6 +115,9 @@ def _check_shape(config: dict) -> None:
     for key in ("model_type", "hidden_act"):
         if key in config and not isinstance(config[key], str):
             raise ConfigError(f"Hugging Face field {key!r} must be a string, got {config[key]!r}")
+    kinds = config.get("layer_types")
+    if kinds is not None and not (isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)):
+        raise ConfigError(f"Hugging Face field 'layer_types' must be a list of strings, got {kinds!r}")
     heads, hidden = _get(config, "num_attention_heads"), _get(config, "hidden_size")
     if heads < 1:
         raise ConfigError(f"Hugging Face field 'num_attention_heads' must be >= 1, got {heads!r}")
