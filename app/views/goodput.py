@@ -18,7 +18,17 @@ def run(key: str) -> dict:
     a = json.loads(key)
     node_h, gpu_h = a.pop("mtbf_node_h"), a.pop("mtbf_gpu_h")
     failures = perfsim.FailureModel(mtbf_node_s=node_h * 3600, mtbf_gpu_s=gpu_h * 3600 if gpu_h else math.inf)
-    return perfsim.plan_goodput(a.pop("model"), a.pop("cluster"), failures=failures, **a)
+    model, cluster, runs = a.pop("model"), a.pop("cluster"), a.pop("monte_carlo_runs")
+    out = perfsim.plan_goodput(model, cluster, failures=failures, monte_carlo_runs=0, **a)
+    intervals = math.ceil(RUN_DAYS * 86400 / out["interval_s"])
+    allowed = min(runs, goodput.MAX_MC_SAMPLES // intervals)  # a short interval means many intervals per run
+    if allowed:
+        out = perfsim.plan_goodput(model, cluster, failures=failures, monte_carlo_runs=allowed, run_days=RUN_DAYS, **a)
+    out["monte_carlo_capped"] = (runs, allowed) if allowed < runs else None
+    return out
+
+
+RUN_DAYS = 30.0  # useful training days per Monte-Carlo run (the CLI's --run-days default)
 
 
 st.title("Goodput")
@@ -73,6 +83,11 @@ st.caption(fmt.md(f"Step time from the {out['estimator']} estimator (as `perfsim
                   f"write {fmt.duration(out['write_s'])}, read {fmt.duration(out['read_s'])}; exact-expectation "
                   f"optimum {fmt.duration(out['optimal_interval_s'])}."))
 st.plotly_chart(charts_design.goodput_curve(out), width="stretch", key="chart.gp_curve")
+if out.get("monte_carlo_capped"):
+    asked, allowed = out["monte_carlo_capped"]
+    st.caption(fmt.md(f"Monte-Carlo: {allowed} of {asked} runs: a {fmt.duration(out['interval_s'])} interval gives "
+                      f"{math.ceil(RUN_DAYS * 86400 / out['interval_s']):,} intervals per {RUN_DAYS:g}-day run "
+                      f"(limit {goodput.MAX_MC_SAMPLES:,} simulated intervals)."))
 mc = out.get("monte_carlo")
 if mc:
     lo, hi = mc["ci95_goodput"]
