@@ -82,6 +82,18 @@ def trace_json(inputs: dict) -> str:
     return _trace_json(planner_inputs.cache_key(inputs))
 
 
+@st.cache_data(max_entries=16, show_spinner=False)
+def _html_report(key: str) -> str:
+    from perfsim.cli import html_report
+
+    return html_report.render(_simulate(key))
+
+
+def html_report(inputs: dict) -> str:
+    """The `perfsim simulate --html` report of ``inputs`` (cached per input)."""
+    return _html_report(planner_inputs.cache_key(inputs))
+
+
 @st.cache_data(max_entries=256, show_spinner=False)
 def collective_rows(op: str, ranks: int, cluster: str, sizes: tuple[int, ...]) -> list[dict]:
     return [perfsim.collective(op, size, ranks, cluster) for size in sizes]
@@ -90,6 +102,39 @@ def collective_rows(op: str, ranks: int, cluster: str, sizes: tuple[int, ...]) -
 @st.cache_data(ttl=60, show_spinner=False)
 def model_names() -> list[str]:
     return modelio.list_models()
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _model_facts(model: str, config: str | None) -> dict:
+    spec = planner_inputs.model_spec({"model": model, "model_config": config})
+    return {"total": spec.total_params(False), "active": spec.active_params(False), "total_emb": spec.total_params(),
+            "active_emb": spec.active_params(), "layers": spec.num_layers,
+            "experts": spec.num_experts, "top_k": spec.top_k, "hidden": spec.hidden_size}
+
+
+def model_facts(inputs: dict) -> dict:
+    """Parameter counts and shape of the inputs' model (cached)."""
+    return _model_facts(inputs["model"], inputs.get("model_config"))
+
+
+def refit_widgets() -> None:
+    """on_change of the model, cluster and node-count widgets: knob widgets that no longer
+    fit (dp for another GPU count, ep beyond the experts, pp/vpp that do not split the
+    layers) are reset, and the page says which (issue 17.14)."""
+    ss, current = st.session_state, get_inputs()
+    model = ss.get("w.model", current["model"]) if ss.get("w.model_source", "preset") == "preset" else current["model"]
+    config = None if ss.get("w.model_source", "preset") == "preset" else current.get("model_config")
+    try:
+        facts = _model_facts(model, config)
+        per_node = cluster_info(ss.get("w.cluster", current["cluster"]))["gpus_per_node"]
+    except EXPECTED:
+        return  # the page shows the error itself
+    knobs = {k: ss.get(f"w.{k}", current["knobs"][k]) for k in planner_inputs.KNOBS}
+    num_gpus = int(ss.get("w.nodes", current["nodes"])) * per_node
+    new, notes = planner_inputs.refit(knobs, num_gpus, facts["layers"], facts["experts"])
+    for key, value in new.items():
+        ss[f"w.{key}"] = value
+    ss["plan.refit_notes"] = notes
 
 
 def profile_dir() -> Path:

@@ -353,3 +353,20 @@ def vendor_mismatch(log_text: str, profile_gpu: str) -> str:
     seen = devices[0] if devices else f"a {measured} library"
     return (f"measured on {seen} ({measured}) but the profile's GPU is {profile_gpu} ({expected}): "
             "its fit would describe the other machine")
+
+
+def critical_path_rows(report) -> list[tuple[str, float]]:
+    """(category, seconds on the critical path), largest first, then the breakdown-only ones at 0."""
+    path = dict(report.critical_path_s)
+    rows = sorted(path.items(), key=lambda kv: -kv[1])
+    return rows + [(k, 0.0) for k in report.breakdown if k not in path]
+
+
+def critical_path_note(report) -> str:
+    """What the critical path is, in one paragraph with its total."""
+    total = sum(report.critical_path_s.values())
+    return (f"The critical path is the longest chain of dependent ops through all pipeline stages: "
+            f"{report.critical_path_ops:,} ops, {total * 1e3:,.1f} ms (the step is {report.step_time_s * 1e3:,.1f} ms). "
+            f"Where stage {report.critical_stage} waits (its pipeline bubble), the chain runs through the ops of the "
+            "stage it waits for, so per-category times on the path differ from the breakdown and the path holds no "
+            "bubble.")

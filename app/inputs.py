@@ -5,11 +5,13 @@ the Search page writes when a user opens a plan. Pages never build perfsim calls
 """
 
 import copy
+import dataclasses
 import json
 
 import perfsim
 from perfsim.model import io as modelio
 from perfsim.plan.routing import RoutingSpec
+from perfsim.plan.stragglers import VariabilitySpec
 
 KNOBS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq")
 CHOICES = {
@@ -30,9 +32,15 @@ DEFAULT = {
         "tp": 1, "pp": 1, "vpp": 1, "dp": 1024, "ep": 1, "etp": 1, "cp": 1, "zero": 1,
         "mbs": 1, "gbs": 2048, "seq": 4096, "dtype": "bf16", "recompute": "none", "schedule": "1f1b",
     },
-    "routing": {"distribution": "uniform", "skew": 1.0, "concentration": 1.0, "seed": 0},
+    "routing": {"distribution": "uniform", "skew": 1.0, "concentration": 1.0, "seed": 0, "placement": "contiguous"},
+    # the rest of `perfsim simulate`'s plan knobs, at the CLI's defaults (ParallelPlan / ModelSpec)
+    "fidelity": {
+        "tp_comm_overlap": False, "overlap_grad_reduce": True, "overlap_cu_share": 0.0, "dma_offload": False,
+        "grad_bucket_mb": 80.0, "capacity_factor": None, "gpu_variability": 0.0, "variability_seed": 0,
+    },
     "estimator": "des",
 }
+PLACEMENTS = ("contiguous", "speed")
 
 
 def default_inputs() -> dict:
@@ -86,7 +94,54 @@ def model_spec(inputs: dict):
 def routing_spec(inputs: dict) -> RoutingSpec:
     r = inputs.get("routing") or {}
     return RoutingSpec(distribution=r.get("distribution", "uniform"), skew=float(r.get("skew", 1.0)),
-                       concentration=float(r.get("concentration", 1.0)), seed=int(r.get("seed", 0)))
+                       concentration=float(r.get("concentration", 1.0)), seed=int(r.get("seed", 0)),
+                       speed_aware=r.get("placement") == "speed")
+
+
+def fidelity_knobs(inputs: dict) -> dict:
+    """The Plan page's fidelity knobs as ParallelPlan fields (as `perfsim simulate` passes them)."""
+    f = {**DEFAULT["fidelity"], **(inputs.get("fidelity") or {})}
+    return {"tp_comm_overlap": bool(f["tp_comm_overlap"]), "overlap_grad_reduce": bool(f["overlap_grad_reduce"]),
+            "comm_compute_interference": float(f["overlap_cu_share"]), "dma_offload": bool(f["dma_offload"]),
+            "grad_bucket_bytes": int(float(f["grad_bucket_mb"]) * 1e6)}
+
+
+def variability_spec(inputs: dict) -> VariabilitySpec:
+    f = {**DEFAULT["fidelity"], **(inputs.get("fidelity") or {})}
+    return VariabilitySpec(cv=float(f["gpu_variability"]), seed=int(f["variability_seed"]))
+
+
+def model_with_overrides(inputs: dict):
+    """model_spec with the Plan page's capacity factor (None: the model's own)."""
+    spec = model_spec(inputs)
+    factor = (inputs.get("fidelity") or {}).get("capacity_factor")
+    return spec if factor is None else dataclasses.replace(spec, capacity_factor=float(factor))
+
+
+def refit(knobs: dict, num_gpus: int, num_layers: int, num_experts: int) -> tuple[dict, list[str]]:
+    """``knobs`` with the ones that no longer fit a new model or GPU count reset (dp to
+    'derive', ep/etp/vpp/tp/pp/cp to 1), and one line per reset saying why."""
+    out, notes = dict(knobs), []
+
+    def reset(key, value, why):
+        if out.get(key) != value:
+            notes.append(f"{key} {out.get(key)} -> {value or 'auto'}: {why}")
+            out[key] = value
+    if out.get("tp", 1) * out.get("pp", 1) * out.get("cp", 1) > num_gpus or num_gpus % (
+            out.get("tp", 1) * out.get("pp", 1) * out.get("cp", 1)):
+        for key in ("tp", "pp", "cp"):
+            reset(key, 1, f"tp*pp*cp must divide the {num_gpus} GPUs")
+    if out.get("dp") and out["tp"] * out["pp"] * out["cp"] * out["dp"] != num_gpus:
+        reset("dp", 0, f"derived from the {num_gpus} GPUs")
+    if num_layers % out.get("pp", 1):
+        reset("pp", 1, f"{num_layers} layers do not split into pp={out['pp']} stages")
+    if num_layers % (out.get("pp", 1) * out.get("vpp", 1)):
+        reset("vpp", 1, f"{num_layers} layers do not split into pp*vpp chunks")
+    if out.get("ep", 1) > 1 and (not num_experts or num_experts % out["ep"]):
+        reset("ep", 1, f"the model has {num_experts or 'no'} experts")
+    if out.get("etp", 1) > 1 and not num_experts:
+        reset("etp", 1, "the model has no experts")
+    return out, notes
 
 
 def plan_knobs(inputs: dict) -> dict:
@@ -100,8 +155,9 @@ def plan_knobs(inputs: dict) -> dict:
 def simulate(inputs: dict):
     """perfsim.simulate (or estimate) for ``inputs``; OOM is a report warning, not an error."""
     return perfsim.simulate(
-        model_spec(inputs), inputs["cluster"], nodes=int(inputs["nodes"]), estimator=inputs.get("estimator", "des"),
-        check_memory=False, routing=routing_spec(inputs), trace=True, **plan_knobs(inputs),
+        model_with_overrides(inputs), inputs["cluster"], nodes=int(inputs["nodes"]),
+        estimator=inputs.get("estimator", "des"), check_memory=False, routing=routing_spec(inputs),
+        variability=variability_spec(inputs), trace=True, **plan_knobs(inputs), **fidelity_knobs(inputs),
     )
 
 

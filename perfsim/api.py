@@ -2,6 +2,7 @@
 
 import logging
 from dataclasses import fields, replace
+from os import PathLike
 
 from perfsim.estimators import engine, summary
 from perfsim.estimators.analytic import closed_form
@@ -21,19 +22,37 @@ from perfsim.report import Report, assemble_report, build_report, extrapolate_fi
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
+from perfsim.system.specio import check_int, check_type
 from perfsim.units import format_bytes
 
 log = logging.getLogger(__name__)
 ESTIMATORS = ("des", "analytic")
 PLAN_KEYS = {f.name for f in fields(ParallelPlan)}
+# Input bounds (not hardware numbers): past them the work an answer takes grows without use.
+MAX_GPUS = 1 << 20  # ten times the 100k-GPU clusters the README targets
+MAX_GBS = 1 << 24  # sequences per step
+MAX_SEQ = 1 << 24  # tokens per sequence
+MAX_BYTES = float(1 << 50)  # one collective: 1 PiB
+# The engine walks every microbatch through every layer: ~2,000 layer passes a second on one
+# core, so this keeps one simulate within a few seconds; the closed form has no such limit.
+ENGINE_MAX_LAYER_PASSES = 8192
+MAX_LAYERS = 100_000  # the closed form prices ~25,000 layers a second; 10x the deepest model published
 
 
 def load_model(model: str | ModelSpec) -> ModelSpec:
-    return model if isinstance(model, ModelSpec) else _load_model(model)
+    check_type("model", model, (str, PathLike, ModelSpec), "a preset name, a model file path or a ModelSpec")
+    spec = model if isinstance(model, ModelSpec) else _load_model(model)
+    if spec.num_layers > MAX_LAYERS:
+        raise ConfigError(f"model.num_layers: {spec.num_layers:,} layers (limit {MAX_LAYERS:,})")
+    return spec
 
 
 def load_cluster(cluster: str | ClusterSpec, nodes: int | None = None, gpus: int | None = None) -> ClusterSpec:
     """A cluster by profile name or path, resized to ``nodes`` or to hold ``gpus``."""
+    check_type("cluster", cluster, (str, PathLike, ClusterSpec), "a profile name, a profile path or a ClusterSpec")
+    for name, value in (("nodes", nodes), ("gpus", gpus)):
+        if value is not None:
+            check_int(name, value, 1, MAX_GPUS)
     spec = cluster if isinstance(cluster, ClusterSpec) else _load_cluster(cluster)
     if nodes is not None and gpus is not None and gpus > nodes * spec.gpus_per_node:
         raise ConfigError(f"gpus: {gpus} GPUs do not fit on {nodes} nodes of {spec.gpus_per_node}")
@@ -67,6 +86,13 @@ def make_plan(num_gpus: int, **knobs) -> ParallelPlan:
     if unknown:
         raise ConfigError(f"plan: unknown knob {unknown[0]!r} (known: {', '.join(sorted(PLAN_KEYS))})")
     knobs = {k: v for k, v in knobs.items() if v is not None}
+    check_int("num_gpus", num_gpus, 1, MAX_GPUS)
+    for key in ("tp", "pp", "cp"):  # derive_dp divides by them
+        if key in knobs:
+            check_int(f"plan.{key}", knobs[key], 1, MAX_GPUS)
+    for key, most in (("gbs", MAX_GBS), ("seq", MAX_SEQ)):
+        if key in knobs:
+            check_int(f"plan.{key}", knobs[key], 1, most)
     if "dp" not in knobs:
         knobs["dp"] = derive_dp(num_gpus, knobs.get("tp", 1), knobs.get("pp", 1), knobs.get("cp", 1))
     if "gbs" not in knobs or "seq" not in knobs:
@@ -82,8 +108,29 @@ def _inputs(model, cluster, plan, nodes, gpus, knobs) -> tuple[ModelSpec, Cluste
         plan = make_plan(num_gpus, **knobs)
     elif knobs:
         raise ConfigError("plan: pass either a ParallelPlan or knobs, not both")
+    check_type("plan", plan, ParallelPlan, "a ParallelPlan (or plan knobs)")
     check_plan(plan, model, num_gpus)
     return model, cluster, plan, num_gpus
+
+
+def _check_options(estimator, check_memory, routing, variability, trace) -> None:
+    if not isinstance(estimator, str) or estimator not in ESTIMATORS:
+        raise ConfigError(f"engine: {estimator!r} is not one of {', '.join(ESTIMATORS)}")
+    check_type("check_memory", check_memory, bool, "True or False")
+    check_type("trace", trace, bool, "True or False")
+    if routing is not None:
+        check_type("routing", routing, RoutingSpec, "a RoutingSpec (or None for uniform)")
+    if variability is not None:
+        check_type("variability", variability, VariabilitySpec, "a VariabilitySpec such as VariabilitySpec(cv=0.1)")
+
+
+def _check_engine_work(model: ModelSpec, plan: ParallelPlan) -> None:
+    passes = plan.num_microbatches * model.num_layers
+    if passes > ENGINE_MAX_LAYER_PASSES:
+        raise ConfigError(
+            f"plan: the engine would walk {plan.num_microbatches:,} microbatches x {model.num_layers:,} layers = "
+            f"{passes:,} layer passes (limit {ENGINE_MAX_LAYER_PASSES:,}); use the closed form (--engine analytic, "
+            "estimator='analytic') or fewer microbatches (a larger mbs or a smaller gbs)")
 
 
 def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, check_memory: bool):
@@ -121,9 +168,10 @@ def simulate(
     Raises ConfigError for bad input and InfeasiblePlan when the plan does not fit in
     memory (pass ``check_memory=False`` to get a report with a warning instead).
     """
-    if estimator not in ESTIMATORS:
-        raise ConfigError(f"engine: {estimator!r} is not one of {', '.join(ESTIMATORS)}")
+    _check_options(estimator, check_memory, routing, variability, trace)
     model, cluster, plan, _ = _inputs(model, cluster, plan, nodes, gpus, knobs)
+    if estimator == "des":
+        _check_engine_work(model, plan)
     memory, warnings = _memory_check(model, cluster, plan, check_memory)
     routing, variability = routing or UNIFORM, variability or NO_VARIABILITY
     warnings += _routing_warnings(model, plan, routing)
@@ -225,7 +273,14 @@ def collective(op: str, size_bytes: float, ranks: int, cluster, protocol: str | 
     simple; ``launch`` is ``mpi`` (one process per GPU) or ``single-process`` (-g N),
     ``graph`` prices graph capture; ``impl`` picks an all-to-all implementation of the
     profile's ``[dispatch]`` (rccl, mori, deepep, ...)."""
+    if not isinstance(op, str):
+        raise ConfigError(f"op: expected a collective name, got {op!r}")
     coll = _coll(op)
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int | float) or not 0 <= size_bytes <= MAX_BYTES:
+        raise ConfigError(f"size: must be a number of bytes in [0, {MAX_BYTES:g}], got {size_bytes!r}")
+    for name, value in (("protocol", protocol), ("algorithm", algorithm)):
+        if value is not None:
+            check_type(name, value, str, "a name or None")
     spec = load_cluster(cluster)
     if not isinstance(ranks, int) or ranks < 1:
         raise ConfigError(f"gpus: must be a positive integer, got {ranks!r}")

@@ -301,3 +301,13 @@ def test_with_plan_normalize_and_cache_key():
     assert planner_inputs.cache_key(d) == planner_inputs.cache_key(json.loads(json.dumps(d)))
     assert planner_inputs.cache_key(d) != planner_inputs.cache_key(new)
     assert planner_inputs.nodes_for(1024, 8) == 128 and planner_inputs.nodes_for(9, 8) == 2
+
+
+def test_critical_path_rows_cover_the_breakdown_and_sum_to_the_step(report):
+    """Issue 17.11: the Plan page shows the path next to the breakdown; both sum to the step."""
+    rows = derive.critical_path_rows(report)
+    assert sum(v for _, v in rows) == pytest.approx(report.step_time_s, rel=1e-6)
+    assert {k for k, _ in rows} >= set(report.breakdown)
+    assert dict(rows)["pipeline_bubble"] == 0.0 and report.breakdown["pipeline_bubble"] > 0
+    note = derive.critical_path_note(report)
+    assert f"{report.step_time_s * 1e3:,.1f} ms" in note and "longest chain" in note

@@ -64,7 +64,7 @@ def test_written_profile_is_self_contained_with_provenance(calibrated, base):
     prov = data["provenance"]
     assert prov["calibrated_at"] == "2025-01-01T00:00:00+00:00" and prov["base_profile"] == "mi300x-pollara"
     assert str(NOGRAPH) in prov["inputs"] and str(GEMM_CSV) in prov["inputs"]
-    assert "MAPE" in prov["fit.collectives"] and "MAPE" in prov["fit.gemm"]
+    assert "MAPE" in prov["fit.collectives"] and "MAPE" in prov["fit.gemm/fp8"]  # the sample CSV is FP8
     loaded = load_cluster(calibrated.path)
     assert loaded == calibrated.cluster
     assert loaded.fabric == base.fabric and loaded.node == base.node  # no p2p given: untouched
@@ -123,10 +123,15 @@ def test_held_out_gemm_azure_run_to_maf_points(base):
     gpu, fits = kernel_fit.fit_kernels(train, base.gpu)
     print(f"\nGEMM Azure FP8 run: train {fits[0].mape_before:.1f}% -> {fits[0].mape_after:.1f}%; unseen MAF points "
           f"{kernel_fit.mape(test, base.gpu):.1f}% -> {kernel_fit.mape(test, gpu):.1f}%")
-    assert fits[0].mape_after < fits[0].mape_before
-    # bound: the MAF points differ in dtype (fp16/bf16/fp8) and clock (1115-1230 MHz): the spread
-    # of their own efficiencies (48.7-54.2% of peak) is ~10%, so 10% is what a shape-only table can promise
-    assert kernel_fit.mape(test, gpu) <= 10.0
+    assert fits[0].mape_after < fits[0].mape_before and [f.name for f in fits] == ["gemm/fp8"]
+    # GEMM tables are per dtype (issue 14): the FP8 sweep refits only the FP8 table, so the
+    # unseen FP8 MAF point moves (it improved from ~69% to ~21% when this was written) and
+    # the BF16 / FP16 points are priced exactly as before
+    fp8 = [p for p in test if p.dtype == "fp8"]
+    assert kernel_fit.mape(fp8, gpu) < 0.5 * kernel_fit.mape(fp8, base.gpu)
+    for p in test:
+        if p.dtype != "fp8":
+            assert kernel_fit.predict_kernel(p, gpu) == kernel_fit.predict_kernel(p, base.gpu)
 
 
 def test_hbm_fit_recovers_a_known_curve(base, tmp_path):

@@ -138,4 +138,4 @@ def test_simulate_fidelity_flags(capsys):
     text = capsys.readouterr().out
     assert "pipeline bubble" in text and "critical path" in text and "MoE imbalance" in text
     assert main(args[:-2] + ["--overlap-cu-share", "1.5"]) == 2
-    assert "comm_compute_interference" in capsys.readouterr().err
+    assert "--overlap-cu-share" in capsys.readouterr().err

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+import perfsim
+from perfsim.units import format_bytes
+
 ROOT = Path(__file__).resolve().parent.parent
 LOG = ROOT / "validation" / "data" / "calibration" / "rccl-tests" / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
 NO_PLOTLY = "import sys; sys.modules['plotly'] = None; from perfsim.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -91,3 +94,47 @@ def test_bad_trace_stages_are_one_line_exit_2(tmp_path, capsys, extra, field):
     code, _, err = _main([*SIM, "--trace", str(tmp_path / "t.json"), *extra], capsys)
     assert code == 2 and field in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "t.json").exists()
+
+
+# ---- critical path vs breakdown: both explained, both sum to the step -----------------------------
+
+def test_critical_path_and_breakdown_are_explained_and_both_sum_to_the_step(capsys):
+    argv = ["simulate", "--model", "llama3.1-8b", "--nodes", "1", "--pp", "2", "--gbs", "16", "--seq", "1024"]
+    code, out, _ = _main(argv, capsys)
+    assert code == 0
+    assert "sums to the step" in out and "longest chain of dependent ops through all stages" in out
+    code, listed, _ = _main([*argv, "--json"], capsys)
+    report = json.loads(listed)
+    step = report["step_time_s"]
+    assert sum(report["breakdown"].values()) == pytest.approx(step, rel=1e-6)
+    assert sum(report["critical_path_s"].values()) == pytest.approx(step, rel=1e-6)
+    assert "pipeline_bubble" in report["breakdown"] and "pipeline_bubble" not in report["critical_path_s"]
+    shown = next(line for line in out.splitlines() if line.startswith("critical path"))
+    assert f"{step * 1e3:.1f} ms" in shown
+
+
+# ---- simulate --html: a run report without plotly -------------------------------------------------
+
+def test_html_run_report_has_every_section_and_the_true_message_sizes(tmp_path, capsys):
+    from perfsim.cli import html_report
+
+    path = tmp_path / "run.html"
+    argv = ["simulate", "--model", "mixtral-8x7b", "--nodes", "2", "--tp", "2", "--ep", "4", "--pp", "2",
+            "--gbs", "16", "--seq", "2048", "--allow-oom", "--engine", "analytic"]
+    code, _, _ = _main([*argv, "--html", str(path)], capsys)
+    assert code == 0
+    text = path.read_text()
+    for section in ("Plan", "Breakdown", "Memory per rank", "Communication", "Per layer", "Timeline"):
+        assert f">{section}" in text, section
+    report = perfsim.estimate("mixtral-8x7b", "mi300x-pollara", nodes=2, tp=2, ep=4, pp=2, gbs=16, seq=2048,
+                              check_memory=False, trace=True)
+    rows = html_report.comm_rows(report.spans)
+    dispatch = next(r for r in rows if r["op"] == "dispatch_a2a")
+    sizes = {s.bytes for s in report.spans if s.op == "dispatch_a2a"}
+    assert dispatch["min_bytes"] == min(sizes) and dispatch["calls"] == sum(s.op == "dispatch_a2a" for s in report.spans)
+    assert format_bytes(dispatch["min_bytes"]) in text
+    layers = html_report.layer_comm_rows(report.spans, report.critical_stage)
+    assert layers and all("dispatch_a2a" in row["ops"] for row in layers)
+    assert "plotly" not in text  # self-contained: opens without plotly or a network
+    code, _, err = _main([*argv, "--html", str(path)], capsys)
+    assert code == 2 and "--html" in err  # an existing report is not replaced without --force

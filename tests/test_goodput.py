@@ -179,7 +179,7 @@ def test_cli_moe_width_json_and_csv(capsys):
     (["goodput", "--model", "zaya1-base", "--mtbf-node-hours", "100", "--storage", "tape"], "storage"),
     (["moe-width", "--active-params", "abc"], "--active-params"),
     (["moe-width", "--active-params", "1e9", "--experts", "x"], "--experts"),
-    (["sizing", "--model", "zaya1-base", "--tp", "0"], "sizing.tp"),
+    (["sizing", "--model", "zaya1-base", "--tp", "0"], "--tp"),
     (["reshard", "--model", "zaya1-base", "--from-gpus", "8"], "--to-gpus"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(capsys, argv, field):

@@ -228,10 +228,10 @@ def test_negative_nic_bandwidth_in_a_cluster(tmp_path):
 
 
 def test_efficiency_above_one_names_file_key_and_value(tmp_path):
-    path = write_variant(
-        tmp_path, "gpu", "mi300x", "efficiency = [0.0245, 0.2006, 0.4466, 0.542, 0.542]",
-        "efficiency = [0.0245, 0.2006, 0.4466, 0.542, 1.25]",
-    )
+    gemm = load_gpu("mi300x").gemm  # the first 'efficiency = [...]' line of the file is [gemm]'s
+    old = f"efficiency = [{', '.join(repr(v) for v in gemm.efficiency)}]"
+    new = f"efficiency = [{', '.join(repr(v) for v in gemm.efficiency[:-1])}, 1.25]"
+    path = write_variant(tmp_path, "gpu", "mi300x", old, new)
     with pytest.raises(ConfigError) as err:
         load_gpu(path)
     message = str(err.value)
@@ -257,10 +257,13 @@ def test_non_increasing_table_x_names_file_key_and_values(tmp_path):
 
 
 def test_repeated_table_x_is_rejected(tmp_path):
-    path = write_variant(
-        tmp_path, "gpu", "mi325x", "gflop = [2.147, 17.18, 137.4, 1099.5, 8796.1]",
-        "gflop = [2.147, 17.18, 17.18, 1099.5, 8796.1]",
-    )
+    xs = load_gpu("mi325x").gemm.gflop  # the first 'gflop = [...]' of the file is [gemm]'s
+    old = f"gflop = [{', '.join(repr(v) for v in xs)}]"
+    new = f"gflop = [{', '.join(repr(v) for v in (xs[0], xs[0], *xs[2:]))}]"
+    text = profile_path("gpu", "mi325x").read_text()
+    assert old in text
+    path = tmp_path / "mi325x-bad.toml"
+    path.write_text(text.replace(old, new, 1))
     with pytest.raises(ConfigError, match=r"gemm.*gflop"):
         load_gpu(path)
 

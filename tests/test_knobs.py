@@ -63,10 +63,18 @@ def test_more_of_a_resource_is_never_slower(knob, case, estimator, two_nodes):
 
 
 def test_fp8_gemms_not_slower(two_nodes):
+    """FP8 GEMM kernels beat BF16 ones; the step also pays the FP8 casts (issue 14), which
+    on this tiny model (hidden 1024) can outweigh the GEMM gain, as Transformer Engine's
+    docs warn for small GEMMs -- so the GEMM time is compared, and the casts must exist."""
     model, knobs = PLANS["dense-tp2-pp2-dp4"]
     bf16 = simulate(model, two_nodes, seq=2048, **knobs)
     fp8 = simulate(model, two_nodes, seq=2048, dtype="fp8", **knobs)
-    assert fp8.step_time_s < bf16.step_time_s
+
+    def gemm_s(report):
+        return sum(s.end_s - s.start_s for s in report.spans if s.kind == "gemm" and s.category != "lm_head")
+
+    assert gemm_s(fp8) < gemm_s(bf16)
+    assert any(s.category == "fp8_cast" for s in fp8.spans) and not any(s.category == "fp8_cast" for s in bf16.spans)
 
 
 def compute_s(report) -> float:

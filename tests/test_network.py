@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from perfsim.system import network
-from perfsim.system.hardware import FabricTopology, Routing, load_cluster
+from perfsim.system.hardware import FabricTopology, Multipath, Routing, load_cluster
 
 CLUSTER = load_cluster("mi300x-pollara")
 
@@ -50,8 +50,29 @@ def test_ecmp_collisions_are_deterministic_and_at_least_one():
 def test_uplink_rate_spray_vs_hash_vs_oversubscription():
     spray = network.uplink_Bps(CLUSTER, 128, 0.5)
     assert spray == pytest.approx(CLUSTER.fabric.nic_Bps)
-    assert network.uplink_Bps(fabric(routing=Routing.ECMP_HASH), 128, 0.5) < spray / 2
+    single = fabric(routing=Routing.ECMP_HASH, multipath=Multipath.SINGLE, multipath_paths=1)
+    assert network.uplink_Bps(single, 128, 0.5) < spray / 2
     assert network.uplink_Bps(fabric(oversubscription=4.0), 128, 0.5) == pytest.approx(spray / 2)
+
+
+def test_out_of_order_multipath_removes_hash_collisions_at_a_reorder_cost():
+    """UEC / Pollara multipath: each flow hashes as many sub-flows, so ECMP collisions
+    even out; the reorder cost is the profile's reorder_efficiency."""
+    single = fabric(routing=Routing.ECMP_HASH, multipath=Multipath.SINGLE, multipath_paths=1)
+    multi = fabric(routing=Routing.ECMP_HASH, multipath=Multipath.OUT_OF_ORDER, multipath_paths=16)
+    rates = [network.uplink_Bps(c, 128, 0.5) for c in (single, multi)]
+    assert rates[1] > 2 * rates[0]
+    assert rates[1] == pytest.approx(CLUSTER.fabric.nic_Bps)
+    lossy = dataclasses.replace(multi, fabric=dataclasses.replace(multi.fabric, reorder_efficiency=0.9))
+    assert network.uplink_Bps(lossy, 128, 0.5) == pytest.approx(0.9 * rates[1])
+    one_flow = network.uplink_Bps(single, 128, 1 / 64)  # a lone flow never collides
+    assert one_flow == pytest.approx(CLUSTER.fabric.nic_Bps)
+
+
+def test_rank_ordered_rings_cross_a_leaf_once_per_leaf():
+    assert network.neighbour_cross_fraction(CLUSTER, 64) == 0.0
+    assert network.neighbour_cross_fraction(CLUSTER, 128) == pytest.approx(2 / 128)
+    assert network.neighbour_cross_fraction(CLUSTER, 128) < network.cross_leaf_fraction(CLUSTER, 128)
 
 
 def test_cross_leaf_fraction():

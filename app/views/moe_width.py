@@ -36,19 +36,22 @@ moe_models = [m for m in models if perfsim.load_model(m).is_moe]
 a, b, c, d = st.columns(4)
 model = a.selectbox("Base model", moe_models, key="w.mw_model",
                     index=moe_models.index("zaya1-base") if "zaya1-base" in moe_models else 0)
-cluster = b.selectbox("Cluster", clusters, key="w.mw_cluster")
+inputs = common.get_inputs()  # the planner's cluster (mi300x-pollara, as the CLI, until changed on the Plan page)
+cluster = b.selectbox("Cluster", clusters, key="w.mw_cluster",
+                      index=clusters.index(inputs["cluster"]) if inputs["cluster"] in clusters else 0)
 budget_kind = c.radio("Fixed budget", ("active", "total"), horizontal=True, key="w.mw_kind")
 budget = d.number_input("Parameters (billions)", min_value=0.01, value=0.8 if budget_kind == "active" else 8.3,
                         step=0.1, key=f"w.mw_budget_{budget_kind}")
 e, f, g, h, i = st.columns(5)
-batch = e.number_input("Decode batch", min_value=1, value=64, key="w.mw_batch")
-context = f.number_input("Context", min_value=1, value=4096, step=1024, key="w.mw_context")
-serve_ep = g.number_input("Serving EP", min_value=1, value=8, key="w.mw_ep")
+serving = perfsim.design.moe_width.Serving()  # one source of defaults with `perfsim moe-width`
+batch = e.number_input("Decode batch", min_value=1, value=serving.batch, key="w.mw_batch")
+context = f.number_input("Context", min_value=1, value=serving.context, step=1024, key="w.mw_context")
+serve_ep = g.number_input("Serving EP", min_value=1, value=serving.ep, key="w.mw_ep")
 nodes = h.number_input("Training nodes", min_value=1, value=128, key="w.mw_nodes")
 seq = i.number_input("Training seq", min_value=1, value=4096, step=1024, key="w.mw_seq")
 j, k = st.columns(2)
-experts_text = j.text_input("Experts", "8, 16, 32, 64", key="w.mw_experts")
-topk_text = k.text_input("Top-k", "1, 2, 4", key="w.mw_topk")
+experts_text = j.text_input("Experts", ", ".join(map(str, perfsim.design.moe_width.DEFAULT_EXPERTS)), key="w.mw_experts")
+topk_text = k.text_input("Top-k", ", ".join(map(str, perfsim.design.moe_width.DEFAULT_TOP_K)), key="w.mw_topk")
 
 rows = None
 with common.shown_errors("Cannot sweep"):

@@ -7,7 +7,8 @@ import charts
 import common
 import derive
 import fmt
-from inputs import CHOICES, KNOBS, default_inputs
+import baseline
+from inputs import CHOICES, KNOBS, PLACEMENTS, default_inputs
 
 st.title("Plan")
 current = common.get_inputs()
@@ -20,7 +21,8 @@ with st.sidebar:
     model, model_config = current["model"], None
     if source == "preset":
         names = common.model_names()
-        model = st.selectbox("Preset", names, key=common.seed("model", model if model in names else names[0]))
+        model = st.selectbox("Preset", names, key=common.seed("model", model if model in names else names[0]),
+                             on_change=common.refit_widgets)
     else:
         upload = st.file_uploader("Hugging Face config.json", type=["json"], key="w.model_upload")
         if upload is not None:
@@ -32,8 +34,10 @@ with st.sidebar:
             st.info("Upload a config.json (Llama, Mixtral, Qwen-MoE, DeepSeek, OLMoE).")
     clusters = common.cluster_names()
     cluster = st.selectbox("Cluster profile", clusters,
-                           key=common.seed("cluster", current["cluster"] if current["cluster"] in clusters else clusters[0]))
-    nodes = st.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=common.seed("nodes", current["nodes"]))
+                           key=common.seed("cluster", current["cluster"] if current["cluster"] in clusters else clusters[0]),
+                           on_change=common.refit_widgets)
+    nodes = st.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=common.seed("nodes", current["nodes"]),
+                            on_change=common.refit_widgets)
     estimator = st.radio("Estimator", CHOICES["estimator"], horizontal=True, key=common.seed("estimator", current["estimator"]),
                          help="des: SimPy discrete-event engine (contention, overlap); analytic: closed form")
     if st.button("Reset to ZAYA1 on 128 MI300X nodes", icon=":material/restart_alt:"):
@@ -60,11 +64,47 @@ with st.expander("Parallel plan", expanded=True, icon=":material/grid_view:"):
     routing["concentration"] = c[5].number_input("dirichlet conc.", min_value=0.01, step=0.1,
                                                  key=common.seed("concentration", routing.get("concentration", 1.0)))
     routing["seed"] = c[6].number_input("routing seed", min_value=0, step=1, key=common.seed("seed", routing["seed"]))
+with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
+    fidelity = dict(current.get("fidelity") or default_inputs()["fidelity"])
+    f = st.columns(5)
+    fidelity["tp_comm_overlap"] = f[0].toggle("TP comm overlap", key=common.seed("tp_comm_overlap", fidelity["tp_comm_overlap"]),
+                                              help="--tp-comm-overlap: TP all-gather/reduce-scatter beside the GEMM")
+    fidelity["overlap_grad_reduce"] = f[0].toggle("Overlap grad reduce", key=common.seed(
+        "overlap_grad_reduce", fidelity["overlap_grad_reduce"]), help="off = --no-overlap")
+    fidelity["dma_offload"] = f[1].toggle("DMA offload", key=common.seed("dma_offload", fidelity["dma_offload"]),
+                                          help="--dma-offload: comm on DMA engines, no compute interference")
+    fidelity["overlap_cu_share"] = f[1].number_input("Overlap CU share", min_value=0.0, max_value=0.95, step=0.05,
+                                                     key=common.seed("overlap_cu_share", fidelity["overlap_cu_share"]),
+                                                     help="--overlap-cu-share: compute lost while comm overlaps it")
+    fidelity["grad_bucket_mb"] = f[2].number_input("Grad bucket (MB)", min_value=1.0, step=10.0,
+                                                   key=common.seed("grad_bucket_mb", fidelity["grad_bucket_mb"]),
+                                                   help="--grad-bucket-size")
+    capped = f[2].toggle("Cap expert capacity", key=common.seed("capped", fidelity["capacity_factor"] is not None))
+    fidelity["capacity_factor"] = f[3].number_input(
+        "Capacity factor", min_value=0.0, step=0.25, disabled=not capped,
+        key=common.seed("capacity_factor", fidelity["capacity_factor"] or 1.25),
+        help="--capacity-factor: tokens per expert capped at factor x mean (off: the model's own)") if capped else None
+    routing["placement"] = f[3].selectbox("Expert placement", PLACEMENTS, key=common.seed(
+        "placement", routing.get("placement", "contiguous")), help="--expert-placement contiguous | speed")
+    fidelity["gpu_variability"] = f[4].number_input("GPU variability (cv)", min_value=0.0, max_value=0.5, step=0.01,
+                                                    key=common.seed("gpu_variability", fidelity["gpu_variability"]),
+                                                    help="--gpu-variability: std-dev of per-GPU speed")
+    fidelity["variability_seed"] = f[4].number_input("variability seed", min_value=0, step=1,
+                                                     key=common.seed("variability_seed", fidelity["variability_seed"]))
+for note in st.session_state.pop("plan.refit_notes", []):
+    st.info(fmt.md(f"Reset a knob that no longer fits: {note}"), icon=":material/restart_alt:")
 
 inputs = {"model": model, "model_config": model_config, "cluster": cluster, "nodes": int(nodes),
-          "knobs": knobs, "routing": routing, "estimator": estimator}
+          "knobs": knobs, "routing": routing, "fidelity": fidelity, "estimator": estimator}
 st.session_state["inputs"] = inputs
 common.plan_caption(inputs)
+with common.shown_errors("Model"):
+    facts = common.model_facts(inputs)
+    shape = f"{facts['layers']} layers, hidden {facts['hidden']:,}" + (
+        f", {facts['experts']} experts top-{facts['top_k']}" if facts["experts"] else "")
+    st.sidebar.caption(fmt.md(f"{fmt.params(facts['total'])} parameters, {fmt.params(facts['active'])} active per "
+                              f"token without embeddings ({fmt.params(facts['total_emb'])} / "
+                              f"{fmt.params(facts['active_emb'])} with); {shape}"))
 if source != "preset" and not model_config:
     st.stop()
 
@@ -75,12 +115,17 @@ with common.shown_errors("This plan cannot run"):
 if report is None:
     st.stop()
 
+base = baseline.pinned() or {}
 m = st.columns(6)
-m[0].metric("Step time", fmt.duration(report.step_time_s))
-m[1].metric("Tokens/s", fmt.tokens_per_s(report.tokens_per_s))
-m[2].metric("Tokens/s/GPU", fmt.tokens_per_s(report.tokens_per_s_per_gpu))
-m[3].metric("MFU", fmt.percent(report.mfu))
-m[4].metric("TFLOPS/GPU", f"{report.tflops_per_gpu:,.0f}")
+m[0].metric("Step time", fmt.duration(report.step_time_s), delta=baseline.relative(report.step_time_s, base.get("step_time_s")),
+            delta_color="inverse")
+m[1].metric("Tokens/s", fmt.tokens_per_s(report.tokens_per_s),
+            delta=baseline.relative(report.tokens_per_s, base.get("tokens_per_s")))
+m[2].metric("Tokens/s/GPU", fmt.tokens_per_s(report.tokens_per_s_per_gpu),
+            delta=baseline.relative(report.tokens_per_s_per_gpu, base.get("tokens_per_s_per_gpu")))
+m[3].metric("MFU", fmt.percent(report.mfu), delta=baseline.relative(report.mfu, base.get("mfu")))
+m[4].metric("TFLOPS/GPU", f"{report.tflops_per_gpu:,.0f}",
+            delta=baseline.relative(report.tflops_per_gpu, base.get("tflops_per_gpu")))
 m[5].metric("Peak memory", fmt.num_bytes(report.peak_memory_bytes),
             delta=f"{fmt.num_bytes(abs(report.memory_capacity_bytes - report.peak_memory_bytes))} "
                   + (f"free of {fmt.num_bytes(report.memory_capacity_bytes)}" if report.fits
@@ -92,11 +137,23 @@ for warning in report.warnings:
 for note in derive.idle_link_notes(derive.stream_utilization(report.spans, report.step_time_s)):
     st.info(fmt.md(f"Idle link: {note}"), icon=":material/link_off:")
 
+baseline.controls(inputs, report)
+baseline.show(report)
 left, right = st.columns([3, 2])
 left.plotly_chart(charts.breakdown_bar(derive.breakdown_rows(report.breakdown, report.overlapped_comm_s),
                                        report.overlapped_comm_s), width="stretch", key="chart.breakdown")
 right.plotly_chart(charts.memory_bar(report.memory, report.memory_capacity_bytes), width="stretch", key="chart.memory")
-st.caption(fmt.md(f"{report.world_size:,} GPUs · critical pipeline stage {report.critical_stage} · estimator {report.estimator}"))
+st.caption(fmt.md(f"{report.world_size:,} GPUs · estimator {report.estimator} · the bar is where critical pipeline "
+                  f"stage {report.critical_stage}'s step goes (sums to the step; its idle time is pipeline_bubble)"))
+with st.expander("Critical path: why it differs from the breakdown", icon=":material/route:"):
+    st.markdown(fmt.md(derive.critical_path_note(report)))
+    st.dataframe([{"category": k, "on the critical path": fmt.duration(v), "in the breakdown": fmt.duration(report.breakdown.get(k, 0.0))}
+                  for k, v in derive.critical_path_rows(report)], hide_index=True, key="plan.critical")
+
+st.download_button("Download HTML run report", common.html_report(inputs), file_name="perfsim_run.html",
+                   mime="text/html", icon=":material/download:", key="plan.html",
+                   help="plan, breakdown, memory, communication with message sizes per collective and per layer, "
+                        "timeline; the same report as `perfsim simulate --html`")
 
 # ---- save as a scenario -------------------------------------------------------------------
 with st.container(border=True):

@@ -10,6 +10,7 @@ import common
 import derive
 import fmt
 from inputs import nodes_for, with_plan
+from perfsim.search import DEFAULT_MAX_MEMORY_FRACTION
 
 FIXABLE = ("tp", "pp", "ep", "cp", "zero", "mbs", "recompute")
 EXECUTORS = ("local-spawn", "serial", "dask-local")  # never a forked pool inside Streamlit (issue 17.2)
@@ -34,7 +35,8 @@ top = d.number_input("Top N", min_value=1, max_value=100, value=10, key="w.s_top
 e, f, g, h = st.columns(4)
 gbs = e.number_input("gbs", min_value=1, value=inputs["knobs"]["gbs"], key="w.s_gbs")
 seq = f.number_input("seq", min_value=1, value=inputs["knobs"]["seq"], key="w.s_seq")
-mem = g.slider("Max memory fraction", 0.5, 1.0, 0.9, 0.05, key="w.s_mem")
+mem = g.slider("Max memory fraction", 0.5, 1.0, DEFAULT_MAX_MEMORY_FRACTION, 0.05, key="w.s_mem",
+               help="share of HBM a plan may use (the CLI's --max-memory default)")
 objective = h.selectbox("Objective", ("time", "cost"), key="w.s_objective",
                         help="time: minimize step time; cost: minimize $ per token at a $/GPU-hour price")
 with st.expander("Constraints and execution"):

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfsim.calibration import collective_fit, kernel_fit
+from perfsim.calibration import calibrate_fabric, collective_fit, kernel_fit
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec, load_cluster, write_cluster
 from perfsim.lowering.ops import Coll
@@ -49,7 +49,9 @@ def collective_points(logs: list[RcclLog], in_place: bool = False) -> list[colle
     for lg in logs:
         shape = GroupShape(size=lg.num_ranks, per_node=min(lg.gpus_per_node, lg.num_ranks), num_nodes=lg.num_nodes)
         label = f"{lg.op} {lg.num_ranks} ranks/{lg.num_nodes} node{'s' if lg.num_nodes > 1 else ''}"
-        points += [collective_fit.CollectivePoint(coll=Coll(lg.op), size_bytes=s, shape=shape, time_s=t * 1e-6, label=label)
+        launch = "single-process" if int(lg.header.get("nGpus", "1") or 1) > 1 else "mpi"  # rccl-tests -g N
+        points += [collective_fit.CollectivePoint(coll=Coll(lg.op), size_bytes=s, shape=shape, time_s=t * 1e-6, label=label,
+                                                  launch=launch, graph=lg.graph)
                    for s, t in lg.series(in_place)]
     return points
 
@@ -75,20 +77,25 @@ def _fit_kernels(cluster, csv_files, when, fits, notes, regenerate_gemm):
         raise ConfigError(f"gemm-csv: no row in {', '.join(csv_files)} is for {cluster.gpu.name}")
     gpu, tables = kernel_fit.fit_kernels(points, cluster.gpu, regenerate_gemm)
     for t in tables:
-        spec = getattr(gpu, t.name)
-        gpu = dataclasses.replace(gpu, **{t.name: dataclasses.replace(spec, source=_stamp(spec.source, csv_files, when))})
+        gpu = kernel_fit.restamp(gpu, t.name, lambda text: _stamp(text, csv_files, when))
         fits.append(FitSummary(name=t.name, num_points=t.num_points, mape_before=t.mape_before, mape_after=t.mape_after,
                                detail=f"x={list(t.xs)} y={list(t.ys)} {t.note}".strip()))
     return dataclasses.replace(cluster, gpu=gpu)
 
 
-def _fit_collectives(cluster, logs, files, when, fits, fit_windows, in_place):
-    points = collective_points(logs, in_place)
-    fit = collective_fit.fit_collectives(points, cluster, fit_windows=fit_windows)
-    tuning = dataclasses.replace(fit.tuning, source=_stamp(fit.tuning.source, files, when))
-    fits.append(FitSummary(name="collectives", num_points=fit.num_points, mape_before=fit.mape_before,
-                           mape_after=fit.mape_after, detail="fitted: " + ", ".join(fit.fitted)))
-    return dataclasses.replace(cluster, collectives=tuning)
+def _fit_collectives(cluster, points, files, when, fits, fit_windows):
+    """Single-node points fit the intra-node tuning; multi-node points then fit the
+    inter-node parameters (NIC ramp, hop latency) with the intra-node values held."""
+    single = [p for p in points if p.shape.num_nodes == 1]
+    if single:
+        fit = collective_fit.fit_collectives(single, cluster, fit_windows=fit_windows)
+        tuning = dataclasses.replace(fit.tuning, source=_stamp(fit.tuning.source, files, when))
+        fits.append(FitSummary(name="collectives", num_points=fit.num_points, mape_before=fit.mape_before,
+                               mape_after=fit.mape_after, detail="fitted: " + ", ".join(fit.fitted)))
+        cluster = dataclasses.replace(cluster, collectives=tuning)
+    if len(single) < len(points):
+        cluster = calibrate_fabric.fit(cluster, points, files, when, fits, FitSummary, _stamp)
+    return cluster
 
 
 def _provenance(base: str, files: list[str], when: str, fits: list[FitSummary]) -> dict[str, str]:
@@ -101,15 +108,19 @@ def _provenance(base: str, files: list[str], when: str, fits: list[FitSummary]) 
 
 def calibrate(cluster: str | ClusterSpec, *, rccl_logs=(), kernel_csvs=(), p2p=(), out: str | Path | None = None,
               force: bool = False, fit_windows: bool = True, in_place: bool = False, regenerate_gemm: bool = False,
-              name: str | None = None, now: dt.datetime | None = None) -> Calibration:
+              name: str | None = None, now: dt.datetime | None = None, collective_tables=(), series=(),
+              dispatch_tables=()) -> Calibration:
     """Fit ``cluster`` (name, path or spec) to the given files; write to ``out`` when given.
 
     ``in_place`` fits the in-place rccl-tests columns instead of out-of-place;
     ``fit_windows=False`` keeps the protocol and direct windows; ``regenerate_gemm``
     places new GEMM table knots over the measured sizes instead of refitting the old ones.
+    ``collective_tables`` are multi-node CSV tables (readers_multinode; ``series`` picks
+    some of their series), ``dispatch_tables`` MoE dispatch/combine tables.
     """
-    if not (rccl_logs or kernel_csvs or p2p):
-        raise ConfigError("calibrate: give at least one measurement file (--rccl-log, --gemm-csv, --p2p)")
+    if not (rccl_logs or kernel_csvs or p2p or collective_tables or dispatch_tables):
+        raise ConfigError("calibrate: give at least one measurement file (--rccl-log, --gemm-csv, --p2p, "
+                          "--collective-csv, --dispatch-csv)")
     out = Path(out) if out is not None else None
     if out is not None and out.exists() and not force:
         raise ConfigError(f"out: {str(out)!r} exists; pass --force (force=True) to replace it")
@@ -118,14 +129,22 @@ def calibrate(cluster: str | ClusterSpec, *, rccl_logs=(), kernel_csvs=(), p2p=(
     when = (now or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds")
     logs = [read_rccl_log(f) for f in rccl_logs]
     notes = [f"{lg.path}: skipped {lg.num_skipped} unparsable lines {list(lg.skipped_lines)}" for lg in logs if lg.num_skipped]
-    files = [str(Path(f).resolve()) for f in (*p2p, *kernel_csvs, *rccl_logs)]
+    files = [str(Path(f).resolve()) for f in (*p2p, *kernel_csvs, *rccl_logs, *collective_tables, *dispatch_tables)]
     fits: list[FitSummary] = []
     if p2p:
         spec = _fit_links(spec, [str(f) for f in p2p], when, fits)
     if kernel_csvs:
         spec = _fit_kernels(spec, [str(f) for f in kernel_csvs], when, fits, notes, regenerate_gemm)
-    if logs:
-        spec = _fit_collectives(spec, logs, [str(f) for f in rccl_logs], when, fits, fit_windows, in_place)
+    points = collective_points(logs, in_place) + calibrate_fabric.table_points(collective_tables, series, in_place)
+    plain = [p for p in points if p.launch == "mpi" and not p.graph]  # launch-mode runs refit only their floor
+    collective_files = [str(f) for f in (*rccl_logs, *collective_tables)]
+    if plain:
+        spec = _fit_collectives(spec, plain, collective_files, when, fits, fit_windows)
+    if len(plain) < len(points):
+        spec = calibrate_fabric.fit_launch(spec, [p for p in points if p not in plain], collective_files, when, fits,
+                                           FitSummary, _stamp)
+    if dispatch_tables:
+        spec = calibrate_fabric.fit_dispatch(spec, dispatch_tables, when, fits, FitSummary, _stamp)
     new_name = name or (out.stem if out is not None else f"{spec.name}-calibrated")
     spec = dataclasses.replace(spec, name=new_name, provenance=_provenance(base, files, when, fits),
                                description=f"{spec.description} [calibrated {when}]")

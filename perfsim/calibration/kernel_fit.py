@@ -1,12 +1,14 @@
 """Kernel and link fits for ``calibrate``: GPU efficiency tables and link bandwidths.
 
 * ``predict_kernel``: perfsim's time for one measured kernel (``readers.KernelPoint``),
-  through ``costs`` exactly as the simulator prices ops.
-* ``fit_table``: refit the y values of one efficiency table (piecewise linear in
-  log10 x, clamped) at its existing x points, or at new x points (``knots``), by
-  ``least_squares`` on relative time error (soft-L1, f_scale 5%) with a weak pull
-  (``PRIOR``) toward the old values so knots without nearby data stay put.
-  GEMM also picks the output tile (wave quantization over the CUs) from ``TILES``.
+  through ``costs`` exactly as the simulator prices ops (a row whose ``kernel`` is
+  ``cast`` / ``cast_a`` was timed with the FP8 casts of its BF16 inputs / activation,
+  and is priced with them).
+* ``fit_kernels``: refit each table that has points -- one GEMM table per input dtype,
+  one grouped-GEMM table per dtype, attention, HBM -- piecewise linear in log10 x at
+  knots spread over the measured range, by ``least_squares`` on relative time error
+  (soft-L1, f_scale 5%) with a weak pull (``PRIOR``) toward the old values so knots
+  without nearby data stay put. GEMM also picks its macro tile from ``TILES``.
 * ``fit_links``: xGMI per-link bandwidth = median of GPU-GPU rates measured with all
   pairs busy (TransferBench a2a; isolated pairs only when no concurrent run is given),
   host link = median host<->GPU rate, NIC = median cross-node GPU-GPU rate.
@@ -19,14 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
+from perfsim.calibration.kernel_tables_fit import TableRef, table_refs
+from perfsim.calibration.readers import KernelPoint, P2pPoint
 from perfsim.cost import kernels as costs
 from perfsim.errors import ConfigError
-from perfsim.system.hardware import ClusterSpec, GpuSpec
 from perfsim.lowering.ops import Gemm
-from perfsim.calibration.readers import KernelPoint, P2pPoint
+from perfsim.system.hardware import ClusterSpec, GpuSpec
 
 PRIOR = 1e-3
-EFF_BOUNDS = (0.005, 1.0)
 TILES = ((128, 128), (128, 256), (256, 128), (256, 256))
 ATTN_BYTES_PER_ELEMENT = 2  # bf16 q, k, v, o
 
@@ -46,18 +48,35 @@ def attention_bytes(p: KernelPoint) -> float:
     return p.batch * p.seq * (2 * p.heads + 2 * p.kv_heads) * p.head_dim * ATTN_BYTES_PER_ELEMENT
 
 
+def _cast_time(p: KernelPoint, gpu: GpuSpec) -> float:
+    """FP8 casts a measured FP8 GEMM included (``kernel`` column): ``cast`` = both BF16
+    inputs forward, the output gradient backward; ``cast_a`` = the activation only
+    (pre-quantized weights, as vLLM's "incl. act quant")."""
+    if p.kernel not in ("cast", "cast_a"):
+        return 0.0
+    groups = p.batch if p.kind == "grouped_gemm" else 1
+    if p.direction == "bwd":
+        return costs.fp8_cast_time(groups * p.m * p.n, gpu)
+    weights = costs.fp8_cast_time(groups * p.k * p.n, gpu) if p.kernel == "cast" else 0.0
+    return costs.fp8_cast_time(groups * p.m * p.k, gpu) + weights
+
+
 def predict_kernel(p: KernelPoint, gpu: GpuSpec) -> float:
     """Seconds perfsim predicts for one measured kernel call."""
+    backward = p.direction == "bwd"
     if p.kind == "gemm":
-        return costs.gemm_time(Gemm(m=p.m, n=p.n, k=p.k, batch=p.batch), gpu, p.dtype)
+        if backward:
+            return costs.gemm_backward_time(Gemm(m=p.m, n=p.n, k=p.k), gpu, p.dtype) * p.batch + _cast_time(p, gpu)
+        return costs.gemm_time(Gemm(m=p.m, n=p.n, k=p.k, batch=p.batch), gpu, p.dtype) + _cast_time(p, gpu)
     if p.kind == "grouped_gemm":
-        return costs.grouped_gemm_time((p.m,) * p.batch, p.n, p.k, gpu, p.dtype)
+        return costs.grouped_gemm_time((p.m,) * p.batch, p.n, p.k, gpu, p.dtype, backward=backward) + _cast_time(p, gpu)
     if p.kind == "memory":
         return costs.elementwise_time(p.bytes, gpu)
     fwd = dataclasses.replace(p, direction="fwd").flops
     moved = attention_bytes(p)
-    t_fwd = costs.attention_time(fwd, moved, gpu, backward=False)
-    t_bwd = costs.attention_time(2.5 * fwd, 2 * moved, gpu, backward=True)
+    shape = {"seq": p.seq, "head_dim": p.head_dim, "causal": p.causal}
+    t_fwd = costs.attention_time(fwd, moved, gpu, backward=False, **shape)
+    t_bwd = costs.attention_time(2.5 * fwd, 2 * moved, gpu, backward=True, **shape)
     return {"fwd": t_fwd, "bwd": t_bwd, "fwd_bwd": t_fwd + t_bwd}[p.direction]
 
 
@@ -85,73 +104,69 @@ def mape(points: list[KernelPoint], gpu: GpuSpec) -> float:
 
 # ---- efficiency tables ---------------------------------------------------------------
 
-TABLES = {  # table name -> (kinds it prices, GpuSpec field, x field, y fields)
-    "gemm": (("gemm", "grouped_gemm"), "gemm", "gflop", ("efficiency",)),
-    "hbm": (("memory",), "hbm", "mbytes", ("efficiency",)),
-    "attention": (("attention",), "attention", "gflop", ("forward_efficiency", "backward_efficiency")),
-}
 
-
-def _with_table(gpu: GpuSpec, table: str, xs: tuple, ys: np.ndarray, digits: int | None = None, **extra) -> GpuSpec:
-    _, attr, x_field, y_fields = TABLES[table]
-    n = len(xs)
-    ys = np.round(ys, digits) if digits is not None else ys
-    values = {f: tuple(float(v) for v in ys[i * n:(i + 1) * n]) for i, f in enumerate(y_fields)}
-    spec = dataclasses.replace(getattr(gpu, attr), **{x_field: tuple(xs)}, **values, **extra)
-    return dataclasses.replace(gpu, **{attr: spec})
-
-
-def _initial(gpu: GpuSpec, table: str, xs: tuple) -> np.ndarray:
-    _, attr, x_field, y_fields = TABLES[table]
-    spec = getattr(gpu, attr)
-    return np.concatenate([[costs.interp_log(x, getattr(spec, x_field), getattr(spec, f)) for x in xs] for f in y_fields])
-
-
-def fit_table(points: list[KernelPoint], gpu: GpuSpec, table: str, knots: tuple[float, ...] | None = None,
+def fit_table(points: list[KernelPoint], gpu: GpuSpec, ref: TableRef, knots: tuple[float, ...] | None = None,
               **extra) -> tuple[GpuSpec, float]:
-    """``gpu`` with ``table`` refit to ``points`` (and ``extra`` fields such as tiles); MAPE after."""
-    _, attr, x_field, _ = TABLES[table]
-    xs = knots or getattr(getattr(gpu, attr), x_field)
-    y0 = np.clip(_initial(gpu, table, xs), *EFF_BOUNDS)
+    """``gpu`` with table ``ref`` refit to ``points`` (and ``extra`` fields such as tiles); MAPE after."""
+    xs = knots or (ref.knots(points) if ref.parametric else ref.xs(gpu))
+    y0 = np.clip(ref.initial(gpu, xs), *ref.bounds(len(xs)))
     measured = np.array([p.time_s for p in points])
 
     def residuals(ys):
-        trial = _with_table(gpu, table, xs, ys, **extra)
+        trial = ref.apply(gpu, xs, ys, **extra)
         rel = np.array([predict_kernel(p, trial) for p in points]) / measured - 1
-        return np.concatenate([rel, PRIOR * (ys - y0) / y0])
+        return np.concatenate([rel, PRIOR * (ys - y0) / np.where(np.abs(y0) > 1e-6, np.abs(y0), 1.0)])
 
-    fit = least_squares(residuals, y0, bounds=EFF_BOUNDS, loss="soft_l1", f_scale=0.05)
-    best = _with_table(gpu, table, xs, fit.x, digits=5, **extra)
+    fit = least_squares(residuals, y0, bounds=ref.bounds(len(xs)), loss="soft_l1", f_scale=0.05)
+    best = ref.apply(gpu, xs, np.round(fit.x, 5), **extra, **({"round_values": True} if ref.parametric else {}))
     return best, mape(points, best)
+
+
+def log_knots(values: list[float], per_decade: float = 2.0, max_knots: int = 12) -> tuple[float, ...]:
+    """Log-spaced knots spanning ``values`` (about ``per_decade`` per decade)."""
+    lo, hi = np.log10(min(values)), np.log10(max(values))
+    if hi <= lo:
+        return (float(f"{min(values):.4g}"),)
+    n = min(max_knots, max(2, int(np.ceil((hi - lo) * per_decade)) + 1))
+    return tuple(float(f"{x:.4g}") for x in np.logspace(lo, hi, n))
 
 
 def gemm_knots(points: list[KernelPoint], per_decade: int = 1) -> tuple[float, ...]:
     """Regenerated x points: ``per_decade`` log-spaced knots spanning the measured GFLOPs."""
-    g = [p.flops / costs.GFLOP for p in points if p.kind in ("gemm", "grouped_gemm")]
-    lo, hi = np.log10(min(g)), np.log10(max(g))
-    n = max(2, int(np.ceil((hi - lo) * per_decade)) + 1)
-    return tuple(float(f"{x:.4g}") for x in np.logspace(lo, hi, n)) if hi > lo else (float(min(g)),)
+    return log_knots([p.flops / costs.GFLOP for p in points if p.kind in ("gemm", "grouped_gemm")], per_decade)
 
 
 def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool = False) -> tuple[GpuSpec, list[TableFit]]:
     """Refit every table that has points; GEMM also chooses its tile among ``TILES``."""
     fits = []
-    for table, (kinds, attr, x_field, y_fields) in TABLES.items():
-        mine = [p for p in points if p.kind in kinds]
-        if not mine:
-            continue
+    for ref in table_refs(points):
+        mine = [p for p in points if ref.selects(p)]
         before = mape(mine, gpu)
-        if table == "gemm":
-            knots = gemm_knots(mine) if regenerate_gemm else None
-            trials = [fit_table(mine, gpu, table, knots, tile_m=tm, tile_n=tn) for tm, tn in TILES]
+        knots = ref.knots(mine) if (regenerate_gemm or ref.new_table(gpu)) else None
+        if ref.kind == "gemm":
+            trials = [fit_table(mine, gpu, ref, knots, tile_m=tm, tile_n=tn) for tm, tn in TILES]
             gpu, after = min(trials, key=lambda t: t[1])
-            note = f"tile {gpu.gemm.tile_m}x{gpu.gemm.tile_n} chosen among {len(TILES)}"
+            table = ref.get(gpu)
+            note = f"tile {table.tile_m}x{table.tile_n} chosen among {len(TILES)}"
         else:
-            gpu, after, note = *fit_table(mine, gpu, table), ""
-        spec = getattr(gpu, attr)
-        fits.append(TableFit(name=table, xs=getattr(spec, x_field), ys=getattr(spec, y_fields[0]), mape_before=before,
-                             mape_after=after, num_points=len(mine), note=note))
+            gpu, after, note = *fit_table(mine, gpu, ref, knots), ""
+        fits.append(TableFit(name=ref.name, xs=ref.xs(gpu), ys=ref.ys(gpu), mape_before=before, mape_after=after,
+                             num_points=len(mine), note=note))
     return gpu, fits
+
+
+def restamp(gpu: GpuSpec, name: str, stamp) -> GpuSpec:
+    """``gpu`` with the ``source`` of table ``name`` (a ``TableFit.name``) passed through ``stamp``."""
+    kind, _, dtype = name.partition("/")
+    if kind in ("hbm", "attention"):
+        spec = getattr(gpu, kind)
+        return dataclasses.replace(gpu, **{kind: dataclasses.replace(spec, source=stamp(spec.source))})
+    if kind == "gemm" and dtype == "bf16":
+        return dataclasses.replace(gpu, gemm=dataclasses.replace(gpu.gemm, source=stamp(gpu.gemm.source)))
+    field = "gemm_dtypes" if kind == "gemm" else "grouped_gemm"
+    tables = dict(getattr(gpu, field))
+    tables[dtype] = dataclasses.replace(tables[dtype], source=stamp(tables[dtype].source))
+    return dataclasses.replace(gpu, **{field: tables})
 
 
 # ---- links ---------------------------------------------------------------------------

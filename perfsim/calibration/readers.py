@@ -53,6 +53,7 @@ from pathlib import Path
 from perfsim.cost.collectives import BUSBW_FACTOR
 from perfsim.errors import ConfigError
 from perfsim.lowering.ops import Coll
+from perfsim.system.specio import as_path, read_text
 from perfsim.calibration.readers_p2p import P2pPoint, _number, read_p2p  # noqa: F401 (re-exported)
 
 KERNEL_CSV_COLUMNS = (
@@ -67,6 +68,8 @@ _REQUIRED = {
     "attention": ("batch", "seq", "heads", "head_dim", "direction"),
     "memory": ("bytes",),
 }
+MAX_LOG_LINES = 100_000  # an rccl-tests log of one run prints ~100 lines; a bigger file is not one
+MIN_TIME_US = 1e-3  # a time under 1 ns is not a measurement (a kernel launch alone takes microseconds)
 _OP_ALIASES = {"alltoall": "all_to_all", "allreduce": "all_reduce", "allgather": "all_gather",
                "reducescatter": "reduce_scatter", "sendrecv": "send_recv", "bcast": "broadcast"}
 _RANK_RE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)")
@@ -142,15 +145,16 @@ def _columns(header: str) -> _Columns | None:
 
 def _recover_time(size: int, time: float | None, bus: float | None, op: str, ranks: int) -> float | None:
     if time is not None and time > 0:
-        return time
-    if bus is not None and bus > 0 and size > 0:
-        algbw = bus / BUSBW_FACTOR[Coll(op)](ranks)
-        return size / (algbw * 1e9) * 1e6
+        return time if time >= MIN_TIME_US else None
+    factor = BUSBW_FACTOR[Coll(op)](ranks)
+    if bus is not None and bus > 0 and size > 0 and factor > 0:
+        recovered = size / (bus / factor * 1e9) * 1e6
+        return recovered if MIN_TIME_US <= recovered < math.inf else None
     return None
 
 
 def _parse_row(tokens: list[str], cols: _Columns, op: str, ranks: int, line: int) -> RcclRow | None:
-    if len(tokens) != cols.count or not tokens[0].isdigit():
+    if len(tokens) != cols.count or not (tokens[0].isascii() and tokens[0].isdigit()):
         return None
     size = int(tokens[0])
     values = []
@@ -215,11 +219,10 @@ def _geometry(state: _LogState, where: str, ranks: int | None) -> tuple[int, int
 def read_rccl_log(path: str | Path, op: str | None = None, ranks: int | None = None) -> RcclLog:
     """Parse one rccl-tests/nccl-tests log; ``op`` overrides the detected collective and
     ``ranks`` the rank count read from the '# Rank' lines."""
-    path = Path(path)
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    path = as_path(path, "rccl-tests log")
+    lines = read_text(path, "rccl-tests log").splitlines()
+    if len(lines) > MAX_LOG_LINES:
+        raise ConfigError(f"{path}: {len(lines):,} lines (limit {MAX_LOG_LINES:,}); one rccl-tests run prints ~100")
     if not any(line.strip() for line in lines):
         raise ConfigError(f"{path}:1: empty log (no rccl-tests output)")
     state, data = _LogState(), []
@@ -306,7 +309,7 @@ def _cell_float(row: dict, key: str, where: str) -> float | None:
     if not text:
         return None
     value = _number(text)
-    if value is None or value <= 0:
+    if value is None or value <= 0 or (key == "time_us" and value < MIN_TIME_US):
         raise ConfigError(f"{where}: column {key!r} must be a positive finite number, got {text!r}")
     return value
 
@@ -349,12 +352,11 @@ def _kernel_time(row: dict, point: KernelPoint, where: str) -> float:
 def read_kernel_csv(path: str | Path) -> list[KernelPoint]:
     """Kernel measurements in the ``KERNEL_CSV_COLUMNS`` schema; strict: a bad cell is a
     ConfigError naming file, line and column (these files are written by tools)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    path = as_path(path, "kernel CSV")
+    text = read_text(path, "kernel CSV")
     lines = [line for line in text.splitlines()]
+    if len(lines) > MAX_LOG_LINES:
+        raise ConfigError(f"{path}: {len(lines):,} rows (limit {MAX_LOG_LINES:,})")
     if not any(line.strip() for line in lines):
         raise ConfigError(f"{path}:1: empty kernel CSV (expected a header: {','.join(KERNEL_CSV_COLUMNS)})")
     reader = csv.DictReader(lines)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfsim.errors import ConfigError
+from perfsim.system.specio import as_path, read_text
 
 
 def _number(token: str) -> float | None:
@@ -103,11 +104,8 @@ def _is_label_row(line: str) -> bool:
 
 def read_p2p(path: str | Path) -> list[P2pPoint]:
     """Point-to-point bandwidths from a long CSV (``src,dst,...,value_GBps``) or a matrix."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    path = as_path(path, "point-to-point table")
+    text = read_text(path, "point-to-point table")
     lines = text.splitlines()
     if not text.strip():
         raise ConfigError(f"{path}:1: empty point-to-point table")

@@ -18,6 +18,7 @@ from pathlib import Path
 from perfsim.calibration import collective_fit, kernel_fit
 from perfsim.calibration.calibrate import collective_points
 from perfsim.errors import ConfigError
+from perfsim.system.specio import write_atomic
 from perfsim.system.hardware import ClusterSpec, load_cluster
 from perfsim.calibration.readers import read_kernel_csv, read_rccl_log
 
@@ -155,17 +156,13 @@ def write_html(result: Validation, path: str | Path, plotlyjs: str = "embed") ->
             + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else ""))
     if plotlyjs == "directory":
         _write_plotlyjs(path.parent / "plotly.min.js")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>perfsim validation</title></head>"
-                   f"<body>{body}</body></html>")
-    tmp.replace(path)
-    return path
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>perfsim validation</title></head>"
+            f"<body>{body}</body></html>")
+    return write_atomic(path, page, "html")
 
 
 def _write_plotlyjs(target: Path) -> None:
     from plotly.offline import get_plotlyjs
 
     if not target.exists():
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(get_plotlyjs())
-        tmp.replace(target)
+        write_atomic(target, get_plotlyjs(), "html")

@@ -3,9 +3,11 @@
 import argparse
 import dataclasses
 import json
+import math
 import sys
 
 from perfsim import api
+from perfsim.cli import args as a
 from perfsim.errors import ConfigError, InfeasiblePlan, PerfsimError
 from perfsim.system.hardware import list_profiles, load_gpu
 from perfsim.system.kernel_tables import table_provenance
@@ -13,9 +15,14 @@ from perfsim.model.io import list_models
 from perfsim.report import Report
 from perfsim.plan.routing import RoutingSpec, load_histogram
 from perfsim.plan.stragglers import VariabilitySpec
-from perfsim.units import format_bytes, parse_size
+from perfsim.system.specio import check_finite_output, check_output
+from perfsim.units import format_bytes
 
 PLAN_INTS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq")
+PLAN_TYPES = {"zero": a.ZERO, "gbs": a.GBS, "seq": a.SEQ, "mbs": a.GBS}
+MAX_SIZES = 4096  # rows one collective sweep may print
+MAX_CAPACITY_FACTOR = 1024.0  # past E / top_k no token is dropped; 1024 covers any expert count in use
+MAX_ROUTING_PARAM = 1e6  # Zipf exponent / Dirichlet alpha: far past where the shares stop changing
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,17 +34,18 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="preset name, preset .toml or HF config.json")
     p.add_argument("--cluster", default="mi300x-pollara", help="cluster profile name or .toml path")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--nodes", type=int, help="number of nodes (overrides the profile)")
-    size.add_argument("--gpus", type=int, help="number of GPUs (the cluster is sized to hold them)")
+    size.add_argument("--nodes", type=a.NODES, help="number of nodes (overrides the profile)")
+    size.add_argument("--gpus", type=a.GPUS, help="number of GPUs (the cluster is sized to hold them)")
     for knob in PLAN_INTS:
-        p.add_argument(f"--{knob}", type=int, default=None)
+        p.add_argument(f"--{knob}", type=PLAN_TYPES.get(knob, a.POSITIVE), default=None)
     p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp8"])
     p.add_argument("--recompute", default=None, choices=["none", "selective", "full"])
     p.add_argument("--schedule", default=None, choices=["gpipe", "1f1b", "interleaved", "zb-h1"],
                    help="pipeline schedule; with --vpp > 1 gpipe loops breadth-first, 1f1b interleaves, zb-h1 splits W")
     p.add_argument("--no-overlap", action="store_true", help="do not overlap gradient reduction with backward")
-    p.add_argument("--grad-bucket-size", default=None, help="gradient bucket in bytes (e.g. 80M; default 40M bf16 params)")
-    p.add_argument("--overlap-cu-share", type=float, default=None,
+    p.add_argument("--grad-bucket-size", type=a.size(1), default=None,
+                   help="gradient bucket in bytes (e.g. 80M; default 40M bf16 params)")
+    p.add_argument("--overlap-cu-share", type=a.FRACTION_BELOW_ONE, default=None,
                    help="share of compute throughput lost while comm overlaps it (default 0)")
     p.add_argument("--dma-offload", action="store_true", help="comm on DMA engines: no compute interference")
     p.add_argument("--tp-comm-overlap", action="store_true",
@@ -47,11 +55,15 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing-histogram", default=None, help="measured tokens per expert (CSV or JSON file)")
     p.add_argument("--expert-placement", default=None,
                    help="contiguous (default), speed (hot experts on fast GPUs) or EP rank per expert: 0,0,1,1,...")
-    p.add_argument("--capacity-factor", type=float, default=None, help="MoE capacity factor (0: no dropping)")
-    p.add_argument("--gpu-variability", type=float, default=0.0, help="std-dev of per-GPU relative speed (seeded)")
-    p.add_argument("--routing-skew", type=float, default=1.0, help="Zipf exponent for --routing zipf")
-    p.add_argument("--routing-concentration", type=float, default=1.0, help="Dirichlet alpha for --routing dirichlet")
-    p.add_argument("--seed", type=int, default=0, help="seed for routing")
+    p.add_argument("--capacity-factor", type=a.number(0, MAX_CAPACITY_FACTOR), default=None,
+                   help="MoE capacity factor (0: no dropping)")
+    p.add_argument("--gpu-variability", type=a.FRACTION_BELOW_ONE, default=0.0,
+                   help="std-dev of per-GPU relative speed (seeded)")
+    p.add_argument("--routing-skew", type=a.number(0, MAX_ROUTING_PARAM), default=1.0,
+                   help="Zipf exponent for --routing zipf")
+    p.add_argument("--routing-concentration", type=a.number(0, MAX_ROUTING_PARAM, lo_open=True), default=1.0,
+                   help="Dirichlet alpha for --routing dirichlet")
+    p.add_argument("--seed", type=a.SEED, default=0, help="seed for routing")
 
 
 def _plan_knobs(args) -> dict:
@@ -59,7 +71,7 @@ def _plan_knobs(args) -> dict:
     if args.no_overlap:
         knobs["overlap_grad_reduce"] = False
     if args.grad_bucket_size is not None:
-        knobs["grad_bucket_bytes"] = int(parse_size(args.grad_bucket_size, "--grad-bucket-size"))
+        knobs["grad_bucket_bytes"] = int(args.grad_bucket_size)
     knobs["comm_compute_interference"] = args.overlap_cu_share
     if args.dma_offload:
         knobs["dma_offload"] = True
@@ -69,15 +81,18 @@ def _plan_knobs(args) -> dict:
 
 
 def _cmd_simulate(args) -> int:
-    knobs = _plan_knobs(args)
+    from perfsim.cli import frameworks
+
+    knobs, model = frameworks.apply(args, _plan_knobs(args), api.load_model(args.model))
     knobs.setdefault("gbs", None)
     knobs.setdefault("seq", None)
     if knobs["gbs"] is None or knobs["seq"] is None:
         raise ConfigError("simulate: --gbs and --seq are required")
-    model = api.load_model(args.model)
+    if args.trace:
+        check_output(args.trace, args.force, "--trace")
+    if args.html:
+        check_output(args.html, args.force, "--html")
     if args.capacity_factor is not None:
-        if args.capacity_factor < 0:
-            raise ConfigError(f"--capacity-factor: must be >= 0, got {args.capacity_factor}")
         model = dataclasses.replace(model, capacity_factor=args.capacity_factor)
     variability = VariabilitySpec(cv=args.gpu_variability, seed=args.seed)
     from perfsim.cli import traceout
@@ -89,11 +104,30 @@ def _cmd_simulate(args) -> int:
         print("perfsim: simulating the step with every op recorded for the trace...", file=sys.stderr, flush=True)
     report = api.simulate(model, args.cluster, nodes=args.nodes, gpus=args.gpus, estimator=args.engine,
                           check_memory=not args.allow_oom, routing=_routing(args), variability=variability,
-                          trace=bool(args.trace), **knobs)
+                          trace=bool(args.trace or args.html), **knobs)
+    check_finite_output(report.to_dict(), "simulate")
     if args.trace:
         traceout.write(report, args.trace, stages)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else _format_report(report))
+    if args.html:
+        from perfsim.cli import html_report
+
+        _write_text(args.html, html_report.render(report), "--html")
+    print(dumps(report.to_dict()) if args.json else _format_report(report))
     return 0
+
+
+def _write_text(path: str, text: str, flag: str) -> None:
+    try:
+        with open(path, "w") as handle:
+            handle.write(text)
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot write {path!r} ({exc.strerror or exc})") from None
+
+
+def dumps(obj) -> str:
+    """Strict JSON (no NaN / Infinity): refuse, naming the place, rather than print it."""
+    check_finite_output(obj, "json")
+    return json.dumps(obj, indent=2, allow_nan=False, default=str)
 
 
 def _routing(args) -> RoutingSpec:
@@ -105,19 +139,24 @@ def _routing(args) -> RoutingSpec:
     else:
         spec["distribution"] = kind
         if arg:
+            parse = a.number(0, MAX_ROUTING_PARAM, lo_open=kind == "dirichlet")
             try:
-                spec["skew" if kind == "zipf" else "concentration"] = float(arg)
-            except ValueError:
-                raise ConfigError(f"--routing: {arg!r} in {args.routing!r} is not a number") from None
+                spec["skew" if kind == "zipf" else "concentration"] = parse(arg)
+            except argparse.ArgumentTypeError as exc:
+                raise ConfigError(f"--routing: {arg!r} in {args.routing!r} {exc}") from None
     placement = args.expert_placement
     if placement == "speed":
         spec["speed_aware"] = True
-    elif placement and placement != "contiguous":
+    elif placement is not None and placement != "contiguous":
         try:
-            spec["placement"] = tuple(int(x) for x in placement.split(","))
-        except ValueError:
+            spec["placement"] = tuple(a.integer(0, a.MAX_GPUS)(x) for x in placement.split(","))
+        except argparse.ArgumentTypeError:
             raise ConfigError(f"--expert-placement: {placement!r} is not contiguous, speed or a list of ranks") from None
-    return RoutingSpec(**spec)
+    try:
+        return RoutingSpec(**spec)
+    except ConfigError as exc:
+        flag = "--expert-placement" if "placement" in str(exc) else "--routing"
+        raise ConfigError(f"{flag}: {exc}") from None
 
 
 def _format_report(r: Report) -> str:
@@ -129,7 +168,8 @@ def _format_report(r: Report) -> str:
         f"tokens/s         {r.tokens_per_s:14,.0f}   ({r.tokens_per_s_per_gpu:,.0f} per GPU)",
         f"TFLOPS/GPU       {r.tflops_per_gpu:10.1f}     MFU {100 * r.mfu:.1f}%",
         f"peak memory/GPU  {format_bytes(r.peak_memory_bytes)} of {format_bytes(r.memory_capacity_bytes)}",
-        "breakdown (critical stage {}):".format(r.critical_stage),
+        f"breakdown (where critical stage {r.critical_stage}'s step goes; sums to the step, its idle time is "
+        "pipeline_bubble):",
     ]
     for name, seconds in r.breakdown.items():
         if seconds > 0:
@@ -149,15 +189,22 @@ def _format_fidelity(r: Report) -> list[str]:
     top = list(r.critical_path_s.items())[:4]
     if top:
         path = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in top)
-        lines.append(f"critical path    {r.critical_path_ops} ops: {path}")
+        lines.append(f"critical path    {r.critical_path_ops:,} ops, {sum(r.critical_path_s.values()) * 1e3:.1f} ms: {path}")
+        lines.append("                 (the longest chain of dependent ops through all stages: where the critical "
+                     "stage waits, the chain runs through the ops of the stage it waits for, so its times differ "
+                     "from the breakdown's and hold no bubble)")
     return lines
 
 
 def _sizes(begin: int, end: int, factor: float) -> list[int]:
     if end < begin:
         raise ConfigError(f"-e: max size {end} is below min size {begin} (-b)")
-    if factor <= 1:
-        raise ConfigError(f"-f: step factor must be > 1, got {factor}")
+    if not (math.isfinite(factor) and factor > 1):
+        raise ConfigError(f"-f: step factor must be a finite number > 1, got {factor}")
+    count = math.floor(math.log(end / begin) / math.log(factor)) + 1 if end > begin else 1
+    if count > MAX_SIZES:
+        raise ConfigError(f"-f: {factor} from -b {begin} to -e {end} makes {count:,} sizes (limit {MAX_SIZES:,}); "
+                          "raise -f or narrow -b/-e")
     sizes, size = [], begin
     while size <= end:
         sizes.append(int(size))
@@ -167,12 +214,13 @@ def _sizes(begin: int, end: int, factor: float) -> list[int]:
 
 def _cmd_collective(args) -> int:
     cluster = api.load_cluster(args.cluster, nodes=args.nodes, gpus=args.gpus if args.nodes is None else None)
-    sizes = _sizes(parse_size(args.minbytes, "-b"), parse_size(args.maxbytes, "-e"), args.stepfactor)
+    sizes = _sizes(args.minbytes, args.maxbytes, args.stepfactor)
     rows = [api.collective(args.op, s, args.gpus, cluster, protocol=args.protocol, algorithm=args.algo,
                            launch=args.launch, graph=args.graph, impl=args.impl)
             for s in sizes]
+    check_finite_output(rows, "collective")
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(dumps(rows))
         return 0
     print(f"# perfsim collective: {args.op} over {args.gpus} GPUs of {cluster.name} (predicted)")
     print(f"#{'size':>12} {'count':>12} {'type':>6} {'time':>10} {'algbw':>8} {'busbw':>8}  algo/proto")
@@ -186,9 +234,11 @@ def _cmd_collective(args) -> int:
 def _cmd_calibrate(args) -> int:
     from perfsim.calibration.calibrate import calibrate  # layer 7
 
+    check_output(args.out, args.force, "--out")
     result = calibrate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.gemm_csv, p2p=args.p2p, out=args.out,
                        force=args.force, fit_windows=not args.fix_windows, in_place=args.in_place,
-                       regenerate_gemm=args.regenerate_gemm)
+                       regenerate_gemm=args.regenerate_gemm, collective_tables=args.collective_csv,
+                       series=args.series, dispatch_tables=args.dispatch_csv)
     print(f"# perfsim calibrate: {result.cluster.name} from {args.cluster} -> {result.path}")
     for f in result.fits:
         err = "" if f.mape_before is None else f"MAPE {f.mape_before:6.2f}% -> {f.mape_after:6.2f}%  "
@@ -212,11 +262,14 @@ def _cmd_validate(args) -> int:
 
     if args.html:
         _need_plotly("--html")
+    if args.html:
+        check_output(args.html, args.force, "--html")
     result = validate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.kernel_csv, in_place=args.in_place)
     if args.html:
         write_html(result, args.html, plotlyjs=args.plotlyjs)
+    check_finite_output(result.to_dict(), "validate")
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(dumps(result.to_dict()))
     else:
         print(f"# perfsim validate: {result.cluster}; error = (predicted - measured) / measured")
         print(f"{'category':<58} {'point':>16} {'measured_us':>12} {'predicted_us':>12} {'error_%':>8}")
@@ -241,6 +294,11 @@ def _add_calibration_parsers(sub) -> None:
     cal.add_argument("--gemm-csv", "--kernel-csv", dest="gemm_csv", action="append", default=[],
                      help="kernel sweep CSV (schema: validation/KERNEL_CSV.md; repeatable)")
     cal.add_argument("--p2p", action="append", default=[], help="point-to-point bandwidth CSV or matrix (repeatable)")
+    cal.add_argument("--collective-csv", action="append", default=[],
+                     help="multi-node collective table (validation/data/multinode/collectives_multinode.csv layout; repeatable)")
+    cal.add_argument("--series", action="append", default=[], help="use only this series of --collective-csv (repeatable)")
+    cal.add_argument("--dispatch-csv", action="append", default=[],
+                     help="MoE dispatch/combine table (MORI-EP / DeepEP rows of the same layout; repeatable)")
     cal.add_argument("--out", required=True, help="where to write the calibrated profile (.toml)")
     cal.add_argument("--force", action="store_true", help="replace --out if it exists")
     cal.add_argument("--fix-windows", action="store_true", help="keep the protocol and direct-kernel size windows")
@@ -256,7 +314,8 @@ def _add_calibration_parsers(sub) -> None:
     val.add_argument("--html", help="write a Plotly report here (works offline)")
     val.add_argument("--plotlyjs", default="embed", choices=["embed", "directory"],
                      help="embed plotly.js in the report, or write plotly.min.js beside it")
-    val.add_argument("--max-mape", type=float, help="accuracy gate: exit 1 when the overall MAPE (%%) exceeds it")
+    val.add_argument("--max-mape", type=a.number(0), help="accuracy gate: exit 1 when the overall MAPE (%%) exceeds it")
+    val.add_argument("--force", action="store_true", help="replace an existing --html report")
     val.add_argument("--json", action="store_true")
     val.set_defaults(func=_cmd_validate)
 
@@ -284,15 +343,21 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here (.json.gz: gzip-compressed)")
     sim.add_argument("--trace-stages", help="only these pipeline stages in the trace: 0,3 or first,last")
     sim.add_argument("--allow-oom", action="store_true", help="report a plan that does not fit instead of failing")
+    sim.add_argument("--force", action="store_true", help="replace an existing --trace / --html file")
+    sim.add_argument("--html", help="write a self-contained HTML run report here (plan, breakdown, memory, "
+                                    "comm sizes per collective and layer, timeline)")
+    from perfsim.cli import frameworks
+
+    frameworks.add_arguments(sim)
     sim.set_defaults(func=_cmd_simulate)
     col = sub.add_parser("collective", help="rccl-tests-style collective benchmark (predicted)")
     col.add_argument("--op", required=True)
-    col.add_argument("--gpus", "-g", type=int, required=True)
+    col.add_argument("--gpus", "-g", type=a.GPUS, required=True)
     col.add_argument("--cluster", default="mi300x-pollara")
-    col.add_argument("--nodes", type=int)
-    col.add_argument("-b", "--minbytes", default="8")
-    col.add_argument("-e", "--maxbytes", default="128M")
-    col.add_argument("-f", "--stepfactor", type=float, default=2.0)
+    col.add_argument("--nodes", type=a.NODES)
+    col.add_argument("-b", "--minbytes", type=a.size(1), default="8")
+    col.add_argument("-e", "--maxbytes", type=a.size(1), default="128M")
+    col.add_argument("-f", "--stepfactor", type=a.number(1, 1e6, lo_open=True), default=2.0)
     col.add_argument("--protocol", default=None, help="force a protocol (ll, ll128, simple)")
     col.add_argument("--algo", default=None, help="force an algorithm (ring, tree, direct, hierarchical, nvls)")
     col.add_argument("--launch", default="mpi", choices=["mpi", "single-process"],
@@ -327,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except (MemoryError, RecursionError, OverflowError) as exc:  # an input too large for any check to foresee
+        print(f"perfsim: error: an input is too large ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

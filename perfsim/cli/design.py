@@ -7,9 +7,16 @@ import json
 import math
 
 from perfsim import api
+from perfsim.cli import args as a
 from perfsim.design import checkpoint, goodput, moe_width, sizing
 from perfsim.errors import ConfigError
+from perfsim.system.specio import check_finite_output
 from perfsim.units import format_bytes
+
+MAX_ALIGN = 1 << 16
+MAX_EXPERTS = 4096  # experts per layer one width sweep may try
+MAX_PARAMS = 1e15  # parameter budgets
+MAX_BATCH = 1 << 20
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -17,19 +24,21 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise ConfigError(f"{flag}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"{flag}: expected positive integers, got {text!r}")
+    if not values or min(values) < 1 or max(values) > MAX_EXPERTS:
+        raise ConfigError(f"{flag}: expected integers in [1, {MAX_EXPERTS}], got {text!r}")
     return values
 
 
 def _print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, default=str))
+    check_finite_output(obj, "json")
+    print(json.dumps(obj, indent=2, default=str, allow_nan=False))
 
 
 # ---- sizing ------------------------------------------------------------------------------
 
 def _cmd_sizing(args) -> int:
     model = api.load_model(args.model)
+    _check_ep(model, args.ep)
     cluster = api.load_cluster(args.cluster, nodes=args.nodes)
     work = sizing.Workload(seq=args.seq, mbs=args.mbs, tp=args.tp, ep=args.ep)
     rows = sizing.sizing_table(model, cluster, work, align=args.align, window=args.window, min_gain_pct=args.min_gain)
@@ -54,6 +63,13 @@ def _cmd_sizing(args) -> int:
     print("gain: TFLOPS of the kernels that dimension sizes; step / TF/GPU: api.estimate of the changed model "
           f"on {cluster.num_gpus} GPUs (dp, zero 1)")
     return 0
+
+
+def _check_ep(model, ep: int) -> None:
+    if ep > 1 and not model.is_moe:
+        raise ConfigError(f"--ep: {model.name} is dense (no experts to shard); got --ep {ep}")
+    if model.is_moe and model.num_experts % ep:
+        raise ConfigError(f"--ep: {ep} does not divide the {model.num_experts} experts of {model.name}")
 
 
 # ---- moe-width ---------------------------------------------------------------------------
@@ -127,7 +143,7 @@ def _cmd_goodput(args) -> int:
     out = goodput.plan_goodput(args.model, cluster, failures=failures, storage=args.storage, restart_s=args.restart_s,
                                async_checkpoint=args.async_checkpoint, interval_s=args.interval_s,
                                monte_carlo_runs=args.monte_carlo, run_days=args.run_days, seed=args.seed,
-                               **_plan_knobs(args, cluster.num_gpus))
+                               estimator=args.engine, **_plan_knobs(args, cluster.num_gpus))
     if args.json:
         _print_json(out)
         return 0
@@ -135,7 +151,8 @@ def _cmd_goodput(args) -> int:
     lines = [
         f"{out['model']} on {out['num_nodes']} nodes x {out['num_gpus'] // out['num_nodes']} ({out['cluster']}), "
         f"plan {out['plan']}, storage {out['storage']}",
-        f"step time            {out['step_time_s']:.3f} s   ({out['tokens_per_s']:,.0f} tokens/s without failures)",
+        f"step time            {out['step_time_s']:.3f} s   ({out['tokens_per_s']:,.0f} tokens/s without failures; "
+        f"estimator {out['estimator']})",
         f"checkpoint           {format_bytes(out['checkpoint_bytes'])} (largest shard {format_bytes(out['checkpoint_per_rank_bytes'])}/rank), "
         f"{mode}: blocks {out['delta_s']:.2f} s, write {out['write_s']:.1f} s, read {out['read_s']:.1f} s",
         f"job MTBF             {out['system_mtbf_s'] / 3600:.2f} h ({out['failures_per_day']:.2f} failures/day); "
@@ -194,28 +211,32 @@ def _model_cluster(p, model_default: str | None = None) -> None:
 def _add_sizing(sub) -> None:
     p = sub.add_parser("sizing", help="MI300X-aware sizing: predicted efficiency of a layer's GEMMs, better sizes")
     _model_cluster(p)
-    p.add_argument("--nodes", type=int, default=1, help="nodes for the whole-model impact estimate (default 1)")
-    for knob, default in (("seq", 4096), ("mbs", 1), ("tp", 1), ("ep", 1), ("align", 64)):
-        p.add_argument(f"--{knob}", type=int, default=default)
-    p.add_argument("--window", type=float, default=0.125, help="search +-this fraction around each dimension")
-    p.add_argument("--min-gain", type=float, default=1.0, help="suggest only when kernels gain this many %% TFLOPS")
+    p.add_argument("--nodes", type=a.NODES, default=1, help="nodes for the whole-model impact estimate (default 1)")
+    for knob, default, kind in (("seq", 4096, a.SEQ), ("mbs", 1, a.GBS), ("tp", 1, a.POSITIVE), ("ep", 1, a.POSITIVE),
+                                ("align", 64, a.integer(1, MAX_ALIGN))):
+        p.add_argument(f"--{knob}", type=kind, default=default)
+    p.add_argument("--window", type=a.number(0, 1, lo_open=True), default=0.125,
+                   help="search +-this fraction around each dimension")
+    p.add_argument("--min-gain", type=a.number(0, 1e4), default=1.0, help="suggest only when kernels gain this many %% TFLOPS")
     p.set_defaults(func=_cmd_sizing)
 
 
 def _add_moe_width(sub) -> None:
     p = sub.add_parser("moe-width", help="MoE width trade-off: training throughput vs decode latency, Pareto front")
     _model_cluster(p, "zaya1-base")
-    p.add_argument("--active-params", type=float, help="active parameter budget (e.g. 0.8e9)")
-    p.add_argument("--total-params", type=float, help="total parameter budget")
+    p.add_argument("--active-params", type=a.number(0, MAX_PARAMS, lo_open=True), help="active parameter budget (e.g. 0.8e9)")
+    p.add_argument("--total-params", type=a.number(0, MAX_PARAMS, lo_open=True), help="total parameter budget")
     p.add_argument("--experts", default=",".join(map(str, moe_width.DEFAULT_EXPERTS)))
     p.add_argument("--top-k", default=",".join(map(str, moe_width.DEFAULT_TOP_K)))
-    p.add_argument("--batch", type=int, default=64, help="sequences decoding together")
-    p.add_argument("--context", type=int, default=4096, help="tokens in each sequence's KV cache")
-    p.add_argument("--serve-ep", type=int, default=8, help="serving expert-parallel degree")
-    p.add_argument("--nodes", type=int, help="training nodes (default: the profile's)")
-    for knob, default in (("seq", 4096), ("mbs", 1), ("zero", 1), ("align", 64)):
-        p.add_argument(f"--{knob}", type=int, default=default)
-    p.add_argument("--gbs", type=int, help="training global batch (default 2 x GPUs)")
+    serving = moe_width.Serving()  # defaults shared with the planner's MoE width page
+    p.add_argument("--batch", type=a.integer(1, MAX_BATCH), default=serving.batch, help="sequences decoding together")
+    p.add_argument("--context", type=a.SEQ, default=serving.context, help="tokens in each sequence's KV cache")
+    p.add_argument("--serve-ep", type=a.GPUS, default=serving.ep, help="serving expert-parallel degree")
+    p.add_argument("--nodes", type=a.NODES, help="training nodes (default: the profile's)")
+    for knob, default, kind in (("seq", 4096, a.SEQ), ("mbs", 1, a.GBS), ("zero", 1, a.ZERO),
+                                ("align", 64, a.integer(1, MAX_ALIGN))):
+        p.add_argument(f"--{knob}", type=kind, default=default)
+    p.add_argument("--gbs", type=a.GBS, help="training global batch (default 2 x GPUs)")
     p.add_argument("--csv", action="store_true", help="print CSV rows instead of the table")
     p.set_defaults(func=_cmd_moe_width)
 
@@ -223,31 +244,36 @@ def _add_moe_width(sub) -> None:
 def _add_goodput(sub) -> None:
     p = sub.add_parser("goodput", help="checkpoint interval, goodput and tokens/day under failures")
     _model_cluster(p)
-    p.add_argument("--nodes", type=int)
-    p.add_argument("--mtbf-node-hours", type=float, help="mean time between failures of one node")
-    p.add_argument("--mtbf-gpu-hours", type=float, help="mean time between failures of one GPU")
-    p.add_argument("--storage", default="pfs-shared", help="storage profile name or .toml path")
-    p.add_argument("--restart-s", type=float, default=goodput.DEFAULT_RESTART_S,
+    p.add_argument("--nodes", type=a.NODES)
+    hours = a.number(0, a.MAX_HOURS, lo_open=True)
+    p.add_argument("--mtbf-node-hours", type=hours, help="mean time between failures of one node")
+    p.add_argument("--mtbf-gpu-hours", type=hours, help="mean time between failures of one GPU")
+    p.add_argument("--storage", default=goodput.DEFAULT_STORAGE, help="storage profile name or .toml path")
+    p.add_argument("--engine", default=goodput.DEFAULT_ESTIMATOR, choices=["des", "analytic"],
+                   help="estimator of the step time (default des: the step time perfsim simulate reports)")
+    p.add_argument("--restart-s", type=a.number(0, a.MAX_SECONDS), default=goodput.DEFAULT_RESTART_S,
                    help="restart + re-initialization seconds, before the checkpoint read (default: assumed 600)")
     p.add_argument("--async", dest="async_checkpoint", action="store_true", help="asynchronous checkpointing")
-    p.add_argument("--interval-s", type=float, help="checkpoint interval (default: Daly's optimum)")
-    p.add_argument("--monte-carlo", type=int, default=0, metavar="RUNS", help="also simulate RUNS seeded runs")
-    p.add_argument("--run-days", type=float, default=30.0, help="useful training days per Monte-Carlo run")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--interval-s", type=a.number(0, a.MAX_SECONDS, lo_open=True), help="checkpoint interval (default: Daly's optimum)")
+    p.add_argument("--monte-carlo", type=a.integer(0, a.MAX_RUNS), default=0, metavar="RUNS",
+                   help="also simulate RUNS seeded runs")
+    p.add_argument("--run-days", type=a.number(0, a.MAX_DAYS, lo_open=True), default=30.0,
+                   help="useful training days per Monte-Carlo run")
+    p.add_argument("--seed", type=a.SEED, default=0)
     for knob in ("tp", "pp", "ep", "cp", "zero", "mbs", "gbs"):
-        p.add_argument(f"--{knob}", type=int)
-    p.add_argument("--seq", type=int, default=4096)
+        p.add_argument(f"--{knob}", type={"zero": a.ZERO, "gbs": a.GBS}.get(knob, a.POSITIVE))
+    p.add_argument("--seq", type=a.SEQ, default=4096)
     p.set_defaults(func=_cmd_goodput)
 
 
 def _add_reshard(sub) -> None:
     p = sub.add_parser("reshard", help="time and memory to convert a checkpoint between two GPU counts")
     _model_cluster(p)
-    p.add_argument("--from-gpus", type=int, required=True)
-    p.add_argument("--to-gpus", type=int, required=True)
-    p.add_argument("--storage", default="pfs-shared")
+    p.add_argument("--from-gpus", type=a.GPUS, required=True)
+    p.add_argument("--to-gpus", type=a.GPUS, required=True)
+    p.add_argument("--storage", default=goodput.DEFAULT_STORAGE)
     for knob in ("tp", "pp", "ep", "zero"):
-        p.add_argument(f"--{knob}", type=int)
+        p.add_argument(f"--{knob}", type=a.ZERO if knob == "zero" else a.POSITIVE)
     p.set_defaults(func=_cmd_reshard)
 
 

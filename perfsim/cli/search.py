@@ -1,16 +1,44 @@
 """``perfsim search``: find the best parallel plan (presentation only; ``perfsim.search`` decides)."""
 
+import argparse
 import json
 import os
 import sys
 import tempfile
 
+from perfsim.cli import args as a
 from perfsim.errors import ConfigError
-from perfsim.search import search
+from perfsim.system.specio import check_finite_output, check_output
+from perfsim.system.specio import write_atomic as _write_atomic
+from perfsim.search import DEFAULT_MAX_MEMORY_FRACTION, search
 from perfsim.search.executors import EXECUTORS
 
 FIXABLE_INTS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs")
 LIMITS = ("tp", "pp", "vpp", "ep", "etp", "cp", "mbs")
+
+
+MAX_TOP = 10_000
+MAX_COUNTS = 64  # GPU counts one search may sweep
+
+
+def gpu_counts(text: str) -> tuple[int, ...]:
+    """--gpus N | N,M,... | LO-HI (doublings from LO), each count in [1, MAX_GPUS]."""
+    def count(token: str) -> int:
+        try:
+            return a.GPUS(token.strip())
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"--gpus: {token.strip()!r} in {text!r} {exc}") from None
+
+    if "-" in text.strip().lstrip("-"):
+        lo, hi = (count(t) for t in text.split("-", 1))
+        if lo > hi:
+            raise ConfigError(f"--gpus: range {text!r} runs backwards (LO {lo} > HI {hi})")
+        counts = [lo << i for i in range((hi // lo).bit_length()) if lo << i <= hi]
+    else:
+        counts = [count(t) for t in text.split(",")]
+    if len(set(counts)) > MAX_COUNTS:
+        raise ConfigError(f"--gpus: {text!r} gives {len(set(counts))} GPU counts (limit {MAX_COUNTS})")
+    return tuple(sorted(set(counts)))
 
 
 def _values(text: str, axis: str, cast=int) -> tuple:
@@ -25,31 +53,34 @@ def add_command(sub) -> None:
     p.add_argument("--model", required=True, help="preset name, preset .toml or HF config.json")
     p.add_argument("--cluster", default="mi300x-pollara", help="cluster profile name or .toml path")
     p.add_argument("--gpus", required=True, help="GPU count, a list (256,512) or a doubling range (256-2048)")
-    p.add_argument("--gbs", type=int, required=True)
-    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--gbs", type=a.GBS, required=True)
+    p.add_argument("--seq", type=a.SEQ, required=True)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
     for axis in FIXABLE_INTS:
         p.add_argument(f"--{axis}", help=f"fix {axis} to a value or a comma list")
     p.add_argument("--recompute", help="fix recompute (none, selective, full; comma list)")
     p.add_argument("--schedule", help="fix the pipeline schedule (comma list)")
     for axis in LIMITS:
-        p.add_argument(f"--max-{axis}", type=int, help=f"largest {axis} to try")
-    p.add_argument("--max-memory", type=float, default=1.0, help="usable share of HBM per GPU (default 1.0)")
+        p.add_argument(f"--max-{axis}", type=a.POSITIVE, help=f"largest {axis} to try")
+    p.add_argument("--max-memory", type=a.number(0, 1, lo_open=True), default=DEFAULT_MAX_MEMORY_FRACTION,
+                   help=f"usable share of HBM per GPU (default {DEFAULT_MAX_MEMORY_FRACTION})")
     p.add_argument("--objective", default="time", choices=["time", "cost"], help="minimize step time or $/token")
-    p.add_argument("--usd-per-gpu-hour", type=float, help="GPU price for --objective cost and the $/Mtoken column")
-    p.add_argument("--top", type=int, default=10, help="plans to list")
-    p.add_argument("--confirm", type=int, default=1,
+    p.add_argument("--usd-per-gpu-hour", type=a.number(0, 1e6, lo_open=True),
+                   help="GPU price for --objective cost and the $/Mtoken column")
+    p.add_argument("--top", type=a.integer(1, MAX_TOP), default=10, help="plans to list")
+    p.add_argument("--confirm", type=a.integer(0, MAX_TOP), default=1,
                    help="re-run at least this many leaders on the discrete-event engine (default 1)")
-    p.add_argument("--confirm-bound", type=float, default=None,
+    p.add_argument("--confirm-bound", type=a.number(0, 10), default=None,
                    help="also re-run every plan whose closed form is within this share of the best engine answer "
                         "(default: the p95 of the closed form's measured disagreement, estimators/agreement.toml)")
-    p.add_argument("--max-confirm", type=int, default=32, help="most plans re-run on the engine (default 32)")
+    p.add_argument("--max-confirm", type=a.integer(0, 4096), default=32, help="most plans re-run on the engine (default 32)")
     p.add_argument("--all-recompute", action="store_true", help="also cost recompute variants of plans that fit without")
     p.add_argument("--executor", default="local", help=f"where the sweep runs: {EXECUTORS}")
-    p.add_argument("--workers", type=int, help="worker processes (local pool / dask-local)")
+    p.add_argument("--workers", type=a.integer(1, 4096), help="worker processes (local pool / dask-local)")
     p.add_argument("--progress", action="store_true", help="progress bar on stderr even when it is not a terminal")
     p.add_argument("--json", action="store_true", help="print the ranked list as JSON")
     p.add_argument("--csv", help="write the ranked list to this CSV file")
+    p.add_argument("--force", action="store_true", help="replace an existing --csv file")
     p.set_defaults(func=run)
 
 
@@ -59,7 +90,13 @@ def _constraints(args) -> tuple[dict, dict]:
         if getattr(args, axis) is not None:
             fixed[axis] = _values(getattr(args, axis), axis, str)
     limits = {a: getattr(args, f"max_{a}") for a in LIMITS if getattr(args, f"max_{a}") is not None}
-    return fixed, limits
+    return fixed, _clamp(limits, max(gpu_counts(args.gpus)), args.gbs)
+
+
+def _clamp(limits: dict, most_gpus: int, gbs: int) -> dict:
+    """A limit past what any plan can use changes nothing; clamp it so that the space
+    stays the size of the answer (mbs and vpp <= gbs, the others <= the GPU count)."""
+    return {axis: min(value, gbs if axis in ("mbs", "vpp") else most_gpus) for axis, value in limits.items()}
 
 
 class _Bar:
@@ -96,11 +133,14 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def run(args) -> int:
+    counts = gpu_counts(args.gpus)
     fixed, limits = _constraints(args)
+    if args.csv:
+        check_output(args.csv, args.force, "--csv")
     bar = _Bar(args.progress or sys.stderr.isatty())
     try:
         result = search(
-            args.model, args.cluster, gpus=args.gpus, gbs=args.gbs, seq=args.seq, fixed=fixed, limits=limits,
+            args.model, args.cluster, gpus=counts, gbs=args.gbs, seq=args.seq, fixed=fixed, limits=limits,
             max_memory_fraction=args.max_memory, objective=args.objective, usd_per_gpu_hour=args.usd_per_gpu_hour,
             top=args.top, confirm=args.confirm, executor=args.executor, workers=args.workers, dtype=args.dtype,
             dominance=not args.all_recompute, progress=bar, confirm_bound=args.confirm_bound,
@@ -109,9 +149,10 @@ def run(args) -> int:
     except KeyboardInterrupt:
         print("\nperfsim: search cancelled; nothing written", file=sys.stderr)
         return 130
+    check_finite_output(result.to_list(), "search")
     if args.csv:
-        write_atomic(args.csv, result.to_csv())
-    print(json.dumps(result.to_list(), indent=2) if args.json else result.summary())
+        _write_atomic(args.csv, result.to_csv(), "--csv")
+    print(json.dumps(result.to_list(), indent=2, allow_nan=False) if args.json else result.summary())
     if args.json:
         print(result.confirmation_line(), file=sys.stderr)
     return 0

@@ -45,8 +45,10 @@ def trace_events(report: Report, stages: set[int] | None) -> dict:
     return {**trace, "traceEvents": events}
 
 
-def write(report: Report, path: str, stages: set[int] | None = None, log=sys.stderr) -> int:
-    """Write the trace; returns the number of bytes written."""
+def write(report: Report, path: str, stages: set[int] | None = None, log=None) -> int:
+    """Write the trace; returns the number of bytes written. Progress goes to ``log``
+    (the current sys.stderr by default)."""
+    log = log or sys.stderr
     t0 = time.perf_counter()
     trace = trace_events(report, stages)
     count = sum(1 for e in trace["traceEvents"] if e.get("ph") == "X")

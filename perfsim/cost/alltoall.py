@@ -41,11 +41,14 @@ def all_to_all_phase(intra: float, inter: float, shape: GroupShape, cluster: Clu
                  inter_efficiency=None if spec is None else spec.rdma_efficiency)
 
 
+DEFAULT_IMPLS = ("rccl", "nccl")  # the collective library's own all-to-all
+
+
 def dispatch_spec(cluster: ClusterSpec, impl: str | None) -> DispatchSpec | None:
-    """The profile's implementation ``impl``; None (RCCL protocol pricing) when not named
-    and the profile has no ``rccl`` entry."""
+    """The profile's implementation ``impl``; by default the library's own (``rccl`` /
+    ``nccl``), or None (protocol pricing, NIC ramp only) when the profile has neither."""
     if impl is None:
-        return cluster.dispatch.get("rccl")
+        return next((cluster.dispatch[k] for k in DEFAULT_IMPLS if k in cluster.dispatch), None)
     if impl not in cluster.dispatch:
         known = ", ".join(cluster.dispatch) or "none in this profile"
         raise ConfigError(f"impl: {impl!r} is not a dispatch implementation of {cluster.name} (known: {known})")

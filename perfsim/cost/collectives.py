@@ -1,15 +1,24 @@
-"""Collective cost: RCCL-like algorithms decomposed into phases of concurrent flows.
+"""Collective cost: RCCL/NCCL-like algorithms decomposed into phases of concurrent flows.
 
-An algorithm turns (collective, buffer size, group placement) into phases; a phase says
-how many bytes the representative rank pushes over xGMI and through its NIC, over how
-many xGMI links, and how many latency steps it takes on each tier. ``network`` turns the
-bytes into per-link demand (xGMI links, NIC, leaf uplinks). A call costs
+An algorithm turns (collective, buffer size, group placement) into phases
+(``cost.phases``); a phase says how many bytes the representative rank pushes over its
+node's fabric (xGMI mesh links, or one NVSwitch port: ``NodeSpec.gpu_bw_Bps``) and
+through its NIC, and how many latency steps it takes on each tier. A call costs
 
-    launch + protocol latency + steps x hop latency + sum over phases of
-    max over links (bytes on the link / (link bandwidth x protocol efficiency))
+    launch (by launch mode, less what graph capture removes) + protocol latency
+    + intra steps x xGMI/NVLink hop + network steps x network hop
+    + sum over phases of max over links (bytes on the link / its rate)
 
-and carries its per-link demand so the engine can share links among concurrent calls.
-Buffer sizes follow rccl-tests: ``size`` is the full buffer (n chunks for RS/AG/A2A).
+where an intra-node link's rate is its bandwidth x the protocol's efficiency and the
+NIC's is the line rate x the fabric's per-message efficiency ramp (bytes per peer per
+step; measured with the protocol RCCL picks at each size) x, for all-to-all, the
+dispatch implementation's efficiency (``cost.alltoall``, ``cost.dispatch``). Algorithms:
+ring, tree (double binary across nodes), direct (one-shot inside a node), hierarchical
+(intra RS, rail ring, intra AG: what ZeRO at 1,000+ ranks wants, as ring latency grows
+with N) and NVLS (NVSwitch reduction); the selector takes the fastest that applies, as
+NCCL's and RCCL's tuners do. Each cost carries its per-link demand so the engine can
+share links among concurrent calls. Buffer sizes follow rccl-tests: ``size`` is the full
+buffer (n chunks for RS/AG/A2A).
 """
 
 from enum import StrEnum
@@ -73,7 +82,10 @@ def ring(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> li
 
 def tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
     """Double binary tree across nodes, chain inside a node (NCCL): reduce up, broadcast
-    down; each node's NICs carry the buffer once each way."""
+    down; each node's NICs carry the buffer once each way. (Pricing up and down on the
+    two directions of a full-duplex NIC, S / p each, was tried: it makes tree beat ring by
+    ~10% at 2 nodes for large buffers, which the measured sweeps do not show: the RCCL
+    default on 2 x MI355X + Pollara reaches 369 GB/s, the forced ring on MI325X 350.)"""
     if coll not in (Coll.ALL_REDUCE, Coll.BROADCAST, Coll.REDUCE) or shape.num_nodes < 2:
         return []
     p, m = shape.per_node, shape.num_nodes

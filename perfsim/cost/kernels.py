@@ -1,6 +1,16 @@
 """Compute-op durations: roofline x calibrated efficiency from the GPU profile.
 
-time = max(FLOPs / (peak * eff_compute(shape)), bytes / (HBM bw * eff_hbm(bytes))) + launch
+time = max(FLOPs / (peak(dtype) * clock ratio * eff(shape)), bytes / (HBM bw * eff_hbm(bytes))) + launch
+
+* GEMM: the input dtype's own table (``gpu.gemm_table``); eff = size falloff (GFLOP)
+  x tile quantization (real / tile-padded output area; the library's macro tile, or a
+  narrower one when that wastes less) x wave quantization over the CUs/SMs; bytes
+  with the output dtype actually written. Backward = dgrad [m,n]@[n,k] + wgrad [k,m]@[m,n].
+* Grouped (MoE expert) GEMM: each expert's GEMM on the tokens routed to it, tile-padded,
+  at the grouped kernel's efficiency for that many tokens (forward, or dgrad + wgrad).
+* Attention: efficiency vs sequence length, head-dim factor, causal factor, fwd / bwd.
+* Memory-bound kernels (norms, casts, permutes, optimizer): bytes at the HBM table.
+
 Efficiencies come from the profile's tables; nothing here is a hardware constant.
 """
 
@@ -8,12 +18,17 @@ import math
 
 import numpy as np
 
-from perfsim.system.hardware import GpuSpec
+from perfsim.lowering.layers import fp8_cast_bytes
 from perfsim.lowering.ops import Gemm, Op, OpKind
+from perfsim.system.hardware import GpuSpec
+from perfsim.system.kernel_tables import DTYPE_BYTES, GemmEfficiency
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 GFLOP = 1e9
 MBYTE = 1e6
+PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal")  # op.meta keys compute_time reads
+# the macro tile, its N side halved, its M side down to 1/8 (skinny-M kernels: 16- and
+# 32-row MFMA/WGMMA tiles for small token counts); the library picks the least padded
+_TILE_SPLITS = tuple((dm, dn) for dm in (1, 2, 4, 8) for dn in (1, 2))
 
 
 def interp_log(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
@@ -23,20 +38,46 @@ def interp_log(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
     return float(np.interp(math.log10(max(x, 1e-30)), np.log10(xs), ys))
 
 
-def wave_utilization(gemm: Gemm, gpu: GpuSpec) -> float:
-    """Share of CU slots busy in the last wave of output tiles (1.0 below one wave:
-    small GEMMs use stream-K/split-K, their falloff is in the size table)."""
-    tiles = math.ceil(gemm.m / gpu.gemm.tile_m) * math.ceil(gemm.n / gpu.gemm.tile_n)
+def _tiles(m: int, n: int, tm: int, tn: int) -> int:
+    return math.ceil(m / tm) * math.ceil(n / tn)
+
+
+def _waves(tiles: int, gpu: GpuSpec) -> float:
+    """Share of CU slots busy over the waves of ``tiles`` output tiles (1.0 below one
+    wave: small GEMMs use stream-K/split-K, their falloff is in the size table)."""
     if tiles <= gpu.num_compute_units:
         return 1.0
     waves = math.ceil(tiles / gpu.num_compute_units)
     return tiles / (waves * gpu.num_compute_units)
 
 
-def gemm_efficiency(gemm: Gemm, gpu: GpuSpec) -> float:
-    single = Gemm(m=gemm.m, n=gemm.n, k=gemm.k)
-    size_eff = interp_log(single.flops / GFLOP, gpu.gemm.gflop, gpu.gemm.efficiency)
-    return size_eff * wave_utilization(single, gpu)
+def tile_choice(m: int, n: int, table: GemmEfficiency, gpu: GpuSpec) -> tuple[int, int, float]:
+    """(tile_m, tile_n, utilization) the library would pick among ``_TILE_SPLITS`` of the
+    macro tile: whichever keeps most of the CU time on real output elements."""
+    best = None
+    for dm, dn in _TILE_SPLITS:
+        tm, tn = max(table.tile_m // dm, 1), max(table.tile_n // dn, 1)
+        tiles = _tiles(m, n, tm, tn)
+        util = m * n / (tiles * tm * tn) * _waves(tiles, gpu)
+        if best is None or util > best[2] + 1e-12:
+            best = (tm, tn, util)
+    return best
+
+
+def wave_utilization(gemm: Gemm, gpu: GpuSpec, dtype: str = "bf16") -> float:
+    """Tile x wave quantization of one GEMM on ``gpu`` (1.0 = no padded work)."""
+    return tile_choice(gemm.m, gemm.n, gpu.gemm_table(dtype), gpu)[2]
+
+
+def gemm_efficiency(gemm: Gemm, gpu: GpuSpec, dtype: str = "bf16") -> float:
+    table = gpu.gemm_table(dtype)
+    size_eff = interp_log(2.0 * gemm.m * gemm.n * gemm.k / GFLOP, table.gflop, table.efficiency)
+    return size_eff * tile_choice(gemm.m, gemm.n, table, gpu)[2]
+
+
+def peak(gpu: GpuSpec, dtype: str) -> float:
+    """Dense peak FLOP/s of ``dtype`` at the clock the GPU holds under load."""
+    return gpu.peak_flops(dtype) * gpu.clock_ratio
 
 
 def hbm_time(num_bytes: float, gpu: GpuSpec) -> float:
@@ -46,36 +87,83 @@ def hbm_time(num_bytes: float, gpu: GpuSpec) -> float:
     return num_bytes / (gpu.hbm_Bps * eff)
 
 
-def gemm_bytes(gemm: Gemm, dtype: str) -> float:
-    return (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n) * DTYPE_BYTES[dtype] * gemm.batch
+def output_bytes(dtype: str, gpu: GpuSpec) -> int:
+    out = gpu.gemm_table(dtype).output_dtype
+    return DTYPE_BYTES[out or dtype]
+
+
+def gemm_bytes(gemm: Gemm, dtype: str, gpu: GpuSpec | None = None) -> float:
+    out = output_bytes(dtype, gpu) if gpu is not None else DTYPE_BYTES[dtype]
+    return ((gemm.m * gemm.k + gemm.k * gemm.n) * DTYPE_BYTES[dtype] + gemm.m * gemm.n * out) * gemm.batch
 
 
 def gemm_time(gemm: Gemm, gpu: GpuSpec, dtype: str) -> float:
-    compute = gemm.flops / (gpu.peak_flops(dtype) * gemm_efficiency(gemm, gpu))
-    return max(compute, hbm_time(gemm_bytes(gemm, dtype), gpu)) + gpu.kernel_launch_s
+    """One (batched) GEMM call, launch gap included."""
+    compute = gemm.flops / (peak(gpu, dtype) * gemm_efficiency(gemm, gpu, dtype))
+    return max(compute, hbm_time(gemm_bytes(gemm, dtype, gpu), gpu)) + gpu.kernel_launch_s
 
 
-def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dtype: str) -> float:
-    """One grouped kernel over experts with ``groups[i]`` tokens each: its tiles run
-    together, so the size efficiency is that of the summed work, times the share of
-    tile rows that are real tokens (each group pads to a whole tile; empty groups cost
-    only their weight reads)."""
+def gemm_backward_time(gemm: Gemm, gpu: GpuSpec, dtype: str, part: str = "both") -> float:
+    """dgrad ([m,n] @ [n,k] -> [m,k]) and/or wgrad ([k,m] @ [m,n] -> [k,n]) of a forward GEMM."""
+    dgrad = gemm_time(Gemm(m=gemm.m, n=gemm.k, k=gemm.n), gpu, dtype)
+    wgrad = gemm_time(Gemm(m=gemm.k, n=gemm.n, k=gemm.m), gpu, dtype)
+    return {"dgrad": dgrad, "wgrad": wgrad, "both": dgrad + wgrad}[part]
+
+
+def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dtype: str,
+                      backward: bool = False) -> float:
+    """One grouped kernel over experts with ``groups[i]`` tokens each, priced per expert:
+    expert i runs [groups[i], k] @ [k, n] padded to whole tiles at the grouped kernel's
+    efficiency for groups[i] tokens; all experts' tiles share the CUs (CU fill and wave
+    quantization over the total). ``backward``: dgrad + wgrad (twice the FLOPs, the backward table).
+    Empty experts cost only their weight reads."""
     tokens = sum(groups)
-    moved = (tokens * (k + n) + len(groups) * k * n) * DTYPE_BYTES[dtype]
+    out = output_bytes(dtype, gpu)
+    passes = 2 if backward else 1
+    moved = passes * (tokens * k * DTYPE_BYTES[dtype] + len(groups) * k * n * DTYPE_BYTES[dtype] + tokens * n * out)
+    table, dense = gpu.grouped_table(dtype), gpu.gemm_table(dtype)
     if tokens == 0:
         return hbm_time(moved, gpu) + gpu.kernel_launch_s
-    tm = gpu.gemm.tile_m
-    padded = sum(math.ceil(m / tm) * tm for m in groups)
-    flops = 2.0 * tokens * n * k
-    eff = interp_log(flops / GFLOP, gpu.gemm.gflop, gpu.gemm.efficiency) * tokens / padded
-    compute = flops / (gpu.peak_flops(dtype) * eff)
+    if table is None:  # no grouped-kernel measurement: each expert as a dense GEMM
+        one = gemm_backward_time if backward else gemm_time
+        return max(sum(one(Gemm(m=m, n=n, k=k), gpu, dtype) - gpu.kernel_launch_s * passes for m in groups if m),
+                   hbm_time(moved, gpu)) + gpu.kernel_launch_s
+    effs = table.backward_efficiency if backward else table.forward_efficiency
+    tm, tn = dense.tile_m, dense.tile_n
+    work, tiles = 0.0, 0
+    for m in groups:
+        if m:
+            padded = 2.0 * passes * math.ceil(m / tm) * tm * math.ceil(n / tn) * tn * k
+            work += padded / interp_log(m, table.tokens, effs)
+            tiles += _tiles(m, n, tm, tn)
+    compute = work / (peak(gpu, dtype) * _fill(tiles, gpu))
     return max(compute, hbm_time(moved, gpu)) + gpu.kernel_launch_s
 
 
-def attention_time(flops: float, num_bytes: float, gpu: GpuSpec, backward: bool) -> float:
-    table = gpu.attention.backward_efficiency if backward else gpu.attention.forward_efficiency
-    eff = interp_log(flops / GFLOP, gpu.attention.gflop, table)
-    compute = flops / (gpu.peak_flops("bf16") * eff)
+def _fill(tiles: int, gpu: GpuSpec) -> float:
+    """Share of CU slots a grouped kernel keeps busy: one workgroup per output tile, so
+    fewer tiles than CUs leave CUs idle (no stream-K split across experts)."""
+    return tiles / gpu.num_compute_units if tiles < gpu.num_compute_units else _waves(tiles, gpu)
+
+
+def attention_efficiency(gpu: GpuSpec, backward: bool, seq: float | None = None, head_dim: float | None = None,
+                         causal: bool = False) -> float:
+    """Achieved fraction of the clock-scaled BF16 peak; an unknown ``seq`` takes the
+    table's longest sequence (the plateau), an unknown head dim the factor 1."""
+    a = gpu.attention
+    table = a.backward_efficiency if backward else a.forward_efficiency
+    eff = interp_log(seq if seq else a.seq[-1], a.seq, table)
+    if head_dim:
+        eff *= interp_log(head_dim, a.head_dim, a.head_dim_factor)
+    if causal:
+        eff *= a.causal_backward_factor if backward else a.causal_forward_factor
+    return min(eff, 1.0)
+
+
+def attention_time(flops: float, num_bytes: float, gpu: GpuSpec, backward: bool, seq: float | None = None,
+                   head_dim: float | None = None, causal: bool = False) -> float:
+    """Flash attention (kept in BF16 under FP8 recipes); ``flops`` already halved when causal."""
+    compute = flops / (peak(gpu, "bf16") * attention_efficiency(gpu, backward, seq, head_dim, causal))
     return max(compute, hbm_time(num_bytes, gpu)) + gpu.kernel_launch_s
 
 
@@ -83,14 +171,41 @@ def elementwise_time(num_bytes: float, gpu: GpuSpec) -> float:
     return hbm_time(num_bytes, gpu) + gpu.kernel_launch_s
 
 
-def compute_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
-    """Duration of a compute op on one GPU running at its nominal speed."""
-    if op.kind is OpKind.GEMM:
+def fp8_cast_time(elements: float, gpu: GpuSpec) -> float:
+    """The two HBM-bound kernels (amax, cast-transpose) of one FP8 cast of a BF16 tensor
+    (bytes from ``layers.fp8_cast_bytes``, the steps FP8 plans contain)."""
+    return sum(elementwise_time(b, gpu) for b in fp8_cast_bytes(elements))
+
+
+def _gemm_op_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
+    part = op.meta.get("grad")
+    if part is None:
         return gemm_time(op.gemm, gpu, dtype)
-    if op.kind is OpKind.GROUPED_GEMM:
+    single = Gemm(m=op.gemm.m, n=op.gemm.n, k=op.gemm.k)
+    return gemm_backward_time(single, gpu, dtype, part) * (op.gemm.batch if part == "both" else 1) / (
+        2 if part == "both" else 1)
+
+
+def _grouped_op_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
+    part = op.meta.get("grad")
+    if part is None:
         return grouped_gemm_time(op.grouped, op.gemm.n, op.gemm.k, gpu, dtype) * op.gemm.batch
+    both = grouped_gemm_time(op.grouped, op.gemm.n, op.gemm.k, gpu, dtype, backward=True)
+    return both if part == "both" else both / 2
+
+
+def compute_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
+    """Duration of a compute op on one GPU running at its nominal speed. An op's
+    ``meta['dtype']`` overrides the plan dtype (the LM head stays BF16 under FP8);
+    ``meta['grad']`` (dgrad | wgrad | both) marks backward GEMMs."""
+    dtype = op.meta.get("dtype", dtype)
+    if op.kind is OpKind.GEMM:
+        return _gemm_op_time(op, gpu, dtype)
+    if op.kind is OpKind.GROUPED_GEMM:
+        return _grouped_op_time(op, gpu, dtype)
     if op.kind is OpKind.ATTENTION:
-        return attention_time(op.flops, op.bytes, gpu, backward=op.meta.get("backward", False))
+        return attention_time(op.flops, op.bytes, gpu, backward=op.meta.get("backward", False),
+                              seq=op.meta.get("seq"), head_dim=op.meta.get("head_dim"), causal=op.meta.get("causal", False))
     if op.kind in (OpKind.ELEMENTWISE, OpKind.OPTIMIZER):
         return elementwise_time(op.bytes, gpu)
     raise ValueError(f"not a compute op: {op.kind}")

@@ -4,9 +4,9 @@ A phase says how many bytes the representative rank pushes over its node's fabri
 (xGMI mesh links, or one NVSwitch port) and through its NIC, and how many latency steps
 it takes on each tier. ``network`` turns the bytes into per-link demand (xGMI links or
 the switch port, NIC, leaf uplinks). NIC bytes are priced at the line rate times the
-fabric's per-message efficiency (``message_efficiency``: a measured ramp with the bytes
-sent to one peer per step) and, for many small messages, no faster than the NIC's
-message rate allows.
+fabric's per-message efficiency (``message_efficiency``: a measured ramp with the NIC's
+bytes in the phase, per remote peer for all-to-all) and, for many small messages, no
+faster than the NIC's message rate allows.
 """
 
 import math
@@ -31,18 +31,21 @@ class Phase:
     cross_share: float | None = None  # share of inter bytes leaving the leaf; None: a
     # neighbour pattern (ring/tree) whose crossing edges carry all the rank's NIC bytes
     flows_per_gpu: int = 1  # NIC flows (for ECMP hashing)
-    inter_peers: int = 0  # distinct remote peers per step (0: one per inter step)
+    inter_peers: int = 0  # distinct remote peers (all-to-all); 0: a neighbour pattern
     intra_efficiency: float | None = None  # overrides the protocol's (NVLS, dispatch kernels)
     inter_efficiency: float | None = None
 
     @property
     def message_bytes(self) -> float:
-        """Bytes the NIC sends to one peer in one step (the size the NIC ramp is read at)."""
-        per = self.inter_peers if self.inter_peers else max(1, self.inter_steps)
-        return self.inter_bytes / per
+        """The size the NIC ramp is read at: the NIC's bytes in this phase, per remote peer
+        for all-to-all. (Keyed per step instead, a ramp fitted on 2 nodes prices the
+        1,024-rank ring 60-90% slow; keyed by the call's bytes it carries over within
+        ~30%: RCCL/NCCL choose channels and protocol by buffer size.)"""
+        return self.inter_bytes / self.inter_peers if self.inter_peers else self.inter_bytes
 
     @property
     def num_messages(self) -> int:
+        """Messages the NIC posts: one per remote peer, or one per network step."""
         return self.inter_peers if self.inter_peers else max(1, self.inter_steps)
 
 
@@ -58,7 +61,7 @@ class CollectiveCost:
 
 
 def message_efficiency(fabric: FabricSpec, message_bytes: float) -> float:
-    """Share of line rate at ``message_bytes`` per peer per step (log interpolation)."""
+    """Share of line rate at ``message_bytes`` (Phase.message_bytes; log interpolation)."""
     if not fabric.message_kbytes:
         return 1.0
     kb = max(message_bytes / units.KB, 1e-6)

@@ -6,7 +6,7 @@ link of the stage's representative rank the op keeps busy while it moves data al
 which the engine uses to share links among concurrent comm ops."""
 
 from perfsim.cost.collectives import collective_cost, local_peers
-from perfsim.cost.kernels import compute_time
+from perfsim.cost.kernels import PRICE_META, compute_time
 from perfsim.lowering.graph import OpGraph
 from perfsim.system.hardware import ClusterSpec
 from perfsim.lowering.ops import Op
@@ -14,7 +14,8 @@ from perfsim.plan.parallel import group_shapes, group_strides
 
 
 def _key(op: Op) -> tuple:
-    return (op.kind, op.gemm, op.grouped, op.collective, op.flops, op.bytes, op.meta.get("backward", False))
+    return (op.kind, op.gemm, op.grouped, op.collective, op.flops, op.bytes,
+            tuple(op.meta.get(k) for k in PRICE_META))
 
 
 def price(graph: OpGraph, cluster: ClusterSpec, slowdowns: list[float] | None = None) -> OpGraph:

@@ -17,6 +17,7 @@ window), which the seeded Monte-Carlo ``simulate_failures`` reproduces.
 
 import math
 from dataclasses import dataclass
+from os import PathLike
 
 import numpy as np
 
@@ -149,8 +150,10 @@ def simulate_failures(tau_s: float, num_intervals: int, cost: CheckpointCost, mt
     x costs x plus a restart (which can fail too); with an async window, a failure in
     the first L seconds after a completed interval also redoes that interval. Returns
     the mean wall time with its 95% CI, the implied goodput and the closed form."""
+    _check_mc_args(tau_s, num_intervals, cost, mtbf_s, runs, seed)
     if runs < 2 or num_intervals < 1:
         raise ConfigError(f"monte-carlo: runs must be >= 2 and intervals >= 1, got {runs}, {num_intervals}")
+    _check_draws(runs, num_intervals, tau_s, cost, mtbf_s)
     rng = np.random.default_rng(seed)
     p, window, m = tau_s + cost.delta_s, cost.persist_s, mtbf_s
     n = runs * num_intervals
@@ -177,6 +180,68 @@ def simulate_failures(tau_s: float, num_intervals: int, cost: CheckpointCost, mt
     return _mc_summary(totals, tau_s * num_intervals, expected_wall_s(tau_s, num_intervals, cost, mtbf_s))
 
 
+MAX_MC_SAMPLES = 4_000_000  # intervals simulated at once (runs x intervals): ~100 MB of arrays
+MAX_MC_DRAWS = 40_000_000  # expected random draws of one Monte-Carlo (seconds of numpy work)
+MAX_EXPONENT = 30.0  # (interval or restart) / MTBF past which a run almost never completes (e^30 tries)
+
+
+def _check_draws(runs: int, num_intervals: int, tau_s: float, cost: CheckpointCost, mtbf_s: float) -> None:
+    """Refuse a Monte-Carlo whose work would not end in seconds: each interval takes
+    e^{P/M} attempts on average and each failed one a restart of e^{R/M} attempts."""
+    n = runs * num_intervals
+    if n > MAX_MC_SAMPLES:
+        raise ConfigError(f"monte-carlo: {runs} runs x {num_intervals} intervals = {n:,} simulated intervals "
+                          f"(limit {MAX_MC_SAMPLES:,}); lower --monte-carlo or --run-days, or lengthen --interval-s")
+    _check_progress(tau_s, cost, mtbf_s)
+    attempts = math.exp((tau_s + cost.delta_s) / mtbf_s)
+    draws = n * (attempts + (attempts - 1) * math.exp(cost.restart_s / mtbf_s))
+    if draws > MAX_MC_DRAWS:
+        raise ConfigError(f"monte-carlo: about {draws:,.0f} random draws (failures every {mtbf_s:.0f} s against "
+                          f"intervals of {tau_s + cost.delta_s:.0f} s and restarts of {cost.restart_s:.0f} s; limit "
+                          f"{MAX_MC_DRAWS:,}); lower --monte-carlo or --run-days (the closed form needs no draws)")
+
+
+def _check_progress(tau_s: float, cost: CheckpointCost, mtbf_s: float) -> None:
+    """The closed form holds e^{P/M} and e^{R/M}; past e^MAX_EXPONENT the run makes no progress."""
+    for what, seconds in (("an interval plus checkpoint", tau_s + cost.delta_s), ("a restart", cost.restart_s)):
+        if seconds / mtbf_s > MAX_EXPONENT:
+            raise ConfigError(f"failures: the job fails every {mtbf_s:.3g} s on average, {seconds / mtbf_s:.3g}x "
+                              f"shorter than {what} ({seconds:.3g} s): the run would almost never get through one; "
+                              "raise the MTBF or shorten the interval / restart")
+
+
+def _number(name: str, value, lo_open: bool = True) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if not ok or not (value > 0 if lo_open else value >= 0):
+        raise ConfigError(f"{name}: must be a finite number {'>' if lo_open else '>='} 0, got {value!r}")
+
+
+def _count(name: str, value, lo: int = 0) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ConfigError(f"{name}: must be an integer >= {lo}, got {value!r}")
+
+
+def _check_mc_args(tau_s, num_intervals, cost, mtbf_s, runs, seed) -> None:
+    if not isinstance(cost, CheckpointCost):
+        raise ConfigError(f"cost: expected a CheckpointCost, got {cost!r}")
+    _number("tau_s", tau_s)
+    _number("mtbf_s", mtbf_s)
+    _count("num_intervals", num_intervals, 1)
+    _count("monte-carlo runs", runs, 2)
+    _count("seed", seed)
+
+
+def _check_run(restart_s, interval_s, monte_carlo_runs, run_days, seed, failures) -> None:
+    if not isinstance(failures, FailureModel):
+        raise ConfigError(f"failures: expected a FailureModel, got {failures!r}")
+    _number("restart-s", restart_s, lo_open=False)
+    if interval_s is not None:
+        _number("interval-s", interval_s)
+    _number("run-days", run_days)
+    _count("monte-carlo", monte_carlo_runs)
+    _count("seed", seed)
+
+
 def _mc_summary(totals: np.ndarray, work_s: float, closed_wall_s: float) -> dict:
     mean = float(totals.mean())
     half = Z95 * float(totals.std(ddof=1)) / math.sqrt(totals.size)
@@ -195,6 +260,8 @@ def goodput_curve(tau_s: float, cost: CheckpointCost, mtbf_s: float, points: int
     return [{"interval_s": float(t), "goodput": goodput(float(t), cost, mtbf_s)} for t in taus]
 
 
+DEFAULT_STORAGE = "pfs-shared"  # the CLI's and the planner's default storage profile
+DEFAULT_ESTIMATOR = "des"  # the step time `perfsim simulate` reports (its default engine), not the closed form
 DEFAULT_RESTART_S = 600.0  # assumed: reschedule + container start + process-group init + warm-up (not measured)
 
 
@@ -207,23 +274,25 @@ def checkpoint_cost(times: dict, restart_s: float, async_checkpoint: bool) -> Ch
     return CheckpointCost(delta_s=times["write_s"], restart_s=restart_s + times["read_s"])
 
 
-def plan_goodput(model, cluster, plan=None, *, failures: FailureModel, storage="pfs-shared",
+def plan_goodput(model, cluster, plan=None, *, failures: FailureModel, storage=DEFAULT_STORAGE,
                  restart_s: float = DEFAULT_RESTART_S, async_checkpoint: bool = False, interval_s: float | None = None,
                  nodes: int | None = None, monte_carlo_runs: int = 0, run_days: float = 30.0, seed: int = 0,
-                 **knobs) -> dict:
-    """Goodput of a training run: step time from ``api.estimate``, checkpoint size from the
+                 estimator: str = DEFAULT_ESTIMATOR, **knobs) -> dict:
+    """Goodput of a training run: step time from ``api.simulate`` with ``estimator`` (by default
+    the engine, so it equals ``perfsim simulate``'s), checkpoint size from the
     model and plan, save/load times from the storage profile, the Daly interval (or
     ``interval_s``), goodput, lost work per failure and tokens per day; optionally a
     seeded Monte-Carlo over ``run_days`` of useful training."""
     from perfsim import api
     from perfsim.design import checkpoint  # layer 7 peers
 
-    if restart_s < 0 or not math.isfinite(restart_s):
-        raise ConfigError(f"restart-s: must be a finite number >= 0, got {restart_s!r}")
+    _check_run(restart_s, interval_s, monte_carlo_runs, run_days, seed, failures)
+    if not isinstance(storage, str | PathLike | checkpoint.StorageSpec):
+        raise ConfigError(f"storage: expected a storage profile name, path or StorageSpec, got {storage!r}")
     model = api.load_model(model)
     cl = api.load_cluster(cluster, nodes=nodes)
     plan = plan or api.make_plan(cl.num_gpus, **knobs)
-    report = api.estimate(model, cl, plan)
+    report = api.simulate(model, cl, plan, estimator=estimator)
     store = checkpoint.load_storage(storage)
     size = checkpoint.checkpoint_size(model, plan)
     times = checkpoint.checkpoint_times(size, cl, store)
@@ -233,11 +302,14 @@ def plan_goodput(model, cluster, plan=None, *, failures: FailureModel, storage="
     tau = interval_s if interval_s is not None else max(daly, cost.persist_s - delta)
     if not tau > 0:
         raise ConfigError(f"interval-s: must be > 0, got {interval_s!r}")
+    _check_progress(tau, cost, m)
+    if monte_carlo_runs:
+        _check_draws(monte_carlo_runs, max(1, math.ceil(run_days * DAY / tau)), tau, cost, m)
     g = goodput(tau, cost, m)
     out = {
         "model": model.name, "cluster": cl.name, "num_nodes": cl.num_nodes, "num_gpus": cl.num_gpus,
         "plan": plan.describe(), "storage": store.name, "async_checkpoint": async_checkpoint,
-        "step_time_s": report.step_time_s, "tokens_per_s": report.tokens_per_s,
+        "step_time_s": report.step_time_s, "tokens_per_s": report.tokens_per_s, "estimator": report.estimator,
         "checkpoint_bytes": size.total_bytes, "checkpoint_per_rank_bytes": size.per_rank_bytes, **times,
         "system_mtbf_s": m, "failures_per_day": DAY / m, "delta_s": delta, "restart_total_s": cost.restart_s,
         "persist_s": cost.persist_s, "formula": DAILY_FORMULA, "daly_interval_s": daly,

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field, replace
 from perfsim.model.spec import Linear, ModelSpec
 from perfsim.lowering.ops import CollectiveCall, Coll, Gemm, OpKind, Stream
 from perfsim.plan.parallel import ParallelPlan, Recompute
-from perfsim.plan.routing import UNIFORM, RoutingSpec, imbalance, slowest_expert_rank
+from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalance, slowest_expert_rank
 
 ACT_BYTES = 2  # bf16 activations
+FP8_BYTES = 1
 LOGIT_BYTES = 4  # fp32 logits for the loss
 ATTN_BWD_FACTOR = 2.5
 
@@ -45,6 +46,13 @@ def gemm_step(name: str, m: int, k: int, n: int, category: str) -> Step:
     return Step(name=name, kind=OpKind.GEMM, stream=Stream.COMPUTE, category=category, flops=g.flops, gemm=g)
 
 
+def fp8_cast_bytes(elements: float) -> tuple[float, float]:
+    """Bytes of the two HBM-bound kernels of a current-scaling FP8 cast of a BF16 tensor
+    (Transformer Engine / Primus-Turbo): amax reads it; the fused cast-transpose reads it
+    again and writes the FP8 values and their transpose (for the wgrad GEMM)."""
+    return elements * ACT_BYTES, elements * (ACT_BYTES + 2 * FP8_BYTES)
+
+
 def elementwise_step(name: str, num_bytes: float, category: str) -> Step:
     return Step(name=name, kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category=category, bytes=num_bytes)
 
@@ -63,6 +71,18 @@ class LayerBuilder:
         self.tokens = plan.mbs * plan.seq // plan.cp
         self.sp = plan.sequence_parallel and plan.tp > 1
         self.local_tokens = self.tokens // plan.tp if self.sp else self.tokens
+        self.fp8 = plan.dtype == "fp8"
+
+    def _fp8(self, step: Step) -> list[Step]:
+        """A GEMM step, behind the casts of its BF16 inputs (activations and weights) when
+        the plan runs FP8; the casts carry the GEMM's meta (an EP rank's speed)."""
+        if not self.fp8:
+            return [step]
+        g, groups = step.gemm, len(step.grouped) or 1
+        rows = sum(step.grouped) if step.grouped else g.m
+        amax, cast = fp8_cast_bytes(rows * g.k + groups * g.k * g.n)
+        return [replace(elementwise_step(f"{step.name}_fp8_amax", amax, "fp8_cast"), meta=step.meta),
+                replace(elementwise_step(f"{step.name}_fp8_cast", cast, "fp8_cast"), meta=step.meta), step]
 
     def _tp_enter(self, name: str) -> list[Step]:
         if not self.sp:
@@ -86,9 +106,9 @@ class LayerBuilder:
         steps = []
         for lin in linears:
             if shard_out and lin.name != "attn_out":
-                steps.append(gemm_step(lin.name, self.tokens, lin.in_features, lin.out_features // tp, category))
+                steps += self._fp8(gemm_step(lin.name, self.tokens, lin.in_features, lin.out_features // tp, category))
             else:
-                steps.append(gemm_step(lin.name, self.tokens, lin.in_features // tp, lin.out_features, category))
+                steps += self._fp8(gemm_step(lin.name, self.tokens, lin.in_features // tp, lin.out_features, category))
         return steps
 
     def attention_forward(self) -> list[Step]:
@@ -102,7 +122,7 @@ class LayerBuilder:
         else:
             steps.append(self._attention_core())
         steps += self._linears(linears[-1:], "attention_proj", shard_out=False)
-        return steps + self._tp_exit("attn")
+        return _casts_before_gather(steps + self._tp_exit("attn"))
 
     def _attention_core(self) -> Step:
         m, plan = self.model, self.plan
@@ -110,24 +130,29 @@ class LayerBuilder:
         width = (m.q_width + m.v_width) / plan.tp
         flops = 2.0 * self.tokens * keys * width * 0.5  # QK^T and AV, causal half
         moved = self.tokens * (m.q_width + 2 * m.v_width) / plan.tp * ACT_BYTES
-        return Step(name="attn_core", kind=OpKind.ATTENTION, stream=Stream.COMPUTE, category="attention_core", flops=flops, bytes=moved)
+        shape = (("seq", plan.seq), ("head_dim", m.head_dim + m.qk_rope_head_dim), ("causal", True))
+        return Step(name="attn_core", kind=OpKind.ATTENTION, stream=Stream.COMPUTE, category="attention_core",
+                    flops=flops, bytes=moved, meta=shape)
 
     def mlp_forward(self) -> list[Step]:
         m = self.model
         width = m.ffn_hidden_size // self.plan.tp
         up_width = width * (2 if m.gated_mlp else 1)
         steps = [self._norm("mlp_norm"), *self._tp_enter("mlp")]
-        steps.append(gemm_step("mlp_up", self.tokens, m.hidden_size, up_width, "mlp"))
+        steps += self._fp8(gemm_step("mlp_up", self.tokens, m.hidden_size, up_width, "mlp"))
         steps.append(elementwise_step("mlp_act", self.tokens * (up_width + width) * ACT_BYTES, "activation"))
-        steps.append(gemm_step("mlp_down", self.tokens, width, m.hidden_size, "mlp"))
-        return steps + self._tp_exit("mlp")
+        steps += self._fp8(gemm_step("mlp_down", self.tokens, width, m.hidden_size, "mlp"))
+        return _casts_before_gather(steps + self._tp_exit("mlp"))
 
     def moe_forward(self) -> list[Step]:
         m, plan = self.model, self.plan
         t, h = self.local_tokens, m.hidden_size
         routed = t * m.top_k
         steps = [self._norm("moe_norm")]
-        steps += [gemm_step(lin.name, t, lin.in_features, lin.out_features, "router") for lin in m.router_linears()]
+        router = [gemm_step(lin.name, t, lin.in_features, lin.out_features, "router") for lin in m.router_linears()]
+        steps += [replace(g, meta=(("dtype", "bf16"),)) for g in router]  # routers stay BF16 under FP8 recipes
+        # softmax + top-k: read the fp32 logits, write the top-k probabilities (fp32) and indices (int32)
+        steps.append(elementwise_step("router_topk", t * (m.num_experts + 2 * m.top_k) * LOGIT_BYTES, "router"))
         steps.append(elementwise_step("permute", 2 * routed * h * ACT_BYTES, "moe_permute"))
         if plan.ep > 1:
             steps.append(coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", self._a2a_bytes(routed), "ep_a2a"))
@@ -137,8 +162,8 @@ class LayerBuilder:
         steps.append(elementwise_step("unpermute", 2 * routed * h * ACT_BYTES, "moe_permute"))
         if m.shared_ffn_hidden_size:
             w = m.shared_ffn_hidden_size
-            steps.append(gemm_step("shared_up", t, h, w * (2 if m.gated_mlp else 1), "shared_expert"))
-            steps.append(gemm_step("shared_down", t, w, h, "shared_expert"))
+            steps += self._fp8(gemm_step("shared_up", t, h, w * (2 if m.gated_mlp else 1), "shared_expert"))
+            steps += self._fp8(gemm_step("shared_down", t, w, h, "shared_expert"))
         return steps
 
     def _a2a_bytes(self, routed: int) -> float:
@@ -149,6 +174,8 @@ class LayerBuilder:
     def _experts(self, routed: int) -> list[Step]:
         m, plan = self.model, self.plan
         tokens, speed = slowest_expert_rank(m, plan, routed, self.routing, self.ep_speeds)
+        if self.routing.pad_to_capacity and m.capacity_factor > 0:  # dense dispatch computes the padding
+            tokens = (expert_capacity(m, plan, routed),) * len(tokens)
         loads = tuple(x * plan.etp for x in tokens)
         meta = (("speed", speed),) if speed != 1.0 else ()  # the EP rank's own GPU speed
         width = m.expert_ffn_hidden_size // plan.etp
@@ -157,9 +184,9 @@ class LayerBuilder:
         steps = []
         if plan.etp > 1:
             steps.append(coll_step("etp_ag", Coll.ALL_GATHER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
-        steps.append(replace(_grouped("expert_up", loads, up, m.hidden_size), meta=meta))
+        steps += self._fp8(replace(_grouped("expert_up", loads, up, m.hidden_size), meta=meta))
         steps.append(replace(elementwise_step("expert_act", received * (up + width) * ACT_BYTES, "activation"), meta=meta))
-        steps.append(replace(_grouped("expert_down", loads, m.hidden_size, width), meta=meta))
+        steps += self._fp8(replace(_grouped("expert_down", loads, m.hidden_size, width), meta=meta))
         if plan.etp > 1:
             steps.append(coll_step("etp_rs", Coll.REDUCE_SCATTER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
         return steps
@@ -170,7 +197,8 @@ class LayerBuilder:
     def head_forward(self) -> list[Step]:
         m, tp = self.model, self.plan.tp
         steps = [self._norm("final_norm"), *self._tp_enter("head")]
-        steps.append(gemm_step("lm_head", self.tokens, m.hidden_size, m.vocab_size // tp, "lm_head"))
+        head = gemm_step("lm_head", self.tokens, m.hidden_size, m.vocab_size // tp, "lm_head")
+        steps.append(replace(head, meta=(("dtype", "bf16"),)) if self.fp8 else head)  # FP8 recipes keep the head BF16
         steps.append(elementwise_step("loss", 3 * self.tokens * m.vocab_size // tp * LOGIT_BYTES, "loss"))
         return steps
 
@@ -178,6 +206,20 @@ class LayerBuilder:
         m = self.model
         mlp = self.moe_forward() if m.is_moe and layer >= m.num_dense_layers else self.mlp_forward()
         return self.attention_forward() + mlp
+
+
+def _casts_before_gather(steps: list[Step]) -> list[Step]:
+    """FP8 casts that follow a sequence-parallel all-gather move in front of it
+    (Transformer Engine gathers the FP8 tensor), so the gather stays next to the GEMM it
+    feeds (``overlap_tp_comm``)."""
+    out = list(steps)
+    for i, step in enumerate(out):
+        if step.kind is OpKind.COLLECTIVE and step.collective.coll is Coll.ALL_GATHER:
+            j = i + 1
+            while j < len(out) and out[j].category == "fp8_cast":
+                j += 1
+            out[i:j] = out[i + 1:j] + [step]
+    return out
 
 
 def _grouped(name: str, loads: tuple[int, ...], n: int, k: int) -> Step:
@@ -196,8 +238,10 @@ def ring_attention(core: Step, cp: int, block_bytes: float, backward_pass: bool 
     cp stream; a step marked ``join`` also waits for the oldest off-chain step not yet
     joined: hop i starts when block i-1 frees its buffer (double buffering) and block i
     waits for hop i-1."""
+    seq = dict(core.meta).get("seq")
+    per_block = (("seq", seq / cp),) if seq else ()  # each block attends over one KV shard
     block = replace(core, flops=core.flops / cp, bytes=core.bytes / cp,
-                    meta=core.meta + (("ring", cp), ("ring_bytes", block_bytes)))
+                    meta=core.meta + per_block + (("ring", cp), ("ring_bytes", block_bytes)))
     size = block_bytes * (2 if backward_pass else 1)
     suffix = "_bwd" if backward_pass else ""
     steps = []
@@ -229,6 +273,8 @@ def backward(steps: list[Step]) -> list[Step]:
         bare = dict(core.meta)
         bare.pop("ring"), bare.pop("join", None)
         block_bytes = bare.pop("ring_bytes")
+        if "seq" in bare:
+            bare["seq"] *= cp  # back to the whole sequence; ring_attention splits it again
         whole = replace(core, flops=core.flops * cp, bytes=core.bytes * cp, meta=tuple(bare.items()))
         out += ring_attention(_backward_step(whole), cp, block_bytes, backward_pass=True)
         i -= 2 * cp - 1
@@ -242,8 +288,9 @@ def split_weight_grads(chain: list[Step]) -> tuple[list[Step], list[Step]]:
     for step in chain:
         if step.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM) and step.gemm.batch == 2:
             half = replace(step, flops=step.flops / 2, gemm=replace(step.gemm, batch=1))
-            inputs.append(half)
-            weights.append(replace(half, name=step.name.replace("_bwd", "_wgrad")))
+            bare = tuple(kv for kv in step.meta if kv[0] != "grad")
+            inputs.append(replace(half, meta=bare + (("grad", "dgrad"),)))
+            weights.append(replace(half, name=step.name.replace("_bwd", "_wgrad"), meta=bare + (("grad", "wgrad"),)))
         else:
             inputs.append(step)
     return inputs, weights
@@ -251,10 +298,12 @@ def split_weight_grads(chain: list[Step]) -> tuple[list[Step], list[Step]]:
 
 def _backward_step(step: Step) -> Step:
     name = f"{step.name}_bwd"
-    if step.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM):
-        return replace(step, name=name, flops=2 * step.flops, gemm=replace(step.gemm, batch=2))
+    if step.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM):  # dgrad + wgrad (costs.gemm_backward_time)
+        return replace(step, name=name, flops=2 * step.flops, gemm=replace(step.gemm, batch=2),
+                       meta=step.meta + (("grad", "both"),))
     if step.kind is OpKind.ATTENTION:
-        return replace(step, name=name, flops=ATTN_BWD_FACTOR * step.flops, bytes=2 * step.bytes, meta=(("backward", True),))
+        return replace(step, name=name, flops=ATTN_BWD_FACTOR * step.flops, bytes=2 * step.bytes,
+                       meta=step.meta + (("backward", True),))
     if step.kind is OpKind.COLLECTIVE:
         call = step.collective
         mirrored = replace(call, coll=_BACKWARD_COLL.get(call.coll, call.coll))

@@ -16,7 +16,7 @@ from typing import Any
 
 from perfsim.errors import ConfigError
 from perfsim.model.spec import AttentionKind, ModelSpec
-from perfsim.system.specio import from_dict
+from perfsim.system.specio import from_dict, load_json, read_text
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +68,7 @@ def _load_model(text: str) -> ModelSpec:
 
 
 def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read model file ({exc.strerror or exc})") from None
+    return read_text(path, "model file")
 
 
 def _spec_from_toml(text: str, where: str) -> ModelSpec:
@@ -79,14 +76,14 @@ def _spec_from_toml(text: str, where: str) -> ModelSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: invalid TOML ({exc})") from None
+    for key, value in data.items():  # counts and sizes: a negative one would shrink the model
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise ConfigError(f"{where}: {key} must be >= 0, got {value!r}")
     return from_dict(ModelSpec, data, where)
 
 
 def _load_hf(path: Path) -> ModelSpec:
-    try:
-        config = json.loads(_read(path))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: invalid JSON ({exc})") from None
+    config = load_json(_read(path), str(path))
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(config).__name__}")
     name = path.parent.name or path.stem
@@ -108,7 +105,25 @@ def _get(config: dict, key: str, default: Any = ..., kind: type = int) -> Any:
         return default
     if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
         raise ConfigError(f"Hugging Face field {key!r} must be {kind.__name__}, got {value!r}")
+    if kind is int and value < 0:
+        raise ConfigError(f"Hugging Face field {key!r} must be >= 0, got {value!r}")
     return value
+
+
+def _check_shape(config: dict) -> None:
+    """Field types ``from_hf_config`` branches on, and a head_dim it can derive."""
+    for key in ("model_type", "hidden_act"):
+        if key in config and not isinstance(config[key], str):
+            raise ConfigError(f"Hugging Face field {key!r} must be a string, got {config[key]!r}")
+    kinds = config.get("layer_types")
+    if kinds is not None and not (isinstance(kinds, list) and all(isinstance(k, str) for k in kinds)):
+        raise ConfigError(f"Hugging Face field 'layer_types' must be a list of strings, got {kinds!r}")
+    heads, hidden = _get(config, "num_attention_heads"), _get(config, "hidden_size")
+    if heads < 1:
+        raise ConfigError(f"Hugging Face field 'num_attention_heads' must be >= 1, got {heads!r}")
+    if config.get("head_dim") is None and "kv_lora_rank" not in config and hidden % heads:
+        raise ConfigError(f"Hugging Face field 'hidden_size' ({hidden}) is not divisible by num_attention_heads "
+                          f"({heads}); give head_dim")
 
 
 def _get_any(config: dict, keys: tuple[str, ...], default: Any = ..., kind: type = int) -> Any:
@@ -268,6 +283,7 @@ def _family(config: dict) -> Callable[[dict], dict]:
 def from_hf_config(config: dict, name: str) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face ``config.json`` dict."""
     try:
+        _check_shape(config)
         family = _family(config)
         _full_attention_only(config)
         return ModelSpec(**(_common(config, name) | family(config)))

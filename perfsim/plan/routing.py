@@ -15,6 +15,7 @@ import numpy as np
 from perfsim.errors import ConfigError
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan
+from perfsim.system.specio import json_depth, read_text
 
 
 class Distribution(StrEnum):
@@ -33,6 +34,10 @@ class RoutingSpec:
     seed: int = 0
     placement: tuple[int, ...] = ()  # EP rank of each expert; contiguous blocks when empty
     speed_aware: bool = False  # hottest experts on the fastest EP ranks (ViBE)
+    # with a capacity factor: every expert computes its full capacity, padded (dense
+    # dispatch: GShard/Switch, MaxText "capacity", Megatron --moe-pad-expert-input-to-capacity)
+    # instead of only the tokens routed to it (dropless / drop-only)
+    pad_to_capacity: bool = False
 
     def __post_init__(self):
         try:
@@ -87,10 +92,9 @@ def load_histogram(path: str | Path) -> tuple[float, ...]:
     or an object with a ``tokens_per_expert`` list) or CSV (one number per row, or a
     ``tokens`` column). One ConfigError line naming the file on any problem."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"routing.histogram: cannot read {str(path)!r} ({exc.strerror or exc})") from None
+    text = read_text(path, "routing histogram")
+    if json_depth(text) > 2:
+        raise ConfigError(f"routing.histogram: {str(path)!r} nests deeper than a list of numbers")
     try:
         values = _parse_histogram(text, path.suffix.lower())
         counts = tuple(float(v) for v in values)
@@ -150,8 +154,7 @@ def expert_tokens(model: ModelSpec, plan: ParallelPlan, routed: int, spec: Routi
     """Tokens each expert processes in one microbatch of the EP group, after capacity drops."""
     tokens = split_tokens(expert_shares(spec, model.num_experts), routed * plan.ep)
     if model.capacity_factor > 0:
-        capacity = int(np.ceil(model.capacity_factor * routed * plan.ep / model.num_experts))
-        tokens = np.minimum(tokens, capacity)
+        tokens = np.minimum(tokens, expert_capacity(model, plan, routed))
     return tokens
 
 
@@ -174,6 +177,11 @@ def slowest_expert_rank(model: ModelSpec, plan: ParallelPlan, routed: int, spec:
     per_rank = rank_tokens(model, plan, routed, spec, speeds)
     last = max(range(plan.ep), key=lambda r: (float(per_rank[r].sum()) / speeds[r], -r))
     return tuple(int(x) for x in per_rank[last]), float(speeds[last])
+
+
+def expert_capacity(model: ModelSpec, plan: ParallelPlan, routed: int) -> int:
+    """Tokens one expert can take per microbatch: capacity_factor x the balanced share."""
+    return int(np.ceil(model.capacity_factor * routed * plan.ep / model.num_experts))
 
 
 def rank_expert_loads(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec = UNIFORM) -> tuple[int, ...]:

@@ -126,6 +126,8 @@ def gpu_counts(gpus) -> tuple[int, ...]:
         try:
             if "-" in gpus:
                 lo, hi = (int(x) for x in gpus.split("-", 1))
+                if not 1 <= lo <= hi <= api.MAX_GPUS:  # argument check: a 0 start doubles forever
+                    raise ConfigError(f"gpus: range {gpus!r} needs 1 <= LO <= HI <= {api.MAX_GPUS}")
                 counts = []
                 while lo <= hi:
                     counts.append(lo)
@@ -171,24 +173,28 @@ def confirm_plan(task: tuple) -> dict:
 
 
 def _check_args(gbs, seq, top, confirm, fraction, objective, usd_per_gpu_hour) -> None:
-    for name, value in (("gbs", gbs), ("seq", seq), ("top", top)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+    for name, value, most in (("gbs", gbs, api.MAX_GBS), ("seq", seq, api.MAX_SEQ), ("top", top, api.MAX_GBS)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise ConfigError(f"{name}: must be an integer in [1, {most}], got {value!r}")
     if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
         raise ConfigError(f"confirm: must be an integer >= 0, got {confirm!r}")
     if not isinstance(fraction, int | float) or not 0 < fraction <= 1:
         raise ConfigError(f"max_memory_fraction: must be in (0, 1], got {fraction!r}")
     if objective not in OBJECTIVES:
         raise ConfigError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
-    if usd_per_gpu_hour is not None and not (isinstance(usd_per_gpu_hour, int | float) and usd_per_gpu_hour > 0):
-        raise ConfigError(f"usd_per_gpu_hour: must be > 0, got {usd_per_gpu_hour!r}")
+    if usd_per_gpu_hour is not None and not (isinstance(usd_per_gpu_hour, int | float)
+                                             and 0 < usd_per_gpu_hour < float("inf")):
+        raise ConfigError(f"usd_per_gpu_hour: must be a finite number > 0, got {usd_per_gpu_hour!r}")
     if objective == "cost" and usd_per_gpu_hour is None:
         raise ConfigError("objective: 'cost' needs usd_per_gpu_hour (a $/GPU-hour price)")
 
 
+DEFAULT_MAX_MEMORY_FRACTION = 1.0  # share of HBM a plan may use: the CLI's and the planner's default
+
+
 def search(
     model, cluster, *, gpus, gbs: int, seq: int, fixed: dict | None = None, limits: dict | None = None,
-    max_memory_fraction: float = 1.0, objective: str = "time", usd_per_gpu_hour: float | None = None,
+    max_memory_fraction: float = DEFAULT_MAX_MEMORY_FRACTION, objective: str = "time", usd_per_gpu_hour: float | None = None,
     top: int = 10, confirm: int = 1, executor: str = "local", workers: int | None = None, dtype: str = "bf16",
     routing: RoutingSpec | None = None, dominance: bool = True, bound: bool = True, progress=None,
     confirm_bound: float | None = None, max_confirm: int = MAX_CONFIRM,

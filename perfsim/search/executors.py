@@ -17,6 +17,7 @@ from perfsim.errors import ConfigError
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None] | None
+CONNECT_TIMEOUT_S = 5.0  # how long a remote scheduler may take to answer before the search gives up
 EXECUTORS = "local, local-spawn, serial, dask-local, dask://HOST:PORT, ray, ray://HOST:PORT"
 
 
@@ -103,7 +104,11 @@ class DaskExecutor:
             self.client = Client(self.cluster)
             self.name = "dask-local"
         else:
-            self.client = Client(address)
+            try:  # fail fast: an unreachable scheduler is one line within CONNECT_TIMEOUT_S, not a 30 s traceback
+                self.client = Client(address, timeout=CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError) as exc:
+                raise ConfigError(f"executor: cannot reach the Dask scheduler at {address} within "
+                                  f"{CONNECT_TIMEOUT_S:g} s ({type(exc).__name__})") from None
             self.workers = max(1, len(self.client.scheduler_info().get("workers", {})))
             self.name = f"dask {address}"
 
@@ -137,7 +142,11 @@ class RayExecutor:
         except ImportError:
             raise ConfigError("executor: ray is not installed (pip install 'perfsim[ray]')") from None
         self.ray = ray
-        ray.init(address=address, ignore_reinit_error=True, logging_level=logging.WARNING)
+        try:
+            ray.init(address=address, ignore_reinit_error=True, logging_level=logging.WARNING)
+        except (ConnectionError, OSError, TimeoutError, RuntimeError) as exc:
+            raise ConfigError(f"executor: cannot start or reach Ray at {address or 'local'} "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
         self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.name = f"ray {address or 'local'}"
 
@@ -163,6 +172,8 @@ class RayExecutor:
 
 def make_executor(spec: str = "local", workers: int | None = None):
     """An executor from its name: see ``EXECUTORS``."""
+    if not isinstance(spec, str):
+        raise ConfigError(f"executor: must be a name ({EXECUTORS}), got {spec!r}")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ConfigError(f"workers: must be a positive integer, got {workers!r}")
     if spec == "serial" or (spec == "local" and workers == 1):

@@ -14,8 +14,12 @@ import tomli_w
 
 from perfsim import units
 from perfsim.errors import ConfigError
-from perfsim.system.specio import check_fraction, check_positive, from_dict, to_dict
+from perfsim.system.kernel_tables import (AttentionEfficiency, GemmEfficiency, GroupedGemmEfficiency,  # noqa: F401
+                                          HbmEfficiency)
+from perfsim.system.specio import check_finite_output, check_fraction, check_positive, from_dict, to_dict, write_atomic
 
+MAX_NODES = 1 << 20  # input bound: a million nodes, far past any cluster built
+MAX_GPUS_PER_NODE = 576  # input bound: the largest scale-up domain announced (NVL576)
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles"  # inside the package: wheels carry it
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
@@ -55,47 +59,6 @@ def _check_table(owner: str, xs: tuple, ys: tuple, x_name: str, y_name: str) -> 
 
 
 @dataclass(frozen=True, kw_only=True)
-class GemmEfficiency:
-    """Achieved fraction of dense peak vs GEMM size; wave quantization applied on top."""
-
-    source: str
-    tile_m: int
-    tile_n: int
-    gflop: tuple[float, ...]
-    efficiency: tuple[float, ...]
-
-    def __post_init__(self):
-        check_positive("gemm", tile_m=self.tile_m, tile_n=self.tile_n)
-        _check_table("gemm", self.gflop, self.efficiency, "gflop", "efficiency")
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttentionEfficiency:
-    """Flash-attention achieved fraction of dense peak vs FLOPs per call."""
-
-    source: str
-    gflop: tuple[float, ...]
-    forward_efficiency: tuple[float, ...]
-    backward_efficiency: tuple[float, ...]
-
-    def __post_init__(self):
-        _check_table("attention", self.gflop, self.forward_efficiency, "gflop", "forward_efficiency")
-        _check_table("attention", self.gflop, self.backward_efficiency, "gflop", "backward_efficiency")
-
-
-@dataclass(frozen=True, kw_only=True)
-class HbmEfficiency:
-    """Achieved fraction of peak HBM bandwidth vs bytes moved by one kernel."""
-
-    source: str
-    mbytes: tuple[float, ...]
-    efficiency: tuple[float, ...]
-
-    def __post_init__(self):
-        _check_table("hbm", self.mbytes, self.efficiency, "mbytes", "efficiency")
-
-
-@dataclass(frozen=True, kw_only=True)
 class GpuSpec:
     name: str
     vendor: str
@@ -107,9 +70,11 @@ class GpuSpec:
     clock_peak_MHz: float
     clock_under_load_MHz: float
     kernel_launch_us: float
-    gemm: GemmEfficiency
+    gemm: GemmEfficiency  # the BF16 table (and any dtype without its own)
     attention: AttentionEfficiency
     hbm: HbmEfficiency
+    gemm_dtypes: dict[str, GemmEfficiency] = field(default_factory=dict)  # per input dtype: fp8, fp16, ...
+    grouped_gemm: dict[str, GroupedGemmEfficiency] = field(default_factory=dict)  # per input dtype
 
     def __post_init__(self):
         check_positive(
@@ -128,6 +93,22 @@ class GpuSpec:
             check_positive("gpu.peak_tflops", **{dtype: tflops})
         if "bf16" not in self.peak_tflops:
             raise ConfigError("gpu.peak_tflops.bf16: missing required key")
+        for table, tables in (("gemm_dtypes", self.gemm_dtypes), ("grouped_gemm", self.grouped_gemm)):
+            for dtype in tables:
+                if dtype not in self.peak_tflops:
+                    raise ConfigError(f"gpu.{table}.{dtype}: no peak_tflops.{dtype} to scale it")
+
+    def gemm_table(self, dtype: str) -> GemmEfficiency:
+        """The GEMM table for input ``dtype`` (``gemm`` where the profile has none)."""
+        return self.gemm_dtypes.get(dtype, self.gemm)
+
+    def grouped_table(self, dtype: str) -> GroupedGemmEfficiency | None:
+        return self.grouped_gemm.get(dtype) or self.grouped_gemm.get("bf16")
+
+    @property
+    def clock_ratio(self) -> float:
+        """Clock under sustained load / peak clock: what the dense peak is scaled by."""
+        return self.clock_under_load_MHz / self.clock_peak_MHz
 
     def peak_flops(self, dtype: str) -> float:
         if dtype not in self.peak_tflops:
@@ -167,6 +148,8 @@ class NodeSpec:
             link_bw_GBps=self.link_bw_GBps,
             pcie_bw_GBps=self.pcie_bw_GBps,
         )
+        if self.gpus_per_node > MAX_GPUS_PER_NODE:
+            raise ConfigError(f"node.gpus_per_node must be <= {MAX_GPUS_PER_NODE}, got {self.gpus_per_node!r}")
         if self.link_bw_GBps > self.link_bw_raw_GBps:
             raise ConfigError(
                 f"node.link_bw_GBps ({self.link_bw_GBps}) exceeds link_bw_raw_GBps ({self.link_bw_raw_GBps})"
@@ -200,8 +183,8 @@ class FabricSpec:
     nodes_per_leaf: int
     oversubscription: float
     routing: Routing
-    # share of NIC line rate one rank's message stream reaches vs the bytes it sends to
-    # one peer per algorithm step (log-size interpolation, clamped); empty = 1.0
+    # share of NIC line rate a rank's NIC reaches vs its bytes in one phase of a call (per
+    # remote peer for all-to-all; log-size interpolation, clamped); empty = 1.0
     message_kbytes: tuple[float, ...] = ()
     message_efficiency: tuple[float, ...] = ()
     message_source: str = ""
@@ -322,6 +305,8 @@ class ClusterSpec:
 
     def __post_init__(self):
         check_positive("cluster", num_nodes=self.num_nodes)
+        if self.num_nodes > MAX_NODES:
+            raise ConfigError(f"cluster.num_nodes must be <= {MAX_NODES}, got {self.num_nodes!r}")
 
     @property
     def gpus_per_node(self) -> int:
@@ -352,6 +337,8 @@ def _read_toml(path: Path) -> dict:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: profile is not UTF-8 text (bad byte at offset {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
 
@@ -444,7 +431,8 @@ def write_cluster(cluster: ClusterSpec, path: str | Path, overwrite: bool = Fals
     path = Path(path)
     if path.exists() and not overwrite:
         raise ConfigError(f"out: {str(path)!r} exists; pass overwrite (--force) to replace it")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(dump_cluster(cluster))
-    tmp.replace(path)
-    return path
+    if path.is_dir():
+        raise ConfigError(f"out: {str(path)!r} is a directory; give a file name")
+    data = to_dict(cluster)
+    check_finite_output(data, "out")  # a NaN or inf profile would not load back
+    return write_atomic(path, tomli_w.dumps(data), "out")

@@ -25,7 +25,7 @@ import networkx as nx
 import numpy as np
 
 from perfsim import units
-from perfsim.system.hardware import ClusterSpec, FabricTopology, Routing
+from perfsim.system.hardware import ClusterSpec, FabricTopology, Multipath, Routing
 
 XGMI, NIC, UPLINK = "xgmi", "nic", "uplink"
 ECMP_TRIALS = 256  # Monte Carlo draws for the expected max load of hashed flows
@@ -96,6 +96,19 @@ def equal_paths(cluster: ClusterSpec) -> int:
 
 
 @lru_cache(maxsize=4096)
+def expected_max_flows(num_flows: int, num_paths: int, seed: int = 0) -> float:
+    """E[flows on the busiest path] when ``num_flows`` flows hash onto ``num_paths`` paths
+    (seeded Monte Carlo, so deterministic)."""
+    if num_flows <= 0:
+        return 0.0
+    if num_paths <= 1:
+        return float(num_flows)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, num_paths, size=(ECMP_TRIALS, num_flows))
+    return float(np.array([np.bincount(row, minlength=num_paths).max() for row in draws]).mean())
+
+
+@lru_cache(maxsize=4096)
 def ecmp_collision_factor(num_flows: int, num_paths: int, seed: int = 0) -> float:
     """E[max load] / mean load when ``num_flows`` equal flows hash onto ``num_paths``
     paths (seeded Monte Carlo, so deterministic); 1.0 means no collision penalty."""
@@ -129,18 +142,26 @@ def uplink_Bps(cluster: ClusterSpec, num_nodes: int, crossing_share: float, flow
     """Rate one GPU's cross-leaf traffic gets through its leaf's uplinks.
 
     The ``G * crossing_share`` GPUs of a leaf (one plane) whose traffic leaves it share ``k``
-    uplinks of NIC speed: spraying gives each ``nic * min(1, k / crossing)``; ECMP hashing
-    of their ``crossing * flows_per_gpu`` flows onto ``k`` paths slows the unluckiest by
-    the expected collision factor."""
+    uplinks of NIC speed. Spraying gives each ``nic * min(1, k / crossing)``. ECMP hashes
+    their ``crossing * flows_per_gpu`` flows, each ``1 / flows_per_gpu`` of a NIC, onto the
+    ``k`` paths: the busiest path carries E[max flows] of them, so each GPU gets
+    ``nic * min(1, flows_per_gpu / E[max flows])`` (= the spray rate divided by the
+    collision factor once the paths are full). Out-of-order multipath (UEC) splits every
+    flow into ``multipath_paths`` sub-flows, which hash independently (fewer collisions),
+    at the cost of ``reorder_efficiency``."""
     fab = cluster.fabric
     per_leaf = min(num_nodes, fab.nodes_per_leaf)
     gpus = per_leaf * (cluster.gpus_per_node if fab.topology is FabricTopology.FAT_TREE else 1)
     crossing = max(1.0, gpus * crossing_share)
     paths = equal_paths(cluster)
-    rate = fab.nic_Bps * min(1.0, paths / crossing)
+    reorder = 1.0
+    if fab.multipath is Multipath.OUT_OF_ORDER:
+        flows_per_gpu *= fab.multipath_paths
+        reorder = fab.reorder_efficiency
     if fab.routing is Routing.ECMP_HASH:
-        rate /= ecmp_collision_factor(max(1, round(crossing * flows_per_gpu)), paths)
-    return rate
+        busiest = expected_max_flows(max(1, round(crossing * flows_per_gpu)), paths)
+        return fab.nic_Bps * min(1.0, flows_per_gpu / busiest) * reorder
+    return fab.nic_Bps * min(1.0, paths / crossing) * reorder
 
 
 def nic_Bps(cluster: ClusterSpec) -> float:

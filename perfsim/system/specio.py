@@ -5,8 +5,13 @@ name the place (``file: table.key``) and the value.
 """
 
 import dataclasses
+import json
+import math
+import os
+import tempfile
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from perfsim.errors import ConfigError
@@ -41,7 +46,13 @@ def _scalar(value: Any, hint: Any, where: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: must be a finite number, got {value!r}")
         return float(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
@@ -112,3 +123,168 @@ def check_fraction(owner: str, **values: float) -> None:
     for name, value in values.items():
         if not 0 < value <= 1:
             raise ConfigError(f"{owner}.{name} must be in (0, 1], got {value!r}")
+
+
+# ---- files: strict UTF-8 in, atomic and checked out ------------------------------------
+
+MAX_JSON_DEPTH = 64  # deepest nesting accepted in a JSON input (config.json nests 3 deep)
+MAX_INPUT_BYTES = 64 << 20  # the largest input file read (profiles, models and logs are kilobytes)
+
+
+def read_text(path: str | Path, what: str = "file") -> str:
+    """The UTF-8 text of ``path``; ConfigError naming the file (and the byte offset of a
+    bad byte) when it cannot be read or is not UTF-8 text."""
+    try:
+        if Path(path).stat().st_size > MAX_INPUT_BYTES:
+            raise ConfigError(f"{path}: {what} is larger than {MAX_INPUT_BYTES >> 20} MiB; not an input perfsim reads")
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: {what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+    if "\x00" in text:
+        raise ConfigError(f"{path}: {what} is binary (NUL byte at offset {text.index(chr(0))})")
+    return text
+
+
+def json_depth(text: str) -> int:
+    """Deepest bracket nesting outside strings (a linear scan: no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _reject_constant(token: str):
+    raise ValueError(f"{token} is not a finite number")
+
+
+def load_json(text: str, where: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Strict JSON: nesting at most ``max_depth`` deep, no NaN/Infinity tokens."""
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise ConfigError(f"{where}: JSON nested {depth} deep (at most {max_depth})")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: invalid JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
+    except ValueError as exc:
+        raise ConfigError(f"{where}: invalid JSON ({exc})") from None
+
+
+def check_output(path: str | Path, force: bool, flag: str) -> Path:
+    """Before any work: ``path`` can be written (its folder exists and is writable, it is
+    not a folder) and does not exist unless ``force``. Returns it as a Path."""
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        raise ConfigError(f"{flag}: expected a file path, got {path!r}")
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ConfigError(f"{flag}: {str(path)!r} is a directory; give a file name")
+    if not folder.is_dir():
+        raise ConfigError(f"{flag}: folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag}: folder {str(folder)!r} is not writable")
+    if path.exists() and not force:
+        raise ConfigError(f"{flag}: {str(path)!r} exists; pass --force to replace it")
+    return path
+
+
+def write_atomic(path: str | Path, text: str, flag: str) -> Path:
+    """Write ``text`` through a temporary file unique to this writer, then rename: readers
+    see the old file or the new one, never half of one; nothing is left behind on failure."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.",
+                                   suffix=".tmp")
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot write {str(path)!r} ({exc.strerror or exc})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _unlink(tmp)
+        raise ConfigError(f"{flag}: cannot write {str(path)!r} ({exc.strerror or exc})") from None
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return path
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def first_nonfinite(value: Any, where: str = "") -> str | None:
+    """The dotted place of the first NaN or infinity in a JSON-like value, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "value"
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = first_nonfinite(item, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
+
+
+def check_finite_output(value: Any, what: str) -> None:
+    """Refuse to print or write ``value`` when it holds a NaN or an infinity."""
+    place = first_nonfinite(value)
+    if place is not None:
+        raise ConfigError(f"{what}: the result is not finite at {place}; an input is out of range")
+
+
+# ---- arguments of public functions -----------------------------------------------------
+
+
+def check_int(name: str, value: Any, lo: int = 1, hi: int | None = None) -> int:
+    """``value`` as an int in [lo, hi], else ConfigError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        span = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{name}: must be an integer {span}, got {value!r}")
+    return value
+
+
+def check_number(name: str, value: Any, lo: float = 0.0, hi: float = math.inf, lo_open: bool = False) -> float:
+    """``value`` as a finite float in [lo, hi] ((lo, hi] with ``lo_open``)."""
+    ok = (not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+          and (value > lo if lo_open else value >= lo) and value <= hi)
+    if not ok:
+        raise ConfigError(f"{name}: must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}")
+    return float(value)
+
+
+def check_type(name: str, value: Any, types: type | tuple, what: str) -> Any:
+    """``value`` when it is one of ``types``, else ConfigError saying ``what`` was expected."""
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise ConfigError(f"{name}: expected {what}, got {value!r}")
+    if not isinstance(value, types):
+        raise ConfigError(f"{name}: expected {what}, got {value!r}")
+    return value
+
+
+def as_path(path: Any, what: str = "file") -> Path:
+    """``path`` as a Path; ConfigError when it is not a str or os.PathLike."""
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        raise ConfigError(f"{what}: expected a file path, got {path!r}")
+    return Path(path)

@@ -1,0 +1,190 @@
+"""Which GPU-profile table a kernel measurement informs, and how its free values are
+read from and written back into a ``GpuSpec`` (used by ``kernel_fit.fit_table``).
+
+One ``TableRef`` per table: ``gemm/<dtype>`` (``gpu.gemm`` for BF16, ``gemm_dtypes``
+otherwise), ``grouped_gemm/<dtype>``, ``attention`` (efficiency vs sequence length
+forward and backward, a head-dim factor per measured head dim, two causal factors),
+``hbm``.
+
+GEMM, grouped-GEMM and attention curves are fitted in a two-parameter family and written
+out as tables on a fixed wide grid (``GRID``), so they extrapolate the way kernels
+behave instead of clamping at the edge of the data: eff(x) = plateau * x / (x + x_half),
+the shape of a fixed per-call cost (prologue, epilogue, tail wave) beside work that
+grows with x. Parameters per curve: plateau and log10(x_half). ``hbm`` keeps its own
+knots (y values fitted directly, weak pull to the old ones).
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfsim.calibration.readers import KernelPoint
+from perfsim.cost import kernels as costs
+from perfsim.system.hardware import GpuSpec
+from perfsim.system.kernel_tables import AttentionEfficiency, GemmEfficiency, GroupedGemmEfficiency
+
+EFF_BOUNDS = (0.005, 1.0)
+FACTOR_BOUNDS = (0.3, 1.5)  # head-dim and causal factors
+FRESH_EFFICIENCY = 0.5  # where a fitted plateau starts (the fit moves it; a fit prior, not a measurement)
+FP8_OUTPUT = "bf16"  # FP8 training GEMMs write BF16 (Transformer Engine, Primus-Turbo, aiter a8w8)
+# written-out grid of each parametric curve: (log10 lo, log10 hi, knots per decade)
+GRID = {"gemm": (-4.0, 6.0, 2), "grouped_gemm": (0.0, 5.0, 2), "attention": (2.0, 5.5, 2)}
+PLATEAU_BOUNDS = (0.02, 1.0)
+HALF_BOUNDS = {"gemm": (-5.0, 5.0), "grouped_gemm": (-1.0, 5.0), "attention": (0.0, 6.0)}
+# where log10(x_half) starts (and, through the weak prior, stays where no point constrains
+# it): 1 GFLOP, 256 tokens per expert, 1024 keys -- fit priors, not measurements; a
+# refit does not depend on the table it replaces
+HALF_START = {"gemm": 0.0, "grouped_gemm": 2.408, "attention": 3.01}
+
+
+def saturating(xs, plateau: float, log_half: float) -> np.ndarray:
+    """plateau * x / (x + x_half): a fixed per-call cost beside work growing with x."""
+    xs = np.asarray(xs, dtype=float)
+    return plateau * xs / (xs + 10.0 ** log_half)
+
+
+@dataclass(frozen=True)
+class TableRef:
+    kind: str  # gemm | grouped_gemm | attention | memory
+    dtype: str | None = None
+    head_dims: tuple[float, ...] = ()  # attention: the head dims the points measure
+
+    @property
+    def name(self) -> str:
+        return {"memory": "hbm", "attention": "attention"}.get(self.kind, f"{self.kind}/{self.dtype}")
+
+    def selects(self, p: KernelPoint) -> bool:
+        return p.kind == self.kind and (self.dtype is None or p.dtype == self.dtype)
+
+    def get(self, gpu: GpuSpec):
+        if self.kind == "gemm":
+            return gpu.gemm_table(self.dtype)
+        if self.kind == "grouped_gemm":
+            return gpu.grouped_gemm.get(self.dtype)
+        return gpu.attention if self.kind == "attention" else gpu.hbm
+
+    def new_table(self, gpu: GpuSpec) -> bool:
+        """The GPU has no table of its own for this (a fresh one gets knots over the data)."""
+        if self.kind == "gemm":
+            return self.dtype != "bf16" and self.dtype not in gpu.gemm_dtypes
+        if self.kind == "attention":
+            return tuple(gpu.attention.head_dim) != self.head_dims or len(gpu.attention.seq) < 2
+        return self.kind == "grouped_gemm" and self.dtype not in gpu.grouped_gemm
+
+    def _fields(self) -> tuple[str, tuple[str, ...]]:
+        return {"gemm": ("gflop", ("efficiency",)), "memory": ("mbytes", ("efficiency",)),
+                "grouped_gemm": ("tokens", ("forward_efficiency", "backward_efficiency")),
+                "attention": ("seq", ("forward_efficiency", "backward_efficiency"))}[self.kind]
+
+    def xs(self, gpu: GpuSpec) -> tuple[float, ...]:
+        table = self.get(gpu)
+        return tuple(getattr(table, self._fields()[0])) if table is not None else (1.0,)
+
+    def ys(self, gpu: GpuSpec) -> tuple[float, ...]:
+        return tuple(getattr(self.get(gpu), self._fields()[1][0]))
+
+    @property
+    def parametric(self) -> bool:
+        return self.kind in GRID
+
+    def knots(self, points: list[KernelPoint]) -> tuple[float, ...]:
+        from perfsim.calibration.kernel_fit import log_knots
+
+        if self.parametric:
+            lo, hi, per = GRID[self.kind]
+            return tuple(float(f"{x:.4g}") for x in np.logspace(lo, hi, int(round((hi - lo) * per)) + 1))
+        x = {"gemm": lambda p: p.flops / costs.GFLOP, "grouped_gemm": lambda p: p.m,
+             "attention": lambda p: p.seq, "memory": lambda p: p.bytes / costs.MBYTE}[self.kind]
+        return log_knots([x(p) for p in points], per_decade=3 if self.kind != "gemm" else 2)
+
+    def initial(self, gpu: GpuSpec, xs: tuple) -> np.ndarray:
+        table = self.get(gpu)
+        x_field, y_fields = self._fields()
+        if self.parametric:
+            return self._initial_params(table, x_field, y_fields)
+        if table is None:
+            return np.full(len(xs) * len(y_fields), FRESH_EFFICIENCY)
+        ys = [[costs.interp_log(x, getattr(table, x_field), getattr(table, f)) for x in xs] for f in y_fields]
+        if self.kind == "attention":
+            ys.append([costs.interp_log(h, table.head_dim, table.head_dim_factor) for h in self.head_dims])
+            ys.append([table.causal_forward_factor, table.causal_backward_factor])
+        return np.concatenate(ys)
+
+    def _initial_params(self, table, x_field: str, y_fields: tuple[str, ...]) -> np.ndarray:
+        """(plateau, log10 x_half) per curve from fixed starts (``FRESH_EFFICIENCY``,
+        ``HALF_START``; attention factors 1): a refit does not depend on the table it
+        replaces, so refitting a fitted profile gives it back."""
+        params = [v for _ in y_fields for v in (FRESH_EFFICIENCY, HALF_START[self.kind])]
+        if self.kind == "attention":
+            params += [1.0] * (len(self.head_dims) + 2)
+        return np.array(params)
+
+    def bounds(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        _, y_fields = self._fields()
+        if self.parametric:
+            half = HALF_BOUNDS[self.kind]
+            lo, hi = [PLATEAU_BOUNDS[0], half[0]] * len(y_fields), [PLATEAU_BOUNDS[1], half[1]] * len(y_fields)
+        else:
+            lo, hi = [EFF_BOUNDS[0]] * (n * len(y_fields)), [EFF_BOUNDS[1]] * (n * len(y_fields))
+        if self.kind == "attention":
+            extra = len(self.head_dims) + 2
+            lo, hi = lo + [FACTOR_BOUNDS[0]] * extra, hi + [FACTOR_BOUNDS[1]] * extra
+        return np.array(lo), np.array(hi)
+
+    def apply(self, gpu: GpuSpec, xs: tuple, params: np.ndarray, **extra) -> GpuSpec:
+        x_field, y_fields = self._fields()
+        n = len(xs)
+        if self.parametric:
+            curves = {f: saturating(xs, *params[2 * i:2 * i + 2]) for i, f in enumerate(y_fields)}
+            fmt = (lambda v: float(f"{v:.5g}")) if extra.pop("round_values", False) else float
+            values = {f: tuple(fmt(max(v, EFF_BOUNDS[0])) for v in ys) for f, ys in curves.items()}
+            used = 2 * len(y_fields)
+        else:
+            values = {f: tuple(float(v) for v in params[i * n:(i + 1) * n]) for i, f in enumerate(y_fields)}
+            used = n * len(y_fields)
+        values[x_field] = tuple(float(x) for x in xs)
+        if self.kind == "attention":
+            rest = params[used:]
+            h = len(self.head_dims)
+            values.update(head_dim=tuple(float(x) for x in self.head_dims),
+                          head_dim_factor=tuple(float(v) for v in rest[:h]),
+                          causal_forward_factor=float(rest[h]), causal_backward_factor=float(rest[h + 1]))
+            return dataclasses.replace(gpu, attention=dataclasses.replace(gpu.attention, **values))
+        if self.kind == "memory":
+            return dataclasses.replace(gpu, hbm=dataclasses.replace(gpu.hbm, **values))
+        if self.kind == "grouped_gemm":
+            old = gpu.grouped_gemm.get(self.dtype)
+            table = (dataclasses.replace(old, **values) if old is not None else
+                     GroupedGemmEfficiency(source=f"fitted grouped {self.dtype} kernel", **values))
+            return dataclasses.replace(gpu, grouped_gemm={**gpu.grouped_gemm, self.dtype: table})
+        return self._apply_gemm(gpu, values, extra)
+
+    def _apply_gemm(self, gpu: GpuSpec, values: dict, extra: dict) -> GpuSpec:
+        base: GemmEfficiency = gpu.gemm_table(self.dtype)
+        out = base.output_dtype or (FP8_OUTPUT if self.dtype == "fp8" else "")
+        table = dataclasses.replace(base, output_dtype=out, **values, **extra)
+        if self.dtype == "bf16":
+            return dataclasses.replace(gpu, gemm=table)
+        if self.dtype not in gpu.gemm_dtypes:
+            table = dataclasses.replace(table, source=f"fitted {self.dtype} GEMM table (started from the bf16 one)")
+        return dataclasses.replace(gpu, gemm_dtypes={**gpu.gemm_dtypes, self.dtype: table})
+
+
+ORDER = {"memory": 0, "gemm": 1, "grouped_gemm": 2, "attention": 3}  # HBM first: FP8 cast rows lean on it
+
+
+def table_refs(points: list[KernelPoint]) -> list[TableRef]:
+    """The tables ``points`` inform, in ``ORDER`` (a table's points may lean on earlier ones)."""
+    refs = set()
+    for p in points:
+        if p.kind == "attention":
+            continue
+        refs.add(TableRef(p.kind, p.dtype if p.kind in ("gemm", "grouped_gemm") else None))
+    heads = tuple(sorted({float(p.head_dim) for p in points if p.kind == "attention"}))
+    if heads:
+        refs.add(TableRef("attention", None, heads))
+    return sorted(refs, key=lambda r: (ORDER[r.kind], r.dtype or ""))
+
+
+__all__ = ["AttentionEfficiency", "TableRef", "table_refs"]

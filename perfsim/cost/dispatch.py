@@ -1,0 +1,109 @@
+"""MoE dispatch/combine as expert-parallel libraries run it, from the routing up.
+
+A rank holds ``tokens`` tokens; each picks ``topk`` of ``num_experts`` experts spread
+evenly over the EP ranks, within ``topk_groups`` nodes when routing is node-limited
+(DeepSeek-V3). Under uniform routing the expected number of distinct nodes and ranks
+a token reaches follows from drawing ``topk`` distinct experts (hypergeometric), so:
+
+* a ``dedup_per_node`` implementation (DeepEP normal kernels, MORI-EP V1) sends each
+  token once to every remote node it reaches, over the NIC to the same-rail GPU, which
+  forwards it over NVLink/xGMI to the ranks that need it;
+* otherwise (RCCL all-to-all) every token copy travels to its rank: remote copies over
+  the NIC (one message stream per remote peer), local ones over xGMI.
+
+Time = the implementation's latency + the busier of the NIC (wire bytes at line rate x
+its ``rdma_efficiency`` x the fabric's per-message ramp) and the intra-node fabric
+(delivered copies at the node's per-GPU bandwidth x ``intra_efficiency``). ``phase``
+"combine" is the reverse path with the combine's bytes per token (BF16 in DeepSeek-V3).
+The bandwidths libraries print are reproduced with their own accounting: DeepEP's
+"RDMA GB/s" counts a token once per node it reaches, the local node included
+(tests/test_internode.py ``num_rdma_token_sent``), its "NVL GB/s" the copies received.
+"""
+
+from dataclasses import dataclass
+from math import comb
+
+from perfsim import units
+from perfsim.cost.phases import message_efficiency
+from perfsim.errors import ConfigError
+from perfsim.plan.parallel import GroupShape
+from perfsim.system import network
+from perfsim.system.hardware import ClusterSpec, DispatchSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchLoad:
+    tokens: int  # per rank
+    token_bytes: float  # one token copy (FP8 dispatch of hidden 7168: 7168 x (1 + 4/128))
+    topk: int
+    num_experts: int
+    topk_groups: int = 0  # node-limited routing: experts from this many nodes (0 = any)
+
+    def __post_init__(self):
+        if self.tokens < 0 or self.token_bytes < 0 or self.topk < 1 or self.num_experts < self.topk:
+            raise ConfigError(f"dispatch: need tokens >= 0, token_bytes >= 0, 1 <= topk <= num_experts; got {self}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchCost:
+    time_s: float
+    wire_bytes: float  # the rank's NIC bytes
+    intra_bytes: float  # copies the rank receives over NVLink / xGMI
+    node_copies: float  # token copies counted once per node reached (DeepEP "RDMA" accounting)
+    nic_s: float
+    intra_s: float
+
+    @property
+    def rdma_GBps(self) -> float:
+        return self.node_copies / self.time_s / 1e9 if self.time_s > 0 else 0.0
+
+    @property
+    def intra_GBps(self) -> float:
+        return self.intra_bytes / self.time_s / 1e9 if self.time_s > 0 else 0.0
+
+
+def expected_hits(bins: int, per_bin: int, picks: int) -> float:
+    """Distinct bins reached when ``picks`` distinct items are drawn from ``bins x per_bin``."""
+    total = bins * per_bin
+    if picks > total:
+        raise ConfigError(f"dispatch: topk {picks} exceeds the {total} experts it may choose from")
+    return bins * (1 - comb(total - per_bin, picks) / comb(total, picks))
+
+
+def _reach(load: DispatchLoad, shape: GroupShape) -> tuple[float, float]:
+    """(distinct nodes, distinct ranks) one token reaches."""
+    n, p, m = shape.size, shape.per_node, shape.num_nodes
+    if load.num_experts % n:
+        raise ConfigError(f"dispatch: {load.num_experts} experts do not split over {n} EP ranks")
+    groups = min(load.topk_groups or m, m)
+    per_rank = load.num_experts // n
+    return (expected_hits(groups, per_rank * p, load.topk), expected_hits(groups * p, per_rank, load.topk))
+
+
+def _spec(cluster: ClusterSpec, impl: str) -> DispatchSpec:
+    if impl not in cluster.dispatch:
+        known = ", ".join(cluster.dispatch) or "none in this profile"
+        raise ConfigError(f"impl: {impl!r} is not a dispatch implementation of {cluster.name} (known: {known})")
+    return cluster.dispatch[impl]
+
+
+def dispatch_cost(load: DispatchLoad, shape: GroupShape, cluster: ClusterSpec, impl: str) -> DispatchCost:
+    """Time of one dispatch (or combine: the same bytes reversed) for ``load`` on ``shape``."""
+    spec = _spec(cluster, impl)
+    n, p, m = shape.size, shape.per_node, shape.num_nodes
+    nodes, ranks = _reach(load, shape)
+    copies = load.tokens * load.token_bytes
+    intra = copies * ranks
+    if spec.dedup_per_node:
+        wire, peers = copies * nodes * (m - 1) / m, m - 1
+    else:
+        wire, peers = copies * ranks * (n - p) / n, n - p
+        intra = copies * ranks * (p - 1) / n
+    # GPU-initiated kernels write fixed-size chunks whatever the per-peer total, so the
+    # fabric's per-message ramp (measured on RCCL collectives) applies to RCCL only
+    ramp = message_efficiency(cluster.fabric, wire / peers) if peers and not spec.dedup_per_node else 1.0
+    nic_s = wire / (network.nic_Bps(cluster) * spec.rdma_efficiency * ramp) if wire else 0.0
+    intra_s = intra / (cluster.node.gpu_bw_Bps(p - 1) * spec.intra_efficiency) if p > 1 else 0.0
+    time = units.us_to_s(spec.latency_us) + max(nic_s, intra_s)
+    return DispatchCost(time_s=time, wire_bytes=wire, intra_bytes=intra, node_copies=copies * nodes,
+                        nic_s=nic_s, intra_s=intra_s)

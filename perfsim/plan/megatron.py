@@ -1,0 +1,248 @@
+"""Megatron-LM / Primus training flags -> perfsim plan knobs.
+
+``from_args("--tensor-model-parallel-size 8 --micro-batch-size 1 ...")`` and
+``from_primus_yaml(text)`` (a Primus experiment YAML: ``modules.pre_trainer.overrides``, or a
+flat mapping of Megatron arguments) return a :class:`MegatronPlan`: the knobs
+``api.simulate`` takes, model overrides (capacity factor), and every flag that was not
+used, sorted into three lists so none is dropped silently: ``ignored`` (known, no effect on
+step time in perfsim: logging, data, checkpointing), ``not_modelled`` (known, would change
+step time, perfsim cannot represent it) and ``unknown``. Flag names follow Megatron's
+``arguments.py`` (dashes on the command line, underscores in YAML).
+"""
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from perfsim.errors import ConfigError
+
+# Megatron argument (underscored) -> perfsim knob; values are integers.
+INT_KNOBS = {
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "virtual_pipeline_model_parallel_size": "vpp",
+    "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
+    "context_parallel_size": "cp",
+    "micro_batch_size": "mbs",
+    "global_batch_size": "gbs",
+    "seq_length": "seq",
+}
+BOOL_KNOBS = {  # Megatron switch -> (knob, value when set)
+    "sequence_parallel": ("sequence_parallel", True),
+    "overlap_grad_reduce": ("overlap_grad_reduce", True),
+    "tp_comm_overlap": ("tp_comm_overlap", True),
+}
+DTYPES = {"bf16": "bf16", "fp16": "fp16"}
+# Known flags that do not change a step's time in perfsim (or only through the model, which
+# comes from --model): reported as ignored, not as unknown.
+IGNORED = frozenset("""
+lr min_lr lr_decay_style lr_warmup_iters lr_warmup_fraction lr_decay_iters weight_decay clip_grad adam_beta1
+adam_beta2 adam_eps init_method_std seed train_iters train_samples eval_iters eval_interval log_interval
+save load save_interval data_path split tokenizer_type tokenizer_model vocab_file merge_file
+distributed_backend use_flash_attn use_mcore_models transformer_impl attention_softmax_in_fp32
+no_masked_softmax_fusion no_bias_gelu_fusion no_bias_dropout_fusion no_gradient_accumulation_fusion
+accumulate_allreduce_grads_in_fp32 bf16_main_grads wandb_project wandb_exp_name tensorboard_dir
+log_throughput log_timers_to_tensorboard disable_bias_linear swiglu normalization untie_embeddings_and_output_weights
+position_embedding_type rotary_base max_position_embeddings make_vocab_size_divisible_by num_layers hidden_size
+ffn_hidden_size num_attention_heads num_query_groups group_query_attention kv_channels num_experts
+moe_ffn_hidden_size moe_router_topk moe_shared_expert_intermediate_size moe_grouped_gemm moe_token_dispatcher_type
+moe_router_load_balancing_type moe_aux_loss_coeff moe_router_dtype moe_router_force_load_balancing
+moe_layer_freq moe_permute_fusion moe_router_pre_softmax q_lora_rank kv_lora_rank qk_head_dim qk_pos_emb_head_dim
+v_head_dim multi_latent_attention hidden_dropout attention_dropout exit_interval exit_duration_in_mins
+manual_gc manual_gc_interval use_torch_fsdp2 ckpt_format dataloader_type num_workers mock_data
+""".split())
+# Known flags with a step-time effect perfsim cannot represent: reported (with why), not used.
+NOT_MODELLED = {
+    "decoder_first_pipeline_num_layers": "uneven pipeline stages are not modelled (even split of layers)",
+    "decoder_last_pipeline_num_layers": "uneven pipeline stages are not modelled (even split of layers)",
+    "account_for_embedding_in_pipeline_split": "uneven pipeline stages are not modelled",
+    "account_for_loss_in_pipeline_split": "uneven pipeline stages are not modelled",
+    "recompute_num_layers": "recompute applies to every layer (no per-layer count)",
+    "recompute_method": "recompute applies to every layer (uniform/block not distinguished)",
+    "recompute_modules": "selective recompute is the attention core only",
+    "overlap_param_gather": "parameter all-gathers always overlap the forward under ZeRO",
+    "cpu_offloading": "CPU offload is not modelled",
+    "fp8_recipe": "one fp8 recipe (per-tensor scaling) is modelled",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronPlan:
+    knobs: dict = field(default_factory=dict)
+    model_overrides: dict = field(default_factory=dict)
+    layers_per_virtual_stage: int | None = None  # --num-layers-per-virtual-pipeline-stage
+    ignored: tuple[str, ...] = ()
+    not_modelled: tuple[tuple[str, str], ...] = ()
+    unknown: tuple[str, ...] = ()
+
+    def knobs_for(self, num_layers: int) -> dict:
+        """The knobs, with vpp derived from --num-layers-per-virtual-pipeline-stage for a
+        model of ``num_layers`` layers."""
+        knobs = dict(self.knobs)
+        if self.layers_per_virtual_stage:
+            per_stage, pp = self.layers_per_virtual_stage, knobs.get("pp", 1)
+            if num_layers % (pp * per_stage):
+                raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {per_stage}: {num_layers} layers do not "
+                                  f"split into pp={pp} stages of chunks of {per_stage}")
+            knobs["vpp"] = num_layers // (pp * per_stage)
+        return knobs
+
+    def notes(self) -> list[str]:
+        """Lines that say what was used and what was not."""
+        used = " ".join(f"{k}={v}" for k, v in sorted({**self.knobs, **self.model_overrides}.items()))
+        if self.layers_per_virtual_stage:
+            used += f" vpp=layers/(pp*{self.layers_per_virtual_stage})"
+        out = [f"mapped: {used or 'nothing'}"]
+        out += [f"not modelled: --{_dash(k)} ({why})" for k, why in self.not_modelled]
+        if self.unknown:
+            out.append("unknown (not used): " + ", ".join(f"--{_dash(k)}" for k in self.unknown))
+        if self.ignored:
+            out.append("ignored (no effect on step time here): " + ", ".join(f"--{_dash(k)}" for k in self.ignored))
+        return out
+
+
+def _dash(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _int(name: str, value) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise ConfigError(f"--{_dash(name)}: expected an integer, got {value!r}") from None
+    if number < 1:
+        raise ConfigError(f"--{_dash(name)}: must be >= 1, got {number}")
+    return number
+
+
+def _truthy(value) -> bool:
+    return value is True or str(value).lower() in ("true", "1", "yes")
+
+
+def from_mapping(args: dict) -> MegatronPlan:
+    """Megatron arguments as {underscored name: value} (a switch: True) -> MegatronPlan."""
+    knobs, overrides, ignored, not_modelled, unknown = {}, {}, [], [], []
+    vpp_layers = None
+    for raw, value in args.items():
+        name = raw.replace("-", "_")
+        if value is None or value is False:
+            continue
+        if name in INT_KNOBS:
+            knobs[INT_KNOBS[name]] = _int(name, value)
+        elif name in BOOL_KNOBS:
+            if _truthy(value):
+                knob, on = BOOL_KNOBS[name]
+                knobs[knob] = on
+        elif name in DTYPES and _truthy(value):
+            knobs.setdefault("dtype", DTYPES[name])
+        elif name in ("fp8", "fp8_format"):
+            knobs["dtype"] = "fp8"
+        elif name == "use_distributed_optimizer":
+            knobs["zero"] = 1 if _truthy(value) else 0
+        elif name == "recompute_granularity":
+            if str(value) not in ("full", "selective"):
+                raise ConfigError(f"--recompute-granularity: expected full or selective, got {value!r}")
+            knobs["recompute"] = str(value)
+        elif name == "num_layers_per_virtual_pipeline_stage":
+            vpp_layers = _int(name, value)
+        elif name == "ddp_bucket_size":
+            knobs["grad_bucket_bytes"] = 2 * _int(name, value)  # elements of bf16 gradients
+        elif name == "moe_expert_capacity_factor":
+            overrides["capacity_factor"] = float(value)
+        elif name in NOT_MODELLED:
+            not_modelled.append((name, NOT_MODELLED[name]))
+        elif name in IGNORED:
+            ignored.append(name)
+        else:
+            unknown.append(name)
+    if knobs.get("pp", 1) == 1 and (knobs.get("vpp", 1) > 1 or vpp_layers):
+        raise ConfigError("--virtual-pipeline-model-parallel-size / --num-layers-per-virtual-pipeline-stage "
+                          "need --pipeline-model-parallel-size > 1")
+    knobs.setdefault("zero", 0)  # Megatron's defaults: optimizer not distributed, switches off
+    for knob, _ in BOOL_KNOBS.values():
+        knobs.setdefault(knob, False)
+    return MegatronPlan(knobs=knobs, model_overrides=overrides, layers_per_virtual_stage=vpp_layers,
+                        ignored=tuple(sorted(ignored)), not_modelled=tuple(not_modelled), unknown=tuple(unknown))
+
+
+def parse_args(text: str) -> dict:
+    """A Megatron command line (or the argument part of it) -> {underscored name: value}.
+    The launcher and the script (``torchrun --nproc_per_node 8 pretrain_gpt.py``) are skipped."""
+    try:
+        tokens = shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError(f"--megatron-args: cannot split the command line ({exc})") from None
+    scripts = [k for k, t in enumerate(tokens) if t.endswith(".py")]  # torchrun ... pretrain_gpt.py --flags
+    start = scripts[-1] + 1 if scripts else 0
+    out, i = {}, next((k for k, t in enumerate(tokens) if k >= start and t.startswith("--")), len(tokens))
+    while i < len(tokens):
+        token = tokens[i]
+        if not token.startswith("--"):
+            raise ConfigError(f"--megatron-args: {token!r} is not a --flag or a flag's value")
+        name, eq, value = token[2:].partition("=")
+        if not eq:
+            has_value = i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
+            value = tokens[i + 1] if has_value else True
+            i += has_value
+        out[name.replace("-", "_")] = value
+        i += 1
+    return out
+
+
+def from_args(text: str) -> MegatronPlan:
+    return from_mapping(parse_args(text))
+
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
+
+
+def _expand(value):
+    """Primus' ``${NAME:default}``: the environment's value, else the default."""
+    if isinstance(value, str):
+        full = _ENV.fullmatch(value.strip())
+        if full:
+            got = os.environ.get(full.group(1), full.group(2))
+            return _scalar(got) if got is not None else None
+        return _ENV.sub(lambda m: os.environ.get(m.group(1), m.group(2) or ""), value)
+    return value
+
+
+def _scalar(text: str):
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("null", "none", "~", ""):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def primus_overrides(data) -> dict:
+    """The Megatron arguments of a Primus experiment: ``modules.pre_trainer.overrides``
+    (or any module's ``overrides``); a flat mapping is taken as Megatron arguments."""
+    if not isinstance(data, dict):
+        raise ConfigError("--primus-config: expected a YAML mapping")
+    modules = data.get("modules")
+    if isinstance(modules, dict):
+        trainer = modules.get("pre_trainer") or next((m for m in modules.values() if isinstance(m, dict)), {})
+        overrides = trainer.get("overrides") if isinstance(trainer, dict) else None
+        if not isinstance(overrides, dict):
+            raise ConfigError("--primus-config: modules.pre_trainer has no 'overrides' mapping of Megatron arguments")
+        return {k: _expand(v) for k, v in overrides.items()}
+    return {k: _expand(v) for k, v in data.items() if not isinstance(v, dict | list)}
+
+
+def from_primus_yaml(text: str) -> MegatronPlan:
+    try:
+        import yaml  # optional: only --primus-config needs it
+    except ImportError:
+        raise ConfigError("--primus-config: reading YAML needs PyYAML (pip install pyyaml)") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--primus-config: invalid YAML ({str(exc).splitlines()[0]})") from None
+    return from_mapping(primus_overrides(data))

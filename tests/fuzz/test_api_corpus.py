@@ -1,0 +1,103 @@
+"""The Python API with wrong types and values: every public function raises ConfigError
+(one line) or answers with finite numbers; never another exception, a hang or a NaN.
+Each argument of each function is replaced in turn by each value of a class of bad
+values (issue 18: 829 of 2,226 such calls raised something else)."""
+
+import math
+
+import pytest
+
+import perfsim
+from perfsim.design import goodput
+from harness import GOOD, record, run_api
+
+NAN, INF = float("nan"), float("inf")
+BAD_COUNTS = [None, "8", 8.5, -1, 0, True, NAN, INF, 10 ** 30, [8], {}, object()]
+BAD_NUMBERS = [None, "1", -1.0, NAN, INF, -INF, True, [1.0], 1e300]
+BAD_NAMES = [None, 8, 8.5, "", "no-such-thing", ["llama3.1-8b"], {}, b"x", object()]
+BAD_FLAGS = [None, "yes", 1, 0.5, [True]]
+
+SIM = dict(model="llama3.1-8b", cluster="mi300x-pollara", nodes=1, gbs=8, seq=512, estimator="analytic")
+SIM_ARGS = {"model": BAD_NAMES, "cluster": BAD_NAMES, "nodes": BAD_COUNTS, "gbs": BAD_COUNTS, "seq": BAD_COUNTS,
+            "estimator": BAD_NAMES, "tp": BAD_COUNTS, "pp": BAD_COUNTS, "cp": BAD_COUNTS, "mbs": BAD_COUNTS,
+            "zero": BAD_COUNTS, "dtype": BAD_NAMES, "recompute": BAD_NAMES, "schedule": BAD_NAMES,
+            "check_memory": BAD_FLAGS, "trace": BAD_FLAGS, "routing": [0.1, "zipf", {}, 1],
+            "variability": [0.1, "x", {}, 1], "plan": [8, "tp8", {}], "comm_compute_interference": BAD_NUMBERS,
+            "grad_bucket_bytes": BAD_COUNTS, "gpus": BAD_COUNTS}
+COLL = dict(op="all_reduce", size_bytes=1 << 20, ranks=8, cluster="mi300x-pollara")
+COLL_ARGS = {"op": BAD_NAMES, "size_bytes": BAD_NUMBERS + [-1, 10 ** 30], "ranks": BAD_COUNTS, "cluster": BAD_NAMES,
+             "protocol": BAD_NAMES, "algorithm": BAD_NAMES}
+PLAN = dict(num_gpus=8, gbs=8, seq=512)
+PLAN_ARGS = {"num_gpus": BAD_COUNTS, "gbs": BAD_COUNTS, "seq": BAD_COUNTS, "tp": BAD_COUNTS, "pp": BAD_COUNTS,
+             "cp": BAD_COUNTS, "dp": BAD_COUNTS, "vpp": BAD_COUNTS, "ep": BAD_COUNTS}
+FAIL = dict(tau_s=3600.0, num_intervals=10, cost=goodput.CheckpointCost(delta_s=10, restart_s=600), mtbf_s=8.0 * 3600,
+            runs=10)
+FAIL_ARGS = {"tau_s": BAD_NUMBERS, "num_intervals": BAD_COUNTS, "mtbf_s": BAD_NUMBERS, "runs": BAD_COUNTS,
+             "cost": [None, 5, "x"], "seed": [-1, "x", NAN, None]}
+GOODPUT = dict(model="llama3.1-8b", cluster="mi300x-pollara", nodes=1, gbs=8, seq=512, estimator="analytic",
+               failures=goodput.FailureModel(mtbf_node_s=100 * 3600.0))
+GOODPUT_ARGS = {"restart_s": BAD_NUMBERS, "interval_s": BAD_NUMBERS, "monte_carlo_runs": BAD_COUNTS,
+                "run_days": BAD_NUMBERS, "seed": BAD_COUNTS, "failures": [None, 5, "x"], "storage": BAD_NAMES,
+                "nodes": BAD_COUNTS, "gbs": BAD_COUNTS}
+
+
+def _cases(name, fn, base, table):
+    return [(name, fn, base, arg, value) for arg, values in table.items() for value in values]
+
+
+CASES = (_cases("simulate", perfsim.simulate, SIM, SIM_ARGS)
+         + _cases("estimate", perfsim.estimate, {k: v for k, v in SIM.items() if k != "estimator"},
+                  {k: v for k, v in SIM_ARGS.items() if k != "estimator"})
+         + _cases("collective", perfsim.collective, COLL, COLL_ARGS)
+         + _cases("make_plan", perfsim.make_plan, PLAN, PLAN_ARGS)
+         + _cases("simulate_failures", perfsim.simulate_failures, FAIL, FAIL_ARGS)
+         + _cases("plan_goodput", perfsim.plan_goodput, GOODPUT, GOODPUT_ARGS))
+
+
+def _call(fn, base, arg, value):
+    kwargs = {**base, arg: value}
+    if fn is perfsim.make_plan:
+        return lambda: fn(kwargs.pop("num_gpus"), **kwargs)
+    if arg == "plan" and fn in (perfsim.simulate, perfsim.estimate):
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("gbs", "seq")}
+    return lambda: fn(**kwargs)
+
+
+@pytest.mark.parametrize("name, fn, base, arg, value", CASES,
+                         ids=[f"{c[0]}-{c[3]}={c[4]!r}"[:80] for c in CASES])
+def test_api_wrong_argument(name, fn, base, arg, value):
+    result = record(f"api.{name}", run_api(_call(fn, base, arg, value)))
+    assert result.outcome in GOOD, f"{name}({arg}={value!r}): {result}"
+
+
+ISSUE_CASES = {
+    "simulate-cluster-None": lambda: perfsim.simulate("llama3.1-8b", None, nodes=1, gbs=8, seq=512),
+    "make_plan-str-gpus": lambda: perfsim.make_plan("8", gbs=8, seq=512),
+    "simulate-variability-float": lambda: perfsim.simulate("llama3.1-8b", "mi300x-pollara", nodes=1, gbs=8, seq=512,
+                                                           estimator="analytic", variability=0.1),
+    "collective-nan-size": lambda: perfsim.collective("all_reduce", NAN, 8, "mi300x-pollara"),
+    "search-executor-None": lambda: perfsim.search("llama3.1-8b", "mi300x-pollara", gpus=8, gbs=16, seq=512,
+                                                   executor=None),
+    "search-gpus-0-8": lambda: perfsim.search("llama3.1-8b", "mi300x-pollara", gpus="0-8", gbs=16, seq=512,
+                                              executor="serial"),
+    "search-usd-inf": lambda: perfsim.search("llama3.1-8b", "mi300x-pollara", gpus=8, gbs=16, seq=512,
+                                             executor="serial", objective="cost", usd_per_gpu_hour=INF),
+    "simulate_failures-restart-far-above-mtbf": lambda: perfsim.simulate_failures(
+        3600, 10, goodput.CheckpointCost(delta_s=10, restart_s=600), 8.0),
+    "engine-1e5-microbatches": lambda: perfsim.simulate("llama3.1-8b", "mi300x-pollara", nodes=1, pp=8, gbs=100_000 // 8 * 8,
+                                                        seq=2048),
+    "failure-model-nan": lambda: goodput.FailureModel(mtbf_node_s=NAN),
+    "calibrate-no-files": lambda: perfsim.calibrate("mi300x-pollara"),
+    "calibrate-files-None": lambda: perfsim.calibrate("mi300x-pollara", rccl_logs=[None]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ISSUE_CASES))
+def test_api_issue_examples(case):
+    result = record("api.issue", run_api(ISSUE_CASES[case]))
+    assert result.outcome == "error", f"{case}: {result}"
+
+
+def test_good_call_is_finite():
+    report = perfsim.estimate(**{k: v for k, v in SIM.items() if k != "estimator"})
+    assert math.isfinite(report.step_time_s) and 0 < report.mfu < 1

@@ -1,0 +1,133 @@
+"""Plan page what-ifs (issue 17.14): every `perfsim simulate` knob on the page and reaching
+perfsim, knobs that no longer fit reset with a note when the model or node count changes,
+parameter counts shown, and results as deltas against a pinned baseline."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import perfsim
+from perfsim.plan.routing import RoutingSpec
+from perfsim.plan.stragglers import VariabilitySpec
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "app"))
+
+import baseline  # noqa: E402
+import fmt  # noqa: E402
+import inputs as planner_inputs  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    monkeypatch.setenv("PERFSIM_DB", str(tmp_path / "scenarios.db"))
+    monkeypatch.setenv("PERFSIM_PROFILES", str(tmp_path / "profiles"))
+
+
+def start() -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app" / "planner.py"), default_timeout=90).run()
+    ok(at)
+    return at
+
+
+def ok(at):
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def metric(at, label):
+    return next(m for m in at.metric if m.label == label)
+
+
+def test_every_fidelity_knob_reaches_perfsim():
+    inputs = planner_inputs.normalize({
+        "model": "mixtral-8x7b", "nodes": 2, "estimator": "analytic",
+        "knobs": {"tp": 2, "ep": 4, "dp": 0, "gbs": 16, "seq": 2048},
+        "routing": {"distribution": "zipf", "skew": 1.2, "placement": "speed"},
+        "fidelity": {"tp_comm_overlap": True, "overlap_grad_reduce": False, "overlap_cu_share": 0.2,
+                     "dma_offload": False, "grad_bucket_mb": 40.0, "capacity_factor": 1.25, "gpu_variability": 0.05,
+                     "variability_seed": 3}})
+    got = planner_inputs.simulate(inputs)
+    model = perfsim.load_model("mixtral-8x7b")
+    import dataclasses
+    want = perfsim.estimate(dataclasses.replace(model, capacity_factor=1.25), "mi300x-pollara", nodes=2, tp=2, ep=4,
+                            gbs=16, seq=2048, tp_comm_overlap=True, overlap_grad_reduce=False,
+                            comm_compute_interference=0.2, grad_bucket_bytes=40_000_000, check_memory=False,
+                            routing=RoutingSpec(distribution="zipf", skew=1.2, speed_aware=True),
+                            variability=VariabilitySpec(cv=0.05, seed=3))
+    assert got.step_time_s == want.step_time_s and got.plan["tp_comm_overlap"] and got.straggler_slowdown > 1
+    plain = planner_inputs.simulate({**inputs, "fidelity": planner_inputs.default_inputs()["fidelity"]})
+    assert plain.step_time_s != got.step_time_s
+
+
+def test_tp_comm_overlap_toggle_changes_the_step():
+    at = start()
+    at.number_input(key="w.tp").set_value(8).run()
+    at.number_input(key="w.dp").set_value(0).run()
+    ok(at)
+    before = metric(at, "Step time").value
+    at.toggle(key="w.tp_comm_overlap").set_value(True).run()
+    ok(at)
+    assert metric(at, "Step time").value != before
+    assert at.session_state["inputs"]["fidelity"]["tp_comm_overlap"] is True
+
+
+def test_changing_the_node_count_resets_dp_instead_of_failing():
+    at = start()
+    assert at.number_input(key="w.dp").value == 1024
+    at.number_input(key="w.nodes").set_value(64).run()
+    ok(at)  # without the reset: "tp*pp*cp*dp = 1*1*1*1024 must equal the GPU count 512"
+    assert at.number_input(key="w.dp").value == 0
+    assert any("dp 1024 -> auto" in i.value.replace("\\", "") for i in at.info)
+    assert at.session_state["inputs"]["nodes"] == 64
+
+
+def test_changing_to_a_dense_model_resets_expert_parallelism():
+    at = start()
+    at.number_input(key="w.ep").set_value(8).run()
+    ok(at)
+    at.selectbox(key="w.model").set_value("llama3.1-8b").run()
+    ok(at)
+    assert at.number_input(key="w.ep").value == 1 and any("ep 8 -> 1" in i.value.replace("\\", "") for i in at.info)
+
+
+def test_refit_is_silent_when_everything_fits():
+    knobs = {"tp": 2, "pp": 2, "vpp": 1, "dp": 4, "ep": 2, "etp": 1, "cp": 1}
+    assert planner_inputs.refit(knobs, 16, 32, 8) == (knobs, [])
+    new, notes = planner_inputs.refit(knobs, 16, 30, 8)  # 30 layers: pp 2 still splits; vpp 1
+    assert new == knobs and not notes
+    new, notes = planner_inputs.refit({**knobs, "pp": 4}, 16, 30, 8)
+    assert new["pp"] == 1 and any("30 layers" in n for n in notes)
+
+
+def test_parameter_counts_are_shown():
+    at = start()
+    spec = perfsim.load_model("zaya1-base")
+    shown = next(c.value for c in at.sidebar.caption if "parameters" in c.value)
+    assert fmt.params(spec.total_params(False)) in shown and fmt.params(spec.active_params(False)) in shown
+
+
+def test_pinned_baseline_shows_deltas():
+    at = start()
+    before = planner_inputs.simulate(at.session_state["inputs"])
+    next(b for b in at.button if b.label == "Pin as baseline").click().run()
+    ok(at)
+    at.number_input(key="w.gbs").set_value(4096).run()
+    ok(at)
+    after = planner_inputs.simulate(at.session_state["inputs"])
+    step = metric(at, "Step time")
+    assert step.delta == fmt.signed_percent(after.step_time_s / before.step_time_s - 1)
+    table = next(d.value for d in at.dataframe if "change" in d.value.columns and "category" in d.value.columns)
+    assert set(table["category"]) == set(before.breakdown) | set(after.breakdown)
+    next(b for b in at.button if b.label == "Unpin").click().run()
+    ok(at)
+    assert metric(at, "Step time").delta in (None, "")
+
+
+def test_baseline_rows():
+    rows = baseline.breakdown_rows({"mlp": 1.0, "tp_comm": 0.5}, {"mlp": 1.5, "tp_comm": 0.5, "ep_a2a": 0.1})
+    assert [r["category"] for r in rows] == ["mlp", "ep_a2a", "tp_comm"] and rows[0]["change"] == "500 ms"
+    mem = baseline.memory_rows([{"total_bytes": 2e9, "weights_bytes": 1e9}], [{"total_bytes": 3e9, "weights_bytes": 1e9}])
+    assert {r["part"]: r["change"] for r in mem} == {"weights": "+0 B", "total": "+1.00 GB"}

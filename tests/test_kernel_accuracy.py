@@ -1,0 +1,148 @@
+"""Kernel fidelity: held-out (by source) MAPE must not regress; per-expert grouped GEMM
+pricing; FP8 steps carry their casts; per-dtype tables with provenance."""
+
+import dataclasses
+
+import pytest
+
+from perfsim.cost import kernels as costs
+from perfsim.lowering.layers import LayerBuilder
+from perfsim.lowering.ops import OpKind
+from perfsim.model.io import load_model
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.system.hardware import load_gpu
+from perfsim.system.kernel_tables import is_assumed
+from validation import accuracy_kernels as acc
+
+# Held-out MAPE (%) measured at commit time by validation/accuracy_kernels.py, plus a 10%
+# relative margin for float noise: a change to the kernel model must not make these worse.
+# They are the true figures, not targets: issue 14 asks <= 10% (GEMM) and <= 15%
+# (attention, grouped GEMM); the cells above that are open work (docs/accuracy.md).
+GATES = {  # (gpu, class, dtype): held-out MAPE %; memory rows read dtype bf16 (unused)
+    ("mi300x", "attention", "bf16"): 24.9,
+    ("mi300x", "gemm", "bf16"): 26.4,
+    ("mi300x", "gemm", "fp8"): 34.9,
+    ("mi300x", "grouped_gemm", "bf16"): 11.0,
+    ("mi300x", "grouped_gemm", "fp8"): 75.1,
+    ("mi300x", "memory", "bf16"): 47.0,
+    ("mi325x", "gemm", "bf16"): 13.6,
+    ("mi355x", "attention", "bf16"): 31.1,
+    ("mi355x", "gemm", "fp8"): 16.2,
+    ("mi355x", "memory", "bf16"): 59.1,
+    ("h100", "attention", "bf16"): 6.1,
+    ("h100", "gemm", "fp8"): 24.8,
+    ("h100", "memory", "bf16"): 33.3,
+    ("h200", "gemm", "fp8"): 11.0,
+}
+
+
+@pytest.fixture(scope="module")
+def summaries():
+    return {name: acc.summary(load_gpu(name)) for name in {g for g, _, _ in GATES}}
+
+
+@pytest.mark.parametrize("cell", sorted(GATES))
+def test_held_out_mape_does_not_regress(summaries, cell):
+    name, kind, dtype = cell
+    points, err = summaries[name][(kind, dtype)]
+    assert points > 0 and err <= GATES[cell] * 1.1
+
+
+def test_check_rows_never_share_a_family_with_the_fit_rows():
+    """Per (GPU, class, dtype) cell: no source family is on both sides of the split."""
+    import csv
+
+    for name in acc.GPUS:
+        sides = []
+        for split in ("fit", "check"):
+            rows = csv.DictReader(open(acc.DATA / split / f"{name}.csv"))
+            sides.append({(r["kind"], r["dtype"], r["meta_family"]) for r in rows})
+        assert not sides[0] & sides[1], name
+
+
+def test_64_tokens_per_expert_is_slower_per_flop_than_4096():
+    gpu = load_gpu("mi300x")
+    n, k = 2 * 1408, 2048
+    small = costs.grouped_gemm_time((64,) * 64, n, k, gpu, "bf16")
+    big = costs.grouped_gemm_time((4096,) * 64, n, k, gpu, "bf16")
+    per_flop_small, per_flop_big = small / (64 * 64), big / (4096 * 64)
+    assert per_flop_small > 1.5 * per_flop_big
+
+
+def test_grouped_gemm_prices_each_experts_tokens():
+    """Skewed routing (same total) costs more than balanced: the padded tiles and the
+    per-expert efficiency follow each expert's own M, not the summed work."""
+    gpu = load_gpu("mi300x")
+    balanced = costs.grouped_gemm_time((512,) * 8, 4096, 7168, gpu, "bf16")
+    skewed = costs.grouped_gemm_time((2048, 1024, 448, 300, 100, 70, 50, 54), 4096, 7168, gpu, "bf16")
+    assert skewed > balanced
+    assert costs.grouped_gemm_time((512,) * 8, 4096, 7168, gpu, "bf16", backward=True) > balanced
+
+
+def _steps(dtype):
+    model = load_model("llama3.1-8b")
+    plan = ParallelPlan(tp=1, dp=1, mbs=1, gbs=1, seq=4096, dtype=dtype)
+    b = LayerBuilder(model, plan)
+    return b.layer_forward(0) + b.head_forward()
+
+
+def test_fp8_steps_include_cast_overhead():
+    bf16, fp8 = _steps("bf16"), _steps("fp8")
+    casts = [s for s in fp8 if s.category == "fp8_cast"]
+    assert casts and not [s for s in bf16 if s.category == "fp8_cast"]
+    gemms = [s for s in fp8 if s.kind is OpKind.GEMM and dict(s.meta).get("dtype") != "bf16"]
+    assert len(casts) == 2 * len(gemms)  # amax + cast-transpose in front of every FP8 GEMM
+    assert all(c.bytes > 0 for c in casts)
+    head = next(s for s in fp8 if s.name == "lm_head")
+    assert dict(head.meta)["dtype"] == "bf16"  # FP8 recipes keep the LM head in BF16
+
+
+def test_fp8_and_bf16_gemm_tables_are_separate():
+    gpu = load_gpu("mi300x")
+    assert "fp8" in gpu.gemm_dtypes and gpu.gemm_table("fp8") != gpu.gemm_table("bf16")
+    assert gpu.gemm_table("fp8").output_dtype == "bf16"  # FP8 GEMMs write BF16
+
+
+def test_tile_quantization_counts_wasted_tile_area():
+    gpu = load_gpu("mi300x")
+    table = gpu.gemm_table("bf16")
+    full = costs.tile_choice(4096, 4 * table.tile_n, table, gpu)[2]
+    ragged = costs.tile_choice(4096, 4 * table.tile_n + table.tile_n // 4, table, gpu)[2]
+    assert ragged < full
+
+
+def test_attention_depends_on_sequence_and_direction():
+    gpu = load_gpu("mi300x")
+    assert costs.attention_efficiency(gpu, False, seq=4096) != costs.attention_efficiency(gpu, True, seq=4096)
+    assert costs.attention_efficiency(gpu, False, seq=8192, causal=True) != costs.attention_efficiency(gpu, False, seq=8192)
+
+
+def test_derived_profiles_say_so():
+    for name, base in acc.DERIVED.items():
+        gpu = load_gpu(name)
+        assert is_assumed(gpu.gemm.source) and base in gpu.gemm.source
+    assert not is_assumed(load_gpu("mi300x").gemm.source)
+
+
+def test_capacity_padded_dispatch_computes_the_padding():
+    """Dense (padded) dispatch runs every expert at its full capacity; dropless runs only
+    the routed tokens, so with balanced routing and capacity factor 1.5 padded does 1.5x
+    the expert FLOPs."""
+    import dataclasses as dc
+
+    from perfsim.plan.routing import RoutingSpec
+
+    model = dc.replace(load_model("olmoe-1b-7b"), capacity_factor=1.5)
+    plan = ParallelPlan(dp=8, ep=8, mbs=1, gbs=8, seq=4096)
+    expert_flops = []
+    for pad in (False, True):
+        steps = LayerBuilder(model, plan, routing=RoutingSpec(pad_to_capacity=pad)).moe_forward()
+        expert_flops.append(sum(s.flops for s in steps if s.kind is OpKind.GROUPED_GEMM))
+    assert expert_flops[1] == pytest.approx(1.5 * expert_flops[0], rel=0.01)
+
+
+def test_router_top_k_is_a_memory_bound_step():
+    model = load_model("olmoe-1b-7b")
+    steps = LayerBuilder(model, ParallelPlan(dp=8, ep=8, mbs=1, gbs=8, seq=4096)).moe_forward()
+    topk = next(s for s in steps if s.name == "router_topk")
+    assert topk.kind is OpKind.ELEMENTWISE and topk.bytes > 0

@@ -1,0 +1,141 @@
+"""Fabric accuracy: multi-node all_reduce, NVLS, graph capture, MoE dispatch (docs/accuracy.md).
+
+``section() -> str`` is the markdown validation/accuracy_doc.py includes. Every row says
+whether its series was fitted (in-sample) or only checked (a source no parameter was
+fitted to); see validation/fit_fabric.py for the fits and validation/data/multinode/
+SOURCES.md for the data. Usage: python validation/accuracy_fabric.py (prints the section).
+"""
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from perfsim.calibration import fabric_fit  # noqa: E402
+from perfsim.calibration.readers import read_rccl_log  # noqa: E402
+from perfsim.calibration.readers_multinode import read_collective_table  # noqa: E402
+from perfsim.calibration.collective_fit import CollectivePoint  # noqa: E402
+from perfsim.lowering.ops import Coll  # noqa: E402
+from perfsim.plan.parallel import GroupShape  # noqa: E402
+from perfsim.system.hardware import load_cluster  # noqa: E402
+from validation import dispatch_accuracy  # noqa: E402
+
+DATA = ROOT / "validation" / "data" / "multinode"
+TABLE = DATA / "collectives_multinode.csv"
+LARGE = 1 << 20
+TARGET_LARGE, TARGET_SMALL = 10.0, 25.0  # issue 15: MAPE >= 1 MB / below
+
+
+@dataclass(frozen=True)
+class Case:
+    series: str
+    profile: str
+    role: str  # fit | check
+    note: str
+
+
+CASES = (
+    Case("hisohara_AAC14_MI355X_2node_Pollara_ANP_allreduce", "mi355x-pollara", "fit",
+         "the Pollara NIC ramp and hop latency are fitted here"),
+    Case("rccl_pr2078_AINIC_internal_plugin_2node_allreduce", "mi300x-pollara", "check",
+         "AINIC (Pollara) via RCCL's internal plugin; GPU not printed (hostname says MI300X); 2-16 GB rows only"),
+    Case("hisohara_AAC11_MI325X_2node_bnxt_allreduce_ring", "mi325x-pollara", "check",
+         "Broadcom Thor2 NICs priced with the Pollara ramp; NCCL_ALGO=Ring; 4-16 GB rows only"),
+    Case("hisohara_AAC11_MI325X_4node_bnxt_allreduce_ring", "mi325x-pollara", "check", "as above, 4 nodes"),
+    Case("hisohara_AAC11_MI325X_8node_bnxt_allreduce_ring", "mi325x-pollara", "check", "as above, 8 nodes"),
+    Case("hisohara_AAC8_MI300X_1node_allreduce", "mi300x-pollara", "check",
+         "single node, another cluster than the AMD-blog sweep the intra-node values were fitted to"),
+    Case("nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128", "h100-ib", "fit",
+         "IB ramp (its 64 MB knot: 256 MB-4 GB per NIC) and hop latency fitted here; Ring + LL128 forced; the 1-2 GB rows are "
+         "latency-bound (2,046 ring steps), which additive latency + bytes prices poorly"),
+    Case("coreweave_H100_64gpu_sharp_allreduce", "h100-ib", "check",
+         "IB with SHARP in-network reduction (not modelled: perfsim prices ring/tree); 512 MB-8 GB rows"),
+    Case("gcp_a3mega_H100_2node_allreduce", "h100-ib", "check",
+         "GPUDirect-TCPXO (TCP, not RDMA): outside what the IB profile describes; shown, not a target"),
+)
+
+
+def series_points(name: str) -> list[CollectivePoint]:
+    return next(s for s in read_collective_table(TABLE) if s.series == name).points()
+
+
+def errors(points: list[CollectivePoint], profile: str) -> list[tuple[float, float, float]]:
+    """(size, measured s, signed error %) per point."""
+    cluster = load_cluster(profile)
+    out = []
+    for p in points:
+        predicted = fabric_fit.predict(p, cluster)
+        out.append((p.size_bytes, p.time_s, 100 * (predicted / p.time_s - 1)))
+    return out
+
+
+def mape(rows, lo: float = 0.0, hi: float = float("inf")) -> float | None:
+    picked = [abs(e) for s, _, e in rows if lo <= s < hi]
+    return float(np.mean(picked)) if picked else None
+
+
+def nvls_rows() -> list[tuple[float, float, float]]:
+    log = read_rccl_log(DATA / "azure_ndh100v5_1node_8gpu_nccl_nvls.log")
+    shape = GroupShape(size=8, per_node=8, num_nodes=1)
+    points = [CollectivePoint(coll=Coll.ALL_REDUCE, size_bytes=s, shape=shape, time_s=t * 1e-6, algorithm="nvls")
+              for s, t in log.series(in_place=True)]  # the run forced NVLS (NCCL_ALGO=NVLS)
+    return errors(points, "h100-ib")
+
+
+def graph_rows() -> list[tuple[float, float, float]]:
+    log = read_rccl_log(DATA / "mi300x_1node_8gpu_mpi_hipgraph_amdblog.log")
+    shape = GroupShape(size=8, per_node=8, num_nodes=1)
+    points = [CollectivePoint(coll=Coll.ALL_REDUCE, size_bytes=s, shape=shape, time_s=t * 1e-6, graph=True)
+              for s, t in log.series()]
+    return errors(points, "mi300x-pollara")
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _row(name: str, profile: str, role: str, rows, note: str) -> str:
+    small, large = mape(rows, 0, LARGE), mape(rows, LARGE)
+    return f"| `{name}` | {profile} | {role} | {len(rows)} | {_fmt(large)} | {_fmt(small)} | {note} |"
+
+
+def all_reduce_table() -> list[str]:
+    lines = ["| series | profile | role | points | MAPE % >= 1 MB | MAPE % < 1 MB | note |",
+             "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+    for case in CASES:
+        lines.append(_row(case.series, case.profile, case.role, errors(series_points(case.series), case.profile),
+                          case.note))
+    lines.append(_row("azure_ndh100v5_1node_8gpu_nccl_nvls", "h100-ib", "fit", nvls_rows(),
+                      "NVLS efficiency and latency fitted here (in-place column)"))
+    lines.append(_row("mi300x_1node_8gpu_mpi_hipgraph_amdblog (--graph)", "mi300x-pollara", "fit", graph_rows(),
+                      "graph_saving_us fitted here (1-64 KB); below 1 KB hipGraph runs pick the one-shot kernel, perfsim the ring"))
+    return lines
+
+
+def section() -> str:
+    parts = [
+        "## Fabric (collectives across nodes, NVLS, graph capture, MoE dispatch)",
+        "",
+        "Error = (predicted - measured) / measured of the collective time; MAPE = mean |error|. `fit` rows are "
+        "in-sample (the series the named parameters were fitted to by `validation/fit_fabric.py`); `check` rows are "
+        "sources no parameter was fitted to. Targets (issue 15): <= 10% at >= 1 MB and <= 25% below on held-out "
+        "series. The held-out 2-node MI300X + ConnectX sweep and H200 NVLS series named in "
+        "`validation/data/multinode/SOURCES.md` are not in the repository and not reported here. "
+        "Regenerate with `.venv/bin/python validation/accuracy_doc.py`.",
+        "",
+        "### all_reduce time",
+        "",
+        *all_reduce_table(),
+        "",
+        *dispatch_accuracy.section_lines(),
+    ]
+    return "\n".join(parts) + "\n"
+
+
+if __name__ == "__main__":
+    print(section())

@@ -1,0 +1,315 @@
+"""Build ``fit/<gpu>.csv`` and ``check/<gpu>.csv`` (perfsim kernel CSV schema) from the
+shared kernel sweeps (``../shared/data/calibration/kernels/*.csv`` and
+``../shared/data/calibration/gemm_measured.csv``). Run once by hand; the outputs are
+committed so a clone calibrates and validates without ``../shared``.
+
+    .venv/bin/python validation/data/kernels/make_kernel_csvs.py ../shared/data/calibration
+
+Rules (fixed before any fit; see SOURCES.md beside this file):
+
+* device: a row goes to the perfsim GPU its ``gpu`` label names (``MI300X/MI325X (gfx942,
+  304 CU)`` -> mi300x, ``MI355X/MI350X (gfx950, 256 CU)`` -> mi355x, H800 -> h100 (same
+  SXM5 compute); rows for other GPUs or with an unstated GPU are dropped.
+* library: perfsim prices the production library a training stack calls (hipBLASLt,
+  aiter/CK asm, Primus-Turbo, cuBLAS(Lt), CUTLASS, DeepGEMM, FlashAttention); research
+  and experimental kernels (TLX, Gluon, HipKittens' own kernels, Triton tutorials,
+  PyTorch SDPA / eager attention) are dropped, as are rows with an unstated direction,
+  causal flag or FLOP convention, inference-fused MoE (gate_up+act+down in one call),
+  suite averages and FP4/MXFP8.
+* split by source family (the repository or publication a row comes from): in each
+  (gpu, kind, dtype) cell the family with the most rows is the fit set; every other
+  family is the check set. A cell with one family splits by kernel library (or run)
+  within it instead, a weaker split that the accuracy report flags.
+* one row per shape and family for GEMM and attention: the fastest kernel reported
+  (perfsim prices the best tuned production kernel, not a superseded baseline).
+* size: at most ``CAP`` rows per series and ``CELL_CAP`` per family in a cell, evenly spaced in time.
+"""
+
+import csv
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2]))
+from perfsim.calibration.readers import KERNEL_CSV_COLUMNS  # noqa: E402
+
+CAP = 60
+CELL_CAP = 300
+COLUMNS = KERNEL_CSV_COLUMNS + ("meta_series", "meta_family")
+EXPERIMENTAL = ("tlx", "gluon", "hipkittens [", "triton(", "triton tutorial", "triton_tutorial", "pytorch sdpa",
+                "standard attention", "triton grouped gemm (agent")  # matched on the kernel/library label
+
+
+def gpu_of(label: str) -> str | None:
+    low = label.lower()
+    if "mi325x" in low and "mi300x" not in low:
+        return "mi325x"
+    if low.startswith(("mi300x", "mi300 (mi300x")) or "gfx942" in low:
+        return "mi300x" if "1005mhz" not in low else None  # clock-pinned report: not a stock part
+    if low.startswith("mi355x") or low.startswith("gfx950"):
+        return "mi355x"
+    if low.startswith("h100") or low.startswith("h800") or low.startswith("hopper"):
+        return "h100"
+    if low.startswith("h200"):
+        return "h200"
+    return None
+
+
+def dtype_of(label: str) -> str | None:
+    low = label.lower()
+    if "mxfp8" in low or "fp4" in low or "int8" in low:
+        return None
+    if "fp8" in low or "a8w8" in low or "f8" in low:
+        return "fp8"
+    if low.startswith("bf16") or "bfloat16" in low:
+        return "bf16"
+    if low.startswith("fp16"):
+        return "fp16"
+    return None
+
+
+def family_of(series: str) -> str:
+    for prefix, fam in (("primus_turbo", "primus-turbo"), ("aiter", "aiter"), ("mamf", "mamf"), ("azure", "azure"),
+                        ("deepgemm", "deepgemm"), ("vllm", "vllm"), ("fb_triton", "fb-triton"), ("hipkittens", "hipkittens"),
+                        ("tgale96", "tgale96"), ("amd_maf", "amd-maf-blog"), ("pytorch_benchmark", "pytorch-benchmark"),
+                        ("tritonbench", "tritonbench"), ("fa_issue", "flash-attention"), ("fa4", "flash-attention")):
+        if series.startswith(prefix):
+            return fam
+    return series.split("_")[0]
+
+
+def experimental(label: str) -> bool:
+    low = label.lower()
+    return any(tag in low for tag in EXPERIMENTAL)
+
+
+def _row(kind, dtype, device, series, source, library, **cells) -> dict:
+    row = dict.fromkeys(COLUMNS, "")
+    row.update(kind=kind, dtype=dtype, device=device, library=library.replace(",", ";"), source=source,
+               meta_series=series, meta_family=family_of(series), **{k: str(v) for k, v in cells.items()})
+    return row
+
+
+def gemm_rows(path: Path) -> list[dict]:
+    out = []
+    for r in csv.DictReader(open(path)):
+        gpu, dtype = gpu_of(r["gpu"]), dtype_of(r["dtype"])
+        if not (gpu and dtype) or experimental(r["library"]) or r["kind"].startswith("derived estimate"):
+            continue
+        try:
+            m, n, k, tflops = int(r["m"]), int(r["n"]), int(r["k"]), float(r["tflops"])
+        except ValueError:
+            continue
+        bwd = r["series"].endswith("_bwd")
+        flops = (4 if bwd else 2) * m * n * k * int(r["batch"] or 1)
+        act_quant = "incl. act quant" in r["library"].lower() or "incl. quant" in r["library"].lower()
+        both = r["series"].startswith("primus_turbo_gemm_fp8")  # Primus-Turbo FP8 timings quantize both bf16 inputs
+        quant = "cast" if both else "cast_a" if act_quant else ""
+        out.append(_row("gemm", dtype, gpu, r["series"], r["source_url"], r["library"], m=m, n=n, k=k,
+                        batch=r["batch"] or 1, direction="bwd" if bwd else "fwd", kernel=quant,
+                        time_us=f"{flops / (tflops * 1e12) * 1e6:.6g}"))
+    return out
+
+
+def maf_rows(path: Path) -> list[dict]:
+    out = []
+    for r in csv.DictReader(open(path)):
+        if not r["series"].startswith("amd_maf_blog") or not r["tflops"]:
+            continue
+        gpu, dtype = gpu_of(r["gpu"]), dtype_of(r["dtype"])
+        if gpu and dtype:
+            m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
+            out.append(_row("gemm", dtype, gpu, r["series"], r["source"], r["library"], m=m, n=n, k=k, batch=1,
+                            direction="fwd", clock_MHz=r["clock_MHz"],
+                            time_us=f"{2 * m * n * k / (float(r['tflops']) * 1e12) * 1e6:.6g}"))
+    return out
+
+
+_NK = re.compile(r"N=(\d+)\s*K=(\d+)")
+
+
+def grouped_rows(path: Path) -> list[dict]:
+    out = []
+    for r in csv.DictReader(open(path)):
+        gpu, dtype = gpu_of(r["gpu"]), dtype_of(r["dtype"].replace("bf16 (not stated; grouped_gemm default)", "bf16"))
+        layout = r["layout(fwd/wgrad/dgrad)"]
+        if not (gpu and dtype) or experimental(r["library"]) or "fused" in layout or "masked" in layout:
+            continue
+        tokens = r["tokens_per_expert_or_total"]
+        if not (tokens.endswith("per expert") or tokens.endswith("per group")):
+            continue
+        nk = _NK.search(r["note"]) or _NK.search(layout)
+        if not nk or not r["note"].startswith("unit=TFLOPS") or not float(r["tflops_or_time_us"]) > 0:
+            continue
+        e, m, (n, k) = int(r["num_experts"]), int(tokens.split()[0]), map(int, nk.groups())
+        bwd = layout.startswith("bwd")
+        flops = (4 if bwd else 2) * e * m * n * k
+        out.append(_row("grouped_gemm", dtype, gpu, r["series"], r["source_url"], r["library"], m=m, n=n, k=k, batch=e,
+                        direction="bwd" if bwd else "fwd", kernel="cast" if "fp8_tensorwise" in r["series"] else "",
+                        time_us=f"{flops / (float(r['tflops_or_time_us']) * 1e12) * 1e6:.6g}"))
+    return out
+
+
+def attention_rows(path: Path) -> list[dict]:
+    out = []
+    for r in csv.DictReader(open(path)):
+        gpu = gpu_of(r["gpu"])
+        dtype = dtype_of(r["dtype"].replace("fp16/bf16 (not stated)", "bf16").replace("bf16/fp16 (not stated)", "bf16"))
+        direction, causal = r["direction(fwd/bwd)"], r["causal"].split()[0] if r["causal"] else ""
+        if not (gpu and dtype) or experimental(r["kernel"]) or direction not in ("fwd", "bwd") or causal not in ("0", "1"):
+            continue
+        if "convention" in r["kind"] or not r["head_dim"].isdigit() or dtype != "bf16" or "check=FAIL" in r["note"]:
+            continue
+        b, s, h, d = int(r["batch"]), int(r["seqlen"]), int(r["n_heads"]), int(r["head_dim"])
+        kv = int(r["n_kv_heads"].split()[0]) if r["n_kv_heads"] else h
+        fwd = 4 * b * s * s * h * d * (0.5 if causal == "1" else 1)
+        flops = fwd * (2.5 if direction == "bwd" else 1)
+        out.append(_row("attention", dtype, gpu, r["series"], r["source_url"], r["kernel"], batch=b, seq=s, heads=h,
+                        kv_heads=kv, head_dim=d, causal=causal, direction=direction,
+                        time_us=f"{flops / (float(r['tflops']) * 1e12) * 1e6:.6g}"))
+    return out
+
+
+_KV = re.compile(r"([A-Za-z]+)=(\d+)")
+
+
+def _dims(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in _KV.findall(text)}
+
+
+def memory_bytes(r: dict) -> float | None:
+    """Bytes one memory-bound kernel moves, from the shape the source prints; None if unknown."""
+    series, kernel, d = r["series"], r["kernel"].lower(), _dims(r["size"])
+    if series.startswith("hipkittens_layernorm"):  # x and residual in, out and residual out, bf16
+        return 4 * d["B"] * d["N"] * d["D"] * 2
+    if series.startswith("hipkittens_rotary"):  # x in, x out, bf16 (cos/sin tables are small)
+        return 2 * d["B"] * d["H"] * d["N"] * d["D"] * 2
+    if "rmsnorm" in series or "rms_norm" in kernel:  # x in, out out, 16-bit (weight ignored, as aiter #335 counts)
+        return 2 * d["M"] * d["H"] * 2
+    if series.startswith("pytorch_issue132964_sum"):
+        return 2 ** 30 * 4
+    if series.startswith("sglang_pr29771_moe_router"):  # fp32 logits in; top-k fp32 weights + int32 ids out
+        return d["M"] * d["N"] * 4 + d["M"] * 8 * 8
+    return None
+
+
+def memory_label(r: dict) -> str:
+    return next((tag for tag in ("layernorm", "rotary", "rmsnorm", "sum", "router") if tag in r["series"]), "memory")
+
+
+def memory_rows(path: Path) -> list[dict]:
+    out = []
+    for r in csv.DictReader(open(path)):
+        gpu, kernel = gpu_of(r["gpu"]), r["kernel"]
+        if not gpu or experimental(kernel) or kernel.lower().startswith(("hipkittens", "pytorch eager")):
+            continue  # HipKittens' own kernels are research; eager runs several kernels
+        if r["series"].startswith("azure_ai_benchmarking_guide_babelstream"):
+            continue  # the HBM tables' own source (hbm_bandwidth_measured.csv): not a check
+        moved, unit = memory_bytes(r), r["note"].split(";")[0].removeprefix("unit=").strip()
+        try:
+            value = float(r["achieved_GBps_or_time_us"].lstrip("~"))
+        except ValueError:
+            continue
+        time_us = {"ms": value * 1e3, "us": value}.get(unit.split()[0]) if moved else None
+        if time_us is None and moved:
+            rate = {"TB/s": 1e12, "GB/s": 1e9}.get(unit.split()[0].replace("(1e9)", ""))
+            time_us = moved / (value * rate) * 1e6 if rate else None
+        if time_us:
+            out.append(_row("memory", "", gpu, r["series"], r["source_url"], kernel, bytes=f"{moved:.6g}",
+                            kernel=memory_label(r), time_us=f"{time_us:.6g}"))
+    return out
+
+
+def cap(rows: list[dict]) -> list[dict]:
+    """At most ``CAP`` rows per (gpu, kind, dtype, series), evenly spaced in time."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["device"], r["kind"], r["dtype"], r["meta_series"])].append(r)
+    out = []
+    for key in sorted(groups):
+        group = sorted(groups[key], key=lambda r: float(r["time_us"]))
+        if len(group) > CAP:
+            step = (len(group) - 1) / (CAP - 1)
+            group = [group[round(i * step)] for i in range(CAP)]
+        out += group
+    return out
+
+
+SHAPE = ("device", "kind", "dtype", "meta_family", "m", "n", "k", "batch", "seq", "heads", "kv_heads", "head_dim",
+         "causal", "direction", "bytes", "kernel")
+
+
+def fastest(rows: list[dict]) -> list[dict]:
+    """GEMM and attention: where one source family reports several kernels or versions
+    for one shape (a baseline and its optimized successor, two backends), keep the
+    fastest -- perfsim prices the best tuned production kernel. Grouped GEMM keeps all
+    (its split is by kernel library within a family)."""
+    best = {}
+    for r in rows:
+        key = tuple(r[c] for c in SHAPE) + ((r["library"],) if r["kind"] == "grouped_gemm" else ())
+        if key not in best or float(r["time_us"]) < float(best[key]["time_us"]):
+            best[key] = r
+    return list(best.values())
+
+
+def thin(rows: list[dict]) -> list[dict]:
+    """At most ``CELL_CAP`` rows per (gpu, kind, dtype, family), evenly spaced in time."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["device"], r["kind"], r["dtype"], r["meta_family"])].append(r)
+    out = []
+    for key in sorted(groups):
+        group = sorted(groups[key], key=lambda r: float(r["time_us"]))
+        if len(group) > CELL_CAP:
+            step = (len(group) - 1) / (CELL_CAP - 1)
+            group = [group[round(i * step)] for i in range(CELL_CAP)]
+        out += group
+    return out
+
+
+def split(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Fit = the family with the most rows in each (gpu, kind, dtype) cell, check = the
+    other families. A cell with a single family falls back to the kernel library within
+    it (the library with the most rows fits, the others check). Memory-bound kernels are
+    all checks: the HBM tables come from BabelStream (hbm_bandwidth_measured.csv): a weaker split, flagged in
+    ``meta_family`` as ``family/series``."""
+    cells = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        cells[(r["device"], r["kind"], r["dtype"])][r["meta_family"]] += 1
+    for r in rows:
+        if len(cells[(r["device"], r["kind"], r["dtype"])]) == 1:
+            r["meta_family"] = f"{r['meta_family']}/{r['library']}"
+    cells = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        cells[(r["device"], r["kind"], r["dtype"])][r["meta_family"]] += 1
+    fit_family = {cell: max(sorted(fams), key=lambda f: fams[f]) for cell, fams in cells.items()}
+    fitted = {id(r) for r in rows if r["kind"] != "memory" and r["meta_family"] == fit_family[(r["device"], r["kind"], r["dtype"])]}
+    fit = [r for r in rows if id(r) in fitted]
+    check = [r for r in rows if id(r) not in fitted]
+    return fit, check
+
+
+def write(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main(shared: Path) -> None:
+    kernels = shared / "kernels"
+    rows = cap(fastest(gemm_rows(kernels / "gemm.csv") + maf_rows(shared / "gemm_measured.csv")
+               + grouped_rows(kernels / "grouped_gemm.csv") + attention_rows(kernels / "attention.csv")
+                       + memory_rows(kernels / "membound.csv")))
+    fit, check = split(rows)
+    fit, check = thin(fit), thin(check)
+    for gpu in sorted({r["device"] for r in rows}):
+        write([r for r in fit if r["device"] == gpu], HERE / "fit" / f"{gpu}.csv")
+        write([r for r in check if r["device"] == gpu], HERE / "check" / f"{gpu}.csv")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE.parents[3] / "shared" / "data" / "calibration")
