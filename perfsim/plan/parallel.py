@@ -117,6 +117,7 @@ class ParallelPlan:
         parts += [f"etp{self.etp}"] if self.etp > 1 else []
         parts += [f"zero{self.zero}", f"mbs{self.mbs}", f"gbs{self.gbs}", f"seq{self.seq}", self.dtype]
         parts += [f"recompute-{self.recompute}"] if self.recompute != Recompute.NONE else []
+        parts += ["tp-comm-overlap"] if self.tp_comm_overlap else []
         return " ".join(parts)
 
     def to_dict(self) -> dict:

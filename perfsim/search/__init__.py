@@ -238,7 +238,7 @@ def search(
     costers = {w: ClosedForm(model, ctx.cluster, routing) for w, ctx in contexts.items()}
     rows, pareto = rank_rows(candidates, costers, model, contexts, objective, usd_per_gpu_hour, multi=len(counts) > 1)
     confirmed = [c for c in candidates if c.report is not None]
-    rows = rows[:max(top, len(confirmed))]  # confirmed rows come first
+    rows = [r for i, r in enumerate(rows) if i < top or r.pareto]  # confirmed first; the front stays
     return SearchResult(
         confirmed=len(confirmed), confirm_bound=bound_rel, confirm_capped=capped,
         max_disagreement=max((abs(c.analytic_step_time_s / c.report["step_time_s"] - 1) for c in confirmed), default=0.0),

@@ -8,7 +8,7 @@ from perfsim.estimators.analytic import ClosedForm
 from perfsim.estimators.fastmem import MemoryModel
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan
-from perfsim.search.space import AXES, OOM, DOMINATED
+from perfsim.search.space import AXES, DEFAULT_BUCKET, DOMINATED, OOM
 from perfsim.units import format_bytes
 
 
@@ -167,6 +167,8 @@ def format_table(rows: list[SearchRow]) -> list[str]:
         knobs = " ".join(f"{k}{p[k]}" for k in ("tp", "pp", "vpp", "cp", "dp", "ep", "etp") if p[k] > 1 or k in ("tp", "pp", "dp"))
         knobs += f" z{p['zero']} mbs{p['mbs']}" + (f" rc-{p['recompute']}" if p["recompute"] != "none" else "")
         knobs += f" {p['schedule']}" if p["pp"] > 1 else ""
+        knobs += " tp-overlap" if p.get("tp_comm_overlap") else ""
+        knobs += f" bucket{p['grad_bucket_bytes'] / 1e6:g}MB" if p.get("grad_bucket_bytes", DEFAULT_BUCKET) != DEFAULT_BUCKET else ""
         lines.append(f"{r.rank:>3} {r.world_size:>5}  {knobs:<44} {r.step_time_s * 1e3:>9.1f} {r.tokens_per_s_per_gpu:>10,.0f} "
                      f"{r.mfu:>6.1%} {r.peak_memory_bytes / 1e9:>7.1f} {r.memory_headroom_bytes / 1e9:>7.1f} "
                      f"{r.exposed_comm_s * 1e3:>8.1f}" + (f" {_usd(r.usd_per_mtoken):>8}" if priced else "")

@@ -1,7 +1,8 @@
 """The plan space of a search and the sweep worker that prunes and costs one chunk of it.
 
 Enumeration goes axis by axis: (tp, cp, pp, dp, ep, etp) structures that multiply to the
-GPU count, then vpp, schedule, mbs, zero and recompute. Every candidate passes
+GPU count, then vpp, schedule, mbs, zero, TP-comm overlap (where tp > 1), gradient bucket
+size (where gradients cross data parallelism) and recompute. Every candidate passes
 ``ParallelPlan`` validation and ``check_plan`` (divisibility), then the memory model
 (``fastmem``, = ``memory.plan_memory``) before it is costed in closed form
 (``estimators.analytic``, the same one ``estimate()`` uses). Rejections are counted by reason so that an empty answer can say which
@@ -21,7 +22,12 @@ from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan, Recompute, Schedule, check_plan
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 
-AXES = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "recompute", "schedule")
+AXES = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "recompute", "schedule", "tp_comm_overlap",
+        "grad_bucket_bytes")
+DEFAULT_BUCKET = ParallelPlan.__dataclass_fields__["grad_bucket_bytes"].default  # Megatron-Core DDP's 40M params, bf16
+# bucket sizes tried where gradients are reduced over data parallelism: the default and a
+# quarter of it (a smaller last bucket drains sooner behind the backward, more calls pay latency)
+BUCKETS = (DEFAULT_BUCKET // 4, DEFAULT_BUCKET)
 STRUCTURE = ("tp", "cp", "pp", "dp", "ep", "etp")
 INNER = ("vpp", "schedule", "mbs", "zero", "recompute")
 DEFAULT_LIMITS = {"cp": 8, "vpp": 8, "mbs": 8, "pp": 64}  # tp and etp: the GPUs of a node
@@ -45,6 +51,8 @@ class Space:
     zero: tuple[int, ...]
     recompute: tuple[Recompute, ...]
     schedule: tuple[Schedule, ...]
+    tp_comm_overlap: tuple[bool, ...] = (False, True)  # tried only where tp > 1
+    grad_bucket_bytes: tuple[int, ...] = BUCKETS  # tried only where gradients cross data parallelism
 
 
 def _up_to(limit: int) -> tuple[int, ...]:
@@ -59,6 +67,8 @@ def _values(axis: str, value) -> tuple:
         return tuple(Recompute(v) if v in {r.value for r in Recompute} else _bad(axis, v) for v in values)
     if axis == "schedule":
         return tuple(Schedule(v) if v in {s.value for s in Schedule} else _bad(axis, v) for v in values)
+    if axis == "tp_comm_overlap":
+        return tuple(sorted({v if isinstance(v, bool) else _bad(axis, v) for v in values}))
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1 and axis != "zero" or axis == "zero" and v not in (0, 1, 2, 3):
             _bad(axis, v)
@@ -83,6 +93,7 @@ def build_space(model: ModelSpec, gpus_per_node: int, fixed: dict | None = None,
         "ep": _up_to(min(limits.get("ep", model.num_experts), model.num_experts)) if moe else (1,),
         "etp": _up_to(limits["etp"]) if moe else (1,), "vpp": _up_to(limits["vpp"]), "mbs": _up_to(limits["mbs"]),
         "zero": (0, 1, 2, 3), "recompute": tuple(Recompute), "schedule": tuple(Schedule),
+        "tp_comm_overlap": (False, True), "grad_bucket_bytes": BUCKETS,
     }
     for axis, value in fixed.items():
         axes[axis] = _values(axis, value)
@@ -128,7 +139,8 @@ _SCHEDULE_ORDER = {s: i for i, s in enumerate(Schedule)}
 def plan_key(plan: ParallelPlan) -> tuple:
     """Deterministic tie-break order of plans (the search's plan tuple)."""
     return (plan.tp, plan.pp, plan.vpp, plan.dp, plan.ep, plan.etp, plan.cp, plan.zero, plan.mbs,
-            _RECOMPUTE_ORDER[plan.recompute], _SCHEDULE_ORDER[plan.schedule])
+            _RECOMPUTE_ORDER[plan.recompute], _SCHEDULE_ORDER[plan.schedule], plan.tp_comm_overlap,
+            -plan.grad_bucket_bytes)
 
 
 def reason_of(exc: Exception) -> str:
@@ -193,8 +205,10 @@ def _reject(res: ChunkResult, reason: str, count: int = 1) -> None:
 def _base_plans(chunk: Chunk, res: ChunkResult):
     """Plans with the structure and vpp set; a whole sub-space is rejected at once."""
     ctx, space = chunk.context, chunk.space
-    inner = len(space.mbs) * len(space.zero) * len(space.recompute)
     for tp, cp, pp, dp, ep, etp in chunk.structures:
+        reduced = dp * cp > 1 or tp * cp * dp > ep * etp
+        knobs = (len(space.tp_comm_overlap) if tp > 1 else 1) * (len(space.grad_bucket_bytes) if reduced else 1)
+        inner = len(space.mbs) * len(space.zero) * len(space.recompute) * knobs
         for vpp in space.vpp if pp > 1 else (1,):
             scheds = schedules(space, pp, vpp)
             if not scheds:
@@ -210,13 +224,24 @@ def _base_plans(chunk: Chunk, res: ChunkResult):
             yield base, scheds
 
 
-def _variant(plan: ParallelPlan, zero: int, recompute: Recompute) -> ParallelPlan:
-    """``plan`` with another zero stage and recompute, without re-running validation:
-    both only need to be members of their sets, which ``build_space`` checked (this is
-    the sweep's hot loop; replace() would double its cost)."""
+def _variant(plan: ParallelPlan, zero: int, recompute: Recompute, overlap: bool, bucket: int) -> ParallelPlan:
+    """``plan`` with another zero stage, recompute, TP-comm overlap and bucket size,
+    without re-running validation: each only needs to be a member of its set, which
+    ``build_space`` checked (this is the sweep's hot loop; replace() would double its cost)."""
     new = object.__new__(ParallelPlan)
-    new.__dict__.update(plan.__dict__, zero=zero, recompute=recompute)
+    new.__dict__.update(plan.__dict__, zero=zero, recompute=recompute, tp_comm_overlap=overlap,
+                        grad_bucket_bytes=bucket)
     return new
+
+
+def knob_values(space: Space, plan: ParallelPlan) -> tuple[tuple[bool, ...], tuple[int, ...]]:
+    """TP-comm overlap and bucket sizes worth trying for this structure: overlap needs
+    tp > 1, bucket size matters only where gradients are reduced over more than one rank."""
+    overlaps = space.tp_comm_overlap if plan.tp > 1 else space.tp_comm_overlap[:1]
+    reduced = plan.dp * plan.cp > 1 or plan.edp > 1
+    buckets = space.grad_bucket_bytes if reduced else (DEFAULT_BUCKET if DEFAULT_BUCKET in space.grad_bucket_bytes
+                                                        else space.grad_bucket_bytes[-1],)
+    return overlaps, buckets
 
 
 def _groups(chunk: Chunk, res: ChunkResult):
@@ -224,19 +249,23 @@ def _groups(chunk: Chunk, res: ChunkResult):
     ctx, space = chunk.context, chunk.space
     recomputes = sorted(space.recompute, key=list(Recompute).index)
     for base, scheds in _base_plans(chunk, res):
+        overlaps, buckets = knob_values(space, base)
+        variants = len(space.zero) * len(recomputes) * len(overlaps) * len(buckets)
         for schedule in scheds:
             for mbs in space.mbs:
                 if ctx.gbs % (mbs * base.dp):  # ParallelPlan's rule, without building the plan
-                    _reject(res, GBS_RULE, len(space.zero) * len(recomputes))
+                    _reject(res, GBS_RULE, variants)
                     continue
                 try:
                     plan = replace(base, schedule=schedule, mbs=mbs)
                     check_plan(plan, ctx.model, ctx.num_gpus)
                 except ConfigError as exc:
-                    _reject(res, reason_of(exc), len(space.zero) * len(recomputes))
+                    _reject(res, reason_of(exc), variants)
                     continue
                 for zero in space.zero:
-                    yield [_variant(plan, zero, r) for r in recomputes]
+                    for overlap in overlaps:
+                        for bucket in buckets:
+                            yield [_variant(plan, zero, r, overlap, bucket) for r in recomputes]
 
 
 def cost_chunk(chunk: Chunk) -> ChunkResult:
