@@ -101,7 +101,7 @@ def dispatch_cost(load: DispatchLoad, shape: GroupShape, cluster: ClusterSpec, i
         intra = copies * ranks * (p - 1) / n
     # GPU-initiated kernels write fixed-size chunks whatever the per-peer total, so the
     # fabric's per-message ramp (measured on RCCL collectives) applies to RCCL only
-    ramp = message_efficiency(cluster.fabric, wire / peers) if peers and not spec.dedup_per_node else 1.0
+    ramp = message_efficiency(cluster.fabric, wire) if peers and not spec.dedup_per_node else 1.0
     nic_s = wire / (network.nic_Bps(cluster) * spec.rdma_efficiency * ramp) if wire else 0.0
     intra_s = intra / (cluster.node.gpu_bw_Bps(p - 1) * spec.intra_efficiency) if p > 1 else 0.0
     time = units.us_to_s(spec.latency_us) + max(nic_s, intra_s)

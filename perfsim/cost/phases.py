@@ -5,8 +5,8 @@ A phase says how many bytes the representative rank pushes over its node's fabri
 it takes on each tier. ``network`` turns the bytes into per-link demand (xGMI links or
 the switch port, NIC, leaf uplinks). NIC bytes are priced at the line rate times the
 fabric's per-message efficiency (``message_efficiency``: a measured ramp with the NIC's
-bytes in the phase, per remote peer for all-to-all) and, for many small messages, no
-faster than the NIC's message rate allows.
+bytes in the phase) and, for many small messages, no faster than the NIC's message rate
+allows (one message per remote peer).
 """
 
 import math
@@ -37,11 +37,12 @@ class Phase:
 
     @property
     def message_bytes(self) -> float:
-        """The size the NIC ramp is read at: the NIC's bytes in this phase, per remote peer
-        for all-to-all. (Keyed per step instead, a ramp fitted on 2 nodes prices the
-        1,024-rank ring 60-90% slow; keyed by the call's bytes it carries over within
-        ~30%: RCCL/NCCL choose channels and protocol by buffer size.)"""
-        return self.inter_bytes / self.inter_peers if self.inter_peers else self.inter_bytes
+        """The size the NIC ramp is read at: the NIC's bytes in this phase. (Keyed per
+        ring step instead, a ramp fitted on 2 nodes prices the 1,024-rank ring 60-90% slow;
+        keyed by the call's bytes it carries over within ~30%: RCCL/NCCL choose channels
+        and protocol by buffer size. An all-to-all keeps every peer's send in flight, so
+        it too is read at its total; many small per-peer messages are the message rate's.)"""
+        return self.inter_bytes
 
     @property
     def num_messages(self) -> int:

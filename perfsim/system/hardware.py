@@ -183,8 +183,8 @@ class FabricSpec:
     nodes_per_leaf: int
     oversubscription: float
     routing: Routing
-    # share of NIC line rate a rank's NIC reaches vs its bytes in one phase of a call (per
-    # remote peer for all-to-all; log-size interpolation, clamped); empty = 1.0
+    # share of NIC line rate a rank's NIC reaches vs its bytes in one phase of a call
+    # (log-size interpolation, clamped); empty = 1.0
     message_kbytes: tuple[float, ...] = ()
     message_efficiency: tuple[float, ...] = ()
     message_source: str = ""
