@@ -101,3 +101,35 @@ def test_api_issue_examples(case):
 def test_good_call_is_finite():
     report = perfsim.estimate(**{k: v for k, v in SIM.items() if k != "estimator"})
     assert math.isfinite(report.step_time_s) and 0 < report.mfu < 1
+
+
+# ---- the design functions ----------------------------------------------------------------
+
+from perfsim.design import checkpoint, moe_width, sizing  # noqa: E402
+
+MODEL = perfsim.load_model("llama3.1-8b")
+NODE = perfsim.load_cluster("mi300x-pollara", nodes=1)
+SIZING = dict(model=MODEL, cluster=NODE, workload=sizing.Workload(), align=64, window=0.125, min_gain_pct=1.0)
+SIZING_ARGS = {"model": BAD_NAMES, "cluster": BAD_NAMES, "workload": [None, 5, "x"], "align": BAD_COUNTS,
+               "window": BAD_NUMBERS + [0.0, 2.0, 1e30], "min_gain_pct": BAD_NUMBERS}
+WORK = dict(seq=4096, mbs=1, tp=1, ep=1)
+WORK_ARGS = {"seq": BAD_COUNTS, "mbs": BAD_COUNTS, "tp": BAD_COUNTS, "ep": BAD_COUNTS, "dtype": BAD_NAMES}
+WIDTH = dict(base=perfsim.load_model("olmoe-1b-7b"), cluster=NODE, active_params=1e9, experts=(8,), top_k=(2,))
+WIDTH_ARGS = {"base": BAD_NAMES, "cluster": BAD_NAMES, "active_params": BAD_NUMBERS, "total_params": BAD_NUMBERS,
+              "experts": [None, 8, (0,), ("8",), (10 ** 9,)], "top_k": [None, 2, (0,), (99,)], "align": BAD_COUNTS,
+              "serving": [None, 5], "training": [None, 5]}
+RESHARD = dict(model=MODEL, cluster=NODE, source=perfsim.make_plan(8, gbs=8, seq=4096),
+               target=perfsim.make_plan(16, gbs=16, seq=4096), storage=checkpoint.load_storage("pfs-shared"))
+RESHARD_ARGS = {"model": BAD_NAMES, "cluster": BAD_NAMES, "source": [None, 8, "tp8"], "target": [None, 8, "tp8"],
+                "storage": BAD_NAMES}
+DESIGN_CASES = (_cases("sizing_table", sizing.sizing_table, SIZING, SIZING_ARGS)
+                + _cases("Workload", sizing.Workload, WORK, WORK_ARGS)
+                + _cases("moe_width_sweep", moe_width.sweep, WIDTH, WIDTH_ARGS)
+                + _cases("reshard", checkpoint.reshard, RESHARD, RESHARD_ARGS))
+
+
+@pytest.mark.parametrize("name, fn, base, arg, value", DESIGN_CASES,
+                         ids=[f"{c[0]}-{c[3]}={c[4]!r}"[:80] for c in DESIGN_CASES])
+def test_design_wrong_argument(name, fn, base, arg, value):
+    result = record(f"api.{name}", run_api(lambda: fn(**{**base, arg: value})))
+    assert result.outcome in GOOD, f"{name}({arg}={value!r}): {result}"
