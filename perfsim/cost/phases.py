@@ -9,10 +9,9 @@ bytes in the phase) and, for many small messages, no faster than the NIC's messa
 allows (one message per remote peer).
 """
 
+import bisect
 import math
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from perfsim import units
 from perfsim.system import network
@@ -62,12 +61,19 @@ class CollectiveCost:
 
 
 def message_efficiency(fabric: FabricSpec, message_bytes: float) -> float:
-    """Share of line rate at ``message_bytes`` (Phase.message_bytes; log interpolation)."""
-    if not fabric.message_kbytes:
+    """Share of line rate at ``message_bytes`` (Phase.message_bytes; log interpolation,
+    clamped at the table's ends)."""
+    xs, ys = fabric.message_kbytes, fabric.message_efficiency
+    if not xs:
         return 1.0
     kb = max(message_bytes / units.KB, 1e-6)
-    xs = np.log(np.array(fabric.message_kbytes))
-    return float(np.interp(math.log(kb), xs, np.array(fabric.message_efficiency)))
+    i = bisect.bisect_left(xs, kb)
+    if i == 0:
+        return ys[0]
+    if i == len(xs):
+        return ys[-1]
+    t = math.log(kb / xs[i - 1]) / math.log(xs[i] / xs[i - 1])
+    return ys[i - 1] + t * (ys[i] - ys[i - 1])
 
 
 def _intra_demand(phase: Phase, cluster: ClusterSpec, peers: tuple[int, ...], eff: float) -> dict[str, float]:
