@@ -131,9 +131,9 @@ base = baseline.pinned() or {}
 m = st.columns(6)
 m[0].metric("Step time", fmt.duration(report.step_time_s), delta=baseline.relative(report.step_time_s, base.get("step_time_s")),
             delta_color="inverse")
-m[1].metric("Tokens/s", fmt.tokens_per_s(report.tokens_per_s),
+m[1].metric("Tokens/s", fmt.si(report.tokens_per_s),
             delta=baseline.relative(report.tokens_per_s, base.get("tokens_per_s")))
-m[2].metric("Tokens/s/GPU", fmt.tokens_per_s(report.tokens_per_s_per_gpu),
+m[2].metric("Tokens/s/GPU", fmt.si(report.tokens_per_s_per_gpu),
             delta=baseline.relative(report.tokens_per_s_per_gpu, base.get("tokens_per_s_per_gpu")))
 m[3].metric("MFU", fmt.percent(report.mfu), delta=baseline.relative(report.mfu, base.get("mfu")))
 m[4].metric("TFLOPS/GPU", f"{report.tflops_per_gpu:,.0f}",
