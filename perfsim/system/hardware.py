@@ -75,6 +75,8 @@ class GpuSpec:
     hbm: HbmEfficiency
     gemm_dtypes: dict[str, GemmEfficiency] = field(default_factory=dict)  # per input dtype: fp8, fp16, ...
     grouped_gemm: dict[str, GroupedGemmEfficiency] = field(default_factory=dict)  # per input dtype
+    clock_source: str = "assumed"  # where clock_under_load_MHz comes from
+    kernel_launch_source: str = "assumed"  # where kernel_launch_us comes from
 
     def __post_init__(self):
         check_positive(
