@@ -285,11 +285,16 @@ class DispatchSpec:
     intra_efficiency: float
     latency_us: float
     dedup_per_node: bool = False  # a token crosses to a remote node once, then is forwarded locally
+    # low-latency kernels post one RDMA message per remote token copy, at most this many
+    # per second per GPU (millions); 0 = bandwidth-bound kernels (no per-message limit)
+    message_rate_Mps: float = 0.0
+    copy_per_expert: bool = False  # a token goes once per chosen expert (no merge per rank): low-latency kernels
 
     def __post_init__(self):
         check_fraction("dispatch", rdma_efficiency=self.rdma_efficiency, intra_efficiency=self.intra_efficiency)
-        if self.latency_us < 0:
-            raise ConfigError(f"dispatch.latency_us must be >= 0, got {self.latency_us!r}")
+        if self.latency_us < 0 or self.message_rate_Mps < 0:
+            raise ConfigError(f"dispatch.latency_us and message_rate_Mps must be >= 0, got {self.latency_us!r}, "
+                              f"{self.message_rate_Mps!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
