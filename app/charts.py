@@ -117,8 +117,8 @@ def busbw_chart(predicted: list[dict], measured: list[dict]) -> go.Figure:
         rows = sorted((r for r in measured if r["series"] == series), key=lambda r: r["size_bytes"])
         fig.add_scatter(x=[r["size_bytes"] for r in rows], y=[r["busbw_GBps"] for r in rows], mode="markers",
                         name=f"{series} ({rows[0]['ranks']} GPUs, measured)", marker=dict(symbol="x", size=7))
-    return _layout(fig, "Bus bandwidth vs message size", height=420, xaxis_type="log",
-                   xaxis_title="message size (bytes)", yaxis_title="busbw (GB/s)")
+    fig.update_xaxes(**size_axis([r["size_bytes"] for r in predicted + measured]), title_text="message size")
+    return _layout(fig, "Bus bandwidth vs message size", height=420, yaxis_title="busbw (GB/s)")
 
 
 def utilization_bar(rows: list[dict]) -> go.Figure:

@@ -38,6 +38,8 @@ DEFAULT = {
         "tp_comm_overlap": False, "overlap_grad_reduce": True, "overlap_cu_share": 0.0, "dma_offload": False,
         "grad_bucket_mb": 80.0, "capacity_factor": None, "gpu_variability": 0.0, "variability_seed": 0,
     },
+    "model_edit": {},  # ModelSpec fields changed on the Plan page (from the preset's values)
+    "hardware_edit": {},  # GPU / link / NIC numbers changed on the Plan page (editing.HARDWARE_FIELDS)
     "estimator": "des",
 }
 PLACEMENTS = ("contiguous", "speed")
@@ -112,10 +114,35 @@ def variability_spec(inputs: dict) -> VariabilitySpec:
 
 
 def model_with_overrides(inputs: dict):
-    """model_spec with the Plan page's capacity factor (None: the model's own)."""
+    """model_spec with the Plan page's shape edits and capacity factor (None: the model's own)."""
     spec = model_spec(inputs)
+    edits = dict(inputs.get("model_edit") or {})
     factor = (inputs.get("fidelity") or {}).get("capacity_factor")
-    return spec if factor is None else dataclasses.replace(spec, capacity_factor=float(factor))
+    if factor is not None:
+        edits["capacity_factor"] = float(factor)
+    if edits:
+        spec = dataclasses.replace(spec, name=f"{spec.name} (edited)" if inputs.get("model_edit") else spec.name, **edits)
+    return spec
+
+
+def cluster_spec(inputs: dict):
+    """The cluster at the inputs' node count, with the Plan page's hardware edits."""
+    cluster = perfsim.load_cluster(inputs["cluster"], nodes=int(inputs["nodes"]))
+    edits = inputs.get("hardware_edit") or {}
+    if not edits:
+        return cluster
+    gpu, node, fabric = cluster.gpu, cluster.node, cluster.fabric
+    if "dense_tflops" in edits:
+        dtype = inputs["knobs"].get("dtype", "bf16")
+        scale = edits["dense_tflops"] / gpu.peak_tflops.get(dtype, gpu.peak_tflops["bf16"])
+        gpu = dataclasses.replace(gpu, peak_tflops={k: v * scale for k, v in gpu.peak_tflops.items()})
+    gpu = dataclasses.replace(gpu, **{k: edits[k] for k in ("hbm_capacity_GB", "hbm_bw_GBps") if k in edits})
+    if "link_bw_GBps" in edits:
+        ratio = edits["link_bw_GBps"] / node.link_bw_GBps
+        node = dataclasses.replace(node, link_bw_GBps=edits["link_bw_GBps"], link_bw_raw_GBps=node.link_bw_raw_GBps * ratio)
+    if "nic_bw_Gbps" in edits:
+        fabric = dataclasses.replace(fabric, nic_bw_Gbps=edits["nic_bw_Gbps"])
+    return dataclasses.replace(cluster, name=f"{cluster.name} (edited)", gpu=gpu, node=node, fabric=fabric)
 
 
 def refit(knobs: dict, num_gpus: int, num_layers: int, num_experts: int) -> tuple[dict, list[str]]:
@@ -155,8 +182,7 @@ def plan_knobs(inputs: dict) -> dict:
 def simulate(inputs: dict):
     """perfsim.simulate (or estimate) for ``inputs``; OOM is a report warning, not an error."""
     return perfsim.simulate(
-        model_with_overrides(inputs), inputs["cluster"], nodes=int(inputs["nodes"]),
-        estimator=inputs.get("estimator", "des"), check_memory=False, routing=routing_spec(inputs),
+        model_with_overrides(inputs), cluster_spec(inputs), estimator=inputs.get("estimator", "des"), check_memory=False, routing=routing_spec(inputs),
         variability=variability_spec(inputs), trace=True, **plan_knobs(inputs), **fidelity_knobs(inputs),
     )
 
@@ -166,5 +192,7 @@ def describe(inputs: dict) -> str:
     k = inputs["knobs"]
     axes = " ".join(f"{a}={k[a]}" for a in ("tp", "pp", "vpp", "dp", "ep", "etp", "cp") if k.get(a, 1) != 1)
     model = "uploaded config" if inputs.get("model_config") else inputs["model"]
-    return (f"{model} on {inputs['nodes']} x {inputs['cluster']} nodes: {axes or 'dp=auto'} zero={k['zero']} "
+    model += " (edited)" if inputs.get("model_edit") else ""
+    cluster = inputs["cluster"] + (" (edited)" if inputs.get("hardware_edit") else "")
+    return (f"{model} on {inputs['nodes']} x {cluster} nodes: {axes or 'dp=auto'} zero={k['zero']} "
             f"mbs={k['mbs']} gbs={k['gbs']} seq={k['seq']} {k['dtype']}")

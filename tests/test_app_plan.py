@@ -131,3 +131,48 @@ def test_baseline_rows():
     assert [r["category"] for r in rows] == ["mlp", "ep_a2a", "tp_comm"] and rows[0]["change"] == "500 ms"
     mem = baseline.memory_rows([{"total_bytes": 2e9, "weights_bytes": 1e9}], [{"total_bytes": 3e9, "weights_bytes": 1e9}])
     assert {r["part"]: r["change"] for r in mem} == {"weights": "+0 B", "total": "+1.00 GB"}
+
+
+# ---- model and hardware editing (issue 17.15) ---------------------------------------------------
+
+def test_editing_the_model_shape_simulates_the_edited_model():
+    import dataclasses
+
+    at = start()
+    before = metric(at, "Step time").value
+    at.number_input(key="w.me.zaya1-base.num_layers").set_value(20).run()
+    ok(at)
+    assert at.session_state["inputs"]["model_edit"] == {"num_layers": 20}
+    edited = dataclasses.replace(perfsim.load_model("zaya1-base"), num_layers=20)
+    direct = perfsim.simulate(edited, "mi300x-pollara", nodes=128, dp=1024, zero=1, mbs=1, gbs=2048, seq=4096,
+                              check_memory=False)
+    assert metric(at, "Step time").value == fmt.duration(direct.step_time_s) != before
+    assert any("(edited)" in c.value for c in at.caption)
+
+
+def test_an_impossible_shape_is_an_inline_error():
+    at = start()
+    at.number_input(key="w.me.zaya1-base.top_k").set_value(99).run()
+    assert not at.exception
+    assert at.error and "top_k" in at.error[0].value.replace("\\", "")
+
+
+def test_editing_the_hardware_simulates_the_edited_cluster():
+    at = start()
+    at.number_input(key="w.hw.mi300x-pollara.hbm_capacity_GB").set_value(96.0).run()
+    at.number_input(key="w.hw.mi300x-pollara.nic_bw_Gbps").set_value(800.0).run()
+    ok(at)
+    inputs = at.session_state["inputs"]
+    assert inputs["hardware_edit"] == {"hbm_capacity_GB": 96.0, "nic_bw_Gbps": 800.0}
+    spec = planner_inputs.cluster_spec(inputs)
+    assert spec.gpu.hbm_capacity_GB == 96.0 and spec.fabric.nic_bw_Gbps == 800.0 and spec.num_gpus == 1024
+    direct = perfsim.simulate("zaya1-base", spec, dp=1024, zero=1, mbs=1, gbs=2048, seq=4096, check_memory=False)
+    assert metric(at, "Step time").value == fmt.duration(direct.step_time_s)
+    assert "96.0 GB" in metric(at, "Peak memory").delta
+
+
+def test_tflops_edit_scales_every_dtype():
+    inputs = planner_inputs.normalize({"hardware_edit": {"dense_tflops": 2614.8}})
+    base = perfsim.load_cluster("mi300x-pollara").gpu.peak_tflops
+    got = planner_inputs.cluster_spec(inputs).gpu.peak_tflops
+    assert got["bf16"] == pytest.approx(2614.8) and got["fp8"] == pytest.approx(2 * base["fp8"] * 2614.8 / (2 * base["bf16"]))

@@ -102,6 +102,13 @@ def _seconds(shown: str) -> float:
     return float(value.replace(",", "")) * UNITS_S[unit]
 
 
+def _truncated_metrics(page) -> list[str]:
+    """Metric values the browser had to cut (their text is wider than their box)."""
+    return page.evaluate("""() => [...document.querySelectorAll('[data-testid="stMetricValue"]')]
+        .filter(e => { const t = e.querySelector('div') || e; return t.scrollWidth > t.clientWidth + 1; })
+        .map(e => e.innerText)""")
+
+
 def _metric(page, label: str) -> str:
     metric = page.get_by_test_id("stMetric").filter(has_text=label)
     return metric.get_by_test_id("stMetricValue").inner_text(timeout=WAIT_MS)
@@ -138,6 +145,7 @@ def test_planner_in_chromium(planner, tmp_path):
             page.locator(".js-plotly-plot").first.wait_for(timeout=WAIT_MS)
             _wait_idle(page)
             page.screenshot(path=str(shots / "plan.png"), full_page=True)
+            assert _truncated_metrics(page) == []  # issue 17.9: no "18.2 M to…"
 
             gbs = page.get_by_label("gbs", exact=True)
             gbs.fill("4096")

@@ -140,3 +140,19 @@ def test_section_is_markdown_naming_fit_and_check():
     text = accuracy_fabric.section()
     assert text.startswith("## Fabric")
     assert "| fit |" in text and "| check |" in text
+
+
+def test_mi325x_two_node_ring_beats_one_node_as_measured():
+    """The exception the measured data allows: hisohara AAC11 MI325X, NCCL_ALGO=Ring, 4-16 GB:
+    16 ranks over 2 nodes (8 NICs + xGMI) finish before 8 ranks inside one node (xGMI only)."""
+    one = series_rows("hisohara_AAC11_MI325X_1node_bnxt_allreduce_ring")
+    two = series_rows("hisohara_AAC11_MI325X_2node_bnxt_allreduce_ring")
+    for (size, t1), (_, t2) in zip(one, two):
+        assert t2 < t1  # measured
+        p1 = api.collective("all_reduce", size, 8, "mi325x-pollara", algorithm="ring")["time_us"]
+        p2 = api.collective("all_reduce", size, 16, "mi325x-pollara", algorithm="ring")["time_us"]
+        assert p2 < p1  # predicted
+
+
+def series_rows(name):
+    return [(int(p.size_bytes), p.time_s) for p in accuracy_fabric.series_points(name)]

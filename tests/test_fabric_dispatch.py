@@ -1,6 +1,7 @@
 """MoE all-to-all at scale (issue 15): dispatch implementations, per-peer messages,
 incast, and the EP-across-nodes cost of a DeepSeek-V3 plan in both estimators."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -50,7 +51,6 @@ def test_collective_impl_choice_and_message_rate():
     rccl = collective_cost(Coll.ALL_TO_ALL, 1 << 26, s, MI300X).time_s
     mori = collective_cost(Coll.ALL_TO_ALL, 1 << 26, s, MI300X, impl="mori").time_s
     assert mori < rccl
-    import dataclasses
     limited = dataclasses.replace(MI300X, fabric=dataclasses.replace(MI300X.fabric, message_rate_Mps=0.001))
     assert collective_cost(Coll.ALL_TO_ALL, 1 << 20, s, limited).time_s > collective_cost(Coll.ALL_TO_ALL, 1 << 20, s,
                                                                                            MI300X).time_s
@@ -66,19 +66,34 @@ def test_incast_at_a_hot_receiver_sets_the_all_to_allv_time():
     assert all_to_allv_cost(hot, s, MI300X).time_s > 3 * all_to_allv_cost(even, s, MI300X).time_s
 
 
+def _a2a_by_ep(estimator: str, **knobs) -> list[float]:
+    run = getattr(perfsim, estimator)
+    out = []
+    for ep in (8, 16, 32, 64):
+        r = run("deepseek-v3", "mi300x-pollara", gpus=64, tp=1, pp=1, ep=ep, dp=64, gbs=64, seq=4096, mbs=1,
+                check_memory=False, **knobs)
+        out.append(r.comm_by_collective["ep_a2a/all_to_all"]["total_s"])
+    return out
+
+
 @pytest.mark.parametrize("estimator", ["estimate", "simulate"])
 def test_ep_across_nodes_costs_more_the_more_nodes_it_spans(estimator):
     """64-GPU DeepSeek-V3, EP over 1, 2, 4 and 8 nodes: the all-to-all grows in both estimators
-    and shows in the report's breakdown by collective."""
-    run = getattr(perfsim, estimator)
-    a2a = []
-    for ep in (8, 16, 32, 64):
-        r = run("deepseek-v3", "mi300x-pollara", gpus=64, tp=1, pp=1, ep=ep, dp=64, gbs=64, seq=4096, mbs=1,
-                check_memory=False)
-        a2a.append(r.comm_by_collective["ep_a2a/all_to_all"]["total_s"])
+    and shows in the report's communication table (gradient reduction kept out of the way, so
+    the engine has no contention to add)."""
+    a2a = _a2a_by_ep(estimator, overlap_grad_reduce=False)
     assert a2a == sorted(a2a)
     assert a2a[1] > 4 * a2a[0]  # leaving the node: xGMI -> NIC
     assert a2a[-1] > 1.3 * a2a[1]
+
+
+def test_ep_across_nodes_with_overlapped_gradients_in_the_engine():
+    """With gradient reduction overlapped, the engine shares the NIC between the EP all-to-all
+    and the expert-data-parallel reduction, whose size shrinks as EP grows (ep = 64 leaves no
+    expert DP), so beyond two nodes the order can change; every multi-node EP still costs far
+    more than EP inside a node."""
+    a2a = _a2a_by_ep("simulate")
+    assert min(a2a[1:]) > 4 * a2a[0]
 
 
 def test_dispatch_figures_stay_within_their_errors():
@@ -87,6 +102,26 @@ def test_dispatch_figures_stay_within_their_errors():
     same = [abs(r.error_pct) for r in rows if r.role == "same-source check"]
     fits = [abs(r.error_pct) for r in rows if r.role == "fit"]
     assert len(checks) >= 15 and sum(checks) / len(checks) <= 13.0
-    assert sum(same) / len(same) <= 11.5
-    assert max(fits) < 0.5  # the fit rows are reproduced (two rows, two efficiencies per library)
+    assert sum(same) / len(same) <= 9.0
+    assert max(fits) < 5.0  # bandwidth kernels reproduce their fit rows exactly; the low-latency latency is
+    # a median over two rows' latency column
     assert sum(e <= dispatch_accuracy.TARGET for e in checks) >= 12
+
+
+def test_low_latency_kernels_send_every_expert_copy_and_message_rate_caps_them():
+    """DeepEP low-latency dispatch (128 tokens): one copy per (token, expert), no per-node
+    dedup, so its NIC bytes grow with the remote share and level off near one; a message-rate
+    limit (a profile choice; DeepEP's table does not identify one) only ever slows it."""
+    h100 = load_cluster("h100-ib")
+    load = DispatchLoad(tokens=128, token_bytes=7168 * (1 + 4 / 128), topk=8, num_experts=256)
+    costs = [dispatch_cost(load, shape(n), h100, "deepep-ll") for n in (16, 32, 64, 128, 256)]
+    times = [c.time_s for c in costs]
+    assert times == sorted(times)
+    assert times[-1] - times[-2] < 0.2 * (times[1] - times[0])
+    remote = 128 * 8 * (256 - 8) / 256  # (token, expert) copies that leave the node
+    assert costs[-1].wire_bytes == pytest.approx(remote * load.token_bytes)
+    assert dispatch_cost(load, shape(256), h100, "deepep").wire_bytes < costs[-1].wire_bytes
+    spec = h100.dispatch["deepep-ll"]
+    limited = dataclasses.replace(h100, dispatch={"deepep-ll": dataclasses.replace(spec, message_rate_Mps=1.0)})
+    slow = dispatch_cost(load, shape(256), limited, "deepep-ll").time_s
+    assert slow == pytest.approx(spec.latency_us * 1e-6 + remote / 1e6, rel=1e-6)

@@ -6,7 +6,8 @@ from pathlib import Path
 from perfsim.errors import ConfigError
 from perfsim.calibration.readers import read_rccl_log
 
-LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration" / "rccl-tests"
+# shipped in the repo (validation/data/calibration/SOURCES.md): a clone has no ../shared
+LOGS = Path(__file__).resolve().parent / "data" / "calibration" / "rccl-tests"
 FIT_SERIES = "mi300x_1node_8gpu_mpi_nograph_amdblog"
 UNSEEN_SERIES = "mi300x_1node_8gpu_mpi_hipgraph_amdblog"
 

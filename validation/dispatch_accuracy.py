@@ -17,8 +17,10 @@ source where there is more than one: MORI is fitted on the older README table
 (ROCm/mori@05bb5f4, MI300X + CX7, ROCm 6.4: EP8 and EP16-V1 80 CU dispatch) and checked on
 the current README table (@624002c8: MI300X + CX7 and MI355X + Pollara AINIC, EP16/EP32
 V1, dispatch and combine); DeepEP (one source) is fitted on EP8 and EP32 dispatch and its
-other rows are reported as same-source checks. Low-latency (128-token) kernels and
-MORI V0 kernels are different implementations and are not modelled.
+other rows are reported as same-source checks. DeepEP's low-latency kernels (128 tokens)
+are ``deepep-ll``: every (token, expert) copy sent on its own (no per-node dedup) at the
+normal kernels' NIC efficiency, plus a latency read off its EP16 and EP256 dispatch rows.
+MORI's low-latency and V0 kernels are not modelled.
 """
 
 import dataclasses
@@ -38,6 +40,9 @@ FITS = {  # impl -> (intra row, rdma row): series, phase, metric
              ("mori_readme_old_MI300X_EP16-V1_80CU_bw", "dispatch", "rdma")),
     "deepep": (("deepep_H800_CX7IB_normal_EP8", "dispatch", "nvlink"),
                ("deepep_H800_CX7IB_normal_EP32", "dispatch", "rdma")),
+}
+LOW_LATENCY_FITS = {  # impl -> the dispatch rows its latency is read from
+    "deepep-ll": (("deepep_H800_CX7IB_LL_EP16", "dispatch", "rdma"), ("deepep_H800_CX7IB_LL_EP256", "dispatch", "rdma")),
 }
 
 
@@ -66,13 +71,17 @@ def _find(points, series, phase, metric) -> DispatchPoint:
 
 def fit(points: list[DispatchPoint] | None = None) -> dict[str, tuple[float, float]]:
     """impl -> (intra_efficiency, rdma_efficiency) reproducing its two fit rows
-    (perfsim.calibration.dispatch_fit.leg_efficiency)."""
+    (perfsim.calibration.dispatch_fit.leg_efficiency); low-latency impls -> (latency_us,)
+    read off theirs (dispatch_fit.fit_low_latency)."""
     points = points if points is not None else read_dispatch_table(TABLE)
     out = {}
     for impl, rows in FITS.items():
         picked = [_find(points, *row) for row in rows]
         effs = [dispatch_fit.leg_efficiency(p, impl, load_cluster(profile_for(p))) for p in picked]
         out[impl] = (round(effs[0], 4), round(effs[1], 4))
+    for impl, rows in LOW_LATENCY_FITS.items():
+        picked = tuple(_find(points, *row) for row in rows)
+        out[impl] = (dispatch_fit.fit_low_latency(picked, load_cluster(profile_for(picked[0])), impl),)
     return out
 
 
@@ -84,7 +93,7 @@ def _duplicates_fit(p: DispatchPoint, points: list[DispatchPoint], fit_keys: set
 
 def rows() -> list[Row]:
     points = read_dispatch_table(TABLE)
-    fit_keys = {row for pair in FITS.values() for row in pair}
+    fit_keys = {row for pair in (*FITS.values(), *LOW_LATENCY_FITS.values()) for row in pair}
     out = []
     for p in points:
         impl = dispatch_fit.library(p)
@@ -94,7 +103,7 @@ def rows() -> list[Row]:
             role = "fit"
         elif _duplicates_fit(p, points, fit_keys):
             role = "copy of a fit row"
-        elif impl == "deepep" or "readme_old" in p.series:
+        elif impl.startswith("deepep") or "readme_old" in p.series:
             role = "same-source check"
         else:
             role = "check"
@@ -110,7 +119,8 @@ def section_lines() -> list[str]:
              "Predicted by `perfsim.cost.dispatch` (DeepEP-style per-node dedup, xGMI/NVLink forwarding) and divided "
              "into the bytes each library counts; see `validation/dispatch_accuracy.py`. MORI fitted on ROCm/mori@05bb5f4 "
              "(EP8 xGMI, EP16-V1 80 CU RDMA dispatch) and checked on ROCm/mori@624002c8; DeepEP fitted on its EP8 and "
-             "EP32 dispatch rows (one source: its other rows are same-source checks). Target: within 15%.", "",
+             "EP32 dispatch rows, its low-latency kernels (`deepep-ll`: no dedup, one copy per expert) take the "
+             "normal kernels' efficiencies and a latency read off EP16 and EP256 dispatch (one source: its other rows are same-source checks). Target: within 15%.", "",
              "| series | phase | metric | profile | role | measured GB/s | predicted GB/s | error % |",
              "| --- | --- | --- | --- | --- | ---: | ---: | ---: |"]
     for r in table:

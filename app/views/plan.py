@@ -8,6 +8,9 @@ import common
 import derive
 import fmt
 import baseline
+import editing
+import inputs as planner_inputs
+import perfsim
 from inputs import CHOICES, KNOBS, PLACEMENTS, default_inputs
 
 st.title("Plan")
@@ -38,6 +41,14 @@ with st.sidebar:
                            on_change=common.refit_widgets)
     nodes = st.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=common.seed("nodes", current["nodes"]),
                             on_change=common.refit_widgets)
+    model_edit, hardware_edit = {}, {}
+    with common.shown_errors("Cannot edit this model"):
+        model_edit = editing.model_editor(planner_inputs.model_spec({"model": model, "model_config": model_config}),
+                                          model if not model_config else "uploaded", current.get("model_edit") or {}
+                                          if model == current["model"] else {})
+    with common.shown_errors("Cannot edit this cluster"):
+        hardware_edit = editing.hardware_editor(perfsim.load_cluster(cluster), cluster, current["knobs"]["dtype"],
+                                                current.get("hardware_edit") or {} if cluster == current["cluster"] else {})
     estimator = st.radio("Estimator", CHOICES["estimator"], horizontal=True, key=common.seed("estimator", current["estimator"]),
                          help="des: SimPy discrete-event engine (contention, overlap); analytic: closed form")
     if st.button("Reset to ZAYA1 on 128 MI300X nodes", icon=":material/restart_alt:"):
@@ -95,7 +106,8 @@ for note in st.session_state.pop("plan.refit_notes", []):
     st.info(fmt.md(f"Reset a knob that no longer fits: {note}"), icon=":material/restart_alt:")
 
 inputs = {"model": model, "model_config": model_config, "cluster": cluster, "nodes": int(nodes),
-          "knobs": knobs, "routing": routing, "fidelity": fidelity, "estimator": estimator}
+          "knobs": knobs, "routing": routing, "fidelity": fidelity, "model_edit": model_edit,
+          "hardware_edit": hardware_edit, "estimator": estimator}
 st.session_state["inputs"] = inputs
 common.plan_caption(inputs)
 with common.shown_errors("Model"):
@@ -119,9 +131,9 @@ base = baseline.pinned() or {}
 m = st.columns(6)
 m[0].metric("Step time", fmt.duration(report.step_time_s), delta=baseline.relative(report.step_time_s, base.get("step_time_s")),
             delta_color="inverse")
-m[1].metric("Tokens/s", fmt.tokens_per_s(report.tokens_per_s),
+m[1].metric("Tokens/s", fmt.si(report.tokens_per_s),
             delta=baseline.relative(report.tokens_per_s, base.get("tokens_per_s")))
-m[2].metric("Tokens/s/GPU", fmt.tokens_per_s(report.tokens_per_s_per_gpu),
+m[2].metric("Tokens/s/GPU", fmt.si(report.tokens_per_s_per_gpu),
             delta=baseline.relative(report.tokens_per_s_per_gpu, base.get("tokens_per_s_per_gpu")))
 m[3].metric("MFU", fmt.percent(report.mfu), delta=baseline.relative(report.mfu, base.get("mfu")))
 m[4].metric("TFLOPS/GPU", f"{report.tflops_per_gpu:,.0f}",

@@ -100,7 +100,8 @@ pick = a.selectbox("Plan", range(len(rows)), format_func=lambda i: f"#{rows[i]['
 if b.button("Open this plan", icon=":material/open_in_new:", key="s.open", width="stretch"):
     row = rows[pick]
     per_node = common.cluster_info(cluster)["gpus_per_node"]
-    new = with_plan({**inputs, "model": model, "model_config": None, "cluster": cluster}, row["plan"])
+    new = with_plan({**inputs, "model": model, "model_config": None, "cluster": cluster, "model_edit": {},
+                     "hardware_edit": {}}, row["plan"])
     new["nodes"] = nodes_for(row.get("world_size", per_node), per_node)
     common.set_inputs(new)
     st.switch_page("views/plan.py")

@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 import logging
 from dataclasses import dataclass
+from os import PathLike
 from pathlib import Path
 
 from perfsim.calibration import calibrate_fabric, collective_fit, kernel_fit
@@ -21,7 +22,8 @@ from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec, load_cluster, write_cluster
 from perfsim.lowering.ops import Coll
 from perfsim.plan.parallel import GroupShape
-from perfsim.calibration.readers import RcclLog, read_kernel_csv, read_p2p, read_rccl_log
+from perfsim.calibration.readers import RcclLog, check_files, read_kernel_csv, read_p2p, read_rccl_log
+from perfsim.system.specio import as_path, check_type
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,11 @@ def calibrate(cluster: str | ClusterSpec, *, rccl_logs=(), kernel_csvs=(), p2p=(
     ``collective_tables`` are multi-node CSV tables (readers_multinode; ``series`` picks
     some of their series), ``dispatch_tables`` MoE dispatch/combine tables.
     """
+    rccl_logs, kernel_csvs, p2p = (check_files(n, f) for n, f in (("rccl_logs", rccl_logs),
+                                                                   ("kernel_csvs", kernel_csvs), ("p2p", p2p)))
+    check_type("cluster", cluster, (str, PathLike, ClusterSpec), "a profile name, path or ClusterSpec")
+    if out is not None:
+        as_path(out, "out")
     if not (rccl_logs or kernel_csvs or p2p or collective_tables or dispatch_tables):
         raise ConfigError("calibrate: give at least one measurement file (--rccl-log, --gemm-csv, --p2p, "
                           "--collective-csv, --dispatch-csv)")

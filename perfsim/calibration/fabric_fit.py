@@ -25,7 +25,7 @@ from perfsim.cost.collectives import collective_cost
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec
 
-KNOTS_KB = (0.1, 1.0, 16.0, 256.0, 4096.0, 65536.0)  # NIC bytes per phase (per remote peer for all-to-all), kB
+KNOTS_KB = (0.1, 1.0, 16.0, 256.0, 4096.0, 65536.0)  # NIC bytes per phase, kB
 EFF_BOUNDS = (0.002, 1.0)
 INTER_STEP_BOUNDS_US = (0.0, 200.0)
 PRIOR = 1e-3

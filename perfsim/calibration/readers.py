@@ -78,6 +78,13 @@ _GRAPH_RE = re.compile(r"graph:\s*(\d+)")
 _LAUNCH_GRAPH_RE = re.compile(r"(?:^|\s)-G\s+(\d+)")
 
 
+def check_files(name: str, files) -> tuple:
+    """Argument check: ``files`` is a list or tuple of paths (str or os.PathLike)."""
+    if not isinstance(files, list | tuple):
+        raise ConfigError(f"{name}: expected a list of file paths, got {files!r}")
+    return tuple(as_path(f, name) for f in files)
+
+
 # ---- rccl-tests / nccl-tests logs ------------------------------------------------------
 
 

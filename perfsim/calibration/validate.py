@@ -13,14 +13,15 @@ once next to the report as ``plotly.min.js``.
 import html
 import math
 from dataclasses import dataclass
+from os import PathLike
 from pathlib import Path
 
 from perfsim.calibration import collective_fit, kernel_fit
 from perfsim.calibration.calibrate import collective_points
 from perfsim.errors import ConfigError
-from perfsim.system.specio import write_atomic
+from perfsim.system.specio import check_type, write_atomic
 from perfsim.system.hardware import ClusterSpec, load_cluster
-from perfsim.calibration.readers import read_kernel_csv, read_rccl_log
+from perfsim.calibration.readers import check_files, read_kernel_csv, read_rccl_log
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +95,8 @@ def _kernel_label(p) -> str:
 
 def validate(cluster: str | ClusterSpec, *, rccl_logs=(), kernel_csvs=(), in_place: bool = False) -> Validation:
     """Predicted vs measured for every point of the given files."""
+    rccl_logs, kernel_csvs = check_files("rccl_logs", rccl_logs), check_files("kernel_csvs", kernel_csvs)
+    check_type("cluster", cluster, (str, PathLike, ClusterSpec), "a profile name, path or ClusterSpec")
     if not (rccl_logs or kernel_csvs):
         raise ConfigError("validate: give at least one measurement file (--rccl-log, --kernel-csv)")
     spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(cluster)

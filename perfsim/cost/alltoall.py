@@ -1,10 +1,11 @@
 """All-to-all(v) and MoE dispatch/combine at scale.
 
 A rank's all-to-all splits into an intra-node part (xGMI / NVLink, one link per local
-peer) and an inter-node part whose NIC cost depends on the bytes per remote peer (the
-fabric's per-message efficiency ramp), the NIC's message rate (one message per remote
-peer per call) and, in all_to_allv, the busiest receiver (incast: every sender's bytes
-for one rank converge on that rank's NIC, priced on the receive side). Rails-only
+peer) and an inter-node part whose NIC cost depends on its bytes (the fabric's
+efficiency ramp, read at the NIC's total: every peer's send is in flight at once), the
+NIC's message rate (one message per remote peer per call: many small per-peer messages)
+and, in all_to_allv, the busiest receiver (incast: every sender's bytes for one rank
+converge on that rank's NIC, priced on the receive side). Rails-only
 fabrics have no path between rails, so traffic for another rail first crosses xGMI to
 the GPU on that rail (PXN); rail-optimized fabrics send it up to the shared spines.
 

@@ -8,8 +8,9 @@ a token reaches follows from drawing ``topk`` distinct experts (hypergeometric),
 * a ``dedup_per_node`` implementation (DeepEP normal kernels, MORI-EP V1) sends each
   token once to every remote node it reaches, over the NIC to the same-rail GPU, which
   forwards it over NVLink/xGMI to the ranks that need it;
-* otherwise (RCCL all-to-all) every token copy travels to its rank: remote copies over
-  the NIC (one message stream per remote peer), local ones over xGMI.
+* otherwise (RCCL all-to-all, low-latency kernels) every token copy travels to its rank:
+  remote copies over the NIC, local ones over xGMI; a low-latency kernel posts one RDMA
+  message per remote copy, so its NIC leg is also bounded by its ``message_rate_Mps``.
 
 Time = the implementation's latency + the busier of the NIC (wire bytes at line rate x
 its ``rdma_efficiency`` x the fabric's per-message ramp) and the intra-node fabric
@@ -92,6 +93,7 @@ def dispatch_cost(load: DispatchLoad, shape: GroupShape, cluster: ClusterSpec, i
     spec = _spec(cluster, impl)
     n, p, m = shape.size, shape.per_node, shape.num_nodes
     nodes, ranks = _reach(load, shape)
+    ranks = float(load.topk) if spec.copy_per_expert else ranks
     copies = load.tokens * load.token_bytes
     intra = copies * ranks
     if spec.dedup_per_node:
@@ -101,8 +103,10 @@ def dispatch_cost(load: DispatchLoad, shape: GroupShape, cluster: ClusterSpec, i
         intra = copies * ranks * (p - 1) / n
     # GPU-initiated kernels write fixed-size chunks whatever the per-peer total, so the
     # fabric's per-message ramp (measured on RCCL collectives) applies to RCCL only
-    ramp = message_efficiency(cluster.fabric, wire / peers) if peers and not spec.dedup_per_node else 1.0
+    ramp = message_efficiency(cluster.fabric, wire) if peers and not spec.dedup_per_node else 1.0
     nic_s = wire / (network.nic_Bps(cluster) * spec.rdma_efficiency * ramp) if wire else 0.0
+    if spec.message_rate_Mps > 0 and load.token_bytes > 0:  # one message per remote token copy
+        nic_s = max(nic_s, wire / load.token_bytes / (spec.message_rate_Mps * 1e6))
     intra_s = intra / (cluster.node.gpu_bw_Bps(p - 1) * spec.intra_efficiency) if p > 1 else 0.0
     time = units.us_to_s(spec.latency_us) + max(nic_s, intra_s)
     return DispatchCost(time_s=time, wire_bytes=wire, intra_bytes=intra, node_copies=copies * nodes,

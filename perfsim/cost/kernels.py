@@ -113,8 +113,9 @@ def gemm_backward_time(gemm: Gemm, gpu: GpuSpec, dtype: str, part: str = "both")
 def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dtype: str,
                       backward: bool = False) -> float:
     """One grouped kernel over experts with ``groups[i]`` tokens each, priced per expert:
-    expert i runs [groups[i], k] @ [k, n] padded to whole tiles at the grouped kernel's
-    efficiency for groups[i] tokens; all experts' tiles share the CUs (CU fill and wave
+    expert i runs [groups[i], k] @ [k, n] padded to whole tiles (one tile shape for the
+    launch, the least padded of ``_TILE_SPLITS``) at the grouped kernel's efficiency for
+    groups[i] tokens; all experts' tiles share the CUs (CU fill and wave
     quantization over the total). ``backward``: dgrad + wgrad (twice the FLOPs, the backward table).
     Empty experts cost only their weight reads."""
     tokens = sum(groups)
@@ -129,15 +130,22 @@ def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dty
         return max(sum(one(Gemm(m=m, n=n, k=k), gpu, dtype) - gpu.kernel_launch_s * passes for m in groups if m),
                    hbm_time(moved, gpu)) + gpu.kernel_launch_s
     effs = table.backward_efficiency if backward else table.forward_efficiency
-    tm, tn = dense.tile_m, dense.tile_n
+    rates = {m: interp_log(m, table.tokens, effs) for m in set(groups) if m}
+    work = min(_grouped_work(groups, n, k, dense.tile_m // dm, dense.tile_n // dn, rates, gpu)
+               for dm, dn in _TILE_SPLITS)  # one tile shape for the whole launch: the least padded
+    compute = 2.0 * passes * work / peak(gpu, dtype)
+    return max(compute, hbm_time(moved, gpu)) + gpu.kernel_launch_s
+
+
+def _grouped_work(groups: tuple[int, ...], n: int, k: int, tm: int, tn: int, rates: dict, gpu: GpuSpec) -> float:
+    """Tile-padded multiply-adds of all experts at their efficiency, over the CU fill."""
+    tm, tn = max(tm, 1), max(tn, 1)
     work, tiles = 0.0, 0
     for m in groups:
         if m:
-            padded = 2.0 * passes * math.ceil(m / tm) * tm * math.ceil(n / tn) * tn * k
-            work += padded / interp_log(m, table.tokens, effs)
+            work += math.ceil(m / tm) * tm * math.ceil(n / tn) * tn * k / rates[m]
             tiles += _tiles(m, n, tm, tn)
-    compute = work / (peak(gpu, dtype) * _fill(tiles, gpu))
-    return max(compute, hbm_time(moved, gpu)) + gpu.kernel_launch_s
+    return work / _fill(tiles, gpu)
 
 
 def _fill(tiles: int, gpu: GpuSpec) -> float:

@@ -5,14 +5,13 @@ A phase says how many bytes the representative rank pushes over its node's fabri
 it takes on each tier. ``network`` turns the bytes into per-link demand (xGMI links or
 the switch port, NIC, leaf uplinks). NIC bytes are priced at the line rate times the
 fabric's per-message efficiency (``message_efficiency``: a measured ramp with the NIC's
-bytes in the phase, per remote peer for all-to-all) and, for many small messages, no
-faster than the NIC's message rate allows.
+bytes in the phase) and, for many small messages, no faster than the NIC's message rate
+allows (one message per remote peer).
 """
 
+import bisect
 import math
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from perfsim import units
 from perfsim.system import network
@@ -37,11 +36,12 @@ class Phase:
 
     @property
     def message_bytes(self) -> float:
-        """The size the NIC ramp is read at: the NIC's bytes in this phase, per remote peer
-        for all-to-all. (Keyed per step instead, a ramp fitted on 2 nodes prices the
-        1,024-rank ring 60-90% slow; keyed by the call's bytes it carries over within
-        ~30%: RCCL/NCCL choose channels and protocol by buffer size.)"""
-        return self.inter_bytes / self.inter_peers if self.inter_peers else self.inter_bytes
+        """The size the NIC ramp is read at: the NIC's bytes in this phase. (Keyed per
+        ring step instead, a ramp fitted on 2 nodes prices the 1,024-rank ring 60-90% slow;
+        keyed by the call's bytes it carries over within ~30%: RCCL/NCCL choose channels
+        and protocol by buffer size. An all-to-all keeps every peer's send in flight, so
+        it too is read at its total; many small per-peer messages are the message rate's.)"""
+        return self.inter_bytes
 
     @property
     def num_messages(self) -> int:
@@ -61,12 +61,19 @@ class CollectiveCost:
 
 
 def message_efficiency(fabric: FabricSpec, message_bytes: float) -> float:
-    """Share of line rate at ``message_bytes`` (Phase.message_bytes; log interpolation)."""
-    if not fabric.message_kbytes:
+    """Share of line rate at ``message_bytes`` (Phase.message_bytes; log interpolation,
+    clamped at the table's ends)."""
+    xs, ys = fabric.message_kbytes, fabric.message_efficiency
+    if not xs:
         return 1.0
     kb = max(message_bytes / units.KB, 1e-6)
-    xs = np.log(np.array(fabric.message_kbytes))
-    return float(np.interp(math.log(kb), xs, np.array(fabric.message_efficiency)))
+    i = bisect.bisect_left(xs, kb)
+    if i == 0:
+        return ys[0]
+    if i == len(xs):
+        return ys[-1]
+    t = math.log(kb / xs[i - 1]) / math.log(xs[i] / xs[i - 1])
+    return ys[i - 1] + t * (ys[i] - ys[i - 1])
 
 
 def _intra_demand(phase: Phase, cluster: ClusterSpec, peers: tuple[int, ...], eff: float) -> dict[str, float]:

@@ -18,7 +18,7 @@ from perfsim.system.hardware import PROFILE_DIR, ClusterSpec
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan
 from perfsim.plan.sharding import OPTIMIZER_STATE_BYTES, WEIGHT_BYTES, local_optimizer_params
-from perfsim.system.specio import check_positive, from_dict
+from perfsim.system.specio import check_positive, check_type, from_dict
 from perfsim.units import GBps_to_Bps
 
 STORAGE_DIR = PROFILE_DIR / "storage"
@@ -113,6 +113,11 @@ def reshard(model: ModelSpec, cluster: ClusterSpec, source: ParallelPlan, target
     redistribute with one all-to-all over the target ranks, write the target shards.
     On load: each target rank reads exactly the bytes of its new shard from the source
     files (resharding loaders, e.g. PyTorch DCP) -- no write, no exchange."""
+    check_type("model", model, ModelSpec, "a ModelSpec (perfsim.load_model)")
+    check_type("cluster", cluster, ClusterSpec, "a ClusterSpec (perfsim.load_cluster)")
+    check_type("source", source, ParallelPlan, "a ParallelPlan (perfsim.make_plan)")
+    check_type("target", target, ParallelPlan, "a ParallelPlan (perfsim.make_plan)")
+    check_type("storage", storage, StorageSpec, "a StorageSpec (checkpoint.load_storage)")
     gpus = target.world_size
     nodes = math.ceil(gpus / cluster.gpus_per_node)
     cl = api.load_cluster(cluster, nodes=nodes)

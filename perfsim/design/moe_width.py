@@ -22,6 +22,7 @@ from perfsim.errors import ConfigError, InfeasiblePlan
 from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import AttentionKind, ModelSpec
 from perfsim.lowering.ops import Gemm
+from perfsim.system.specio import check_int, check_number, check_type
 
 WEIGHT_BYTES = DTYPE_BYTES["bf16"]
 KV_BYTES = DTYPE_BYTES["bf16"]
@@ -190,6 +191,31 @@ def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
     return flags
 
 
+MAX_EXPERTS = 4096  # input bound: experts per layer one sweep may try
+MAX_PARAMS = 1e15  # input bound: parameter budgets
+
+
+def _counts(name: str, values, most: int) -> None:
+    if not isinstance(values, tuple | list) or not values:
+        raise ConfigError(f"{name}: expected a non-empty tuple of integers, got {values!r}")
+    for v in values:
+        check_int(name, v, 1, most)
+
+
+def _check_sweep_args(base, cluster, active_params, total_params, experts, top_k, serving, training, align,
+                      total_tolerance) -> None:
+    check_type("base", base, ModelSpec, "a ModelSpec (perfsim.load_model)")
+    check_type("cluster", cluster, ClusterSpec, "a ClusterSpec (perfsim.load_cluster)")
+    check_number("active_params", active_params, 0.0, MAX_PARAMS)
+    check_number("total_params", total_params, 0.0, MAX_PARAMS)
+    _counts("experts", experts, MAX_EXPERTS)
+    _counts("top_k", top_k, MAX_EXPERTS)
+    check_type("serving", serving, Serving, "a moe_width.Serving")
+    check_type("training", training, Training, "a moe_width.Training")
+    check_int("align", align, 1, 1 << 16)
+    check_number("total_tolerance", total_tolerance, 0.0, 1e3)
+
+
 def sweep(base: ModelSpec, cluster: ClusterSpec, active_params: float = 0.0, total_params: float = 0.0,
           experts: tuple[int, ...] = DEFAULT_EXPERTS, top_k: tuple[int, ...] = DEFAULT_TOP_K,
           serving: Serving = Serving(), training: Training = Training(), align: int = 64,
@@ -198,6 +224,8 @@ def sweep(base: ModelSpec, cluster: ClusterSpec, active_params: float = 0.0, tot
     latency, and ``pareto`` for the rows no other row beats on both. With both budgets,
     the width spends the active one and rows whose total is off by more than
     ``total_tolerance`` are dropped."""
+    _check_sweep_args(base, cluster, active_params, total_params, experts, top_k, serving, training, align,
+                      total_tolerance)
     if active_params <= 0 and total_params <= 0:
         raise ConfigError("moe-width: give --active-params or --total-params (> 0)")
     if active_params < 0 or total_params < 0:

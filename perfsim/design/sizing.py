@@ -19,6 +19,7 @@ from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec, GpuSpec
 from perfsim.model.spec import ModelSpec
 from perfsim.lowering.ops import Gemm
+from perfsim.system.specio import check_int, check_number, check_type
 
 ALIASES = {"hidden": "hidden_size", "head_dim": "head_dim", "heads": "num_heads", "vocab": "vocab_size",
            "experts": "num_experts", "expert_ffn": "expert_ffn_hidden_size", "ffn": None}
@@ -42,7 +43,7 @@ class Workload:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"sizing.{key} must be a positive integer, got {value!r}")
-        if self.dtype not in DTYPE_BYTES:
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
             raise ConfigError(f"sizing.dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.dtype!r}")
 
     @property
@@ -263,10 +264,24 @@ def step_impact(model: ModelSpec, changed: ModelSpec, cluster: ClusterSpec, work
             "tflops_per_gpu_change_pct": 100.0 * (after.tflops_per_gpu / before.tflops_per_gpu - 1.0)}
 
 
+MAX_ALIGN = 1 << 16  # input bound: multiples a dimension is rounded to
+
+
+def _check_table_args(model, cluster, workload, align, window, min_gain_pct) -> None:
+    """Argument checks: the search window scales the work (a 1e30 window never ends)."""
+    check_type("model", model, ModelSpec, "a ModelSpec (perfsim.load_model)")
+    check_type("cluster", cluster, ClusterSpec, "a ClusterSpec (perfsim.load_cluster)")
+    check_type("workload", workload, Workload, "a sizing.Workload")
+    check_int("align", align, 1, MAX_ALIGN)
+    check_number("window", window, 0.0, 1.0, lo_open=True)
+    check_number("min_gain_pct", min_gain_pct, 0.0, 1e4)
+
+
 def sizing_table(model: ModelSpec, cluster: ClusterSpec, workload: Workload = Workload(), align: int = 64,
                  window: float = 0.125, min_gain_pct: float = 1.0) -> list[dict]:
     """One row per kernel of a layer (+ LM head): shape, predicted TFLOPS and efficiency,
     and where a nearby size quantizes better, the suggestion and what it buys."""
+    _check_table_args(model, cluster, workload, align, window, min_gain_pct)
     gpu = cluster.gpu
     tips = {f: suggest(model, f, gpu, workload, align, window, min_gain_pct)
             for f in {k.knob for k in layer_kernels(model, gpu, workload)} if f}

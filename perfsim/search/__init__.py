@@ -137,7 +137,9 @@ def gpu_counts(gpus) -> tuple[int, ...]:
                 gpus = [int(x) for x in gpus.split(",")]
         except ValueError:
             raise ConfigError(f"gpus: {gpus!r} is not N, N,M,... or LO-HI") from None
-    gpus = [gpus] if isinstance(gpus, int) and not isinstance(gpus, bool) else list(gpus)
+    if isinstance(gpus, bool) or not isinstance(gpus, int | list | tuple):
+        raise ConfigError(f"gpus: expected a count, a list of counts or 'LO-HI', got {gpus!r}")
+    gpus = [gpus] if isinstance(gpus, int) else list(gpus)
     if not gpus or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in gpus):
         raise ConfigError(f"gpus: must be positive integers, got {gpus!r}")
     return tuple(sorted(set(gpus)))
@@ -192,6 +194,23 @@ def _check_args(gbs, seq, top, confirm, fraction, objective, usd_per_gpu_hour) -
 DEFAULT_MAX_MEMORY_FRACTION = 1.0  # share of HBM a plan may use: the CLI's and the planner's default
 
 
+def _bounded(limits: dict | None, most_gpus: int, gbs: int, num_layers: int) -> dict | None:
+    """Argument check: limits are integers >= 1; one past what any plan can use (tp beyond
+    the GPUs, mbs beyond gbs, vpp beyond the layers) is clamped, so a limit of 1e9 costs
+    what the useful range costs instead of enumerating a billion values."""
+    if limits is None:
+        return None
+    if not isinstance(limits, dict):
+        raise ConfigError(f"limits: expected a dict of axis -> largest value, got {limits!r}")
+    caps = {"mbs": gbs, "vpp": num_layers}
+    out = {}
+    for axis, value in limits.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"limits.{axis}: must be a positive integer, got {value!r}")
+        out[axis] = min(value, caps.get(axis, most_gpus))
+    return out
+
+
 def search(
     model, cluster, *, gpus, gbs: int, seq: int, fixed: dict | None = None, limits: dict | None = None,
     max_memory_fraction: float = DEFAULT_MAX_MEMORY_FRACTION, objective: str = "time", usd_per_gpu_hour: float | None = None,
@@ -219,7 +238,9 @@ def search(
         raise ConfigError(f"max_confirm: must be an integer >= 0, got {max_confirm!r}")
     model, base = api.load_model(model), api.load_cluster(cluster)
     counts, routing = gpu_counts(gpus), routing or UNIFORM
-    space = build_space(model, base.gpus_per_node, fixed, limits)
+    if fixed is not None and not isinstance(fixed, dict):
+        raise ConfigError(f"fixed: expected a dict of axis -> value(s), got {fixed!r}")
+    space = build_space(model, base.gpus_per_node, fixed, _bounded(limits, max(counts), gbs, model.num_layers))
     contexts = {w: _context(model, base, w, gbs, seq, dtype, routing, max_memory_fraction) for w in counts}
     keep = max(top, confirm, max_confirm)
     ex = make_executor(executor, workers)

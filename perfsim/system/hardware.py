@@ -75,6 +75,8 @@ class GpuSpec:
     hbm: HbmEfficiency
     gemm_dtypes: dict[str, GemmEfficiency] = field(default_factory=dict)  # per input dtype: fp8, fp16, ...
     grouped_gemm: dict[str, GroupedGemmEfficiency] = field(default_factory=dict)  # per input dtype
+    clock_source: str = "assumed"  # where clock_under_load_MHz comes from
+    kernel_launch_source: str = "assumed"  # where kernel_launch_us comes from
 
     def __post_init__(self):
         check_positive(
@@ -183,8 +185,8 @@ class FabricSpec:
     nodes_per_leaf: int
     oversubscription: float
     routing: Routing
-    # share of NIC line rate a rank's NIC reaches vs its bytes in one phase of a call (per
-    # remote peer for all-to-all; log-size interpolation, clamped); empty = 1.0
+    # share of NIC line rate a rank's NIC reaches vs its bytes in one phase of a call
+    # (log-size interpolation, clamped); empty = 1.0
     message_kbytes: tuple[float, ...] = ()
     message_efficiency: tuple[float, ...] = ()
     message_source: str = ""
@@ -283,11 +285,16 @@ class DispatchSpec:
     intra_efficiency: float
     latency_us: float
     dedup_per_node: bool = False  # a token crosses to a remote node once, then is forwarded locally
+    # low-latency kernels post one RDMA message per remote token copy, at most this many
+    # per second per GPU (millions); 0 = bandwidth-bound kernels (no per-message limit)
+    message_rate_Mps: float = 0.0
+    copy_per_expert: bool = False  # a token goes once per chosen expert (no merge per rank): low-latency kernels
 
     def __post_init__(self):
         check_fraction("dispatch", rdma_efficiency=self.rdma_efficiency, intra_efficiency=self.intra_efficiency)
-        if self.latency_us < 0:
-            raise ConfigError(f"dispatch.latency_us must be >= 0, got {self.latency_us!r}")
+        if self.latency_us < 0 or self.message_rate_Mps < 0:
+            raise ConfigError(f"dispatch.latency_us and message_rate_Mps must be >= 0, got {self.latency_us!r}, "
+                              f"{self.message_rate_Mps!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

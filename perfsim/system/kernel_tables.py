@@ -108,7 +108,9 @@ def table_provenance(gpu) -> list[tuple[str, str, str]]:
     tables = [("gemm.bf16", gpu.gemm), *((f"gemm.{d}", t) for d, t in sorted(gpu.gemm_dtypes.items())),
               *((f"grouped_gemm.{d}", t) for d, t in sorted(gpu.grouped_gemm.items())),
               ("attention", gpu.attention), ("hbm", gpu.hbm)]
-    return [(name, _status(t.source), t.source) for name, t in tables]
+    rows = [(name, _status(t.source), t.source) for name, t in tables]
+    return rows + [("clock_under_load", _status(gpu.clock_source), f"{gpu.clock_under_load_MHz} MHz: {gpu.clock_source}"),
+                   ("kernel_launch", _status(gpu.kernel_launch_source), f"{gpu.kernel_launch_us} us: {gpu.kernel_launch_source}")]
 
 
 def _status(source: str) -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import COUNTS  # noqa: E402
+from fuzz_harness import COUNTS  # noqa: E402
 
 
 def pytest_terminal_summary(terminalreporter):

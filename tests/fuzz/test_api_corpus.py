@@ -9,7 +9,7 @@ import pytest
 
 import perfsim
 from perfsim.design import goodput
-from harness import GOOD, record, run_api
+from fuzz_harness import GOOD, record, run_api
 
 NAN, INF = float("nan"), float("inf")
 BAD_COUNTS = [None, "8", 8.5, -1, 0, True, NAN, INF, 10 ** 30, [8], {}, object()]
@@ -101,3 +101,67 @@ def test_api_issue_examples(case):
 def test_good_call_is_finite():
     report = perfsim.estimate(**{k: v for k, v in SIM.items() if k != "estimator"})
     assert math.isfinite(report.step_time_s) and 0 < report.mfu < 1
+
+
+# ---- the design functions ----------------------------------------------------------------
+
+from perfsim.design import checkpoint, moe_width, sizing  # noqa: E402
+
+MODEL = perfsim.load_model("llama3.1-8b")
+NODE = perfsim.load_cluster("mi300x-pollara", nodes=1)
+SIZING = dict(model=MODEL, cluster=NODE, workload=sizing.Workload(), align=64, window=0.125, min_gain_pct=1.0)
+SIZING_ARGS = {"model": BAD_NAMES, "cluster": BAD_NAMES, "workload": [None, 5, "x"], "align": BAD_COUNTS,
+               "window": BAD_NUMBERS + [0.0, 2.0, 1e30], "min_gain_pct": BAD_NUMBERS}
+WORK = dict(seq=4096, mbs=1, tp=1, ep=1)
+WORK_ARGS = {"seq": BAD_COUNTS, "mbs": BAD_COUNTS, "tp": BAD_COUNTS, "ep": BAD_COUNTS, "dtype": BAD_NAMES}
+WIDTH = dict(base=perfsim.load_model("olmoe-1b-7b"), cluster=NODE, active_params=1e9, experts=(8,), top_k=(2,))
+WIDTH_ARGS = {"base": BAD_NAMES, "cluster": BAD_NAMES, "active_params": BAD_NUMBERS, "total_params": BAD_NUMBERS,
+              "experts": [None, 8, (0,), ("8",), (10 ** 9,)], "top_k": [None, 2, (0,), (99,)], "align": BAD_COUNTS,
+              "serving": [None, 5], "training": [None, 5]}
+RESHARD = dict(model=MODEL, cluster=NODE, source=perfsim.make_plan(8, gbs=8, seq=4096),
+               target=perfsim.make_plan(16, gbs=16, seq=4096), storage=checkpoint.load_storage("pfs-shared"))
+RESHARD_ARGS = {"model": BAD_NAMES, "cluster": BAD_NAMES, "source": [None, 8, "tp8"], "target": [None, 8, "tp8"],
+                "storage": BAD_NAMES}
+DESIGN_CASES = (_cases("sizing_table", sizing.sizing_table, SIZING, SIZING_ARGS)
+                + _cases("Workload", sizing.Workload, WORK, WORK_ARGS)
+                + _cases("moe_width_sweep", moe_width.sweep, WIDTH, WIDTH_ARGS)
+                + _cases("reshard", checkpoint.reshard, RESHARD, RESHARD_ARGS))
+
+
+@pytest.mark.parametrize("name, fn, base, arg, value", DESIGN_CASES,
+                         ids=[f"{c[0]}-{c[3]}={c[4]!r}"[:80] for c in DESIGN_CASES])
+def test_design_wrong_argument(name, fn, base, arg, value):
+    result = record(f"api.{name}", run_api(lambda: fn(**{**base, arg: value})))
+    assert result.outcome in GOOD, f"{name}({arg}={value!r}): {result}"
+
+
+# ---- search and the calibration functions --------------------------------------------------
+
+from perfsim.model.spec import ModelSpec  # noqa: E402
+
+TINY = ModelSpec(name="fuzz-tiny", source="test", num_layers=4, hidden_size=1024, num_heads=16, num_kv_heads=4,
+                 head_dim=64, ffn_hidden_size=4096, vocab_size=32000)
+SEARCH_BAD = [None, "8", -1, 0, True, NAN, INF, 10 ** 30, [8], {}]
+SEARCH = dict(model=TINY, cluster="mi300x-pollara", gpus=8, gbs=16, seq=512, executor="serial", confirm=0, top=3)
+SEARCH_ARGS = {"gpus": SEARCH_BAD + ["0-8", "8-4", "1-99999999999", "8,x"], "gbs": SEARCH_BAD, "seq": SEARCH_BAD,
+               "top": SEARCH_BAD, "confirm": SEARCH_BAD, "max_memory_fraction": SEARCH_BAD,
+               "usd_per_gpu_hour": SEARCH_BAD, "objective": BAD_NAMES, "executor": BAD_NAMES + ["dask://127.0.0.1:1"],
+               "workers": SEARCH_BAD, "dtype": BAD_NAMES,
+               "fixed": [None, 5, {"tp": 0}, {"tp": "x"}, {"zero": 9}, {"nope": 1}, {"tp": []}],
+               "limits": [5, {"tp": 0}, {"tp": 10 ** 9}, {"mbs": 10 ** 9}, {"vpp": 10 ** 9}, {"nope": 2}, {"pp": NAN}]}
+VALIDATE = dict(cluster="mi300x-pollara", rccl_logs=(), kernel_csvs=())
+VALIDATE_ARGS = {"cluster": BAD_NAMES, "rccl_logs": [None, 5, [None], [5], ["/no/such.log"], "x"],
+                 "kernel_csvs": [None, 5, [None], [5], ["/no/such.csv"]]}
+CALIBRATE = dict(cluster="mi300x-pollara", rccl_logs=("/no/such.log",))
+CALIBRATE_ARGS = {"cluster": BAD_NAMES, "rccl_logs": [None, 5, [None], [5], "x"], "kernel_csvs": [5, [None], [5]],
+                  "p2p": [5, [None], [5]], "out": [5, [1], "/no/such/dir/x.toml"]}
+MORE_CASES = (_cases("search", perfsim.search, SEARCH, SEARCH_ARGS)
+              + _cases("validate", perfsim.validate, VALIDATE, VALIDATE_ARGS)
+              + _cases("calibrate", perfsim.calibrate, CALIBRATE, CALIBRATE_ARGS))
+
+
+@pytest.mark.parametrize("name, fn, base, arg, value", MORE_CASES,
+                         ids=[f"{c[0]}-{c[3]}={c[4]!r}"[:80] for c in MORE_CASES])
+def test_search_and_calibration_wrong_argument(name, fn, base, arg, value):
+    result = record(f"api.{name}", run_api(lambda: fn(**{**base, arg: value})))
+    assert result.outcome in GOOD, f"{name}({arg}={value!r}): {result}"

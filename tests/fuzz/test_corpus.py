@@ -1,4 +1,4 @@
-"""The seeded corpus (corpus.py): every case of issue 18 and its class gives a clean
+"""The seeded corpus (fuzz_corpus.py): every case of issue 18 and its class gives a clean
 one-line error or a finite answer, each under 10 s, in process through ``perfsim.cli.main``."""
 
 import os
@@ -6,9 +6,9 @@ import stat
 
 import pytest
 
-from corpus import CLI_CASES
-from harness import GOOD, record, run_cli
-from inputs import make_files, profile_files
+from fuzz_corpus import CLI_CASES
+from fuzz_harness import GOOD, record, run_cli
+from fuzz_inputs import make_files, profile_files
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import load_cluster
 from perfsim.system.specio import check_output, write_atomic
-from inputs import GOOD_TIMES, rccl_log
+from fuzz_inputs import GOOD_TIMES, rccl_log
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import perfsim
-from harness import GOOD, record, run_api, run_cli
-from inputs import cluster_dict
-from strategies import ANY_VALUE, cluster_mutation, command_argv, hf_config, kernel_csv_text, rccl_text, simulate_argv
+from fuzz_harness import GOOD, record, run_api, run_cli
+from fuzz_inputs import cluster_dict
+from fuzz_strategies import ANY_VALUE, cluster_mutation, command_argv, hf_config, kernel_csv_text, rccl_text, simulate_argv
 
 FOLDER = Path(tempfile.mkdtemp(prefix="perfsim-fuzz-"))
 QUICK = settings(max_examples=25, deadline=None, derandomize=True, database=None,

@@ -5,7 +5,7 @@ import math
 
 from hypothesis import strategies as st
 
-from inputs import GOOD_TIMES, HF_LLAMA, KERNEL_HEADER, cluster_dict, rccl_log
+from fuzz_inputs import GOOD_TIMES, HF_LLAMA, KERNEL_HEADER, cluster_dict, rccl_log
 
 # numbers where validation goes wrong: zero, negatives, huge, NaN, inf, fractions, tiny
 EDGE_INTS = st.sampled_from([0, 1, 2, 3, 7, 8, 16, -1, -8, 2 ** 31, 10 ** 20])

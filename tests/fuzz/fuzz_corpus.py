@@ -2,11 +2,11 @@
 
 A case is (surface, argv, expect, mention): ``expect`` 'error' (exit 2 / ConfigError,
 one line that contains ``mention``), 'ok' (exit 0, finite), or 'any' (either, but
-never a traceback, hang or NaN). ``{name}`` in an argument is a file from inputs.py;
+never a traceback, hang or NaN). ``{name}`` in an argument is a file from fuzz_inputs.py;
 ``{out}`` a fresh path in an empty folder.
 """
 
-from inputs import HF_MUTATIONS, PRESET_MUTATIONS
+from fuzz_inputs import HF_MUTATIONS, PRESET_MUTATIONS
 
 SIM = "simulate --model llama3.1-8b --nodes 1 --gbs 8 --seq 2048 --engine analytic"
 MOE = "simulate --model olmoe-1b-7b --nodes 1 --ep 8 --gbs 8 --seq 1024 --engine analytic"
