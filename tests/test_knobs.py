@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from conftest import tiny_dense, tiny_moe
 
-from perfsim import InfeasiblePlan, load_model, make_plan, simulate
+from perfsim import estimate, InfeasiblePlan, load_model, make_plan, simulate
 from perfsim.system.hardware import ClusterSpec
 from perfsim.lowering.memory import plan_memory
 
@@ -63,18 +63,15 @@ def test_more_of_a_resource_is_never_slower(knob, case, estimator, two_nodes):
 
 
 def test_fp8_gemms_not_slower(two_nodes):
-    """FP8 GEMM kernels beat BF16 ones; the step also pays the FP8 casts (issue 14), which
-    on this tiny model (hidden 1024) can outweigh the GEMM gain, as Transformer Engine's
-    docs warn for small GEMMs -- so the GEMM time is compared, and the casts must exist."""
-    model, knobs = PLANS["dense-tp2-pp2-dp4"]
-    bf16 = simulate(model, two_nodes, seq=2048, **knobs)
-    fp8 = simulate(model, two_nodes, seq=2048, dtype="fp8", **knobs)
-
-    def gemm_s(report):
-        return sum(s.end_s - s.start_s for s in report.spans if s.kind == "gemm" and s.category != "lm_head")
-
-    assert gemm_s(fp8) < gemm_s(bf16)
-    assert any(s.category == "fp8_cast" for s in fp8.spans) and not any(s.category == "fp8_cast" for s in bf16.spans)
+    """FP8 GEMM kernels beat BF16 ones at the sizes real layers have (Llama-3.1-8B, tp 2);
+    the step also pays the FP8 casts (issue 14). Tiny GEMMs are not compared: the measured
+    MI300X FP8 sweep the FP8 table is fitted to runs 1K-2K cubes at 2-16% of peak."""
+    knobs = dict(nodes=1, tp=2, dp=4, gbs=16, seq=4096, zero=1)
+    bf16 = estimate("llama3.1-8b", two_nodes, **knobs)
+    fp8 = estimate("llama3.1-8b", two_nodes, dtype="fp8", **knobs)
+    for category in ("mlp", "attention_proj"):
+        assert fp8.breakdown[category] < bf16.breakdown[category]
+    assert fp8.breakdown.get("fp8_cast", 0) > 0 and "fp8_cast" not in bf16.breakdown
 
 
 def compute_s(report) -> float:

@@ -211,6 +211,7 @@ def write_atomic(path: str | Path, text: str, flag: str) -> Path:
     except OSError as exc:
         raise ConfigError(f"{flag}: cannot write {str(path)!r} ({exc.strerror or exc})") from None
     try:
+        os.fchmod(fd, _file_mode())  # mkstemp makes 0600; the output gets the mode open() would give it
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
         os.replace(tmp, path)
@@ -221,6 +222,12 @@ def write_atomic(path: str | Path, text: str, flag: str) -> Path:
         _unlink(tmp)
         raise
     return path
+
+
+def _file_mode() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _unlink(path: str) -> None:

@@ -180,6 +180,8 @@ CLI_CASES = [
     _c("cli.measure", "calibrate --rccl-log {tiny_times_log} --out {out}", "any"),
     _c("cli.measure", "calibrate --rccl-log {unicode_size_log} --out {out}", "any"),
     _c("cli.measure", "calibrate --rccl-log {binary_log} --out {out}", mention="binary.log"),
+    _c("cli.measure", "calibrate --rccl-log {huge_log} --out {out}", mention="huge.log"),
+    _c("cli.measure", "validate --rccl-log {huge_log}", mention="huge.log"),
     _c("cli.measure", "calibrate --gemm-csv {binary_csv} --out {out}", mention="binary.csv"),
     _c("cli.measure", "calibrate --gemm-csv {kernels_nan_csv} --out {out}", mention="time_us"),
     _c("cli.measure", f"{CAL} --out {{missing}}/x.toml", mention="out"),

@@ -122,6 +122,7 @@ def make_files(tmp: Path) -> dict[str, Path]:
     put("inf_time.log", rccl_log(["inf"] + GOOD_TIMES[1:], ["inf"] + ["1.00"] * 5))
     put("tiny_times.log", rccl_log(["1e-300"] * 6, ["1e300"] * 6))
     put("unicode_size.log", rccl_log(GOOD_TIMES, sizes=["١٠٢٤"]))  # Arabic-Indic digits
+    put("huge.log", rccl_log(GOOD_TIMES) + rccl_row(1024, "20.00") * 200_000)  # 200k rows: refused, not parsed
     put("kernels.csv", KERNEL_HEADER + "gemm,bf16,4096,4096,4096,200.0,MI300X\n")
     put("kernels_nan.csv", KERNEL_HEADER + "gemm,bf16,4096,4096,4096,nan,MI300X\n")
     put("histogram_binary.json", binary)

@@ -101,3 +101,10 @@ def test_check_output_refuses_before_any_work(tmp_path):
         locked.mkdir(mode=0o500)
         with pytest.raises(ConfigError, match="not writable"):
             check_output(locked / "x.txt", False, "--out")
+
+
+def test_write_atomic_keeps_the_usual_file_mode(tmp_path):
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    atomic = write_atomic(tmp_path / "atomic.txt", "x", "out")
+    assert os.stat(atomic).st_mode == os.stat(plain).st_mode  # not mkstemp's 0600

@@ -17,15 +17,20 @@ Rules (fixed before any fit; see SOURCES.md beside this file):
   causal flag or FLOP convention, inference-fused MoE (gate_up+act+down in one call),
   suite averages and FP4/MXFP8.
 * split by source family (the repository or publication a row comes from): in each
-  (gpu, kind, dtype) cell the family with the most rows is the fit set; every other
-  family is the check set. A cell with one family splits by kernel library (or run)
-  within it instead, a weaker split that the accuracy report flags.
+  (gpu, kind, dtype) cell the family whose fittable rows span the widest x range (then
+  the most rows) is the fit set; every other family is the check set. A cell with one
+  family splits by kernel backend within it instead, a weaker split that the accuracy
+  report flags. Memory-bound rows and FP8 rows timed with their input casts are never
+  fitted (checks only).
+* fp8 means per-tensor / per-row / per-token scaling (Transformer Engine's default
+  recipes); block-scaled FP8 is a different kernel class and is dropped.
 * one row per shape and family for GEMM and attention: the fastest kernel reported
   (perfsim prices the best tuned production kernel, not a superseded baseline).
 * size: at most ``CAP`` rows per series and ``CELL_CAP`` per family in a cell, evenly spaced in time.
 """
 
 import csv
+import math
 import re
 import sys
 from collections import defaultdict
@@ -57,9 +62,15 @@ def gpu_of(label: str) -> str | None:
     return None
 
 
+BLOCK_SCALED = ("blockscale", "blockwise", "block-w", "1x128", "abquant")
+
+
 def dtype_of(label: str) -> str | None:
+    """perfsim's ``fp8`` is per-tensor / per-row / per-token scaled FP8 (Transformer
+    Engine's default recipes); block-scaled FP8 (DeepSeek 1x128/128x128) is a different
+    kernel class perfsim does not model, and is dropped with MXFP8, FP4 and INT8."""
     low = label.lower()
-    if "mxfp8" in low or "fp4" in low or "int8" in low:
+    if "mxfp8" in low or "fp4" in low or "int8" in low or any(tag in low for tag in BLOCK_SCALED):
         return None
     if "fp8" in low or "a8w8" in low or "f8" in low:
         return "fp8"
@@ -95,7 +106,7 @@ def _row(kind, dtype, device, series, source, library, **cells) -> dict:
 def gemm_rows(path: Path) -> list[dict]:
     out = []
     for r in csv.DictReader(open(path)):
-        gpu, dtype = gpu_of(r["gpu"]), dtype_of(r["dtype"])
+        gpu, dtype = gpu_of(r["gpu"]), dtype_of(r["dtype"] + " " + r["library"])
         if not (gpu and dtype) or experimental(r["library"]) or r["kind"].startswith("derived estimate"):
             continue
         try:
@@ -133,7 +144,8 @@ _NK = re.compile(r"N=(\d+)\s*K=(\d+)")
 def grouped_rows(path: Path) -> list[dict]:
     out = []
     for r in csv.DictReader(open(path)):
-        gpu, dtype = gpu_of(r["gpu"]), dtype_of(r["dtype"].replace("bf16 (not stated; grouped_gemm default)", "bf16"))
+        gpu = gpu_of(r["gpu"])
+        dtype = dtype_of(r["dtype"].replace("bf16 (not stated; grouped_gemm default)", "bf16") + " " + r["library"])
         layout = r["layout(fwd/wgrad/dgrad)"]
         if not (gpu and dtype) or experimental(r["library"]) or "fused" in layout or "masked" in layout:
             continue
@@ -269,25 +281,45 @@ def thin(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _x(r: dict) -> float:
+    """The x of the table a row informs: GEMM FLOPs, tokens per expert, sequence length."""
+    if r["kind"] == "gemm":
+        return 2.0 * int(r["m"]) * int(r["n"]) * int(r["k"])
+    return float(r["m"] if r["kind"] == "grouped_gemm" else r["seq"])
+
+
+def _decades(xs: list[float]) -> float:
+    return math.log10(max(xs) / min(xs))
+
+
 def split(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Fit = the family with the most rows in each (gpu, kind, dtype) cell, check = the
-    other families. A cell with a single family falls back to the kernel library within
-    it (the library with the most rows fits, the others check). Memory-bound kernels are
-    all checks: the HBM tables come from BabelStream (hbm_bandwidth_measured.csv): a weaker split, flagged in
-    ``meta_family`` as ``family/series``."""
-    cells = defaultdict(lambda: defaultdict(int))
+    """Fit = the family whose fittable rows span the widest range of the table's x (decades
+    of FLOPs, tokens or sequence length; then the most rows) in each (gpu, kind, dtype)
+    cell -- a curve fitted to a narrow range leaves its plateau or fall-off unidentified
+    -- check = the other families. A cell with a single family falls back to the kernel backend
+    within it (flagged ``family/backend``: a weaker split). Never fitted: memory-bound
+    kernels (the HBM tables come from BabelStream, hbm_bandwidth_measured.csv) and FP8
+    rows timed with their input casts (``kernel`` cast / cast_a: they check GEMM + cast
+    pricing; in the fit family's own cell they are dropped, being from the same source)."""
+    def cell(r):
+        return r["device"], r["kind"], r["dtype"]
+
+    def fittable(r):
+        return r["kind"] != "memory" and r["kernel"] not in ("cast", "cast_a")
+
+    families = defaultdict(set)
     for r in rows:
-        cells[(r["device"], r["kind"], r["dtype"])][r["meta_family"]] += 1
+        families[cell(r)].add(r["meta_family"])
     for r in rows:
-        if len(cells[(r["device"], r["kind"], r["dtype"])]) == 1:
-            r["meta_family"] = f"{r['meta_family']}/{r['library']}"
-    cells = defaultdict(lambda: defaultdict(int))
+        if len(families[cell(r)]) == 1:
+            r["meta_family"] = f"{r['meta_family']}/{r['library'].split(';')[0].strip()}"  # backend, not kernel name
+    spans = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        cells[(r["device"], r["kind"], r["dtype"])][r["meta_family"]] += 1
-    fit_family = {cell: max(sorted(fams), key=lambda f: fams[f]) for cell, fams in cells.items()}
-    fitted = {id(r) for r in rows if r["kind"] != "memory" and r["meta_family"] == fit_family[(r["device"], r["kind"], r["dtype"])]}
-    fit = [r for r in rows if id(r) in fitted]
-    check = [r for r in rows if id(r) not in fitted]
+        if fittable(r):
+            spans[cell(r)][r["meta_family"]].append(_x(r))
+    fit_family = {c: max(sorted(fams), key=lambda f: (_decades(fams[f]), len(fams[f]))) for c, fams in spans.items()}
+    fit = [r for r in rows if fittable(r) and r["meta_family"] == fit_family.get(cell(r))]
+    check = [r for r in rows if r["meta_family"] != fit_family.get(cell(r))]
     return fit, check
 
 
