@@ -5,7 +5,8 @@ from dataclasses import fields, replace
 from os import PathLike
 
 from perfsim.estimators import engine, summary
-from perfsim.estimators.analytic import closed_form
+from perfsim.estimators.analytic import closed_form, link_loads
+from perfsim.estimators.overlap import link_figures
 from perfsim.cost.collectives import bus_bandwidth, collective_cost
 from perfsim.errors import ConfigError, InfeasiblePlan
 from perfsim.lowering.graph import build_graph
@@ -18,7 +19,7 @@ from perfsim.model.io import load_model as _load_model
 from perfsim.lowering.ops import Coll
 from perfsim.plan.parallel import ParallelPlan, check_plan, derive_dp, group_shape
 from perfsim.cost.pricing import price
-from perfsim.report import Report, assemble_report, build_report, extrapolate_figures, span_figures
+from perfsim.report import Report, assemble_report, extrapolate_figures, span_figures
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
@@ -187,17 +188,31 @@ def simulate(
     slow = stage_slowdowns(plan, speeds)
     ep_speeds = ep_rank_speeds(plan, speeds) if model.is_moe and plan.ep > 1 else None
     points = fold_points(plan) if fold else None
-    if points is None:
-        graph = build_graph(model, plan, routing=routing, ep_speeds=ep_speeds)
-        return build_report(spans=engine.run(price(graph, cluster, slow)), straggler_slowdown=max(slow), **common)
     runs = []
-    for m in points:
+    for m in points or (plan.num_microbatches,):
         short = replace(plan, gbs=plan.mbs * plan.dp * m)
-        spans = engine.run(price(build_graph(model, short, routing=routing, ep_speeds=ep_speeds), cluster, slow))
-        runs.append((span_figures(spans), spans))
+        graph = price(build_graph(model, short, routing=routing, ep_speeds=ep_speeds), cluster, slow)
+        runs.append(_engine_figures(graph))
+    if points is None:
+        return assemble_report(figures=runs[0][0], spans=runs[0][1], straggler_slowdown=max(slow), **common)
     figures = extrapolate_figures(runs[0][0], runs[1][0], *points, plan.num_microbatches)
     return assemble_report(figures=figures, spans=runs[1][1], straggler_slowdown=max(slow),
                            simulated_microbatches=points, **common)
+
+
+def _engine_figures(graph) -> tuple[dict, list]:
+    """Run a priced graph on the engine: the report's figures (with per-link busy and
+    exposed seconds of the critical stage) and the spans."""
+    spans = engine.run(graph)
+    figures = span_figures(spans)
+    loads: dict[str, dict[str, float]] = {}
+    for op in graph.ops:
+        if op.stage == figures["critical_stage"] and op.is_comm:
+            key = f"{op.category}/{op.collective.coll if op.collective else op.kind}"
+            for link, busy in link_loads([op]).items():
+                loads.setdefault(key, {})[link] = loads.get(key, {}).get(link, 0.0) + busy
+    figures["links"] = link_figures(loads, figures["comm_by_collective"], figures["step_time_s"])
+    return figures, spans
 
 
 def fold_points(plan: ParallelPlan) -> tuple[int, int] | None:

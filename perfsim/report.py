@@ -72,6 +72,7 @@ class Report:
     straggler_slowdown: float = 1.0  # slowest stage's compute factor from GPU variability
     straggler_cost_s: float = 0.0  # step time minus the same plan without variability
     simulated_microbatches: tuple[int, ...] = ()  # engine folded: the two short steps it extended linearly
+    links: dict[str, dict] = field(default_factory=dict)  # critical stage, link -> busy_s, utilization, exposed_s
     spans: list[Span] = field(default_factory=list, repr=False, compare=False)
 
     @property

@@ -106,3 +106,7 @@ def test_zero3_traffic_cannot_hide_beyond_the_nic():
     assert engine.step_time_s <= serial.step_time_s
     compute = sum(v for k, v in engine.breakdown.items() if k not in engine.overlapped_comm_s and k != "pipeline_bubble")
     assert closed.step_time_s > compute * 1.5
+    for r in (closed, engine):  # the report shows why: the NIC is saturated, and what was exposed on it
+        nic = r.links["nic"]
+        assert 0.9 < nic["utilization"] <= 1.0 + 1e-6 and nic["exposed_s"] > 0
+        assert r.comm_by_collective["dp_param_gather/all_gather"]["links"]["nic"] > 0

@@ -42,3 +42,13 @@ st.download_button(
     mime="application/json", icon=":material/download:",
     help="Open in https://ui.perfetto.dev or chrome://tracing",
 )
+
+st.subheader("Links of the critical stage")
+if report.links:
+    st.caption("How busy each link of the representative rank was over the step (its comm moving data; the xGMI "
+               "row is the busiest peer link) and how much of the comm that uses it stuck out past compute. A "
+               "link near 100% with exposed comm is why overlap failed; exposed comm on an idle link is latency.")
+    st.table([{"link": name, "busy": fmt.duration(v["busy_s"]), "of the step": fmt.percent(v["utilization"]),
+               "exposed comm on it": fmt.duration(v["exposed_s"])} for name, v in report.links.items()])
+else:
+    st.caption("No communication crosses a link in this plan.")

@@ -182,6 +182,9 @@ def _format_report(r: Report) -> str:
 def _format_fidelity(r: Report) -> list[str]:
     lines = [f"pipeline bubble  {r.bubble_s * 1e3:10.2f} ms  ({100 * r.bubble_fraction:.1f}%)   "
              f"exposed comm {r.exposed_comm_s * 1e3:.2f} ms"]
+    for link, v in r.links.items():
+        lines.append(f"link {link:<11} busy {v['busy_s'] * 1e3:10.2f} ms  ({v['utilization']:.0%} of the step)   "
+                     f"exposed comm on it {v['exposed_s'] * 1e3:.2f} ms")
     if r.moe_imbalance > 1.0 or r.moe_imbalance_cost_s:
         lines.append(f"MoE imbalance    {r.moe_imbalance:10.2f}x    costs {r.moe_imbalance_cost_s * 1e3:.2f} ms")
     if r.straggler_slowdown > 1.0:

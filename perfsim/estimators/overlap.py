@@ -56,3 +56,28 @@ def drain_s(pass_s: float, exposed_alone: float, pass_links: dict[str, float], t
     for link, busy in traffic_links.items():
         end = max(end, pass_links.get(link, 0.0) + busy)
     return end - pass_s
+
+
+def link_figures(loads: dict[str, dict[str, float]], per_coll: dict, step: float) -> dict[str, dict]:
+    """Per link of the critical stage's rank (xGMI: its busiest peer link; NIC; leaf
+    uplink): seconds its comm keeps it busy moving data (``loads``: collective key ->
+    link -> seconds), that over the step, and the exposed seconds of the collectives that
+    use it -- where overlap failed, and which link it failed on. Adds each collective's
+    link seconds to ``per_coll`` as ``links``."""
+    busy: dict[str, dict[str, float]] = {}
+    users: dict[str, set] = {}
+    for key, load in loads.items():
+        for link, seconds in load.items():
+            family = link.split(":")[0]
+            busy.setdefault(family, {})[link] = busy.get(family, {}).get(link, 0.0) + seconds
+            users.setdefault(family, set()).add(key)
+            if key in per_coll:
+                mine = per_coll[key].setdefault("links", {})
+                mine[family] = max(mine.get(family, 0.0), seconds)
+    out = {}
+    for family, members in sorted(busy.items()):
+        top = max(members.values())
+        exposed = sum(per_coll.get(k, {}).get("exposed_s", 0.0) for k in users[family])
+        out[family] = {"busy_s": top, "utilization": top / step if step > 0 else 0.0, "exposed_s": exposed,
+                       "links": len(members)}
+    return out

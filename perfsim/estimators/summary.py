@@ -9,8 +9,9 @@ breakdown: the pipeline bubble plus the passes, exposed comm and optimizer in se
 from collections import deque
 from dataclasses import dataclass, replace
 
-from perfsim.estimators.analytic import BUBBLE, GRAD_REDUCE, INTERFERENCE, PARAM_GATHER, ClosedForm, Pass
+from perfsim.estimators.analytic import BUBBLE, GRAD_REDUCE, INTERFERENCE, PARAM_GATHER, ClosedForm, Pass, link_loads
 from perfsim.estimators.engine import Span, span_of
+from perfsim.estimators.overlap import link_figures
 from perfsim.lowering.ops import Stream
 from perfsim.plan.parallel import ParallelPlan
 from perfsim.plan.sharding import stage_layer_ids
@@ -34,6 +35,7 @@ class Estimate:
     per_stream_s: dict[str, float]
     critical_path_s: dict[str, float]
     critical_path_ops: int
+    links: dict[str, dict]
 
 
 def _add(into: dict, key: str, seconds: float) -> None:
@@ -59,6 +61,29 @@ def _gather_count(cf: ClosedForm, plan: ParallelPlan, stage: int) -> int:
     nd, nm, _, _ = cf.layout(plan, stage)
     per_step = sum(n * len(cf.layer_gathers(plan, k)) for k, n in (("dense", nd), ("moe", nm)) if n)
     return per_step * (2 * plan.num_microbatches if plan.zero == 3 else 1)
+
+
+def _link_loads(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict[str, float]]:
+    """Collective key -> link -> busy seconds on the critical stage over the step."""
+    m, crit, out = plan.num_microbatches, tl["critical_stage"], {}
+
+    def put(key, load, times):
+        for link, busy in load.items():
+            out.setdefault(key, {})[link] = out.get(key, {}).get(link, 0.0) + times * busy
+    for block, n in cf.stage_parts(plan, crit):
+        for part in block.passes:
+            for op in part.ops:
+                if op.stream is not Stream.COMPUTE:
+                    put(f"{op.category}/{op.collective.coll if op.collective else op.kind}", link_loads([op]), m * n)
+    grads = cf.grad_buckets(plan, crit)
+    put(f"{GRAD_REDUCE}/{'all_reduce' if plan.zero == 0 else 'reduce_scatter'}", grads[3], 1)
+    if plan.zero:
+        nd, nm, _, _ = cf.layout(plan, crit)
+        times = 2 * m if plan.zero == 3 else 1
+        for kind, count in (("dense", nd), ("moe", nm)):
+            if count:
+                put(f"{PARAM_GATHER}/all_gather", cf.gather_links(plan, kind), count * times)
+    return out
 
 
 def _collectives(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict]:
@@ -143,6 +168,7 @@ def estimate(cf: ClosedForm, plan: ParallelPlan) -> Estimate:
         per_stage=[{"stage": s, "compute_s": c, "comm_s": k, "idle_s": max(0.0, step - c)} for s, c, k in stages],
         per_stream_s=_per_stream(cf, plan, tl, per_coll), critical_path_s={k: v for k, v in breakdown.items() if v > 0},
         critical_path_ops=plan.num_microbatches * chain_ops + 1,
+        links=link_figures(_link_loads(cf, plan, tl), per_coll, step),
     )
 
 
