@@ -22,7 +22,7 @@ import tomli_w
 from perfsim.calibration import kernel_fit
 from perfsim.calibration.readers import read_kernel_csv
 from perfsim.system.hardware import PROFILE_DIR, GpuSpec, load_gpu
-from perfsim.system.kernel_tables import is_assumed
+from perfsim.system.kernel_tables import table_provenance
 from perfsim.system.specio import to_dict
 
 DATA = Path(__file__).resolve().parent / "data" / "kernels"
@@ -147,10 +147,7 @@ def summary(gpu: GpuSpec) -> dict[tuple[str, str], tuple[int, float]]:
 
 
 def _provenance(gpu: GpuSpec) -> list[str]:
-    tables = [("gemm bf16", gpu.gemm), *((f"gemm {d}", t) for d, t in gpu.gemm_dtypes.items()),
-              *((f"grouped_gemm {d}", t) for d, t in gpu.grouped_gemm.items()), ("attention", gpu.attention),
-              ("hbm", gpu.hbm)]
-    return [f"{name}: {'assumed/derived' if is_assumed(t.source) else 'measured'}" for name, t in tables]
+    return [f"{table}: {status}" for table, status, _ in table_provenance(gpu)]
 
 
 def section() -> str:

@@ -90,12 +90,13 @@ def _used(points, cluster, theta0, measured) -> np.ndarray:
     return used
 
 
-def _fit_from(points, cluster, measured, theta0, min_knot_kb) -> tuple[np.ndarray, np.ndarray, float]:
+def _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop) -> tuple[np.ndarray, np.ndarray, float]:
     lo = np.array([EFF_BOUNDS[0]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[0]])
     hi = np.array([EFF_BOUNDS[1]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[1]])
     theta0 = np.clip(theta0, lo, hi)
     used = _used(points, cluster, theta0, measured)
     used[: len(KNOTS_KB)] &= np.array(KNOTS_KB) >= min_knot_kb
+    used[len(KNOTS_KB)] &= fit_hop
     lo, hi = np.where(used, lo, theta0 - 1e-9), np.where(used, hi, theta0 + 1e-9)
     scale = np.maximum(np.abs(theta0), 0.05)
 
@@ -108,9 +109,10 @@ def _fit_from(points, cluster, measured, theta0, min_knot_kb) -> tuple[np.ndarra
 
 
 def fit_fabric(points: list[CollectivePoint], cluster: ClusterSpec, source: str = "",
-               min_knot_kb: float = 0.0) -> FabricFit:
+               min_knot_kb: float = 0.0, fit_hop: bool = True) -> FabricFit:
     """Refit the NIC ramp and network hop latency of ``cluster`` to multi-node ``points``;
-    knots below ``min_knot_kb`` are left out of the fit (and take the nearest fitted value).
+    knots below ``min_knot_kb`` are left out of the fit (and take the nearest fitted value);
+    ``fit_hop=False`` keeps the profile's hop latency (bandwidth-bound points cannot set it).
     The ramp is not smooth in its knots (nearest-fill, running max), so the fit starts
     from each of ``STARTS`` (efficiency, hop latency) and keeps the lowest MAPE."""
     points = [p for p in points if p.shape.num_nodes > 1]
@@ -119,8 +121,9 @@ def fit_fabric(points: list[CollectivePoint], cluster: ClusterSpec, source: str 
     measured = np.array([p.time_s for p in points])
     best = None
     for eff, hop in STARTS:
+        hop = hop if fit_hop else cluster.collectives.inter_step_latency_us
         theta0 = np.concatenate([np.full(len(KNOTS_KB), eff), [hop]])
-        theta, used, err = _fit_from(points, cluster, measured, theta0, min_knot_kb)
+        theta, used, err = _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop)
         if best is None or err < best[2] - 1e-9:
             best = (theta, used, err)
     theta, used, _ = best
