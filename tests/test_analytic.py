@@ -38,7 +38,9 @@ def test_analytic_is_fast(mi300x):
 # ---- pipeline bubble -------------------------------------------------------------------
 
 # Uniform stages: a vocabulary this small makes embedding and head negligible.
-UNIFORM = tiny_dense(num_layers=16, vocab_size=256)
+# wide enough that compute dwarfs the p2p sends, as in the uniform-stage textbook forms
+UNIFORM = tiny_dense(num_layers=16, vocab_size=256, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                     ffn_hidden_size=16384)
 
 
 def bubble_fraction(pp: int, m: int, vpp: int = 1, estimator: str = "des") -> float:

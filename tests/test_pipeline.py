@@ -11,7 +11,9 @@ from perfsim.lowering.graph import build_graph
 from perfsim.plan.parallel import ParallelPlan
 from perfsim.plan.schedules import BWD, FWD, WGT, stage_order
 
-MODEL = tiny_dense(num_layers=16, vocab_size=256)
+# wide enough that compute dwarfs the p2p sends, as in the uniform-stage textbook forms
+MODEL = tiny_dense(num_layers=16, vocab_size=256, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                   ffn_hidden_size=16384)
 
 
 def unit_timeline(pp: int, m: int, vpp: int = 1, schedule: str = "1f1b", f=1.0, b=1.0, w=1.0) -> tuple[float, list[float]]:
