@@ -265,6 +265,7 @@ def step_impact(model: ModelSpec, changed: ModelSpec, cluster: ClusterSpec, work
 
 
 MAX_ALIGN = 1 << 16  # input bound: multiples a dimension is rounded to
+MAX_CANDIDATES = 8192  # input bound: candidate sizes one table prices (a few seconds)
 
 
 def _check_table_args(model, cluster, workload, align, window, min_gain_pct) -> None:
@@ -275,6 +276,11 @@ def _check_table_args(model, cluster, workload, align, window, min_gain_pct) -> 
     check_int("align", align, 1, MAX_ALIGN)
     check_number("window", window, 0.0, 1.0, lo_open=True)
     check_number("min_gain_pct", min_gain_pct, 0.0, 1e4)
+    fields = {k.knob for k in layer_kernels(model, cluster.gpu, workload) if k.knob}
+    count = sum(len(candidates(model, f, align, window)) for f in fields)
+    if count > MAX_CANDIDATES:
+        raise ConfigError(f"align: {count:,} candidate sizes at align {align} within +-{window:g} (limit "
+                          f"{MAX_CANDIDATES:,}, ~3,000 priced a second); raise --align or narrow --window")
 
 
 def sizing_table(model: ModelSpec, cluster: ClusterSpec, workload: Workload = Workload(), align: int = 64,

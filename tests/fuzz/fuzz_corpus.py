@@ -129,6 +129,8 @@ CLI_CASES = [
     # sizing
     _c("cli.sizing", f"{SIZ} --align 0", mention="align"),
     _c("cli.sizing", f"{SIZ} --align -1", mention="align"),
+    _c("cli.sizing", f"{SIZ} --align 1", mention="align"),
+    _c("cli.sizing", f"{SIZ} --align 16 --window 0.05", "ok"),
     _c("cli.sizing", f"{SIZ} --window nan", mention="window"),
     _c("cli.sizing", f"{SIZ} --window -1", mention="window"),
     _c("cli.sizing", f"{SIZ} --window 1e30", mention="window"),
