@@ -49,19 +49,19 @@ def test_every_kernel_is_at_most_peak_and_names_its_bound(zaya, node):
 
 
 def test_wave_quantization_suggests_a_width_that_fills_the_cus(node):
-    """ffn 2560 (gated: up n = 5120 = 20 tiles of 256) x 16 row tiles = 320 tiles > 304 CUs:
-    two waves, the second 5% full. The nearest multiple of 64 that fits one wave is 2432
-    (n = 4864 = 19 tiles, 19 x 16 = 304)."""
+    """ffn 2560 (gated: up n = 5120) x 4096 tokens in the 256 x 128 macro tile is 320 tiles >
+    304 CUs, but the library picks the least padded tile split (64 x 64 here, 99% of CU
+    time on real output), so the default 1% gate suggests nothing; without the gate the
+    nearest width that fills one wave of macro tiles exactly is 2432 (19 x 16 = 304)."""
     gpu = node.gpu
     model = tiny_dense(hidden_size=2048, ffn_hidden_size=2560, num_heads=16, head_dim=128)
-    tiles = math.ceil(4096 / gpu.gemm.tile_m) * math.ceil(2 * 2560 / gpu.gemm.tile_n)
-    assert tiles > gpu.num_compute_units
-    tip = sizing.suggest(model, "ffn_hidden_size", gpu, sizing.Workload(seq=4096))
+    table = gpu.gemm_table("bf16")
+    assert math.ceil(4096 / table.tile_m) * math.ceil(2 * 2560 / table.tile_n) > gpu.num_compute_units
+    assert sizing.suggest(model, "ffn_hidden_size", gpu, sizing.Workload(seq=4096)) is None
+    tip = sizing.suggest(model, "ffn_hidden_size", gpu, sizing.Workload(seq=4096), min_gain_pct=0.0)
     assert tip is not None and tip.suggested == 2432
-    assert tip.quantization_before < 0.75 and tip.quantization_after == pytest.approx(1.0)
-    assert tip.gain_pct > 20
-    impact = sizing.step_impact(model, sizing.with_knob(model, "ffn_hidden_size", 2432), node)
-    assert impact["step_time_change_pct"] < 0 < impact["tflops_per_gpu_change_pct"]
+    assert tip.quantization_before < 1.0 and tip.quantization_after == pytest.approx(1.0)
+    assert 0 < tip.gain_pct < 1
 
 
 def test_no_suggestion_when_every_kernel_fits_a_wave(zaya, node):
@@ -90,9 +90,13 @@ def test_candidates_are_aligned_and_include_current(zaya):
 def test_grid_grows_with_size_and_marks_invalid_models(zaya, node):
     grid = sizing.efficiency_grid(zaya, node.gpu, "hidden", [1024, 2048, 3072], "ffn", [512, 1024, 2048, 4096])
     assert grid["x_knob"] == "hidden_size" and grid["y_knob"] == "expert_ffn_hidden_size"
-    for column in range(3):  # below one wave, bigger expert GEMMs run faster per FLOP (size falloff)
-        values = [grid["tflops"][row][column] for row in range(4)]
-        assert values == sorted(values)
+    experts = []  # bigger expert GEMMs run faster per FLOP (size falloff of the grouped table)
+    for ffn in (512, 1024, 2048, 4096):
+        ks = [k for k in sizing.layer_kernels(sizing.with_knob(zaya, "expert_ffn_hidden_size", ffn), node.gpu,
+                                              sizing.Workload()) if k.knob == "expert_ffn_hidden_size"]
+        experts.append(sizing.aggregate_tflops(ks))
+    assert experts == sorted(experts)
+    assert all(v is not None and v > 0 for row in grid["tflops"] for v in row)
     heads = sizing.efficiency_grid(zaya, node.gpu, "heads", [7, 8], "head_dim", [128])
     assert heads["tflops"][0][0] is None and heads["tflops"][0][1] is not None  # 2 kv heads do not divide 7
     assert heads["efficiency"][0][1] == pytest.approx(heads["tflops"][0][1] * 1e12 / node.gpu.peak_flops("bf16"))
