@@ -108,7 +108,22 @@ TABLE_COLUMNS = {
     "memory_headroom_bytes": ("free memory (GB)", 1e-9, "%.1f"),
     "exposed_comm_s": ("exposed comm (ms)", 1e3, "%.1f"),
     "usd_per_mtoken": ("$ per M tokens", 1.0, "dollar"),
+    # MoE width rows (perfsim.moe_width_sweep)
+    "active_params": ("active params (M)", 1e-6, "%.0f"),
+    "total_params": ("total params (M)", 1e-6, "%.0f"),
+    "train_step_time_s": ("train step (ms)", 1e3, "%.1f"),
+    "train_tokens_per_s_per_gpu": ("train tokens/s/GPU", 1.0, "localized"),
+    "train_mfu": ("train MFU", 1.0, "percent"),
+    "decode_latency_ms": ("decode latency (ms/token)", 1.0, "%.2f"),
+    "decode_tokens_per_s": ("decode tokens/s", 1.0, "localized"),
+    "experts_hit": ("experts hit", 1.0, "%.1f"),
+    "serve_memory_bytes": ("serving memory (GB)", 1e-9, "%.1f"),
 }
+
+
+def column_config(column_type) -> dict:
+    """``{key: column_type(label, format=...)}`` for st.dataframe (pass st.column_config.NumberColumn)."""
+    return {k: column_type(label, format=f) for k, (label, _, f) in TABLE_COLUMNS.items()}
 
 
 def scaled_rows(rows: list[dict]) -> list[dict]:

@@ -53,3 +53,11 @@ def test_scaled_rows_and_compare_row():
     assert rows == [{"step_time_s": 500.0, "peak_memory_bytes": 2.0, "pareto": True, "label": "tp=2"}]
     row = fmt.compare_row({"metric": "step time", "a": 0.5, "b": 0.25, "b vs a": -0.5}, "step_time_s", ["a", "b"])
     assert row == {"metric": "step time", "a": "500 ms", "b": "250 ms", "b vs a": "-50.0%"}
+
+
+def test_moe_width_rows_are_shown_in_readable_units():
+    row = {"train_step_time_s": 7.5, "serve_memory_bytes": 4.0e9, "active_params": 8.0e8, "experts": 8}
+    assert fmt.scaled_rows([row]) == [{"train_step_time_s": 7500.0, "serve_memory_bytes": 4.0, "active_params": 800.0,
+                                       "experts": 8}]
+    configured = fmt.column_config(lambda label, format: (label, format))
+    assert configured["train_step_time_s"] == ("train step (ms)", "%.1f") and "experts" not in configured

@@ -7,6 +7,7 @@ import streamlit as st
 
 import charts_design
 import common
+import fmt
 import perfsim
 
 
@@ -67,5 +68,6 @@ if not rows:
     st.warning("No (experts, top-k) fits this budget.")
     st.stop()
 st.plotly_chart(charts_design.moe_pareto(rows), width="stretch", key="chart.mw_pareto")
-st.dataframe(rows, hide_index=True, width="stretch", key="mw.table")
+st.dataframe(fmt.scaled_rows(rows), hide_index=True, width="stretch", key="mw.table",
+             column_config=fmt.column_config(st.column_config.NumberColumn))
 st.caption("Pareto rows: no other width both trains faster and decodes sooner (quality is not modelled).")

@@ -83,8 +83,7 @@ if found["summary"]:
     st.caption(fmt.md(found["summary"]))
 st.dataframe(fmt.scaled_rows([{k: v for k, v in r.items() if k != "plan"} for r in rows]), hide_index=True,
              width="stretch", key="s.table",
-             column_config={k: st.column_config.NumberColumn(label, format=f)
-                            for k, (label, _, f) in fmt.TABLE_COLUMNS.items()})
+             column_config=fmt.column_config(st.column_config.NumberColumn))
 multi = len({r.get("world_size") for r in rows}) > 1
 x = "world_size" if multi else "peak_memory_bytes"
 y = "tokens_per_s" if multi else "tokens_per_s_per_gpu"
