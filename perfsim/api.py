@@ -125,11 +125,14 @@ def _check_options(estimator, check_memory, routing, variability, trace) -> None
         check_type("variability", variability, VariabilitySpec, "a VariabilitySpec such as VariabilitySpec(cv=0.1)")
 
 
-def _check_engine_work(model: ModelSpec, plan: ParallelPlan) -> None:
-    passes = plan.num_microbatches * model.num_layers
+def _check_engine_work(model: ModelSpec, plan: ParallelPlan, fold: bool) -> None:
+    """The engine walks the microbatches it simulates (two short steps when it folds)."""
+    points = fold_points(plan) if fold else None
+    walked = sum(points) if points else plan.num_microbatches
+    passes = walked * model.num_layers
     if passes > ENGINE_MAX_LAYER_PASSES:
         raise ConfigError(
-            f"plan: the engine would walk {plan.num_microbatches:,} microbatches x {model.num_layers:,} layers = "
+            f"plan: the engine would walk {walked:,} microbatches x {model.num_layers:,} layers = "
             f"{passes:,} layer passes (limit {ENGINE_MAX_LAYER_PASSES:,}); use the closed form (--engine analytic, "
             "estimator='analytic') or fewer microbatches (a larger mbs or a smaller gbs)")
 
@@ -172,7 +175,7 @@ def simulate(
     _check_options(estimator, check_memory, routing, variability, trace)
     model, cluster, plan, _ = _inputs(model, cluster, plan, nodes, gpus, knobs)
     if estimator == "des":
-        _check_engine_work(model, plan)
+        _check_engine_work(model, plan, fold)
     memory, warnings = _memory_check(model, cluster, plan, check_memory)
     routing, variability = routing or UNIFORM, variability or NO_VARIABILITY
     warnings += _routing_warnings(model, plan, routing)

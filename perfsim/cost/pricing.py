@@ -18,16 +18,24 @@ def _key(op: Op) -> tuple:
             tuple(op.meta.get(k) for k in PRICE_META))
 
 
-def price(graph: OpGraph, cluster: ClusterSpec, slowdowns: list[float] | None = None) -> OpGraph:
+def placement_key(plan) -> tuple:
+    """What an op's price depends on besides the op itself: the communicators' placement
+    and the plan's GEMM dtype (a ``price`` cache may be shared by plans alike in it)."""
+    return (plan.tp, plan.cp, plan.pp, plan.dp, plan.ep, plan.etp, plan.dtype)
+
+
+def price(graph: OpGraph, cluster: ClusterSpec, slowdowns: list[float] | None = None,
+          cache: dict | None = None) -> OpGraph:
     """Fill ``duration_s`` of every op in place; returns the graph.
 
     ``slowdowns`` (one factor per pipeline stage, see ``stragglers``) stretch compute
     ops to the pace of the stage's slowest GPU; an expert op that carries its EP rank's
-    ``speed`` runs at that speed instead."""
+    ``speed`` runs at that speed instead. ``cache`` (op key -> price) may be passed in to
+    be shared by graphs of plans with the same ``placement_key`` on the same cluster."""
     slow = slowdowns or [1.0] * graph.plan.pp
     shapes = group_shapes(graph.plan, cluster.gpus_per_node)
     strides = {k: stride for k, (_, stride) in group_strides(graph.plan).items()}
-    cache: dict[tuple, tuple] = {}
+    cache = {} if cache is None else cache
     for op in graph.ops:
         key = _key(op)
         if key not in cache:

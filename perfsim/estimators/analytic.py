@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from perfsim.cost.collectives import collective_cost, local_peers
 from perfsim.cost.kernels import elementwise_time
-from perfsim.cost.pricing import price
+from perfsim.cost.pricing import placement_key, price
 from perfsim.estimators.overlap import Window, add_links, drain_s, window_s
 from perfsim.lowering.graph import OpGraph, block_passes
 from perfsim.lowering.layers import LayerBuilder, Step
@@ -239,7 +239,8 @@ class ClosedForm:
             passes.append(_ops(steps, start))
             start += len(steps)
         graph = OpGraph(model=self.model, plan=plan, ops=[o for p in passes for o in p])
-        price(graph, self.cluster, [slowdown] * plan.pp)
+        shared = self._memo.setdefault(("prices", placement_key(plan)), {})  # ops alike across templates
+        price(graph, self.cluster, [slowdown] * plan.pp, cache=shared)
         return _template(*(walk(p) for p in passes))
 
     # ---- communicators ---------------------------------------------------------------------
@@ -327,6 +328,16 @@ class ClosedForm:
         nd, nm, lo, _ = self.layout(plan, stage)
         slow, ep_speeds = self.speeds(plan)
         return (nd, nm, self.kind(lo), stage == 0, stage == plan.pp - 1, slow[stage], ep_speeds)
+
+    def stage_signatures(self, plan: ParallelPlan) -> tuple[list, dict]:
+        """(signature per stage, first stage of each signature)."""
+        def make():
+            sigs = [self.signature(plan, s) for s in range(plan.pp)]
+            firsts: dict = {}
+            for s, sig in enumerate(sigs):
+                firsts.setdefault(sig, s)
+            return sigs, firsts
+        return self._cached(("sigs", plan.pp, plan.vpp, self.speeds(plan)), make)
 
     def optimizer_s(self, plan: ParallelPlan, stage: int) -> float:
         key = ("opt", plan.tp, plan.ep, plan.etp, self.signature(plan, stage), plan.zero == 0, plan.dp * plan.cp,
@@ -446,12 +457,16 @@ class ClosedForm:
     def pipeline(self, plan: ParallelPlan) -> tuple[int, StagePasses, float]:
         """(critical stage, its passes, compute part of the bubble)."""
         def make():  # the fill and drain cost other stages' compute; their gathers prefetch in the wait
-            stages = {s: self.stage_passes(plan, s) for s in range(plan.pp)}
-            crit = max(stages, key=lambda s: (stages[s].fwd + stages[s].bwd, s))
-            chains = {s: self.chain_passes(plan, s) for s in range(plan.pp)}
-            return crit, stages[crit], pipeline_bubble(plan, {**chains, crit: stages[crit]}, crit)
-        return self._cached(("pipe", *template_key(plan), plan.pp, plan.vpp, plan.schedule, plan.zero,
-                             plan.overlap_grad_reduce, plan.dp * plan.cp, plan.edp, self.speeds(plan)), make)
+            sigs, firsts = self.stage_signatures(plan)
+            windowed = {sig: self.stage_passes(plan, s) for sig, s in firsts.items()}
+            chain = {sig: self.chain_passes(plan, s) for sig, s in firsts.items()}
+            crit = max(range(plan.pp), key=lambda s: (windowed[sigs[s]].fwd + windowed[sigs[s]].bwd, s))
+            stages = {s: chain[sigs[s]] for s in range(plan.pp)}
+            stages[crit] = windowed[sigs[crit]]
+            return crit, stages[crit], pipeline_bubble(plan, stages, crit)
+        gathers = (plan.dp * plan.cp, plan.edp) if plan.zero == 3 else ()  # only ZeRO-3 gathers shape the passes
+        return self._cached(("pipe", *template_key(plan), plan.pp, plan.vpp, plan.schedule, plan.zero == 3, gathers,
+                             self.speeds(plan)), make)
 
     def timeline(self, plan: ParallelPlan) -> dict:
         """The parts of the step, in seconds (memoised per plan)."""
@@ -502,10 +517,7 @@ class ClosedForm:
         crit, st, bubble = self.pipeline(plan)
         p2p = 2 * (plan.pp - 1) * self.p2p_s(plan)
         m = plan.num_microbatches
-        sigs = [self.signature(plan, s) for s in range(plan.pp)]
-        firsts = {}  # one stage per signature: alike stages differ only in their offsets
-        for s, sig in enumerate(sigs):
-            firsts.setdefault(sig, s)
+        sigs, firsts = self.stage_signatures(plan)  # alike stages differ only in their offsets
         passes = {sig: self.stage_passes(plan, s) for sig, s in firsts.items()}
         ends = {sig: self._stage_end(plan, s, passes[sig]) for sig, s in firsts.items()}
         warm = cool = 0.0
