@@ -208,7 +208,12 @@ def test_timeline_gantt_and_trace_download():
     assert not errors(at)
     assert at.multiselect(key="w.tl_stages").value == [0, 1, 2, 3]
     assert len(at.get("plotly_chart")) == 1
-    assert at.get("download_button")
+    labels = [d.proto.label for d in at.get("download_button")]
+    assert "Download Perfetto trace (JSON)" in labels and "Download compressed trace (.json.gz)" in labels
+    import gzip
+    import common
+    assert json.loads(gzip.decompress(common.trace_gz(at.session_state["inputs"]))) == json.loads(
+        common.trace_json(at.session_state["inputs"]))
     at.multiselect(key="w.tl_streams").set_value(["pp_comm"]).run()
     ok(at)
     at.number_input(key="w.tl_bars").set_value(200).run()
