@@ -367,6 +367,25 @@ def test_search_page_default_pool_is_spawned_and_closed():
     assert _pool_workers() == []
 
 
+def test_search_page_cost_objective_has_a_dollar_column():
+    """Issue 17.13 on the page: a cost search shows $ per million tokens, in dollars."""
+    at = start("search")
+    at.selectbox(key="w.s_model").set_value("llama3.1-8b").run()
+    at.text_input(key="w.s_gpus").input("8").run()
+    at.number_input(key="w.s_gbs").set_value(64).run()
+    at.number_input(key="w.s_seq").set_value(2048).run()
+    at.number_input(key="w.s_confirm").set_value(1).run()
+    at.selectbox(key="w.s_executor").set_value("serial").run()
+    at.selectbox(key="w.s_objective").set_value("cost").run()
+    at.number_input(key="w.s_price").set_value(2.5).run()
+    next(b for b in at.button if b.label == "Run search").click().run()
+    ok(at)
+    table = at.dataframe[0].value
+    assert table["usd_per_mtoken"].notna().all() and (table["usd_per_mtoken"] > 0).all()
+    spec = json.loads(at.dataframe[0].proto.columns)
+    assert spec["usd_per_mtoken"]["label"] == "$ per M tokens" and spec["step_time_s"]["label"] == "step time (ms)"
+
+
 # ---- Calibrate ------------------------------------------------------------------------------
 
 def test_calibrate_with_a_shipped_log_fit_and_save(isolated):
