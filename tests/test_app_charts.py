@@ -311,3 +311,5 @@ def test_critical_path_rows_cover_the_breakdown_and_sum_to_the_step(report):
     assert dict(rows)["pipeline_bubble"] == 0.0 and report.breakdown["pipeline_bubble"] > 0
     note = derive.critical_path_note(report)
     assert f"{report.step_time_s * 1e3:,.1f} ms" in note and "longest chain" in note
+    closed = perfsim.estimate("llama3.1-8b", "mi300x-pollara", nodes=2, tp=2, pp=2, gbs=32, seq=2048, check_memory=False)
+    assert "traces no op chain" in derive.critical_path_note(closed)
