@@ -23,6 +23,7 @@ from perfsim.report import Report, assemble_report, extrapolate_figures, span_fi
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
+from perfsim.system.stacks import load_stack
 from perfsim.system.specio import check_int, check_number, check_type
 from perfsim.units import format_bytes
 
@@ -89,6 +90,9 @@ def make_plan(num_gpus: int, **knobs) -> ParallelPlan:
     if unknown:
         raise ConfigError(f"plan: unknown knob {unknown[0]!r} (known: {', '.join(sorted(PLAN_KEYS))})")
     knobs = {k: v for k, v in knobs.items() if v is not None}
+    if "stack" in knobs:  # a software-stack profile: its overlap policy under the explicit knobs
+        knobs["stack"] = load_stack(knobs["stack"])
+        knobs = {**knobs["stack"].plan_defaults(), **knobs}
     check_int("num_gpus", num_gpus, 1, MAX_GPUS)
     for key in ("tp", "pp", "cp"):  # derive_dp divides by them
         if key in knobs:

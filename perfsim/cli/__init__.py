@@ -64,6 +64,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing-concentration", type=a.number(0, MAX_ROUTING_PARAM, lo_open=True), default=1.0,
                    help="Dirichlet alpha for --routing dirichlet")
     p.add_argument("--seed", type=a.SEED, default=0, help="seed for routing")
+    p.add_argument("--stack", default=None,
+                   help="software-stack profile name or .toml path (ideal, megatron-primus, maxtext, torchtitan, nemo; "
+                        "default ideal: no framework cost)")
 
 
 def _plan_knobs(args) -> dict:
@@ -77,6 +80,7 @@ def _plan_knobs(args) -> dict:
         knobs["dma_offload"] = True
     if args.tp_comm_overlap:
         knobs["tp_comm_overlap"] = True
+    knobs["stack"] = args.stack
     return {k: v for k, v in knobs.items() if v is not None}
 
 
@@ -162,7 +166,7 @@ def _routing(args) -> RoutingSpec:
 def _format_report(r: Report) -> str:
     plan = " ".join(f"{k}={v}" for k, v in r.plan.items())
     lines = [
-        f"{r.model} on {r.cluster} ({r.world_size} GPUs), estimator {r.estimator}",
+        f"{r.model} on {r.cluster} ({r.world_size} GPUs), estimator {r.estimator}, stack {r.stack}",
         f"plan: {plan}",
         f"step time        {r.step_time_s * 1e3:10.2f} ms",
         f"tokens/s         {r.tokens_per_s:14,.0f}   ({r.tokens_per_s_per_gpu:,.0f} per GPU)",
