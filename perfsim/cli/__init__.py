@@ -15,7 +15,7 @@ from perfsim.model.io import list_models
 from perfsim.report import Report
 from perfsim.plan.routing import RoutingSpec, load_histogram
 from perfsim.plan.stragglers import VariabilitySpec
-from perfsim.system.specio import check_finite_output, check_output
+from perfsim.system.specio import check_finite_output, check_output, write_atomic
 from perfsim.units import format_bytes
 
 PLAN_INTS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq")
@@ -121,11 +121,7 @@ def _cmd_simulate(args) -> int:
 
 
 def _write_text(path: str, text: str, flag: str) -> None:
-    try:
-        with open(path, "w") as handle:
-            handle.write(text)
-    except OSError as exc:
-        raise ConfigError(f"{flag}: cannot write {path!r} ({exc.strerror or exc})") from None
+    write_atomic(path, text, flag)  # a unique temporary per writer, renamed into place
 
 
 def dumps(obj) -> str:
