@@ -13,6 +13,8 @@ GROUP_PALETTES = {
     "bubble": ["#9e9e9e", "#d0d0d0", "#707070"],
 }
 MEMORY_PARTS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes")
+MEMORY_COLORS = {"weights_bytes": "#1f77b4", "gradients_bytes": "#aec7e8", "optimizer_bytes": "#d62728",
+                 "activations_bytes": "#ff9896", "logits_bytes": "#2ca02c", "fragmentation_bytes": "#c7c7c7"}
 
 
 def memory_parts(memory: list[dict]) -> list[str]:
@@ -77,7 +79,8 @@ def memory_bar(memory: list[dict], capacity_bytes: float) -> go.Figure:
     stages = [f"stage {m['stage']}" for m in memory]
     fig = go.Figure()
     for part in memory_parts(memory):
-        fig.add_bar(x=stages, y=[m.get(part, 0.0) / GB for m in memory], name=part.removesuffix("_bytes"))
+        fig.add_bar(x=stages, y=[m.get(part, 0.0) / GB for m in memory], name=part.removesuffix("_bytes"),
+                    marker_color=MEMORY_COLORS.get(part) or category_color(part, "compute"))
     fig.add_hline(y=capacity_bytes / GB, line_dash="dash", line_color="red",
                   annotation_text=f"HBM {capacity_bytes / GB:.0f} GB", annotation_position="top left")
     top = max([capacity_bytes] + [m.get("total_bytes", 0.0) for m in memory]) / GB

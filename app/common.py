@@ -5,6 +5,7 @@ widgets hold their own keys and are re-seeded from it, so a plan opened from the
 page or a scenario shows up on the Plan page with every widget set.
 """
 
+import gzip
 import importlib
 import json
 import os
@@ -80,6 +81,16 @@ def _trace_json(key: str) -> str:
 
 def trace_json(inputs: dict) -> str:
     return _trace_json(planner_inputs.cache_key(inputs))
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _trace_gz(key: str) -> bytes:
+    return gzip.compress(_trace_json(key).encode(), compresslevel=6)
+
+
+def trace_gz(inputs: dict) -> bytes:
+    """The Perfetto trace of ``inputs``, gzip-compressed (as `simulate --trace step.json.gz`)."""
+    return _trace_gz(planner_inputs.cache_key(inputs))
 
 
 @st.cache_data(max_entries=16, show_spinner=False)

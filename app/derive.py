@@ -365,6 +365,10 @@ def critical_path_rows(report) -> list[tuple[str, float]]:
 def critical_path_note(report) -> str:
     """What the critical path is, in one paragraph with its total."""
     total = sum(report.critical_path_s.values())
+    if report.estimator == "analytic":
+        return (f"The closed form traces no op chain: its critical path ({total * 1e3:,.1f} ms) is the breakdown of "
+                f"critical stage {report.critical_stage}, pipeline bubble included. The des engine finds the "
+                "longest chain of dependent ops through all stages.")
     return (f"The critical path is the longest chain of dependent ops through all pipeline stages: "
             f"{report.critical_path_ops:,} ops, {total * 1e3:,.1f} ms (the step is {report.step_time_s * 1e3:,.1f} ms). "
             f"Where stage {report.critical_stage} waits (its pipeline bubble), the chain runs through the ops of the "

@@ -23,7 +23,8 @@ from perfsim.report import Report, assemble_report, extrapolate_figures, span_fi
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
-from perfsim.system.specio import check_int, check_type
+from perfsim.system.stacks import load_stack
+from perfsim.system.specio import check_int, check_number, check_type
 from perfsim.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ MAX_BYTES = float(1 << 50)  # one collective: 1 PiB
 # The engine walks every microbatch through every layer: ~2,000 layer passes a second on one
 # core, so this keeps one simulate within a few seconds; the closed form has no such limit.
 ENGINE_MAX_LAYER_PASSES = 8192
+MAX_CAPACITY_FACTOR = 1024.0  # past num_experts / top_k no token is dropped; covers any expert count in use
 MAX_LAYERS = 100_000  # the closed form prices ~25,000 layers a second; 10x the deepest model published
 
 
@@ -45,6 +47,7 @@ def load_model(model: str | ModelSpec) -> ModelSpec:
     spec = model if isinstance(model, ModelSpec) else _load_model(model)
     if spec.num_layers > MAX_LAYERS:
         raise ConfigError(f"model.num_layers: {spec.num_layers:,} layers (limit {MAX_LAYERS:,})")
+    check_number("model.capacity_factor", spec.capacity_factor, 0.0, MAX_CAPACITY_FACTOR)
     return spec
 
 
@@ -87,6 +90,9 @@ def make_plan(num_gpus: int, **knobs) -> ParallelPlan:
     if unknown:
         raise ConfigError(f"plan: unknown knob {unknown[0]!r} (known: {', '.join(sorted(PLAN_KEYS))})")
     knobs = {k: v for k, v in knobs.items() if v is not None}
+    if "stack" in knobs:  # a software-stack profile: its overlap policy under the explicit knobs
+        knobs["stack"] = load_stack(knobs["stack"])
+        knobs = {**knobs["stack"].plan_defaults(), **knobs}
     check_int("num_gpus", num_gpus, 1, MAX_GPUS)
     for key in ("tp", "pp", "cp"):  # derive_dp divides by them
         if key in knobs:

@@ -45,6 +45,7 @@ class Report:
     cluster: str
     plan: dict
     estimator: str
+    stack: str = "ideal"  # the software-stack profile the step was priced under (system.stacks)
     world_size: int
     step_time_s: float
     tokens_per_s: float
@@ -241,6 +242,7 @@ def assemble_report(
     peak = max(memory, key=lambda m: m.total_bytes)
     return Report(
         model=model.name, cluster=cluster.name, plan=plan.to_dict(), estimator=estimator, world_size=world,
+        stack=plan.stack.name,
         tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / world, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / cluster.gpu.peak_flops(plan.dtype), peak_memory_bytes=peak.total_bytes,
         memory_capacity_bytes=cluster.gpu.hbm_bytes, memory=[m.as_dict() for m in memory],

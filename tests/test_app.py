@@ -208,7 +208,12 @@ def test_timeline_gantt_and_trace_download():
     assert not errors(at)
     assert at.multiselect(key="w.tl_stages").value == [0, 1, 2, 3]
     assert len(at.get("plotly_chart")) == 1
-    assert at.get("download_button")
+    labels = [d.proto.label for d in at.get("download_button")]
+    assert "Download Perfetto trace (JSON)" in labels and "Download compressed trace (.json.gz)" in labels
+    import gzip
+    import common
+    assert json.loads(gzip.decompress(common.trace_gz(at.session_state["inputs"]))) == json.loads(
+        common.trace_json(at.session_state["inputs"]))
     at.multiselect(key="w.tl_streams").set_value(["pp_comm"]).run()
     ok(at)
     at.number_input(key="w.tl_bars").set_value(200).run()
@@ -360,6 +365,25 @@ def test_search_page_default_pool_is_spawned_and_closed():
     assert not errors(at), errors(at)
     assert len(at.dataframe[0].value) >= 1 and "local-spawn" in at.caption[-1].value
     assert _pool_workers() == []
+
+
+def test_search_page_cost_objective_has_a_dollar_column():
+    """Issue 17.13 on the page: a cost search shows $ per million tokens, in dollars."""
+    at = start("search")
+    at.selectbox(key="w.s_model").set_value("llama3.1-8b").run()
+    at.text_input(key="w.s_gpus").input("8").run()
+    at.number_input(key="w.s_gbs").set_value(64).run()
+    at.number_input(key="w.s_seq").set_value(2048).run()
+    at.number_input(key="w.s_confirm").set_value(1).run()
+    at.selectbox(key="w.s_executor").set_value("serial").run()
+    at.selectbox(key="w.s_objective").set_value("cost").run()
+    at.number_input(key="w.s_price").set_value(2.5).run()
+    next(b for b in at.button if b.label == "Run search").click().run()
+    ok(at)
+    table = at.dataframe[0].value
+    assert table["usd_per_mtoken"].notna().all() and (table["usd_per_mtoken"] > 0).all()
+    spec = json.loads(at.dataframe[0].proto.columns)
+    assert spec["usd_per_mtoken"]["label"] == "$ per M tokens" and spec["step_time_s"]["label"] == "step time (ms)"
 
 
 # ---- Calibrate ------------------------------------------------------------------------------

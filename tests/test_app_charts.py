@@ -216,6 +216,14 @@ def test_breakdown_bar_sums_to_the_step(report):
     assert fig.layout.barmode == "stack"
 
 
+def test_memory_parts_keep_their_colour_across_plans(report):
+    fig = charts.memory_bar(report.memory, report.memory_capacity_bytes)
+    without_logits = [{k: v for k, v in m.items() if k != "logits_bytes"} for m in report.memory]
+    other = charts.memory_bar(without_logits, report.memory_capacity_bytes)
+    colours = {t.name: t.marker.color for t in fig.data}
+    assert all(colours[t.name] == t.marker.color for t in other.data) and len(set(colours.values())) == len(colours)
+
+
 def test_memory_bar_has_parts_and_capacity(report):
     fig = charts.memory_bar(report.memory, report.memory_capacity_bytes)
     assert len(fig.data) == len(charts.memory_parts(report.memory)) >= len(charts.MEMORY_PARTS)
@@ -311,3 +319,5 @@ def test_critical_path_rows_cover_the_breakdown_and_sum_to_the_step(report):
     assert dict(rows)["pipeline_bubble"] == 0.0 and report.breakdown["pipeline_bubble"] > 0
     note = derive.critical_path_note(report)
     assert f"{report.step_time_s * 1e3:,.1f} ms" in note and "longest chain" in note
+    closed = perfsim.estimate("llama3.1-8b", "mi300x-pollara", nodes=2, tp=2, pp=2, gbs=32, seq=2048, check_memory=False)
+    assert "traces no op chain" in derive.critical_path_note(closed)

@@ -245,3 +245,35 @@ def _no_workers_within(pid: int, seconds: float) -> bool:
             return True
         time.sleep(0.5)
     return False
+
+
+PAGES = ("", "timeline", "fabric", "search", "calibrate", "compare", "sizing", "moe_width", "goodput")
+
+
+def test_every_page_renders_without_an_error_in_chromium(planner_proc):
+    """A fresh-clone walk (issue 17, "Done when"): every page opens on its defaults with no
+    exception, no error box and no truncated metric; the Calibrate page lists the shipped
+    example logs and the Fabric page overlays the shipped measured points (17.3)."""
+    sync_playwright = _playwright()
+    url, _ = planner_proc
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1250})
+            for name in PAGES:
+                page.goto(f"{url}/{name}", wait_until="domcontentloaded")
+                page.get_by_test_id("stMainBlockContainer").wait_for(timeout=WAIT_MS)
+                page.wait_for_timeout(500)
+                _wait_idle(page)
+                assert page.get_by_test_id("stException").count() == 0, name
+                errors = page.get_by_test_id("stAlertContentError").all_inner_texts()
+                assert not errors, (name, errors)
+                assert _truncated_metrics(page) == [], name
+                if name == "calibrate":
+                    page.get_by_text("...or shipped example logs").wait_for(timeout=WAIT_MS)
+                    page.get_by_text("Upload rccl-tests logs").wait_for(timeout=WAIT_MS)
+                if name == "fabric":
+                    assert "No measured points" not in page.inner_text("body")
+                    page.get_by_text("measured)").first.wait_for(timeout=WAIT_MS)  # legend of the shipped series
+        finally:
+            browser.close()

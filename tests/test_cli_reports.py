@@ -138,3 +138,14 @@ def test_html_run_report_has_every_section_and_the_true_message_sizes(tmp_path, 
     assert "plotly" not in text  # self-contained: opens without plotly or a network
     code, _, err = _main([*argv, "--html", str(path)], capsys)
     assert code == 2 and "--html" in err  # an existing report is not replaced without --force
+
+
+def test_closed_form_critical_path_says_it_is_the_breakdown(capsys):
+    """The closed form traces no op chain: its 'critical path' is the critical stage's
+    breakdown (bubble included), and the CLI says so instead of the engine's explanation."""
+    argv = ["simulate", "--model", "llama3.1-8b", "--nodes", "1", "--pp", "2", "--gbs", "16", "--seq", "1024",
+            "--engine", "analytic"]
+    code, out, _ = _main(argv, capsys)
+    assert code == 0 and "closed form: it traces no op chain" in out and "longest chain" not in out
+    report = json.loads(_main([*argv, "--json"], capsys)[1])
+    assert report["critical_path_s"] == {k: v for k, v in report["breakdown"].items() if v > 0}

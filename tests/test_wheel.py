@@ -24,8 +24,10 @@ pytestmark = pytest.mark.wheel
 
 
 def _tracked_copy(dest: Path) -> Path:
-    """The files git tracks (as they are in the working tree) under ``dest``."""
-    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    """The working tree as `pip wheel .` would see it, less what git ignores (build/, .venv/):
+    tracked files as they are now, and new files not yet committed."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout
     for name in filter(None, names.decode().split("\0")):
         src = ROOT / name
         if src.is_file():
@@ -58,8 +60,9 @@ def test_wheel_installs_and_simulates(tmp_path):
                                        capture_output=True, text=True, timeout=300)
 
     where = subprocess.run([str(py), "-c", "import perfsim; print(perfsim.__file__)"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, check=True).stdout.strip()
-    assert Path(where).is_relative_to(env_dir), where  # the wheel's copy, not the working tree
+                           capture_output=True, text=True)
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()).is_relative_to(env_dir), where.stdout  # the wheel's copy, not the tree
 
     listed = run("list")
     assert listed.returncode == 0, listed.stderr

@@ -24,6 +24,7 @@ from perfsim.calibration.collective_fit import CollectivePoint
 from perfsim.errors import ConfigError
 from perfsim.lowering.ops import Coll
 from perfsim.plan.parallel import GroupShape
+from perfsim.system.specio import as_path, read_text
 
 COLUMNS = ("series", "gpu", "nic", "n_nodes", "n_ranks", "collective", "size_bytes", "time_us", "algbw_GBps",
            "busbw_GBps", "in_place", "software", "launch_mode", "source_url", "note")
@@ -79,15 +80,11 @@ class DispatchPoint:
 
 
 def _rows(path: str | Path) -> list[dict]:
-    try:
-        with open(path, newline="") as handle:
-            reader = csv.DictReader(handle)
-            missing = [c for c in ("series", "collective", "n_ranks", "n_nodes") if c not in (reader.fieldnames or ())]
-            if missing:
-                raise ConfigError(f"{path}: missing column {missing[0]!r} (expected {', '.join(COLUMNS)})")
-            return list(reader)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    reader = csv.DictReader(read_text(as_path(path, "collective table"), "collective table").splitlines())
+    missing = [c for c in ("series", "collective", "n_ranks", "n_nodes") if c not in (reader.fieldnames or ())]
+    if missing:
+        raise ConfigError(f"{path}: missing column {missing[0]!r} (expected {', '.join(COLUMNS)})")
+    return list(reader)
 
 
 def _int(text: str, where: str) -> int:

@@ -15,7 +15,7 @@ from perfsim.model.io import list_models
 from perfsim.report import Report
 from perfsim.plan.routing import RoutingSpec, load_histogram
 from perfsim.plan.stragglers import VariabilitySpec
-from perfsim.system.specio import check_finite_output, check_output
+from perfsim.system.specio import check_finite_output, check_output, write_atomic
 from perfsim.units import format_bytes
 
 PLAN_INTS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq")
@@ -64,6 +64,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing-concentration", type=a.number(0, MAX_ROUTING_PARAM, lo_open=True), default=1.0,
                    help="Dirichlet alpha for --routing dirichlet")
     p.add_argument("--seed", type=a.SEED, default=0, help="seed for routing")
+    p.add_argument("--stack", default=None,
+                   help="software-stack profile name or .toml path (ideal, megatron-primus, maxtext, torchtitan, nemo; "
+                        "default ideal: no framework cost)")
 
 
 def _plan_knobs(args) -> dict:
@@ -77,6 +80,7 @@ def _plan_knobs(args) -> dict:
         knobs["dma_offload"] = True
     if args.tp_comm_overlap:
         knobs["tp_comm_overlap"] = True
+    knobs["stack"] = args.stack
     return {k: v for k, v in knobs.items() if v is not None}
 
 
@@ -117,11 +121,7 @@ def _cmd_simulate(args) -> int:
 
 
 def _write_text(path: str, text: str, flag: str) -> None:
-    try:
-        with open(path, "w") as handle:
-            handle.write(text)
-    except OSError as exc:
-        raise ConfigError(f"{flag}: cannot write {path!r} ({exc.strerror or exc})") from None
+    write_atomic(path, text, flag)  # a unique temporary per writer, renamed into place
 
 
 def dumps(obj) -> str:
@@ -162,7 +162,7 @@ def _routing(args) -> RoutingSpec:
 def _format_report(r: Report) -> str:
     plan = " ".join(f"{k}={v}" for k, v in r.plan.items())
     lines = [
-        f"{r.model} on {r.cluster} ({r.world_size} GPUs), estimator {r.estimator}",
+        f"{r.model} on {r.cluster} ({r.world_size} GPUs), estimator {r.estimator}, stack {r.stack}",
         f"plan: {plan}",
         f"step time        {r.step_time_s * 1e3:10.2f} ms",
         f"tokens/s         {r.tokens_per_s:14,.0f}   ({r.tokens_per_s_per_gpu:,.0f} per GPU)",
@@ -179,6 +179,15 @@ def _format_report(r: Report) -> str:
     return "\n".join(lines)
 
 
+CRITICAL_PATH_NOTES = {  # what the critical-path line means, per estimator
+    "des": "                 (the longest chain of dependent ops through all stages: where the critical stage waits, "
+           "the chain runs through the ops of the stage it waits for, so its times differ from the breakdown's "
+           "and hold no bubble)",
+    "analytic": "                 (closed form: it traces no op chain, so this is the critical stage's breakdown, "
+                "bubble included; the engine (--engine des) finds the chain)",
+}
+
+
 def _format_fidelity(r: Report) -> list[str]:
     lines = [f"pipeline bubble  {r.bubble_s * 1e3:10.2f} ms  ({100 * r.bubble_fraction:.1f}%)   "
              f"exposed comm {r.exposed_comm_s * 1e3:.2f} ms"]
@@ -193,9 +202,7 @@ def _format_fidelity(r: Report) -> list[str]:
     if top:
         path = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in top)
         lines.append(f"critical path    {r.critical_path_ops:,} ops, {sum(r.critical_path_s.values()) * 1e3:.1f} ms: {path}")
-        lines.append("                 (the longest chain of dependent ops through all stages: where the critical "
-                     "stage waits, the chain runs through the ops of the stage it waits for, so its times differ "
-                     "from the breakdown's and hold no bubble)")
+        lines.append(CRITICAL_PATH_NOTES.get(r.estimator, CRITICAL_PATH_NOTES["des"]))
     return lines
 
 

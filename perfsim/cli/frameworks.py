@@ -9,6 +9,7 @@ from pathlib import Path
 
 from perfsim.errors import ConfigError
 from perfsim.plan import megatron
+from perfsim.system.specio import read_text
 
 
 def add_arguments(p) -> None:
@@ -24,9 +25,9 @@ def mapped(args) -> megatron.MegatronPlan | None:
         plan = megatron.from_args(args.megatron_args)
     elif args.primus_config:
         try:
-            text = Path(args.primus_config).read_text()
-        except OSError as exc:
-            raise ConfigError(f"--primus-config: cannot read {args.primus_config!r} ({exc.strerror or exc})") from None
+            text = read_text(Path(args.primus_config), "Primus config")
+        except ConfigError as exc:
+            raise ConfigError(f"--primus-config: {exc}") from None
         plan = megatron.from_primus_yaml(text)
     else:
         return None

@@ -9,6 +9,7 @@ import sys
 import time
 
 from perfsim.errors import ConfigError
+from perfsim.system.specio import write_atomic
 from perfsim.report import Report, chrome_trace
 from perfsim.units import format_bytes
 
@@ -54,16 +55,12 @@ def write(report: Report, path: str, stages: set[int] | None = None, log=None) -
     count = sum(1 for e in trace["traceEvents"] if e.get("ph") == "X")
     which = "all stages" if stages is None else f"stage{'s' if len(stages) > 1 else ''} {','.join(map(str, sorted(stages)))}"
     print(f"perfsim: writing trace: {count:,} ops of {which} -> {path}", file=log, flush=True)
-    text = json.dumps(trace, separators=(",", ":"))
     try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "wt", compresslevel=6) as handle:
-                handle.write(text)
-        else:
-            with open(path, "w") as handle:
-                handle.write(text)
-    except OSError as exc:
-        raise ConfigError(f"--trace: cannot write {path!r} ({exc.strerror or exc})") from None
+        text = json.dumps(trace, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise ConfigError("--trace: the trace holds a NaN or infinite time; an input is out of range") from None
+    data = gzip.compress(text.encode(), compresslevel=6) if path.endswith(".gz") else text
+    write_atomic(path, data, "--trace")  # a unique temporary per writer, renamed into place
     with open(path, "rb") as handle:
         size = handle.seek(0, 2)
     print(f"perfsim: trace written: {format_bytes(size)} in {time.perf_counter() - t0:.1f} s"

@@ -25,7 +25,7 @@ from perfsim.system.kernel_tables import DTYPE_BYTES, GemmEfficiency
 
 GFLOP = 1e9
 MBYTE = 1e6
-PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal")  # op.meta keys compute_time reads
+PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal", "host_s")  # op.meta keys compute_time reads
 # the macro tile, its N side halved, its M side down to 1/8 (skinny-M kernels: 16- and
 # 32-row MFMA/WGMMA tiles for small token counts); the library picks the least padded
 _TILE_SPLITS = tuple((dm, dn) for dm in (1, 2, 4, 8) for dn in (1, 2))
@@ -207,6 +207,8 @@ def compute_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
     ``meta['dtype']`` overrides the plan dtype (the LM head stays BF16 under FP8);
     ``meta['grad']`` (dgrad | wgrad | both) marks backward GEMMs."""
     dtype = op.meta.get("dtype", dtype)
+    if "host_s" in op.meta:  # host time a software stack adds (system.stacks): no GPU work
+        return op.meta["host_s"]
     if op.kind is OpKind.GEMM:
         return _gemm_op_time(op, gpu, dtype)
     if op.kind is OpKind.GROUPED_GEMM:

@@ -8,6 +8,7 @@ save); with ZeRO 0 the replicas are deduplicated and the state spread evenly.
 """
 
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,8 @@ def load_storage(name_or_path: "str | Path | StorageSpec") -> StorageSpec:
     """A storage profile by name (perfsim/hardware_profiles/storage/NAME.toml) or path; strict keys."""
     if isinstance(name_or_path, StorageSpec):
         return name_or_path
+    if isinstance(name_or_path, bool) or not isinstance(name_or_path, str | os.PathLike) or not str(name_or_path):
+        raise ConfigError(f"storage: expected a storage profile name, path or StorageSpec, got {name_or_path!r}")
     path = Path(name_or_path)
     if path.suffix != ".toml" and not path.exists():
         path = STORAGE_DIR / f"{name_or_path}.toml"

@@ -38,7 +38,10 @@ class FailureModel:
 
     def __post_init__(self):
         for key in ("mtbf_node_s", "mtbf_gpu_s"):
-            if not getattr(self, key) > 0:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"failures.{key} must be a number of seconds (inf = never), got {value!r}")
+            if not value > 0:
                 raise ConfigError(f"failures.{key} must be > 0, got {getattr(self, key)!r}")
         if math.isinf(self.mtbf_node_s) and math.isinf(self.mtbf_gpu_s):
             raise ConfigError("failures: give a node or GPU MTBF (--mtbf-node-hours / --mtbf-gpu-hours)")
@@ -60,7 +63,7 @@ class CheckpointCost:
     def __post_init__(self):
         for key in ("delta_s", "restart_s", "persist_s"):
             value = getattr(self, key)
-            if not (value >= 0 and math.isfinite(value)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"checkpoint.{key} must be a finite number >= 0, got {value!r}")
 
 

@@ -50,6 +50,11 @@ class Training:
     mbs: int = 1
     zero: int = 1
 
+    def __post_init__(self):
+        for key in ("seq", "gbs", "mbs"):
+            check_int(f"training.{key}", getattr(self, key), 1, 1 << 24)
+        check_int("training.zero", self.zero, 0, 3)
+
 
 def expert_params_per_width(model: ModelSpec) -> int:
     """Parameters of one expert per unit of expert_ffn_hidden_size (3h gated, 2h plain)."""

@@ -265,6 +265,7 @@ def step_impact(model: ModelSpec, changed: ModelSpec, cluster: ClusterSpec, work
 
 
 MAX_ALIGN = 1 << 16  # input bound: multiples a dimension is rounded to
+MAX_GRID = 256  # input bound: sizes per axis of an efficiency grid
 MAX_CANDIDATES = 8192  # input bound: candidate sizes one table prices (a few seconds)
 
 
@@ -309,6 +310,11 @@ def efficiency_grid(model: ModelSpec, gpu: GpuSpec, x_knob: str, x_values: list[
                     y_values: list[int], workload: Workload = Workload()) -> dict:
     """Achieved TFLOPS and efficiency of one layer's kernels (the LM head only when a
     vocab axis is swept) over a grid of two dimensions; None where the model is invalid."""
+    for name, values in (("x_values", x_values), ("y_values", y_values)):
+        if not isinstance(values, list | tuple) or not 1 <= len(values) <= MAX_GRID:
+            raise ConfigError(f"grid: {name} must be a list of 1 to {MAX_GRID} sizes, got {values!r}")
+        for v in values:
+            check_int(f"grid.{name}", v, 1, 1 << 24)
     xf, yf = resolve_knob(model, x_knob), resolve_knob(model, y_knob)
     if xf == yf:
         raise ConfigError(f"grid: the two axes must differ, got {x_knob!r} twice")

@@ -12,6 +12,8 @@ from perfsim.model.spec import Linear, ModelSpec
 from perfsim.lowering.ops import CollectiveCall, Coll, Gemm, OpKind, Stream
 from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalance, slowest_expert_rank
+from perfsim.system.stacks import Dispatch
+from perfsim import units
 
 ACT_BYTES = 2  # bf16 activations
 FP8_BYTES = 1
@@ -57,6 +59,11 @@ def elementwise_step(name: str, num_bytes: float, category: str) -> Step:
     return Step(name=name, kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category=category, bytes=num_bytes)
 
 
+def host_step(name: str, seconds: float, category: str) -> Step:
+    """Host time a software stack adds on the compute stream (a sync, framework code)."""
+    return Step(name=name, kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category=category, meta=(("host_s", seconds),))
+
+
 def coll_step(name: str, coll: Coll, group: str, size: float, category: str) -> Step:
     call = CollectiveCall(coll=coll, group=group, size_bytes=size)
     return Step(name=name, kind=OpKind.COLLECTIVE, stream=_COLL_STREAM[group], category=category, collective=call)
@@ -72,6 +79,7 @@ class LayerBuilder:
         self.sp = plan.sequence_parallel and plan.tp > 1
         self.local_tokens = self.tokens // plan.tp if self.sp else self.tokens
         self.fp8 = plan.dtype == "fp8"
+        self.stack = plan.stack
 
     def _fp8(self, step: Step) -> list[Step]:
         """A GEMM step, behind the casts of its BF16 inputs (activations and weights) when
@@ -80,7 +88,7 @@ class LayerBuilder:
             return [step]
         g, groups = step.gemm, len(step.grouped) or 1
         rows = sum(step.grouped) if step.grouped else g.m
-        amax, cast = fp8_cast_bytes(rows * g.k + groups * g.k * g.n)
+        amax, cast = (b * self.stack.fp8.cast_bytes_factor for b in fp8_cast_bytes(rows * g.k + groups * g.k * g.n))
         return [replace(elementwise_step(f"{step.name}_fp8_amax", amax, "fp8_cast"), meta=step.meta),
                 replace(elementwise_step(f"{step.name}_fp8_cast", cast, "fp8_cast"), meta=step.meta), step]
 
@@ -101,6 +109,37 @@ class LayerBuilder:
         # read x and residual, write normed x and the new residual
         return elementwise_step(name, 4 * self.local_tokens * self.model.hidden_size * ACT_BYTES, "norm")
 
+    def _norms(self, name: str) -> list[Step]:
+        """The residual-add + RMSNorm; unfused, the add and the norm's statistics pass are
+        their own kernels: x is written and read back once more (2 more passes)."""
+        steps = [self._norm(name)]
+        if not self.stack.fused("rmsnorm"):
+            extra = 2 * self.local_tokens * self.model.hidden_size * ACT_BYTES
+            steps.append(elementwise_step(f"{name}_unfused", extra, "norm"))
+        return steps
+
+    def _unfused_act(self, name: str, tokens: float, width: int, meta: tuple = ()) -> list[Step]:
+        """SwiGLU unfused: silu(gate) is written and read back before the multiply."""
+        if not self.model.gated_mlp or self.stack.fused("swiglu"):
+            return []
+        return [replace(elementwise_step(f"{name}_unfused", 2 * tokens * width * ACT_BYTES, "activation"), meta=meta)]
+
+    def _rope(self) -> list[Step]:
+        """Rotary embedding as its own kernel: read and write q and k (fused: inside the
+        attention kernel or the QKV epilogue, no pass)."""
+        if self.stack.fused("rope"):
+            return []
+        m = self.model
+        width = (m.q_width + m.num_kv_heads * (m.head_dim + m.qk_rope_head_dim)) / self.plan.tp
+        return [elementwise_step("rope", 2 * self.tokens * width * ACT_BYTES, "rope")]
+
+    def _host_overhead(self, steps: list[Step]) -> list[Step]:
+        """The stack's per-layer framework time plus its host gap per compute kernel."""
+        host = self.stack.launch
+        kernels = sum(1 for s in steps if s.stream is Stream.COMPUTE)
+        seconds = units.us_to_s(host.layer_overhead_us + host.kernel_gap_us * kernels)
+        return [host_step("framework_overhead", seconds, "framework")] if seconds > 0 else []
+
     def _linears(self, linears: list[Linear], category: str, shard_out: bool = True) -> list[Step]:
         tp = self.plan.tp
         steps = []
@@ -114,8 +153,9 @@ class LayerBuilder:
     def attention_forward(self) -> list[Step]:
         m, plan = self.model, self.plan
         linears = m.attention_linears()
-        steps = [self._norm("attn_norm"), *self._tp_enter("attn")]
+        steps = [*self._norms("attn_norm"), *self._tp_enter("attn")]
         steps += self._linears(linears[:-1], "attention_proj")
+        steps += self._rope()
         if plan.cp > 1:
             kv = 2 * m.num_kv_heads * (m.head_dim + m.qk_rope_head_dim) // min(plan.tp, m.num_kv_heads)
             steps += ring_attention(self._attention_core(), plan.cp, self.tokens * kv * ACT_BYTES)
@@ -138,9 +178,10 @@ class LayerBuilder:
         m = self.model
         width = m.ffn_hidden_size // self.plan.tp
         up_width = width * (2 if m.gated_mlp else 1)
-        steps = [self._norm("mlp_norm"), *self._tp_enter("mlp")]
+        steps = [*self._norms("mlp_norm"), *self._tp_enter("mlp")]
         steps += self._fp8(gemm_step("mlp_up", self.tokens, m.hidden_size, up_width, "mlp"))
         steps.append(elementwise_step("mlp_act", self.tokens * (up_width + width) * ACT_BYTES, "activation"))
+        steps += self._unfused_act("mlp_act", self.tokens, width)
         steps += self._fp8(gemm_step("mlp_down", self.tokens, width, m.hidden_size, "mlp"))
         return _casts_before_gather(steps + self._tp_exit("mlp"))
 
@@ -148,11 +189,14 @@ class LayerBuilder:
         m, plan = self.model, self.plan
         t, h = self.local_tokens, m.hidden_size
         routed = t * m.top_k
-        steps = [self._norm("moe_norm")]
+        steps = [*self._norms("moe_norm")]
         router = [gemm_step(lin.name, t, lin.in_features, lin.out_features, "router") for lin in m.router_linears()]
         steps += [replace(g, meta=(("dtype", "bf16"),)) for g in router]  # routers stay BF16 under FP8 recipes
         # softmax + top-k: read the fp32 logits, write the top-k probabilities (fp32) and indices (int32)
         steps.append(elementwise_step("router_topk", t * (m.num_experts + 2 * m.top_k) * LOGIT_BYTES, "router"))
+        moe = self.stack.moe
+        if moe.host_syncs_per_layer and moe.host_sync_us > 0:  # token counts to the host for the split sizes
+            steps.append(host_step("moe_host_sync", units.us_to_s(moe.host_syncs_per_layer * moe.host_sync_us), "host_sync"))
         steps.append(elementwise_step("permute", 2 * routed * h * ACT_BYTES, "moe_permute"))
         if plan.ep > 1:
             steps.append(coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", self._a2a_bytes(routed), "ep_a2a"))
@@ -174,7 +218,7 @@ class LayerBuilder:
     def _experts(self, routed: int) -> list[Step]:
         m, plan = self.model, self.plan
         tokens, speed = slowest_expert_rank(m, plan, routed, self.routing, self.ep_speeds)
-        if self.routing.pad_to_capacity and m.capacity_factor > 0:  # dense dispatch computes the padding
+        if self._pads() and m.capacity_factor > 0:  # dense dispatch computes the padding
             tokens = (expert_capacity(m, plan, routed),) * len(tokens)
         loads = tuple(x * plan.etp for x in tokens)
         meta = (("speed", speed),) if speed != 1.0 else ()  # the EP rank's own GPU speed
@@ -186,26 +230,36 @@ class LayerBuilder:
             steps.append(coll_step("etp_ag", Coll.ALL_GATHER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
         steps += self._fp8(replace(_grouped("expert_up", loads, up, m.hidden_size), meta=meta))
         steps.append(replace(elementwise_step("expert_act", received * (up + width) * ACT_BYTES, "activation"), meta=meta))
+        steps += self._unfused_act("expert_act", received, width, meta)
         steps += self._fp8(replace(_grouped("expert_down", loads, m.hidden_size, width), meta=meta))
         if plan.etp > 1:
             steps.append(coll_step("etp_rs", Coll.REDUCE_SCATTER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
         return steps
+
+    def _pads(self) -> bool:
+        """Whether experts compute their padded capacity: the stack's dispatch path, or
+        the RoutingSpec's when the stack leaves it to routing."""
+        path = self.stack.moe.dispatch
+        return self.routing.pad_to_capacity if path is Dispatch.ROUTING else path is Dispatch.CAPACITY
 
     def embedding_forward(self) -> list[Step]:
         return [elementwise_step("embedding", 2 * self.local_tokens * self.model.hidden_size * ACT_BYTES, "embedding")]
 
     def head_forward(self) -> list[Step]:
         m, tp = self.model, self.plan.tp
-        steps = [self._norm("final_norm"), *self._tp_enter("head")]
+        steps = [*self._norms("final_norm"), *self._tp_enter("head")]
         head = gemm_step("lm_head", self.tokens, m.hidden_size, m.vocab_size // tp, "lm_head")
         steps.append(replace(head, meta=(("dtype", "bf16"),)) if self.fp8 else head)  # FP8 recipes keep the head BF16
         steps.append(elementwise_step("loss", 3 * self.tokens * m.vocab_size // tp * LOGIT_BYTES, "loss"))
+        if not self.stack.fused("loss"):  # softmax written out, read back by the NLL kernel
+            steps.append(elementwise_step("loss_unfused", 2 * self.tokens * m.vocab_size // tp * LOGIT_BYTES, "loss"))
         return steps
 
     def layer_forward(self, layer: int) -> list[Step]:
         m = self.model
         mlp = self.moe_forward() if m.is_moe and layer >= m.num_dense_layers else self.mlp_forward()
-        return self.attention_forward() + mlp
+        steps = self.attention_forward() + mlp
+        return steps + self._host_overhead(steps)
 
 
 def _casts_before_gather(steps: list[Step]) -> list[Step]:

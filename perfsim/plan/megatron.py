@@ -107,6 +107,17 @@ def _dash(name: str) -> str:
     return name.replace("_", "-")
 
 
+def _finite(name: str, value) -> float:
+    """A finite number >= 0 (a NaN capacity factor would drop NaN tokens)."""
+    try:
+        number = float(str(value))
+    except ValueError:
+        number = float("nan")
+    if not 0 <= number < float("inf"):
+        raise ConfigError(f"--{_dash(name)}: expected a finite number >= 0, got {value!r}")
+    return number
+
+
 def _int(name: str, value) -> int:
     try:
         number = int(str(value))
@@ -150,7 +161,7 @@ def from_mapping(args: dict) -> MegatronPlan:
         elif name == "ddp_bucket_size":
             knobs["grad_bucket_bytes"] = 2 * _int(name, value)  # elements of bf16 gradients
         elif name == "moe_expert_capacity_factor":
-            overrides["capacity_factor"] = float(value)
+            overrides["capacity_factor"] = _finite(name, value)
         elif name in NOT_MODELLED:
             not_modelled.append((name, NOT_MODELLED[name]))
         elif name in IGNORED:

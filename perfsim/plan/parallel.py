@@ -10,6 +10,7 @@ from enum import StrEnum
 
 from perfsim.errors import ConfigError
 from perfsim.model.spec import ModelSpec
+from perfsim.system.stacks import IDEAL, StackSpec, load_stack
 
 
 class Recompute(StrEnum):
@@ -55,8 +56,13 @@ class ParallelPlan:
     # Megatron-Core --tp-comm-overlap (userbuffers): a TP all-gather runs beside the GEMM
     # that consumes it and a TP reduce-scatter beside the GEMM that produces it
     tp_comm_overlap: bool = False
+    # the software stack the step runs under (framework costs, fused kernels, dispatch path;
+    # system.stacks); a profile name is loaded
+    stack: StackSpec = IDEAL
 
     def __post_init__(self):
+        if not isinstance(self.stack, StackSpec):
+            object.__setattr__(self, "stack", load_stack(self.stack))
         for key in ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "mbs", "gbs", "seq"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -125,6 +131,8 @@ class ParallelPlan:
 
 
 def _plain(value):
+    if isinstance(value, StackSpec):
+        return value.name
     return str(value) if isinstance(value, StrEnum) else value
 
 

@@ -45,6 +45,7 @@ class RoutingSpec:
         except ValueError:
             choices = ", ".join(d.value for d in Distribution)
             raise ConfigError(f"routing.distribution must be one of {choices}, got {self.distribution!r}") from None
+        self._check_types()
         if self.skew < 0:
             raise ConfigError(f"routing.skew must be >= 0, got {self.skew!r}")
         if self.concentration <= 0:
@@ -55,6 +56,24 @@ class RoutingSpec:
             raise ConfigError("routing.histogram: a histogram distribution needs positive counts")
         if self.placement and self.speed_aware:
             raise ConfigError("routing.placement: give a placement or ask for speed_aware, not both")
+
+
+    def _check_types(self) -> None:
+        """Finite numbers and integer seeds/ranks (a NaN skew would route NaN tokens)."""
+        for key in ("skew", "concentration"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
+                raise ConfigError(f"routing.{key} must be a finite number, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"routing.seed must be an integer >= 0, got {self.seed!r}")
+        for key in ("histogram", "placement"):
+            value = getattr(self, key)
+            if not isinstance(value, tuple | list):
+                raise ConfigError(f"routing.{key} must be a tuple, got {value!r}")
+        if any(isinstance(x, bool) or not isinstance(x, int | float) or not np.isfinite(x) for x in self.histogram):
+            raise ConfigError(f"routing.histogram must hold finite numbers, got {list(self.histogram)[:8]}")
+        if any(isinstance(r, bool) or not isinstance(r, int) for r in self.placement):
+            raise ConfigError(f"routing.placement must hold integer EP ranks, got {list(self.placement)[:8]}")
 
 
 UNIFORM = RoutingSpec()

@@ -201,7 +201,7 @@ def check_output(path: str | Path, force: bool, flag: str) -> Path:
     return path
 
 
-def write_atomic(path: str | Path, text: str, flag: str) -> Path:
+def write_atomic(path: str | Path, text: str | bytes, flag: str) -> Path:
     """Write ``text`` through a temporary file unique to this writer, then rename: readers
     see the old file or the new one, never half of one; nothing is left behind on failure."""
     path = Path(path)
@@ -212,7 +212,8 @@ def write_atomic(path: str | Path, text: str, flag: str) -> Path:
         raise ConfigError(f"{flag}: cannot write {str(path)!r} ({exc.strerror or exc})") from None
     try:
         os.fchmod(fd, _file_mode())  # mkstemp makes 0600; the output gets the mode open() would give it
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+        binary = isinstance(text, bytes)
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": ""})) as handle:
             handle.write(text)
         os.replace(tmp, path)
     except OSError as exc:

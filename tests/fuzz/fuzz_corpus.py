@@ -203,6 +203,17 @@ CLI_CASES = [
     _c("cli.measure", f"{VAL} --html {{existing}}", mention="html"),
     _c("cli.measure", f"{VAL} --json", "ok"),
     _c("cli.measure", f"{VAL} --html {{out}}", "ok"),
+    # framework flags and multi-node tables
+    _c("cli.frameworks", [*SIM.split(), "--megatron-args", "--tensor-model-parallel-size 0"],
+       mention="tensor-model-parallel-size"),
+    _c("cli.frameworks", [*SIM.split(), "--megatron-args", "--moe-expert-capacity-factor nan"],
+       mention="moe-expert-capacity-factor"),
+    _c("cli.frameworks", [*SIM.split(), "--megatron-args", "'unterminated"], mention="megatron-args"),
+    _c("cli.frameworks", [*SIM.split(), "--primus-config", "{binary_log}"], mention="binary.log"),
+    _c("cli.frameworks", [*SIM.split(), "--primus-config", "{deep_json}"], "any"),
+    _c("cli.measure", "calibrate --collective-csv {binary_csv} --out {out}", mention="binary.csv"),
+    _c("cli.measure", "calibrate --dispatch-csv {binary_csv} --out {out}", mention="binary.csv"),
+    _c("cli.measure", "calibrate --collective-csv {kernels_nan_csv} --out {out}", mention="kernels_nan.csv"),
     # simulate --trace
     _c("cli.files", f"{SIM} --trace {{existing}}", mention="trace"),
     _c("cli.files", f"{SIM} --trace {{tmp}}", mention="trace"),

@@ -42,11 +42,21 @@ def simulate_argv(draw) -> list[str]:
     return argv
 
 
+MEGATRON_FLAGS = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "micro-batch-size",
+                  "global-batch-size", "seq-length", "moe-expert-capacity-factor", "ddp-bucket-size",
+                  "num-layers-per-virtual-pipeline-stage", "context-parallel-size", "expert-model-parallel-size")
+
+
 @st.composite
 def command_argv(draw) -> list[str]:
     """collective, sizing, goodput, search and moe-width with edge values in their flags."""
-    kind = draw(st.sampled_from(["collective", "sizing", "goodput", "search", "moe-width"]))
+    kind = draw(st.sampled_from(["collective", "sizing", "goodput", "search", "moe-width", "megatron"]))
     value = lambda: draw(NUMBER_TEXT)  # noqa: E731
+    if kind == "megatron":
+        flags = draw(st.lists(st.sampled_from(MEGATRON_FLAGS), min_size=1, max_size=3, unique=True))
+        text = " ".join(f"--{f} {value()}" for f in flags)
+        return ["simulate", "--model", "llama3.1-8b", "--nodes", "1", "--gbs", "8", "--seq", "1024", "--engine",
+                "analytic", "--megatron-args", text]
     if kind == "collective":
         return ["collective", "--op", draw(st.sampled_from(["all_reduce", "all_to_all", "x"])), "--gpus",
                 draw(st.sampled_from(["8", "16", "0", value()])), "-b", draw(st.sampled_from(["8", "1M", value()])),

@@ -165,3 +165,32 @@ MORE_CASES = (_cases("search", perfsim.search, SEARCH, SEARCH_ARGS)
 def test_search_and_calibration_wrong_argument(name, fn, base, arg, value):
     result = record(f"api.{name}", run_api(lambda: fn(**{**base, arg: value})))
     assert result.outcome in GOOD, f"{name}({arg}={value!r}): {result}"
+
+
+# ---- the specs people build by hand ----------------------------------------------------------
+
+from perfsim.plan.routing import RoutingSpec  # noqa: E402
+from perfsim.plan.stragglers import VariabilitySpec  # noqa: E402
+
+SPEC_BAD = [None, "x", NAN, INF, -1, [1], True]
+SPECS = {
+    "FailureModel.mtbf_node_s": lambda v: goodput.FailureModel(mtbf_node_s=v),
+    "CheckpointCost.delta_s": lambda v: goodput.CheckpointCost(delta_s=v, restart_s=1.0),
+    "load_storage": lambda v: checkpoint.load_storage(v),
+    "Serving.batch": lambda v: moe_width.Serving(batch=v),
+    "Training.seq": lambda v: moe_width.Training(seq=v),
+    "RoutingSpec.skew": lambda v: RoutingSpec(distribution="zipf", skew=v),
+    "RoutingSpec.concentration": lambda v: RoutingSpec(distribution="dirichlet", concentration=v),
+    "RoutingSpec.seed": lambda v: RoutingSpec(seed=v),
+    "RoutingSpec.histogram": lambda v: RoutingSpec(distribution="histogram", histogram=v),
+    "VariabilitySpec.cv": lambda v: VariabilitySpec(cv=v),
+    "efficiency_grid.x_values": lambda v: sizing.efficiency_grid(MODEL, NODE.gpu, "hidden_size", v, "ffn_hidden_size",
+                                                                 [4096]),
+}
+SPEC_CASES = [(name, value) for name in SPECS for value in SPEC_BAD]
+
+
+@pytest.mark.parametrize("name, value", SPEC_CASES, ids=[f"{n}={v!r}" for n, v in SPEC_CASES])
+def test_spec_wrong_value(name, value):
+    result = record("api.specs", run_api(lambda: SPECS[name](value)))
+    assert result.outcome in GOOD, f"{name}({value!r}): {result}"

@@ -1,0 +1,177 @@
+"""Software-stack profiles: what the training framework adds to the hardware's time.
+
+A stack profile (``hardware_profiles/stacks/*.toml``) holds the few stack-dependent,
+physically meaningful parameters -- host gaps between kernels, a per-layer framework
+overhead, host syncs per MoE layer, the MoE dispatch path, which kernels are fused,
+the overlap policy and the FP8 recipe's extra cast traffic. Every table carries its
+``source`` (``assumed`` where no public number exists). ``ideal`` adds nothing: it is
+perfsim's behaviour without a stack. Lowering (``lowering.layers``) turns a stack into
+steps, so the engine and the closed form price the same thing.
+"""
+
+import dataclasses
+import functools
+import tomllib
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from perfsim.errors import ConfigError
+from perfsim.system.specio import from_dict
+
+STACK_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles" / "stacks"
+FUSIBLE = ("rmsnorm", "swiglu", "rope", "loss")  # kernels a stack may run fused (one HBM pass)
+
+
+class Dispatch(StrEnum):
+    DROPLESS = "dropless"  # experts compute only the tokens routed to them (grouped GEMM)
+    CAPACITY = "capacity"  # experts compute their full capacity, padded (dense dispatch)
+    ROUTING = "routing"  # whatever the RoutingSpec says (ideal: perfsim's default)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostCosts:
+    """Host-side time the framework adds on the compute stream."""
+
+    kernel_gap_us: float = 0.0  # per compute kernel, beyond the GPU profile's launch cost
+    layer_overhead_us: float = 0.0  # per layer pass (forward, backward, recompute)
+    source: str = "assumed"
+
+    def __post_init__(self):
+        _non_negative("launch", kernel_gap_us=self.kernel_gap_us, layer_overhead_us=self.layer_overhead_us)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoeCosts:
+    dispatch: Dispatch = Dispatch.ROUTING
+    host_syncs_per_layer: int = 0  # device->host syncs per MoE layer pass (token counts to the host)
+    host_sync_us: float = 0.0  # one sync: drain the queue, copy, resume launching
+    source: str = "assumed"
+
+    def __post_init__(self):
+        object.__setattr__(self, "dispatch", _enum(Dispatch, self.dispatch, "moe.dispatch"))
+        if isinstance(self.host_syncs_per_layer, bool) or not isinstance(self.host_syncs_per_layer, int) \
+                or self.host_syncs_per_layer < 0:
+            raise ConfigError(f"stack.moe.host_syncs_per_layer must be an integer >= 0, got {self.host_syncs_per_layer!r}")
+        _non_negative("moe", host_sync_us=self.host_sync_us)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fusion:
+    fused: tuple[str, ...] = FUSIBLE  # the kernels the stack runs fused; the rest cost extra HBM passes
+    source: str = "assumed"
+
+    def __post_init__(self):
+        object.__setattr__(self, "fused", tuple(self.fused))
+        for name in self.fused:
+            if name not in FUSIBLE:
+                raise ConfigError(f"stack.fusion.fused: {name!r} is not one of {', '.join(FUSIBLE)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverlapPolicy:
+    """The stack's defaults for the plan's overlap knobs; unset leaves perfsim's default."""
+
+    tp_comm: bool | None = None
+    grad_reduce: bool | None = None
+    source: str = "assumed"
+
+    def __post_init__(self):
+        for key in ("tp_comm", "grad_reduce"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, bool):
+                raise ConfigError(f"stack.overlap.{key} must be true or false, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fp8Recipe:
+    cast_bytes_factor: float = 1.0  # HBM traffic of the recipe's casts relative to current scaling
+    source: str = "assumed"
+
+    def __post_init__(self):
+        _non_negative("fp8", cast_bytes_factor=self.cast_bytes_factor)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackSpec:
+    name: str = "ideal"
+    description: str = "no framework cost: perfsim's hardware-only step"
+    source: str = "assumed"
+    launch: HostCosts = field(default_factory=HostCosts)
+    moe: MoeCosts = field(default_factory=MoeCosts)
+    fusion: Fusion = field(default_factory=Fusion)
+    overlap: OverlapPolicy = field(default_factory=OverlapPolicy)
+    fp8: Fp8Recipe = field(default_factory=Fp8Recipe)
+
+    def fused(self, kernel: str) -> bool:
+        return kernel in self.fusion.fused
+
+    def plan_defaults(self) -> dict:
+        """Plan knobs the stack sets unless the user sets them."""
+        pairs = (("tp_comm_overlap", self.overlap.tp_comm), ("overlap_grad_reduce", self.overlap.grad_reduce))
+        return {k: v for k, v in pairs if v is not None}
+
+    def with_values(self, **values: float) -> "StackSpec":
+        """A copy with ``table.key`` values replaced (calibration), e.g. ``{"launch.layer_overhead_us": 40}``."""
+        tables: dict[str, dict] = {}
+        for dotted, value in values.items():
+            table, _, key = dotted.partition(".")
+            tables.setdefault(table, {})[key] = value
+        try:
+            parts = {t: dataclasses.replace(getattr(self, t), **kv) for t, kv in tables.items()}
+        except (AttributeError, TypeError) as exc:
+            raise ConfigError(f"stack: cannot set {sorted(values)} ({exc})") from None
+        return dataclasses.replace(self, **parts)
+
+
+
+def _non_negative(table: str, **values: float) -> None:
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise ConfigError(f"stack.{table}.{key} must be a number >= 0, got {value!r}")
+
+
+def _enum(cls: type, value, key: str):
+    try:
+        return cls(value)
+    except ValueError:
+        raise ConfigError(f"stack.{key}: {value!r} is not one of {', '.join(m.value for m in cls)}") from None
+
+
+IDEAL = StackSpec()  # the default: adds nothing (hardware_profiles/stacks/ideal.toml holds the same values)
+
+
+def list_stacks() -> list[str]:
+    return sorted(p.stem for p in STACK_DIR.glob("*.toml"))
+
+
+def load_stack(name_or_path: "str | Path | StackSpec") -> StackSpec:
+    """A stack profile by name (``maxtext``) or path; strict about keys and values."""
+    if isinstance(name_or_path, StackSpec):
+        return name_or_path
+    if not isinstance(name_or_path, str | Path):
+        raise ConfigError(f"stack: expected a profile name or path, got {name_or_path!r}")
+    path = Path(name_or_path)
+    if path.suffix != ".toml" and not path.exists():
+        path = STACK_DIR / f"{name_or_path}.toml"
+        if not path.is_file():
+            raise ConfigError(f"stack: unknown profile {str(name_or_path)!r} (known: {', '.join(list_stacks())})")
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError as exc:
+        raise ConfigError(f"stack: cannot read {str(path)!r} ({exc.strerror})") from None
+    return _load_file(str(path.resolve()), stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_file(path: str, stamp: int) -> StackSpec:  # stamp: a rewritten file loads again
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: profile is not UTF-8 text (bad byte at offset {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"stack: cannot read {path!r} ({exc.strerror})") from None
+    return from_dict(StackSpec, data, path)

@@ -1,0 +1,177 @@
+"""Software-stack profiles (system.stacks): strict loading, ``ideal`` = perfsim without a
+stack, and each stack parameter moving the step the way its physics says, identically in
+the engine and the closed form (both price ``graph.block_passes``)."""
+
+import dataclasses
+import json
+import tomllib
+
+import pytest
+
+import perfsim.api as api
+from perfsim.cli import main
+from perfsim.errors import ConfigError
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.system.stacks import FUSIBLE, IDEAL, STACK_DIR, StackSpec, list_stacks, load_stack
+
+MOE = dict(model="deepseek-v2-lite", cluster="mi300x-pollara", nodes=2, tp=1, ep=8, mbs=1, gbs=32, seq=4096,
+           recompute="full")
+DENSE = dict(model="llama3.1-8b", cluster="mi300x-pollara", nodes=1, tp=2, pp=2, mbs=1, gbs=32, seq=4096,
+             recompute="selective")
+TABLES = ("launch", "moe", "fusion", "overlap", "fp8")
+
+
+def step(estimator="analytic", stack=None, **case) -> api.Report:
+    knobs = {**case, **({"stack": stack} if stack is not None else {})}
+    return api.simulate(estimator=estimator, check_memory=False, **knobs)
+
+
+def test_the_five_stacks_ship_and_every_table_has_a_source():
+    assert set(list_stacks()) >= {"ideal", "megatron-primus", "maxtext", "torchtitan", "nemo"}
+    for name in list_stacks():
+        spec = load_stack(name)
+        assert spec.name == name
+        for table in TABLES:
+            assert getattr(spec, table).source.strip(), f"{name}.{table} has no source"
+
+
+def test_ideal_profile_adds_nothing_to_lowering():
+    spec = load_stack("ideal")
+    strip = dict(name="x", description="", source="")
+    bare = {t: dataclasses.replace(getattr(spec, t), source="assumed") for t in TABLES}
+    assert dataclasses.replace(spec, **strip, **bare) == dataclasses.replace(IDEAL, **strip)
+
+
+@pytest.mark.parametrize("case", [MOE, DENSE], ids=["moe", "dense"])
+@pytest.mark.parametrize("estimator", ["des", "analytic"])
+def test_ideal_reproduces_the_stackless_numbers_exactly(case, estimator):
+    before, ideal = step(estimator, None, **case), step(estimator, "ideal", **case)
+    assert ideal.step_time_s == before.step_time_s
+    assert ideal.breakdown == before.breakdown
+    assert ideal.peak_memory_bytes == before.peak_memory_bytes
+    assert ideal.stack == "ideal" and before.stack == "ideal"
+
+
+@pytest.mark.parametrize("stack", ["megatron-primus", "maxtext", "torchtitan"])
+def test_engine_and_closed_form_agree_under_a_stack(stack):
+    des, cf = step("des", stack, **MOE), step("analytic", stack, **MOE)
+    assert des.stack == cf.stack == stack
+    assert cf.step_time_s == pytest.approx(des.step_time_s, rel=0.01)
+    assert cf.breakdown["framework"] == pytest.approx(des.breakdown["framework"], rel=1e-9)
+
+
+def test_host_syncs_cost_what_the_profile_says_per_moe_layer_pass():
+    model = api.load_model(MOE["model"])
+    spec = load_stack("megatron-primus")
+    r = step("analytic", spec, **MOE)
+    moe_layers = model.num_layers - model.num_dense_layers
+    passes = 2  # forward and backward (the full recompute's re-run counts as "recompute")
+    microbatches = MOE["gbs"] // (MOE["mbs"] * 16)
+    expected = moe_layers * passes * microbatches * spec.moe.host_syncs_per_layer * spec.moe.host_sync_us * 1e-6
+    assert r.breakdown["host_sync"] == pytest.approx(expected, rel=1e-9)
+    assert "host_sync" not in step("analytic", "maxtext", **MOE).breakdown  # XLA: no device->host sync
+
+
+def test_layer_overhead_and_kernel_gaps_raise_the_step_monotonically():
+    base = load_stack("ideal")
+    times = []
+    for overhead, gap in ((0.0, 0.0), (20.0, 0.0), (20.0, 2.0), (80.0, 2.0)):
+        spec = base.with_values(**{"launch.layer_overhead_us": overhead, "launch.kernel_gap_us": gap})
+        times.append(step("analytic", spec, **DENSE).step_time_s)
+    assert times[0] < times[1] < times[2] < times[3]
+
+
+@pytest.mark.parametrize("kernel, category", [("rmsnorm", "norm"), ("swiglu", "activation"), ("loss", "loss")])
+def test_an_unfused_kernel_costs_extra_hbm_passes(kernel, category):
+    fused = step("analytic", "ideal", **DENSE)
+    rest = tuple(k for k in FUSIBLE if k != kernel)
+    unfused = step("analytic", load_stack("ideal").with_values(**{"fusion.fused": rest}), **DENSE)
+    assert unfused.breakdown[category] > fused.breakdown[category]
+    assert unfused.step_time_s > fused.step_time_s
+
+
+def test_unfused_rope_adds_its_own_kernel():
+    spec = load_stack("ideal").with_values(**{"fusion.fused": ("rmsnorm", "swiglu", "loss")})
+    assert "rope" not in step("analytic", "ideal", **DENSE).breakdown
+    assert step("analytic", spec, **DENSE).breakdown["rope"] > 0
+
+
+def test_capacity_dispatch_computes_the_padding_dropless_does_not():
+    model = dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=2.0)
+    case = {**MOE, "model": model}
+    pad = load_stack("ideal").with_values(**{"moe.dispatch": "capacity"})
+    dropless = load_stack("ideal").with_values(**{"moe.dispatch": "dropless"})
+    assert step("analytic", pad, **case).breakdown["experts"] > step("analytic", dropless, **case).breakdown["experts"]
+
+
+def test_maxtext_and_megatron_differ_by_dispatch_path_and_syncs():
+    model = dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=1.25)
+    case = {**MOE, "model": model}
+    mx, mg = step("des", "maxtext", **case), step("des", "megatron-primus", **case)
+    assert mx.breakdown["experts"] > mg.breakdown["experts"]  # maxtext pads to capacity
+    assert mg.breakdown.get("host_sync", 0) > 0 == mx.breakdown.get("host_sync", 0)
+
+
+def test_fp8_recipe_cast_factor_scales_the_casts():
+    case = {**DENSE, "dtype": "fp8"}
+    heavy = load_stack("ideal").with_values(**{"fp8.cast_bytes_factor": 2.0})
+    assert step("analytic", heavy, **case).breakdown["fp8_cast"] > step("analytic", "ideal", **case).breakdown["fp8_cast"]
+
+
+def test_overlap_policy_sets_plan_defaults_under_explicit_knobs():
+    assert load_stack("nemo").overlap.tp_comm is True
+    assert step("analytic", "nemo", **DENSE).plan["tp_comm_overlap"] is True
+    assert step("analytic", "nemo", **DENSE, tp_comm_overlap=False).plan["tp_comm_overlap"] is False
+
+
+def test_plan_dict_round_trips_with_its_stack():
+    plan = api.make_plan(8, tp=2, gbs=16, seq=4096, stack="maxtext")
+    assert plan.to_dict()["stack"] == "maxtext"
+    assert ParallelPlan(**plan.to_dict()) == plan
+
+
+@pytest.mark.parametrize("text, field", [
+    ('name = "x"\n[launch]\nkernel_gap_us = 1\nbogus = 2\n', "bogus"),
+    ('name = "x"\n[launch]\nlayer_overhead_us = -5\n', "layer_overhead_us"),
+    ('name = "x"\n[moe]\ndispatch = "sideways"\n', "dispatch"),
+    ('name = "x"\n[moe]\nhost_syncs_per_layer = 1.5\n', "host_syncs_per_layer"),
+    ('name = "x"\n[fusion]\nfused = ["layernorm"]\n', "layernorm"),
+    ('name = "x"\n[overlap]\ntp_comm = "yes"\n', "tp_comm"),
+    ('name = "x"\ncolour = "red"\n', "colour"),
+])
+def test_strict_loading_names_the_bad_field(tmp_path, text, field):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=field):
+        load_stack(path)
+
+
+def test_a_stack_file_by_path_loads_like_a_name(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_bytes((STACK_DIR / "maxtext.toml").read_bytes())
+    assert load_stack(path) == load_stack("maxtext")
+    assert tomllib.loads(path.read_text())["name"] == "maxtext"
+
+
+def test_cli_stack_flag_reports_the_stack(capsys):
+    args = ("simulate --model deepseek-v2-lite --nodes 2 --ep 8 --gbs 32 --seq 4096 --recompute full "
+            "--engine analytic --json --stack megatron-primus").split()
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stack"] == "megatron-primus" and out["plan"]["stack"] == "megatron-primus"
+    assert out["breakdown"]["host_sync"] > 0
+
+
+def test_cli_unknown_stack_is_one_line_exit_2(capsys):
+    args = "simulate --model llama3.1-8b --nodes 1 --gbs 8 --seq 4096 --stack nope".split()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stack" in err[0] and "nope" in err[0]
+
+
+def test_stack_spec_is_hashable_and_frozen():
+    spec = load_stack("megatron-primus")
+    assert hash(spec) == hash(load_stack("megatron-primus"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.name = "other"
+    assert isinstance(spec, StackSpec)
