@@ -50,3 +50,17 @@ def test_cli_case(named, tmp_path, surface, argv, expect, mention):
         assert result.outcome == "ok", f"{' '.join(argv)}\n{result}"
     if "existing.out" in " ".join(argv) and "--force" not in argv:
         assert (tmp_path / "existing.out").read_text() == "keep me\n", "an existing output was replaced without --force"
+
+
+def test_the_harness_sees_hangs_tracebacks_and_nan():
+    """The classifier can fail: a spin, a stray exception and a NaN answer are each caught."""
+    from fuzz_harness import run_api
+
+    def spin():
+        while True:
+            pass
+
+    assert run_api(spin, limit_s=0.5).outcome == "hang"
+    assert run_api(lambda: 1 / 0).outcome == "traceback"
+    assert run_api(lambda: {"step_time_s": float("nan")}).outcome == "nonfinite"
+    assert run_cli(["simulate", "--model", "llama3.1-8b", "--tp", "0", "--gbs", "8", "--seq", "8"]).outcome == "error"
