@@ -37,11 +37,23 @@ def distribution(rows) -> dict:
             "within_5pct": sum(e <= 0.05 for e in errs)}
 
 
+TOML = Path(__file__).resolve().parent.parent / "perfsim" / "estimators" / "agreement.toml"
+
+
+def write_toml(d: dict, plans: int, seed: int) -> None:
+    head = [line for line in TOML.read_text().splitlines() if line.startswith("#")]
+    body = [f'source = "measured: validation/bench_estimators.py --plans {plans} --seed {seed}"', f"plans = {plans}",
+            f"median_rel = {d['median']:.4f}", f"p95_rel = {d['p95']:.4f}", f"max_rel = {d['max']:.4f}"]
+    TOML.write_text("\n".join(head + body) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plans", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--write", action="store_true",
+                        help="record the distribution in perfsim/estimators/agreement.toml (what the search uses)")
     args = parser.parse_args()
     t0 = time.perf_counter()
     rows = measure(args.plans, args.seed)
@@ -51,6 +63,8 @@ def main() -> None:
           f"within 5%: {d['within_5pct']}/{args.plans}")
     print(f"  before (1721bd4):    median {BEFORE['median']:.2%}  p95 {BEFORE['p95']:.2%}  max {BEFORE['max']:.2%}  "
           f"within 5%: {BEFORE['within_5pct']}/{BEFORE['plans']}")
+    if args.write:
+        write_toml(d, args.plans, args.seed)
     print(f"  largest {args.top}:")
     for err, closed, engine, case in sorted(rows, key=lambda r: -abs(r[0]))[:args.top]:
         print(f"    {err:+7.1%}  closed {closed * 1e3:9.2f} ms  engine {engine * 1e3:9.2f} ms  {case.describe()}")
