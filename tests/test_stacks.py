@@ -18,7 +18,7 @@ MOE = dict(model="deepseek-v2-lite", cluster="mi300x-pollara", nodes=2, tp=1, ep
            recompute="full")
 DENSE = dict(model="llama3.1-8b", cluster="mi300x-pollara", nodes=1, tp=2, pp=2, mbs=1, gbs=32, seq=4096,
              recompute="selective")
-TABLES = ("launch", "moe", "fusion", "overlap", "fp8")
+TABLES = ("launch", "moe", "fusion", "overlap", "fp8", "kernels")
 
 
 def step(estimator="analytic", stack=None, **case) -> api.Report:
@@ -116,6 +116,16 @@ def test_fp8_recipe_cast_factor_scales_the_casts():
     case = {**DENSE, "dtype": "fp8"}
     heavy = load_stack("ideal").with_values(**{"fp8.cast_bytes_factor": 2.0})
     assert step("analytic", heavy, **case).breakdown["fp8_cast"] > step("analytic", "ideal", **case).breakdown["fp8_cast"]
+
+
+def test_kernel_speed_stretches_compute_not_communication():
+    slow = load_stack("ideal").with_values(**{"kernels.speed": 0.5})
+    fast, half = step("analytic", "ideal", **MOE), step("analytic", slow, **MOE)
+    for category in ("attention_proj", "experts", "norm", "lm_head"):
+        assert half.breakdown[category] == pytest.approx(2 * fast.breakdown[category], rel=1e-9)
+    assert half.comm_by_collective.keys() == fast.comm_by_collective.keys()
+    for key, value in fast.comm_by_collective.items():
+        assert half.comm_by_collective[key]["total_s"] == pytest.approx(value["total_s"], rel=1e-9)
 
 
 def test_overlap_policy_sets_plan_defaults_under_explicit_knobs():

@@ -14,6 +14,7 @@ time = max(FLOPs / (peak(dtype) * clock ratio * eff(shape)), bytes / (HBM bw * e
 Efficiencies come from the profile's tables; nothing here is a hardware constant.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -25,7 +26,7 @@ from perfsim.system.kernel_tables import DTYPE_BYTES, GemmEfficiency
 
 GFLOP = 1e9
 MBYTE = 1e6
-PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal", "host_s")  # op.meta keys compute_time reads
+PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal", "host_s", "kernel_speed")  # op.meta keys compute_time reads
 # the macro tile, its N side halved, its M side down to 1/8 (skinny-M kernels: 16- and
 # 32-row MFMA/WGMMA tiles for small token counts); the library picks the least padded
 _TILE_SPLITS = tuple((dm, dn) for dm in (1, 2, 4, 8) for dn in (1, 2))
@@ -209,6 +210,9 @@ def compute_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
     dtype = op.meta.get("dtype", dtype)
     if "host_s" in op.meta:  # host time a software stack adds (system.stacks): no GPU work
         return op.meta["host_s"]
+    if "kernel_speed" in op.meta:  # the stack's kernels against the tuned ones the tables hold
+        bare = dataclasses.replace(op, meta={k: v for k, v in op.meta.items() if k != "kernel_speed"})
+        return compute_time(bare, gpu, dtype) / op.meta["kernel_speed"]
     if op.kind is OpKind.GEMM:
         return _gemm_op_time(op, gpu, dtype)
     if op.kind is OpKind.GROUPED_GEMM:

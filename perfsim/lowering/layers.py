@@ -243,7 +243,7 @@ class LayerBuilder:
         return self.routing.pad_to_capacity if path is Dispatch.ROUTING else path is Dispatch.CAPACITY
 
     def embedding_forward(self) -> list[Step]:
-        return [elementwise_step("embedding", 2 * self.local_tokens * self.model.hidden_size * ACT_BYTES, "embedding")]
+        return self._kernel_speed([elementwise_step("embedding", 2 * self.local_tokens * self.model.hidden_size * ACT_BYTES, "embedding")])
 
     def head_forward(self) -> list[Step]:
         m, tp = self.model, self.plan.tp
@@ -253,13 +253,21 @@ class LayerBuilder:
         steps.append(elementwise_step("loss", 3 * self.tokens * m.vocab_size // tp * LOGIT_BYTES, "loss"))
         if not self.stack.fused("loss"):  # softmax written out, read back by the NLL kernel
             steps.append(elementwise_step("loss_unfused", 2 * self.tokens * m.vocab_size // tp * LOGIT_BYTES, "loss"))
-        return steps
+        return self._kernel_speed(steps)
 
     def layer_forward(self, layer: int) -> list[Step]:
         m = self.model
         mlp = self.moe_forward() if m.is_moe and layer >= m.num_dense_layers else self.mlp_forward()
-        steps = self.attention_forward() + mlp
+        steps = self._kernel_speed(self.attention_forward() + mlp)
         return steps + self._host_overhead(steps)
+
+    def _kernel_speed(self, steps: list[Step]) -> list[Step]:
+        """Compute steps run at the stack's kernel speed (1: the tuned kernels the tables hold)."""
+        speed = self.stack.kernels.speed
+        if speed == 1.0:
+            return steps
+        return [replace(s, meta=s.meta + (("kernel_speed", speed),)) if s.stream is Stream.COMPUTE else s
+                for s in steps]
 
 
 def _casts_before_gather(steps: list[Step]) -> list[Step]:

@@ -93,6 +93,20 @@ class Fp8Recipe:
 
 
 @dataclass(frozen=True, kw_only=True)
+class KernelQuality:
+    """Speed of the stack's compute kernels relative to the tuned libraries the GPU's
+    kernel tables were fitted on (compiler-generated or untuned kernels run slower)."""
+
+    speed: float = 1.0
+    source: str = "assumed"
+
+    def __post_init__(self):
+        _non_negative("kernels", speed=self.speed)
+        if not self.speed > 0:
+            raise ConfigError(f"stack.kernels.speed must be > 0, got {self.speed!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class StackSpec:
     name: str = "ideal"
     description: str = "no framework cost: perfsim's hardware-only step"
@@ -102,6 +116,7 @@ class StackSpec:
     fusion: Fusion = field(default_factory=Fusion)
     overlap: OverlapPolicy = field(default_factory=OverlapPolicy)
     fp8: Fp8Recipe = field(default_factory=Fp8Recipe)
+    kernels: KernelQuality = field(default_factory=KernelQuality)
 
     def fused(self, kernel: str) -> bool:
         return kernel in self.fusion.fused
