@@ -1,5 +1,6 @@
 """The public facade: load inputs, simulate or estimate a step, time a collective."""
 
+import functools
 import logging
 from dataclasses import fields, replace
 from os import PathLike
@@ -143,8 +144,11 @@ def _check_engine_work(model: ModelSpec, plan: ParallelPlan, fold: bool) -> None
             "estimator='analytic') or fewer microbatches (a larger mbs or a smaller gbs)")
 
 
+_plan_memory = functools.lru_cache(maxsize=256)(plan_memory)  # immutable answers, reused per plan
+
+
 def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, check_memory: bool):
-    memory = plan_memory(model, plan)
+    memory = _plan_memory(model, plan)
     worst = max(memory, key=lambda m: m.total_bytes)
     warnings = []
     if worst.total_bytes > cluster.gpu.hbm_bytes:
