@@ -431,6 +431,29 @@ def test_calibrate_mape_figures_agree_with_the_fit_table_and_validate():
     assert not [w for w in at.warning if "NVIDIA" in w.value]
 
 
+def test_calibrate_with_every_shipped_example_fits_like_the_readme():
+    """The README's calibrate example (nograph log + GEMM CSV + p2p table) from the page's
+    shipped-example pickers: same fit as `perfsim calibrate` on those files."""
+    at = start("calibrate")
+    assert at.multiselect(key="w.c_kernel_examples").options == ["gemm_mi300x_measured.csv"]
+    assert at.multiselect(key="w.c_p2p_examples").options == ["xgmi_p2p_measured.csv"]
+    at.multiselect(key="w.c_examples").set_value([EXAMPLE_LOG.name]).run()
+    at.multiselect(key="w.c_kernel_examples").set_value(["gemm_mi300x_measured.csv"]).run()
+    at.multiselect(key="w.c_p2p_examples").set_value(["xgmi_p2p_measured.csv"]).run()
+    ok(at)
+    next(b for b in at.button if b.label.startswith("Fit")).click().run()
+    ok(at)
+    assert not errors(at), errors(at)
+    fits = at.dataframe[-1].value
+    data = ROOT / "validation" / "data"
+    direct = perfsim.calibrate("mi300x-pollara", rccl_logs=[str(EXAMPLE_LOG)],
+                               kernel_csvs=[str(data / "gemm_mi300x_measured.csv")],
+                               p2p=[str(data / "calibration" / "xgmi_p2p_measured.csv")])
+    names = {f.name for f in direct.fits}
+    assert set(fits["name"]) == names and {"collectives", "links"} <= names
+    assert any(n.startswith("gemm") for n in names)  # the kernel CSV was fitted too
+
+
 def test_calibrate_warns_when_an_nvidia_log_meets_an_amd_profile():
     at = start("calibrate")
     at.multiselect(key="w.c_examples").set_value(["azure_ndh100v5_1node_8gpu_nccl_nvls.log"]).run()

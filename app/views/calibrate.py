@@ -17,6 +17,8 @@ st.title("Calibrate")
 from perfsim.calibration.readers import read_kernel_csv, read_rccl_log  # noqa: E402
 
 EXAMPLES = sorted((common.DATA_DIR / "calibration" / "rccl-tests").glob("*.log"))
+KERNEL_EXAMPLES = sorted(common.DATA_DIR.glob("gemm_*.csv"))  # the README's calibrate example (perfsim kernel schema)
+P2P_EXAMPLES = sorted((common.DATA_DIR / "calibration").glob("*p2p*.csv"))
 clusters = common.cluster_names()
 current = common.get_inputs()["cluster"]
 cluster = st.selectbox("Profile to calibrate", clusters, key="w.c_cluster",
@@ -28,8 +30,13 @@ csvs = b.file_uploader("Kernel CSVs (perfsim kernel schema)", type=["csv"], acce
                        key="w.c_csvs")
 p2ps = c.file_uploader("Point-to-point tables (TransferBench / CSV)", type=["csv", "txt", "log"],
                        accept_multiple_files=True, key="w.c_p2p")
-examples = st.multiselect("...or shipped example logs", [p.name for p in EXAMPLES], key="w.c_examples",
-                          help=f"from {common.DATA_DIR / 'calibration' / 'rccl-tests'}")
+a, b, c = st.columns(3)
+examples = a.multiselect("...or shipped example logs", [p.name for p in EXAMPLES], key="w.c_examples",
+                         help=f"from {common.DATA_DIR / 'calibration' / 'rccl-tests'} (sources: SOURCES.md there)")
+kernel_examples = b.multiselect("...or shipped kernel CSVs", [p.name for p in KERNEL_EXAMPLES], key="w.c_kernel_examples",
+                                help=f"from {common.DATA_DIR}")
+p2p_examples = c.multiselect("...or shipped p2p tables", [p.name for p in P2P_EXAMPLES], key="w.c_p2p_examples",
+                             help=f"from {common.DATA_DIR / 'calibration'}")
 
 workdir = Path(st.session_state.setdefault("calibrate.dir", tempfile.mkdtemp(prefix="perfsim-cal-")))
 
@@ -45,8 +52,8 @@ def saved(files) -> list[Path]:
 
 
 log_paths = saved(logs) + [p for p in EXAMPLES if p.name in examples]
-csv_paths = saved(csvs)
-p2p_paths = saved(p2ps)
+csv_paths = saved(csvs) + [p for p in KERNEL_EXAMPLES if p.name in kernel_examples]
+p2p_paths = saved(p2ps) + [p for p in P2P_EXAMPLES if p.name in p2p_examples]
 if not log_paths and not csv_paths and not p2p_paths:
     st.info("Upload rccl-tests logs or kernel CSVs, or pick a shipped example log.", icon=":material/upload_file:")
     st.stop()

@@ -244,6 +244,10 @@ def _cmd_collective(args) -> int:
 def _cmd_calibrate(args) -> int:
     from perfsim.calibration.calibrate import calibrate  # layer 7
 
+    if args.runs:
+        from perfsim.cli import runs
+
+        return runs.cmd_calibrate(args)
     check_output(args.out, args.force, "--out")
     result = calibrate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.gemm_csv, p2p=args.p2p, out=args.out,
                        force=args.force, fit_windows=not args.fix_windows, in_place=args.in_place,
@@ -270,6 +274,12 @@ def _need_plotly(flag: str) -> None:
 def _cmd_validate(args) -> int:
     from perfsim.calibration.validate import validate, write_html  # layer 7
 
+    if args.runs:
+        from perfsim.cli import runs
+
+        if args.html:
+            _need_plotly("--html")
+        return runs.cmd_validate(args, dumps)
     if args.html:
         _need_plotly("--html")
     if args.html:
@@ -314,6 +324,8 @@ def _add_calibration_parsers(sub) -> None:
     cal.add_argument("--fix-windows", action="store_true", help="keep the protocol and direct-kernel size windows")
     cal.add_argument("--in-place", action="store_true", help="fit the in-place rccl-tests columns")
     cal.add_argument("--regenerate-gemm", action="store_true", help="new GEMM table knots over the measured sizes")
+    _add_runs_args(cal, "fit a software-stack profile to these measured runs (validation/runs/*.csv layout) "
+                        "and write it to --out")
     cal.set_defaults(func=_cmd_calibrate)
     val = sub.add_parser("validate", help="predicted vs measured; exit 1 when --max-mape is exceeded")
     val.add_argument("--cluster", default="mi300x-pollara", help="profile name or .toml path")
@@ -327,7 +339,19 @@ def _add_calibration_parsers(sub) -> None:
     val.add_argument("--max-mape", type=a.number(0), help="accuracy gate: exit 1 when the overall MAPE (%%) exceeds it")
     val.add_argument("--force", action="store_true", help="replace an existing --html report")
     val.add_argument("--json", action="store_true")
+    _add_runs_args(val, "measured training runs (validation/runs/*.csv layout): signed error per run, MAPE per "
+                        "stack, model family, scale and source")
+    val.add_argument("--loso", action="store_true",
+                     help="with --runs: fit each stack leaving one source out and price the held-out source")
     val.set_defaults(func=_cmd_validate)
+
+
+def _add_runs_args(p, runs_help: str) -> None:
+    p.add_argument("--runs", action="append", default=[], help=runs_help + " (repeatable)")
+    p.add_argument("--stack", default=None, help="with --runs: stack profile to use (validate) or fit (calibrate)")
+    p.add_argument("--fit", action="append", default=None,
+                   help="with --runs: a free stack parameter to fit (repeatable; default kernels.speed and "
+                        "launch.layer_overhead_us)")
 
 
 def _cmd_list(args) -> int:

@@ -17,7 +17,9 @@ from enum import StrEnum
 from pathlib import Path
 
 from perfsim.errors import ConfigError
-from perfsim.system.specio import from_dict
+import tomli_w
+
+from perfsim.system.specio import from_dict, to_dict, write_atomic
 
 STACK_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles" / "stacks"
 FUSIBLE = ("rmsnorm", "swiglu", "rope", "loss")  # kernels a stack may run fused (one HBM pass)
@@ -190,3 +192,17 @@ def _load_file(path: str, stamp: int) -> StackSpec:  # stamp: a rewritten file l
     except OSError as exc:
         raise ConfigError(f"stack: cannot read {path!r} ({exc.strerror})") from None
     return from_dict(StackSpec, data, path)
+
+
+def dump_stack(spec: StackSpec) -> str:
+    """TOML text of ``spec`` (unset overlap keys left out); loads back equal."""
+    data = to_dict(spec)
+    data["overlap"] = {k: v for k, v in data["overlap"].items() if v is not None}
+    return tomli_w.dumps(data)
+
+
+def write_stack(spec: StackSpec, path: str | Path, overwrite: bool = False) -> Path:
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise ConfigError(f"--out: {str(path)!r} exists (pass --force to replace it)")
+    return write_atomic(path, dump_stack(spec), "--out")

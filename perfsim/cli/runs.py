@@ -1,0 +1,112 @@
+"""``perfsim validate --runs FILE`` and ``perfsim calibrate --runs FILE``: measured
+training runs against perfsim (design.runs), and a stack profile fitted to them
+(design.runs_fit). Presentation only."""
+
+import html
+import sys
+from pathlib import Path
+
+from perfsim.design import runs as runs_mod
+from perfsim.design.runs_fit import DEFAULT_PARAMS, fit_stack, leave_one_out
+from perfsim.errors import ConfigError
+from perfsim.system.specio import check_finite_output, check_output, write_atomic
+from perfsim.system.stacks import load_stack, write_stack
+
+GROUPS = ("stack", "family", "scale", "source_id")
+
+
+def table(result: runs_mod.RunsValidation) -> list[str]:
+    lines = [f"# perfsim validate --runs{' (' + result.label + ')' if result.label else ''}; "
+             "error = (predicted - measured) / measured",
+             f"{'run':<22} {'stack':<16} {'metric':<22} {'measured':>10} {'predicted':>10} {'error_%':>8} {'fits':>5}"]
+    for r in result.results:
+        lines.append(f"{r.case.id[:22]:<22} {r.stack[:16]:<16} {r.case.metric[:22]:<22} {r.case.measured:>10.4g} "
+                     f"{r.predicted:>10.4g} {r.error_pct:>+8.1f} {'yes' if r.fits else 'NO':>5}")
+    for key in GROUPS:
+        for group, err in result.by(key).items():
+            lines.append(f"MAPE {err:6.1f}%  {key} {group}")
+    lines.append(f"MAPE {result.mape:6.1f}%  overall ({len(result.results)} runs), median |error| "
+                 f"{result.median_abs_pct:.1f}%")
+    return lines
+
+
+def cmd_validate(args, dumps) -> int:
+    if args.html:
+        check_output(args.html, args.force, "--html")
+    cases = runs_mod.read_all(args.runs)
+    if args.loso:
+        result = _loso(cases, tuple(args.fit or DEFAULT_PARAMS))
+    else:
+        stack = load_stack(args.stack) if args.stack else None
+        result = runs_mod.validate_runs(cases, {c.id: stack for c in cases} if stack else None,
+                                        label=f"all runs under {stack.name}" if stack else "each run's stack profile")
+    check_finite_output(result.to_dict(), "validate")
+    if args.html:
+        write_html(result, args.html)
+    print(dumps(result.to_dict()) if args.json else "\n".join(table(result)))
+    if args.max_mape is not None and result.mape > args.max_mape:
+        print(f"perfsim: accuracy gate failed: MAPE {result.mape:.2f}% > --max-mape {args.max_mape}%", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _loso(cases, params) -> runs_mod.RunsValidation:
+    """Per stack: leave-one-source-out fits where the stack has runs from two or more
+    sources; runs of a single-source stack keep the shipped profile (nothing to hold out)."""
+    results, stacks = [], sorted({c.stack for c in cases})
+    for stack in stacks:
+        mine = [c for c in cases if c.stack == stack]
+        if len({c.source_id for c in mine}) > 1:
+            results += leave_one_out(mine, stack, params).results
+        else:
+            results += runs_mod.validate_runs(mine).results
+    return runs_mod.RunsValidation(results=tuple(results), label="leave-one-source-out per stack "
+                                   "(single-source stacks: shipped profile, not fitted)")
+
+
+def cmd_calibrate(args) -> int:
+    check_output(args.out, args.force, "--out")
+    cases = runs_mod.read_all(args.runs)
+    names = sorted({c.stack for c in cases})
+    if args.stack is None and len(names) > 1:
+        raise ConfigError(f"--stack: the runs use several stacks ({', '.join(names)}); name the one to fit")
+    base = load_stack(args.stack or names[0])
+    mine = [c for c in cases if load_stack(c.stack).name == base.name]
+    if not mine:
+        raise ConfigError(f"--stack: no run in --runs uses stack {base.name!r}")
+    params = tuple(args.fit or DEFAULT_PARAMS)
+    fit = fit_stack(mine, base, params)
+    loo = leave_one_out(mine, base, params)
+    write_stack(fit.stack, args.out, overwrite=args.force)
+    print(f"# perfsim calibrate --runs: stack {base.name} fitted to {fit.num_runs} runs "
+          f"({', '.join(fit.fitted_on)}) -> {args.out}")
+    for p, v in fit.values.items():
+        print(f"{p:<28} {v:12.4g}{'  (at its bound)' if p in fit.at_bound else ''}")
+    print(f"fit rms |log error| {100 * fit.rms_log_error:.1f}%")
+    print(f"{loo.label}: MAPE {loo.mape:.1f}%, median |error| {loo.median_abs_pct:.1f}% over {len(loo.results)} runs")
+    return 0
+
+
+def write_html(result: runs_mod.RunsValidation, path: str) -> Path:
+    try:
+        import plotly.graph_objects as go
+    except ImportError:
+        raise ConfigError("--html: the HTML report needs plotly, which is not installed") from None
+    fig = go.Figure()
+    for stack in sorted({r.stack for r in result.results}):
+        rows = [r for r in result.results if r.stack == stack]
+        fig.add_trace(go.Scatter(x=[r.case.measured for r in rows], y=[r.predicted for r in rows], mode="markers",
+                                 name=stack, text=[r.case.id for r in rows]))
+    top = max([max(r.case.measured, r.predicted) for r in result.results], default=1.0)
+    fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="predicted = measured"))
+    fig.update_layout(title="predicted vs measured", xaxis_title="measured", yaxis_title="predicted")
+    rows = "".join(f"<tr><td>{html.escape(r.case.id)}</td><td>{html.escape(r.stack)}</td><td>{r.case.measured:.4g}</td>"
+                   f"<td>{r.predicted:.4g}</td><td>{r.error_pct:+.1f}</td><td>{html.escape(r.case.assumed)}</td></tr>"
+                   for r in result.results)
+    groups = "".join(f"<li>{key} {html.escape(g)}: {m:.1f}%</li>" for key in GROUPS for g, m in result.by(key).items())
+    body = (f"<h1>perfsim validate --runs</h1><p>{html.escape(result.label)}: MAPE {result.mape:.1f}% over "
+            f"{len(result.results)} runs</p><ul>{groups}</ul>{fig.to_html(full_html=False, include_plotlyjs=True)}"
+            "<table><tr><th>run</th><th>stack</th><th>measured</th><th>predicted</th><th>error %</th>"
+            f"<th>assumed</th></tr>{rows}</table>")
+    page = f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>perfsim runs</title></head><body>{body}</body></html>"
+    return write_atomic(path, page, "--html")

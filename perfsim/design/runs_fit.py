@@ -1,0 +1,99 @@
+"""Fit a stack profile's free parameters to measured runs (bounded least squares).
+
+The residual of a run is ``log(predicted / measured)`` (a relative error, symmetric in
+over- and under-prediction); ``scipy.optimize.least_squares`` minimises their squares
+inside each parameter's bounds. ``leave_one_out`` refits without each source in turn
+(each run when the runs come from one source only) and prices what was left out: the
+error a user should expect on a run the fit has not seen.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from perfsim.design.runs import RunCase, RunsValidation, predict, validate_runs
+from perfsim.errors import ConfigError
+from perfsim.system.stacks import StackSpec, load_stack
+
+# Physically meaningful ranges (input bounds, not hardware numbers): more than 5 ms of
+# framework time per layer pass or per host sync, or kernels 5x slower or 2x faster than
+# the tuned ones the tables hold, would be some other cost the fit is absorbing (a bound
+# reached says so: ``StackFit.at_bound``).
+BOUNDS = {
+    "kernels.speed": (0.2, 2.0),
+    "launch.layer_overhead_us": (0.0, 5_000.0),
+    "launch.kernel_gap_us": (0.0, 500.0),
+    "moe.host_sync_us": (0.0, 5_000.0),
+}
+DEFAULT_PARAMS = ("kernels.speed", "launch.layer_overhead_us")
+MAX_EVALS = 60  # residual evaluations per fit (each prices every run once)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackFit:
+    stack: StackSpec
+    values: dict[str, float]
+    fitted_on: tuple[str, ...]  # source ids
+    num_runs: int
+    rms_log_error: float
+    at_bound: tuple[str, ...] = ()  # parameters the fit pushed to a bound
+
+
+def _current(stack: StackSpec, param: str) -> float:
+    table, _, key = param.partition(".")
+    return float(getattr(getattr(stack, table), key))
+
+
+def _check(params) -> tuple[str, ...]:
+    params = tuple(params)
+    for p in params:
+        if p not in BOUNDS:
+            raise ConfigError(f"--fit: {p!r} is not a free stack parameter (one of {', '.join(BOUNDS)})")
+    if not params:
+        raise ConfigError("--fit: name at least one parameter")
+    return params
+
+
+def fit_stack(cases: list[RunCase], base: StackSpec | str, params=DEFAULT_PARAMS) -> StackFit:
+    """``base`` with ``params`` fitted to ``cases`` (all priced under it)."""
+    params, base = _check(params), load_stack(base)
+    if not cases:
+        raise ConfigError("calibrate --runs: no runs to fit")
+    lo = np.array([BOUNDS[p][0] for p in params])
+    hi = np.array([BOUNDS[p][1] for p in params])
+    start = np.clip([_current(base, p) for p in params], lo, hi)
+    scale = np.maximum(hi - lo, 1e-9) / 10
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        stack = base.with_values(**dict(zip(params, map(float, x))))
+        return np.array([math.log(predict(c, stack).predicted / c.measured) for c in cases])
+
+    result = least_squares(residuals, start, bounds=(lo, hi), x_scale=scale, diff_step=1e-3, max_nfev=MAX_EVALS)
+    values = dict(zip(params, map(float, result.x)))
+    source = f"fitted by perfsim calibrate --runs to {len(cases)} runs of {', '.join(sorted({c.source_id for c in cases}))}"
+    stack = base.with_values(**values)
+    stack = stack.with_values(**{f"{t}.source": source for t in {p.partition('.')[0] for p in params}})
+    rms = float(np.sqrt(np.mean(result.fun ** 2)))
+    at_bound = tuple(p for p, v, a, b in zip(params, result.x, lo, hi) if min(v - a, b - v) <= 1e-6 * (b - a))
+    return StackFit(stack=stack, values=values, fitted_on=tuple(sorted({c.source_id for c in cases})),
+                    num_runs=len(cases), rms_log_error=rms, at_bound=at_bound)
+
+
+def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=DEFAULT_PARAMS) -> RunsValidation:
+    """Each held-out group (a source; a run when there is one source) priced by a fit to the rest."""
+    sources = sorted({c.source_id for c in cases})
+    by_source = len(sources) > 1
+    groups = sources if by_source else [c.id for c in cases]
+    stacks = {}
+    for group in groups:
+        held = [c for c in cases if (c.source_id if by_source else c.id) == group]
+        rest = [c for c in cases if c not in held]
+        if not rest:
+            continue
+        fitted = fit_stack(rest, base, params).stack
+        stacks.update({c.id: fitted for c in held})
+    label = "leave-one-source-out" if by_source else "leave-one-run-out (one source)"
+    kept = [c for c in cases if c.id in stacks]
+    return validate_runs(kept, stacks, label=label)
