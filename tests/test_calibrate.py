@@ -24,7 +24,7 @@ from perfsim.errors import ConfigError
 from perfsim.system.hardware import load_cluster
 from perfsim.calibration.readers import KERNEL_CSV_COLUMNS, read_kernel_csv, read_rccl_log
 
-LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration" / "rccl-tests"
+LOGS = Path(__file__).resolve().parents[1] / "validation" / "data" / "calibration" / "rccl-tests"
 NOGRAPH = LOGS / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
 HIPGRAPH = LOGS / "mi300x_1node_8gpu_mpi_hipgraph_amdblog.log"
 P2P = LOGS.parent / "xgmi_p2p_measured.csv"
@@ -115,23 +115,28 @@ def test_held_out_graph_launch_mode(base):
 
 
 def test_held_out_gemm_azure_run_to_maf_points(base):
+    """Fit the FP8 GEMM table on the Azure run alone, starting from a profile without one
+    (FP8 priced with BF16's table), and check it on the unseen AMD MAF blog points. The
+    shipped MI300X FP8 table is this very fit (refitting it is idempotent)."""
     points = read_kernel_csv(GEMM_CSV)
     with open(GEMM_CSV, newline="") as handle:
         series = [r["meta_series"] for r in csv.DictReader(handle)]
     train = [p for p, s in zip(points, series) if s.startswith("azure")]
     test = [p for p, s in zip(points, series) if s == "amd_maf_blog"]
-    gpu, fits = kernel_fit.fit_kernels(train, base.gpu)
+    start = dataclasses.replace(base.gpu, gemm_dtypes={k: v for k, v in base.gpu.gemm_dtypes.items() if k != "fp8"})
+    gpu, fits = kernel_fit.fit_kernels(train, start)
     print(f"\nGEMM Azure FP8 run: train {fits[0].mape_before:.1f}% -> {fits[0].mape_after:.1f}%; unseen MAF points "
-          f"{kernel_fit.mape(test, base.gpu):.1f}% -> {kernel_fit.mape(test, gpu):.1f}%")
-    assert fits[0].mape_after < fits[0].mape_before and [f.name for f in fits] == ["gemm/fp8"]
+          f"{kernel_fit.mape(test, start):.1f}% -> {kernel_fit.mape(test, gpu):.1f}%")
+    assert fits[0].mape_after < 0.5 * fits[0].mape_before and [f.name for f in fits] == ["gemm/fp8"]
     # GEMM tables are per dtype (issue 14): the FP8 sweep refits only the FP8 table, so the
-    # unseen FP8 MAF point moves (it improved from ~69% to ~21% when this was written) and
-    # the BF16 / FP16 points are priced exactly as before
+    # unseen FP8 MAF point moves (37% -> 21% when this was written) and the BF16 / FP16
+    # points are priced exactly as before
     fp8 = [p for p in test if p.dtype == "fp8"]
-    assert kernel_fit.mape(fp8, gpu) < 0.5 * kernel_fit.mape(fp8, base.gpu)
+    assert kernel_fit.mape(fp8, gpu) < 0.6 * kernel_fit.mape(fp8, start)
+    assert kernel_fit.mape(fp8, gpu) == pytest.approx(kernel_fit.mape(fp8, base.gpu), rel=1e-6)
     for p in test:
         if p.dtype != "fp8":
-            assert kernel_fit.predict_kernel(p, gpu) == kernel_fit.predict_kernel(p, base.gpu)
+            assert kernel_fit.predict_kernel(p, gpu) == kernel_fit.predict_kernel(p, start)
 
 
 def test_hbm_fit_recovers_a_known_curve(base, tmp_path):

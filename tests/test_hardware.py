@@ -23,7 +23,7 @@ from perfsim.system.hardware import (
 from perfsim.system.specio import from_dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CALIBRATION_DIR = REPO_ROOT.parent / "shared" / "data" / "calibration"
+CALIBRATION_DIR = REPO_ROOT / "validation" / "data" / "calibration"  # copies of the public data, with SOURCES.md
 
 GPUS = list_profiles("gpu")
 NODES = list_profiles("node")
