@@ -350,8 +350,8 @@ def _add_runs_args(p, runs_help: str) -> None:
     p.add_argument("--runs", action="append", default=[], help=runs_help + " (repeatable)")
     p.add_argument("--stack", default=None, help="with --runs: stack profile to use (validate) or fit (calibrate)")
     p.add_argument("--fit", action="append", default=None,
-                   help="with --runs: a free stack parameter to fit (repeatable; default kernels.speed and "
-                        "launch.layer_overhead_us)")
+                   help="with --runs: a free stack parameter to fit (repeatable; default kernels.speed; also "
+                        "launch.layer_overhead_us, launch.kernel_gap_us, moe.host_sync_us)")
 
 
 def _cmd_list(args) -> int:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from perfsim.design import runs as runs_mod
-from perfsim.design.runs_fit import DEFAULT_PARAMS, fit_stack, leave_one_out
+from perfsim.design.runs_fit import DEFAULT_PARAMS, fit_stack, held_out_by_stack, leave_one_out
 from perfsim.errors import ConfigError
 from perfsim.system.specio import check_finite_output, check_output, write_atomic
 from perfsim.system.stacks import load_stack, write_stack
@@ -35,7 +35,7 @@ def cmd_validate(args, dumps) -> int:
         check_output(args.html, args.force, "--html")
     cases = runs_mod.read_all(args.runs)
     if args.loso:
-        result = _loso(cases, tuple(args.fit or DEFAULT_PARAMS))
+        result = held_out_by_stack(cases, tuple(args.fit or DEFAULT_PARAMS))
     else:
         stack = load_stack(args.stack) if args.stack else None
         result = runs_mod.validate_runs(cases, {c.id: stack for c in cases} if stack else None,
@@ -48,20 +48,6 @@ def cmd_validate(args, dumps) -> int:
         print(f"perfsim: accuracy gate failed: MAPE {result.mape:.2f}% > --max-mape {args.max_mape}%", file=sys.stderr)
         return 1
     return 0
-
-
-def _loso(cases, params) -> runs_mod.RunsValidation:
-    """Per stack: leave-one-source-out fits where the stack has runs from two or more
-    sources; runs of a single-source stack keep the shipped profile (nothing to hold out)."""
-    results, stacks = [], sorted({c.stack for c in cases})
-    for stack in stacks:
-        mine = [c for c in cases if c.stack == stack]
-        if len({c.source_id for c in mine}) > 1:
-            results += leave_one_out(mine, stack, params).results
-        else:
-            results += runs_mod.validate_runs(mine).results
-    return runs_mod.RunsValidation(results=tuple(results), label="leave-one-source-out per stack "
-                                   "(single-source stacks: shipped profile, not fitted)")
 
 
 def cmd_calibrate(args) -> int:
