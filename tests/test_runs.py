@@ -178,3 +178,26 @@ def test_stacks_move_the_reference_runs_the_way_the_sweeps_differ():
     assert isinstance(result, RunsValidation)
     assert result.results[1].predicted < result.results[0].predicted
     assert (cf4.measured < cf125.measured)
+
+
+@pytest.mark.parametrize("model, knobs", [
+    ("llama3.1-8b", dict(tp=1, mbs=1, gbs=8, seq=4096)),
+    ("llama3.1-70b", dict(tp=8, mbs=2, gbs=16, seq=8192)),
+    ("llama3.1-70b", dict(tp=8, mbs=8, gbs=64, seq=8192)),
+])
+def test_recompute_auto_is_the_least_recompute_that_fits(model, knobs):
+    from perfsim import api
+    from perfsim.plan.parallel import Recompute
+
+    chosen = api.estimate(model, "mi300x-pollara", nodes=1, recompute="auto", **knobs)
+    levels = list(Recompute)
+    picked = levels.index(Recompute(chosen.plan["recompute"]))
+    assert chosen.fits or picked == len(levels) - 1
+    for lower in levels[:picked]:  # every lighter setting runs out of memory
+        assert not api.estimate(model, "mi300x-pollara", nodes=1, recompute=lower, check_memory=False, **knobs).fits
+
+
+def test_cli_recompute_auto(capsys):
+    args = "simulate --model llama3.1-8b --nodes 1 --gbs 8 --seq 4096 --engine analytic --json --recompute auto".split()
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["recompute"] in ("none", "selective", "full")

@@ -39,7 +39,8 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     for knob in PLAN_INTS:
         p.add_argument(f"--{knob}", type=PLAN_TYPES.get(knob, a.POSITIVE), default=None)
     p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp8"])
-    p.add_argument("--recompute", default=None, choices=["none", "selective", "full"])
+    p.add_argument("--recompute", default=None, choices=["none", "selective", "full", "auto"],
+                   help="activation recompute; auto: the least that fits in memory")
     p.add_argument("--schedule", default=None, choices=["gpipe", "1f1b", "interleaved", "zb-h1"],
                    help="pipeline schedule; with --vpp > 1 gpipe loops breadth-first, 1f1b interleaves, zb-h1 splits W")
     p.add_argument("--no-overlap", action="store_true", help="do not overlap gradient reduction with backward")
