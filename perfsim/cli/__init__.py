@@ -360,6 +360,9 @@ def _cmd_list(args) -> int:
     print("gpus:     " + ", ".join(list_profiles("gpu")))
     print("nodes:    " + ", ".join(list_profiles("node")))
     print("models:   " + ", ".join(list_models()))
+    from perfsim.system.stacks import list_stacks
+
+    print("stacks:   " + ", ".join(list_stacks()))
     if getattr(args, "provenance", False):
         for name in list_profiles("gpu"):
             print(f"\n{name}:")
