@@ -201,3 +201,26 @@ def test_cli_recompute_auto(capsys):
     args = "simulate --model llama3.1-8b --nodes 1 --gbs 8 --seq 4096 --engine analytic --json --recompute auto".split()
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["plan"]["recompute"] in ("none", "selective", "full")
+
+
+def test_projection_reproduces_the_run_it_was_fitted_to_and_scales_the_plan(tmp_path):
+    from perfsim.design.projection import project
+
+    case = read_runs(small_csv(tmp_path, dense_rows((7000,))))[0]
+    same = project(case, case.nodes)
+    assert same.target.tokens_per_s_per_gpu == pytest.approx(case.measured, rel=1e-3)
+    wide = project(case, 4)
+    assert wide.target.world_size == 4 * same.source.world_size
+    assert wide.target.plan["gbs"] == 4 * dict(case.knobs)["gbs"]  # per-GPU batch kept
+    assert project(case, 4, keep="global").target.plan["gbs"] == dict(case.knobs)["gbs"]
+    assert wide.fitted == same.fitted
+    assert {name for name, _, _ in wide.changes()} >= set(wide.target.breakdown)
+
+
+def test_cli_project(capsys, tmp_path):
+    path = str(small_csv(tmp_path, dense_rows((7000,))))
+    assert main(["project", "--runs", path, "--id", "Ra0", "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "16 GPUs" in out and "what changed" in out and "kernels.speed" in out
+    assert main(["project", "--runs", path, "--id", "missing", "--nodes", "2"]) == 2
+    assert "--id" in capsys.readouterr().err

@@ -345,6 +345,21 @@ def _add_calibration_parsers(sub) -> None:
     val.add_argument("--loso", action="store_true",
                      help="with --runs: fit each stack leaving one source out and price the held-out source")
     val.set_defaults(func=_cmd_validate)
+    prj = sub.add_parser("project", help="fit the stack to one measured run, predict the same plan on --nodes nodes")
+    prj.add_argument("--runs", action="append", required=True, help="runs CSV holding the measured run (repeatable)")
+    prj.add_argument("--id", required=True, help="the run to project")
+    prj.add_argument("--nodes", type=a.NODES, required=True, help="target number of nodes")
+    prj.add_argument("--keep", default="per_gpu", choices=["per_gpu", "global"],
+                     help="keep the per-GPU batch (weak scaling, default) or the global batch")
+    prj.add_argument("--fit", action="append", default=None, help="stack parameter fitted to the run (default kernels.speed)")
+    prj.add_argument("--json", action="store_true")
+    prj.set_defaults(func=_cmd_project)
+
+
+def _cmd_project(args) -> int:
+    from perfsim.cli import runs
+
+    return runs.cmd_project(args, dumps)
 
 
 def _add_runs_args(p, runs_help: str) -> None:

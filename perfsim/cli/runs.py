@@ -73,6 +73,32 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_project(args, dumps) -> int:
+    from perfsim.design.projection import project
+
+    cases = {c.id: c for c in runs_mod.read_all(args.runs)}
+    if args.id not in cases:
+        raise ConfigError(f"--id: no run {args.id!r} in --runs (runs: {', '.join(sorted(cases))})")
+    p = project(cases[args.id], args.nodes, args.keep, tuple(args.fit or DEFAULT_PARAMS))
+    src, dst = p.source, p.target
+    if args.json:
+        print(dumps({"run": p.case.id, "fitted": p.fitted, "source": src.to_dict(), "target": dst.to_dict()}))
+        return 0
+    fitted = ", ".join(f"{k} = {v:.4g}" for k, v in p.fitted.items())
+    print(f"# perfsim project: {p.case.id} ({p.case.stack}, {src.world_size} GPUs, measured {p.case.measured:g} "
+          f"{p.case.metric}) -> {dst.world_size} GPUs; fitted to the run: {fitted}")
+    print(f"{'':<22} {src.world_size:>10} GPUs {dst.world_size:>10} GPUs")
+    for label, a, b in (("step time (s)", src.step_time_s, dst.step_time_s),
+                        ("tokens/s per GPU", src.tokens_per_s_per_gpu, dst.tokens_per_s_per_gpu),
+                        ("exposed comm (s)", src.exposed_comm_s, dst.exposed_comm_s),
+                        ("pipeline bubble (s)", src.bubble_s, dst.bubble_s)):
+        print(f"{label:<22} {a:>15.4g} {b:>15.4g}")
+    print("what changed (seconds per step, largest first):")
+    for name, a, b in p.changes()[:8]:
+        print(f"  {name:<20} {a:>12.4g} -> {b:<12.4g} ({b - a:+.4g})")
+    return 0
+
+
 def write_html(result: runs_mod.RunsValidation, path: str) -> Path:
     try:
         import plotly.graph_objects as go
