@@ -18,7 +18,7 @@ from perfsim.lowering.memory import plan_memory
 from perfsim.model.spec import ModelSpec
 from perfsim.model.io import load_model as _load_model
 from perfsim.lowering.ops import Coll
-from perfsim.plan.parallel import ParallelPlan, check_plan, derive_dp, group_shape
+from perfsim.plan.parallel import ParallelPlan, Recompute, check_plan, derive_dp, group_shape
 from perfsim.cost.pricing import price
 from perfsim.report import Report, assemble_report, extrapolate_figures, span_figures
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
@@ -40,6 +40,7 @@ MAX_BYTES = float(1 << 50)  # one collective: 1 PiB
 # core, so this keeps one simulate within a few seconds; the closed form has no such limit.
 ENGINE_MAX_LAYER_PASSES = 8192
 MAX_CAPACITY_FACTOR = 1024.0  # past num_experts / top_k no token is dropped; covers any expert count in use
+AUTO_RECOMPUTE = "auto"  # recompute knob: the least recompute that fits (least_recompute)
 MAX_LAYERS = 100_000  # the closed form prices ~25,000 layers a second; 10x the deepest model published
 
 
@@ -112,13 +113,24 @@ def _inputs(model, cluster, plan, nodes, gpus, knobs) -> tuple[ModelSpec, Cluste
     model = load_model(model)
     cluster = load_cluster(cluster, nodes=nodes, gpus=gpus)
     num_gpus = gpus if gpus is not None else cluster.num_gpus
+    auto = knobs.get("recompute") == AUTO_RECOMPUTE
     if plan is None:
-        plan = make_plan(num_gpus, **knobs)
+        plan = make_plan(num_gpus, **{**knobs, "recompute": None} if auto else knobs)
     elif knobs:
         raise ConfigError("plan: pass either a ParallelPlan or knobs, not both")
     check_type("plan", plan, ParallelPlan, "a ParallelPlan (or plan knobs)")
     check_plan(plan, model, num_gpus)
-    return model, cluster, plan, num_gpus
+    return model, cluster, least_recompute(model, cluster, plan) if auto else plan, num_gpus
+
+
+def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> ParallelPlan:
+    """``plan`` with the least activation recompute (none, selective, full) that fits in
+    the GPU's memory, as a framework user sets it (``recompute='auto'``); full when none fits."""
+    for level in Recompute:
+        candidate = replace(plan, recompute=level)
+        if max(m.total_bytes for m in plan_memory(model, candidate)) <= cluster.gpu.hbm_bytes:
+            return candidate
+    return candidate
 
 
 def _check_options(estimator, check_memory, routing, variability, trace) -> None:

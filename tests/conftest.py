@@ -1,5 +1,7 @@
 """Shared small inputs: tiny dense and MoE models keep lowering and simulation fast."""
 
+import sys
+
 import pytest
 
 from perfsim.system.hardware import load_cluster
@@ -64,6 +66,14 @@ PLANS = {  # id -> (model, plan knobs); small enough to lower in milliseconds
     "moe-ep2-etp2": (MOE, dict(tp=2, dp=2, ep=2, etp=2, gbs=4)),
     "moe-pp2-ep2-zero3": (MOE, dict(pp=2, dp=2, ep=2, gbs=4, zero=3)),
 }
+
+
+def pytest_terminal_summary(terminalreporter):
+    """tests/fuzz/ counts its cases per surface and outcome; print them at the end
+    (tests/fuzz has no conftest of its own: a second 'conftest' module would shadow this one)."""
+    harness = sys.modules.get("fuzz_harness")
+    if harness is not None:
+        harness.print_counts(terminalreporter)
 
 
 def lower(case: str) -> OpGraph:

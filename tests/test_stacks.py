@@ -108,7 +108,8 @@ def test_maxtext_and_megatron_differ_by_dispatch_path_and_syncs():
     model = dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=1.25)
     case = {**MOE, "model": model}
     mx, mg = step("des", "maxtext", **case), step("des", "megatron-primus", **case)
-    assert mx.breakdown["experts"] > mg.breakdown["experts"]  # maxtext pads to capacity
+    speed = load_stack("maxtext").kernels.speed / load_stack("megatron-primus").kernels.speed
+    assert mx.breakdown["experts"] * speed > mg.breakdown["experts"]  # maxtext pads to capacity
     assert mg.breakdown.get("host_sync", 0) > 0 == mx.breakdown.get("host_sync", 0)
 
 

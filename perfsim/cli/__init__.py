@@ -39,7 +39,8 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     for knob in PLAN_INTS:
         p.add_argument(f"--{knob}", type=PLAN_TYPES.get(knob, a.POSITIVE), default=None)
     p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp8"])
-    p.add_argument("--recompute", default=None, choices=["none", "selective", "full"])
+    p.add_argument("--recompute", default=None, choices=["none", "selective", "full", "auto"],
+                   help="activation recompute; auto: the least that fits in memory")
     p.add_argument("--schedule", default=None, choices=["gpipe", "1f1b", "interleaved", "zb-h1"],
                    help="pipeline schedule; with --vpp > 1 gpipe loops breadth-first, 1f1b interleaves, zb-h1 splits W")
     p.add_argument("--no-overlap", action="store_true", help="do not overlap gradient reduction with backward")
@@ -344,14 +345,29 @@ def _add_calibration_parsers(sub) -> None:
     val.add_argument("--loso", action="store_true",
                      help="with --runs: fit each stack leaving one source out and price the held-out source")
     val.set_defaults(func=_cmd_validate)
+    prj = sub.add_parser("project", help="fit the stack to one measured run, predict the same plan on --nodes nodes")
+    prj.add_argument("--runs", action="append", required=True, help="runs CSV holding the measured run (repeatable)")
+    prj.add_argument("--id", required=True, help="the run to project")
+    prj.add_argument("--nodes", type=a.NODES, required=True, help="target number of nodes")
+    prj.add_argument("--keep", default="per_gpu", choices=["per_gpu", "global"],
+                     help="keep the per-GPU batch (weak scaling, default) or the global batch")
+    prj.add_argument("--fit", action="append", default=None, help="stack parameter fitted to the run (default kernels.speed)")
+    prj.add_argument("--json", action="store_true")
+    prj.set_defaults(func=_cmd_project)
+
+
+def _cmd_project(args) -> int:
+    from perfsim.cli import runs
+
+    return runs.cmd_project(args, dumps)
 
 
 def _add_runs_args(p, runs_help: str) -> None:
     p.add_argument("--runs", action="append", default=[], help=runs_help + " (repeatable)")
     p.add_argument("--stack", default=None, help="with --runs: stack profile to use (validate) or fit (calibrate)")
     p.add_argument("--fit", action="append", default=None,
-                   help="with --runs: a free stack parameter to fit (repeatable; default kernels.speed and "
-                        "launch.layer_overhead_us)")
+                   help="with --runs: a free stack parameter to fit (repeatable; default kernels.speed; also "
+                        "launch.layer_overhead_us, launch.kernel_gap_us, moe.host_sync_us)")
 
 
 def _cmd_list(args) -> int:
@@ -359,6 +375,9 @@ def _cmd_list(args) -> int:
     print("gpus:     " + ", ".join(list_profiles("gpu")))
     print("nodes:    " + ", ".join(list_profiles("node")))
     print("models:   " + ", ".join(list_models()))
+    from perfsim.system.stacks import list_stacks
+
+    print("stacks:   " + ", ".join(list_stacks()))
     if getattr(args, "provenance", False):
         for name in list_profiles("gpu"):
             print(f"\n{name}:")

@@ -42,6 +42,7 @@ def _cmd_sizing(args) -> int:
     cluster = api.load_cluster(args.cluster, nodes=args.nodes)
     work = sizing.Workload(seq=args.seq, mbs=args.mbs, tp=args.tp, ep=args.ep)
     rows = sizing.sizing_table(model, cluster, work, align=args.align, window=args.window, min_gain_pct=args.min_gain)
+    check_finite_output(rows, "sizing")
     if args.json:
         _print_json({"model": model.name, "gpu": cluster.gpu.name, "workload":
                      {"seq": work.seq, "mbs": work.mbs, "tp": work.tp, "ep": work.ep}, "rows": rows})
@@ -91,6 +92,7 @@ def _cmd_moe_width(args) -> int:
                            align=args.align)
     if not rows:
         raise ConfigError("moe-width: no (experts, top-k) fits the budget; raise it or change --experts/--top-k")
+    check_finite_output(rows, "moe-width")
     if args.json:
         _print_json(rows)
     elif args.csv:
@@ -144,6 +146,7 @@ def _cmd_goodput(args) -> int:
                                async_checkpoint=args.async_checkpoint, interval_s=args.interval_s,
                                monte_carlo_runs=args.monte_carlo, run_days=args.run_days, seed=args.seed,
                                estimator=args.engine, **_plan_knobs(args, cluster.num_gpus))
+    check_finite_output(out, "goodput")
     if args.json:
         _print_json(out)
         return 0
@@ -186,6 +189,7 @@ def _cmd_reshard(args) -> int:
         plan = api.make_plan(gpus, seq=4096, gbs=max(dp, 1), **knobs)
         plans.append(plan)
     out = checkpoint.reshard(model, cluster, plans[0], plans[1], checkpoint.load_storage(args.storage))
+    check_finite_output(out, "reshard")
     if args.json:
         _print_json(out)
         return 0

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from perfsim.design import runs as runs_mod
-from perfsim.design.runs_fit import DEFAULT_PARAMS, fit_stack, leave_one_out
+from perfsim.design.runs_fit import DEFAULT_PARAMS, fit_stack, held_out_by_stack, leave_one_out
 from perfsim.errors import ConfigError
 from perfsim.system.specio import check_finite_output, check_output, write_atomic
 from perfsim.system.stacks import load_stack, write_stack
@@ -35,7 +35,7 @@ def cmd_validate(args, dumps) -> int:
         check_output(args.html, args.force, "--html")
     cases = runs_mod.read_all(args.runs)
     if args.loso:
-        result = _loso(cases, tuple(args.fit or DEFAULT_PARAMS))
+        result = held_out_by_stack(cases, tuple(args.fit or DEFAULT_PARAMS))
     else:
         stack = load_stack(args.stack) if args.stack else None
         result = runs_mod.validate_runs(cases, {c.id: stack for c in cases} if stack else None,
@@ -48,20 +48,6 @@ def cmd_validate(args, dumps) -> int:
         print(f"perfsim: accuracy gate failed: MAPE {result.mape:.2f}% > --max-mape {args.max_mape}%", file=sys.stderr)
         return 1
     return 0
-
-
-def _loso(cases, params) -> runs_mod.RunsValidation:
-    """Per stack: leave-one-source-out fits where the stack has runs from two or more
-    sources; runs of a single-source stack keep the shipped profile (nothing to hold out)."""
-    results, stacks = [], sorted({c.stack for c in cases})
-    for stack in stacks:
-        mine = [c for c in cases if c.stack == stack]
-        if len({c.source_id for c in mine}) > 1:
-            results += leave_one_out(mine, stack, params).results
-        else:
-            results += runs_mod.validate_runs(mine).results
-    return runs_mod.RunsValidation(results=tuple(results), label="leave-one-source-out per stack "
-                                   "(single-source stacks: shipped profile, not fitted)")
 
 
 def cmd_calibrate(args) -> int:
@@ -84,6 +70,32 @@ def cmd_calibrate(args) -> int:
         print(f"{p:<28} {v:12.4g}{'  (at its bound)' if p in fit.at_bound else ''}")
     print(f"fit rms |log error| {100 * fit.rms_log_error:.1f}%")
     print(f"{loo.label}: MAPE {loo.mape:.1f}%, median |error| {loo.median_abs_pct:.1f}% over {len(loo.results)} runs")
+    return 0
+
+
+def cmd_project(args, dumps) -> int:
+    from perfsim.design.projection import project
+
+    cases = {c.id: c for c in runs_mod.read_all(args.runs)}
+    if args.id not in cases:
+        raise ConfigError(f"--id: no run {args.id!r} in --runs (runs: {', '.join(sorted(cases))})")
+    p = project(cases[args.id], args.nodes, args.keep, tuple(args.fit or DEFAULT_PARAMS))
+    src, dst = p.source, p.target
+    if args.json:
+        print(dumps({"run": p.case.id, "fitted": p.fitted, "source": src.to_dict(), "target": dst.to_dict()}))
+        return 0
+    fitted = ", ".join(f"{k} = {v:.4g}" for k, v in p.fitted.items())
+    print(f"# perfsim project: {p.case.id} ({p.case.stack}, {src.world_size} GPUs, measured {p.case.measured:g} "
+          f"{p.case.metric}) -> {dst.world_size} GPUs; fitted to the run: {fitted}")
+    print(f"{'':<22} {src.world_size:>10} GPUs {dst.world_size:>10} GPUs")
+    for label, a, b in (("step time (s)", src.step_time_s, dst.step_time_s),
+                        ("tokens/s per GPU", src.tokens_per_s_per_gpu, dst.tokens_per_s_per_gpu),
+                        ("exposed comm (s)", src.exposed_comm_s, dst.exposed_comm_s),
+                        ("pipeline bubble (s)", src.bubble_s, dst.bubble_s)):
+        print(f"{label:<22} {a:>15.4g} {b:>15.4g}")
+    print("what changed (seconds per step, largest first):")
+    for name, a, b in p.changes()[:8]:
+        print(f"  {name:<20} {a:>12.4g} -> {b:<12.4g} ({b - a:+.4g})")
     return 0
 
 

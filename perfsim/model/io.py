@@ -6,7 +6,6 @@ tensors ModelSpec has no place for (q/k norms, qkv biases, Qwen2-MoE's shared-ex
 gate, DeepSeek's router bias) are left out; they are < 0.01% of any preset.
 """
 
-import json
 import logging
 import tomllib
 from collections.abc import Callable

@@ -161,3 +161,18 @@ def json_is_strict(text: str) -> bool:
 def record(surface: str, result: Result) -> Result:
     COUNTS[(surface, result.outcome)] += 1
     return result
+
+
+def print_counts(terminalreporter) -> None:
+    """The corpus counts per surface and outcome (called by tests/conftest.py at the end)."""
+    if not COUNTS:
+        return
+    terminalreporter.section("fuzz corpus: cases per surface and outcome")
+    surfaces = sorted({s for s, _ in COUNTS})
+    outcomes = sorted({o for _, o in COUNTS})
+    terminalreporter.write_line(f"{'surface':<26}" + "".join(f"{o:>11}" for o in outcomes) + f"{'total':>8}")
+    for s in surfaces:
+        row = [COUNTS.get((s, o), 0) for o in outcomes]
+        terminalreporter.write_line(f"{s:<26}" + "".join(f"{n:>11}" for n in row) + f"{sum(row):>8}")
+    total = [sum(COUNTS.get((s, o), 0) for s in surfaces) for o in outcomes]
+    terminalreporter.write_line(f"{'all':<26}" + "".join(f"{n:>11}" for n in total) + f"{sum(total):>8}")

@@ -92,10 +92,14 @@ ISSUE_CASES = {
 }
 
 
+ANSWER_OR_REFUSE = {"engine-1e5-microbatches"}  # bounded work: an answer in seconds (the engine folds) or a refusal
+
+
 @pytest.mark.parametrize("case", sorted(ISSUE_CASES))
 def test_api_issue_examples(case):
     result = record("api.issue", run_api(ISSUE_CASES[case]))
-    assert result.outcome == "error", f"{case}: {result}"
+    expected = ("ok", "error") if case in ANSWER_OR_REFUSE else ("error",)
+    assert result.outcome in expected, f"{case}: {result}"
 
 
 def test_good_call_is_finite():
