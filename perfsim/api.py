@@ -150,10 +150,12 @@ def _check_engine_work(model: ModelSpec, plan: ParallelPlan, fold: bool) -> None
     walked = sum(points) if points else plan.num_microbatches
     passes = walked * model.num_layers
     if passes > ENGINE_MAX_LAYER_PASSES:
+        smaller = ("a shallower pipeline (it folds into two short steps of ~2 pp vpp microbatches)" if points
+                   else "fewer microbatches (a larger mbs or a smaller gbs)")
         raise ConfigError(
             f"plan: the engine would walk {walked:,} microbatches x {model.num_layers:,} layers = "
             f"{passes:,} layer passes (limit {ENGINE_MAX_LAYER_PASSES:,}); use the closed form (--engine analytic, "
-            "estimator='analytic') or fewer microbatches (a larger mbs or a smaller gbs)")
+            f"estimator='analytic') or {smaller}")
 
 
 _plan_memory = functools.lru_cache(maxsize=256)(plan_memory)  # immutable answers, reused per plan
