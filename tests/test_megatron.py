@@ -15,14 +15,14 @@ ARGS = ("torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-siz
         "--num-layers-per-virtual-pipeline-stage 5 --context-parallel-size 1 --micro-batch-size 1 "
         "--global-batch-size 256 --seq-length 4096 --sequence-parallel --use-distributed-optimizer "
         "--overlap-grad-reduce --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
-        "--bf16 --lr 3e-4 --made-up-flag 3 --decoder-first-pipeline-num-layers 18")
+        "--bf16 --lr 3e-4 --made-up-flag 3 --decoder-first-pipeline-num-layers 18 --account-for-loss-in-pipeline-split")
 
 
 def test_flags_map_onto_the_knobs_they_name():
     plan = megatron.from_args(ARGS)
     assert plan.knobs == {"tp": 8, "pp": 4, "cp": 1, "mbs": 1, "gbs": 256, "seq": 4096, "sequence_parallel": True,
                           "zero": 1, "overlap_grad_reduce": True, "recompute": "full", "dtype": "bf16",
-                          "tp_comm_overlap": False}
+                          "tp_comm_overlap": False, "first_stage_layers": 18}
     assert plan.knobs_for(80)["vpp"] == 4  # 80 layers / (pp 4 x 5 layers per chunk)
 
 
@@ -30,10 +30,10 @@ def test_no_flag_is_dropped_silently():
     plan = megatron.from_args(ARGS)
     assert plan.unknown == ("made_up_flag",)
     assert {name for name, _ in plan.not_modelled} == {"recompute_method", "recompute_num_layers",
-                                                        "decoder_first_pipeline_num_layers"}
+                                                        "account_for_loss_in_pipeline_split"}
     assert plan.ignored == ("lr",)
     notes = "\n".join(plan.notes())
-    assert "--made-up-flag" in notes and "--decoder-first-pipeline-num-layers" in notes and "uneven" in notes
+    assert "--made-up-flag" in notes and "--account-for-loss-in-pipeline-split" in notes and "uneven" in notes
 
 
 def test_megatron_defaults_not_perfsims():

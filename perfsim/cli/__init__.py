@@ -51,6 +51,11 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dma-offload", action="store_true", help="comm on DMA engines: no compute interference")
     p.add_argument("--tp-comm-overlap", action="store_true",
                    help="overlap TP all-gather/reduce-scatter with the adjacent GEMM (Megatron userbuffers)")
+    p.add_argument("--first-stage-layers", type=a.integer(0, 1 << 20), default=None,
+                   help="layers on the first pipeline stage, the other stages splitting the rest evenly "
+                        "(Megatron --decoder-first-pipeline-num-layers; vpp 1)")
+    p.add_argument("--last-stage-layers", type=a.integer(0, 1 << 20), default=None,
+                   help="layers on the last pipeline stage (Megatron --decoder-last-pipeline-num-layers)")
     p.add_argument("--routing", default="uniform",
                    help="MoE token routing: uniform, zipf[:S], dirichlet[:A] or a histogram file (CSV/JSON)")
     p.add_argument("--routing-histogram", default=None, help="measured tokens per expert (CSV or JSON file)")
@@ -82,6 +87,7 @@ def _plan_knobs(args) -> dict:
     if args.tp_comm_overlap:
         knobs["tp_comm_overlap"] = True
     knobs["stack"] = args.stack
+    knobs["first_stage_layers"], knobs["last_stage_layers"] = args.first_stage_layers, args.last_stage_layers
     return {k: v for k, v in knobs.items() if v is not None}
 
 

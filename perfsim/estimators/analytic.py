@@ -320,7 +320,7 @@ class ClosedForm:
             ids = stage_layer_ids(self.model, plan, stage)
             moe = sum(1 for layer in ids if is_moe_layer(self.model, layer))
             return len(ids) - moe, moe, min(ids), max(ids)
-        return self._cached(("layout", plan.pp, plan.vpp, stage), make)
+        return self._cached(("layout", plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, stage), make)
 
     def signature(self, plan: ParallelPlan, stage: int) -> tuple:
         """What a stage's blocks, their order and its GPUs' speed depend on: stages alike
@@ -337,7 +337,8 @@ class ClosedForm:
             for s, sig in enumerate(sigs):
                 firsts.setdefault(sig, s)
             return sigs, firsts
-        return self._cached(("sigs", plan.pp, plan.vpp, self.speeds(plan)), make)
+        return self._cached(("sigs", plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers,
+                             self.speeds(plan)), make)
 
     def optimizer_s(self, plan: ParallelPlan, stage: int) -> float:
         key = ("opt", plan.tp, plan.ep, plan.etp, self.signature(plan, stage), plan.zero == 0, plan.dp * plan.cp,
@@ -415,7 +416,8 @@ class ClosedForm:
                 key = (pi, kind, nxt[1] if nxt and nxt[2] >= 0 else None, nxt[0] if nxt else None)
                 counts[key] = counts.get(key, 0) + 1
             return tuple(counts.items())
-        return self._cached(("pairs", plan.pp, plan.vpp, stage, splits_backward(plan), cyclic), make)
+        return self._cached(("pairs", plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, stage,
+                             splits_backward(plan), cyclic), make)
 
     def _window_list(self, plan: ParallelPlan, stage: int, gathers_in: tuple[int, ...], cyclic: bool) -> list:
         """(pass index, count, Window): each block holds the gathers of the next layer
@@ -465,8 +467,8 @@ class ClosedForm:
             stages[crit] = windowed[sigs[crit]]
             return crit, stages[crit], pipeline_bubble(plan, stages, crit)
         gathers = (plan.dp * plan.cp, plan.edp) if plan.zero == 3 else ()  # only ZeRO-3 gathers shape the passes
-        return self._cached(("pipe", *template_key(plan), plan.pp, plan.vpp, plan.schedule, plan.zero == 3, gathers,
-                             self.speeds(plan)), make)
+        return self._cached(("pipe", *template_key(plan), plan.pp, plan.vpp, plan.first_stage_layers,
+                             plan.last_stage_layers, plan.schedule, plan.zero == 3, gathers, self.speeds(plan)), make)
 
     def timeline(self, plan: ParallelPlan) -> dict:
         """The parts of the step, in seconds (memoised per plan)."""

@@ -14,12 +14,13 @@ from perfsim.plan.parallel import ParallelPlan
 
 
 def states_key(plan: ParallelPlan) -> tuple:
-    return (plan.tp, plan.ep, plan.etp, plan.pp, plan.vpp, plan.dp * plan.cp, plan.edp, plan.zero)
+    return (plan.tp, plan.ep, plan.etp, plan.pp, plan.vpp, plan.dp * plan.cp, plan.edp, plan.zero,
+            plan.first_stage_layers, plan.last_stage_layers)
 
 
 def transient_key(plan: ParallelPlan) -> tuple:
     return (plan.tp, plan.cp, plan.mbs, plan.seq, plan.recompute, plan.sequence_parallel, plan.pp, plan.vpp,
-            plan.schedule, plan.num_microbatches)
+            plan.schedule, plan.num_microbatches, plan.first_stage_layers, plan.last_stage_layers)
 
 
 class MemoryModel:

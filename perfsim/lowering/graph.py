@@ -90,6 +90,10 @@ class _Builder:
         self.marks[stage].append(prev)
         return prev
 
+    def _layers(self, stage: int, chunk: int) -> range:
+        p = self.plan
+        return stage_layers(self.model.num_layers, p.pp, p.vpp, stage, chunk, p.first_stage_layers, p.last_stage_layers)
+
     def _block(self, layer: int) -> tuple[list[Step], list[Step], list[Step]]:
         moe = is_moe_layer(self.model, layer)
         if moe not in self.blocks:
@@ -166,7 +170,7 @@ class _Builder:
         if vs == 0:
             self.chain(stage, self.special("embedding")[0], deps, mb, -1)
             deps = ()
-        for layer in stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, chunk):
+        for layer in self._layers(stage, chunk):
             self.chain(stage, self.forward_steps(layer), deps + self.param_gather(stage, layer, FWD, mb), mb, layer)
             deps = ()
         if vs == self.last_vs:
@@ -179,7 +183,7 @@ class _Builder:
         if vs == self.last_vs:
             self.chain(stage, self.special("head")[1], deps, mb, -1)
             deps = ()
-        for layer in reversed(stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, chunk)):
+        for layer in reversed(self._layers(stage, chunk)):
             self.chain(stage, self.backward_steps(layer), deps + self.param_gather(stage, layer, BWD, mb), mb, layer)
             deps = ()
             if mb == self.plan.num_microbatches - 1 and not self.split:
@@ -195,7 +199,7 @@ class _Builder:
         vs = chunk * self.plan.pp + stage
         if vs == self.last_vs:
             self.chain(stage, self.special("head")[2], (), mb, -1)
-        for layer in reversed(stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, chunk)):
+        for layer in reversed(self._layers(stage, chunk)):
             self.chain(stage, self.weight_steps(layer), (), mb, layer)
             if mb == self.plan.num_microbatches - 1:
                 self.grad_reduce(stage, layer)
@@ -213,7 +217,7 @@ class _Builder:
         step = Step(name="optimizer_step", kind=OpKind.OPTIMIZER, stream=Stream.COMPUTE, category="optimizer", bytes=num_bytes)
         end = self.chain(stage, [step], tuple(self.grad_ops[stage]), -1, -1)
         if self.plan.zero in (1, 2) and not self.plan.overlap_grad_reduce:
-            layers = [l for c in range(self.plan.vpp) for l in stage_layers(self.model.num_layers, self.plan.pp, self.plan.vpp, stage, c)]
+            layers = [l for c in range(self.plan.vpp) for l in self._layers(stage, c)]
             gathers = []
             for layer in layers:
                 for group, size in self._groups(layer, layer_param_bytes(self.model, self.plan, layer)):

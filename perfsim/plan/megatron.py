@@ -28,6 +28,8 @@ INT_KNOBS = {
     "micro_batch_size": "mbs",
     "global_batch_size": "gbs",
     "seq_length": "seq",
+    "decoder_first_pipeline_num_layers": "first_stage_layers",
+    "decoder_last_pipeline_num_layers": "last_stage_layers",
 }
 BOOL_KNOBS = {  # Megatron switch -> (knob, value when set)
     "sequence_parallel": ("sequence_parallel", True),
@@ -55,8 +57,6 @@ manual_gc manual_gc_interval use_torch_fsdp2 ckpt_format dataloader_type num_wor
 """.split())
 # Known flags with a step-time effect perfsim cannot represent: reported (with why), not used.
 NOT_MODELLED = {
-    "decoder_first_pipeline_num_layers": "uneven pipeline stages are not modelled (even split of layers)",
-    "decoder_last_pipeline_num_layers": "uneven pipeline stages are not modelled (even split of layers)",
     "account_for_embedding_in_pipeline_split": "uneven pipeline stages are not modelled",
     "account_for_loss_in_pipeline_split": "uneven pipeline stages are not modelled",
     "recompute_num_layers": "recompute applies to every layer (no per-layer count)",

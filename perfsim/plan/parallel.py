@@ -56,6 +56,10 @@ class ParallelPlan:
     # Megatron-Core --tp-comm-overlap (userbuffers): a TP all-gather runs beside the GEMM
     # that consumes it and a TP reduce-scatter beside the GEMM that produces it
     tp_comm_overlap: bool = False
+    # uneven pipeline stages (Megatron --decoder-first/last-pipeline-num-layers): layers on the
+    # first / last stage, the other stages splitting the rest evenly; 0 = an even split
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
     # the software stack the step runs under (framework costs, fused kernels, dispatch path;
     # system.stacks); a profile name is loaded
     stack: StackSpec = IDEAL
@@ -67,6 +71,12 @@ class ParallelPlan:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"plan.{key} must be a positive integer, got {value!r}")
+        for key in ("first_stage_layers", "last_stage_layers"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"plan.{key} must be an integer >= 0, got {value!r}")
+            if value and (self.pp < 2 or self.vpp > 1):
+                raise ConfigError(f"plan.{key} ({value}) needs pp > 1 and vpp 1 (uneven stages are not interleaved)")
         if isinstance(self.grad_bucket_bytes, bool) or not isinstance(self.grad_bucket_bytes, int) or self.grad_bucket_bytes < 1:
             raise ConfigError(f"plan.grad_bucket_bytes must be a positive integer, got {self.grad_bucket_bytes!r}")
         share = self.comm_compute_interference
@@ -124,6 +134,8 @@ class ParallelPlan:
         parts += [f"zero{self.zero}", f"mbs{self.mbs}", f"gbs{self.gbs}", f"seq{self.seq}", self.dtype]
         parts += [f"recompute-{self.recompute}"] if self.recompute != Recompute.NONE else []
         parts += ["tp-comm-overlap"] if self.tp_comm_overlap else []
+        parts += [f"first{self.first_stage_layers}"] if self.first_stage_layers else []
+        parts += [f"last{self.last_stage_layers}"] if self.last_stage_layers else []
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -144,6 +156,16 @@ def _enum(cls: type, value, key: str):
         raise ConfigError(f"plan.{key} must be one of {choices}, got {value!r}") from None
 
 
+def _check_uneven(plan: ParallelPlan, model: ModelSpec) -> None:
+    first, last = plan.first_stage_layers, plan.last_stage_layers
+    middle = plan.pp - bool(first) - bool(last)
+    rest = model.num_layers - first - last
+    if rest < 0 or (middle and (rest < middle or rest % middle)) or (not middle and rest):
+        raise ConfigError(
+            f"plan.first_stage_layers/last_stage_layers ({first}/{last}): the other {middle} stages must split the "
+            f"remaining {rest} of the model's {model.num_layers} layers evenly, at least one each")
+
+
 def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
     """Raise ConfigError naming the first knob that does not fit this model and cluster."""
     if plan.world_size != num_gpus:
@@ -155,7 +177,9 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
         raise ConfigError(f"plan.tp ({plan.tp}) must divide the model's heads ({model.num_heads})")
     if model.num_kv_heads % plan.tp and plan.tp % model.num_kv_heads:
         raise ConfigError(f"plan.tp ({plan.tp}) and the model's kv heads ({model.num_kv_heads}) must divide one another")
-    if model.num_layers % (plan.pp * plan.vpp):
+    if plan.first_stage_layers or plan.last_stage_layers:
+        _check_uneven(plan, model)
+    elif model.num_layers % (plan.pp * plan.vpp):
         raise ConfigError(
             f"plan.pp*vpp ({plan.pp}*{plan.vpp}) must divide the model's layers ({model.num_layers})"
         )

@@ -100,8 +100,26 @@ def splits_backward(plan: ParallelPlan) -> bool:
     return plan.schedule == Schedule.ZB_H1
 
 
-def stage_layers(num_layers: int, pp: int, vpp: int, stage: int, chunk: int) -> range:
-    """Layers held by virtual stage (stage, chunk): chunk-major round robin (Megatron)."""
+def stage_layers(num_layers: int, pp: int, vpp: int, stage: int, chunk: int, first: int = 0, last: int = 0) -> range:
+    """Layers held by virtual stage (stage, chunk): chunk-major round robin (Megatron);
+    with ``first`` / ``last`` set (Megatron's --decoder-first/last-pipeline-num-layers,
+    vpp 1) the first / last stage holds that many and the others split the rest evenly."""
+    if first or last:
+        counts = uneven_counts(num_layers, pp, first, last)
+        start = sum(counts[:stage])
+        return range(start, start + counts[stage])
     per_chunk = num_layers // (pp * vpp)
     start = (chunk * pp + stage) * per_chunk
     return range(start, start + per_chunk)
+
+
+def uneven_counts(num_layers: int, pp: int, first: int, last: int) -> list[int]:
+    """Layers per stage when the first and/or last stage hold a set number (0: even share)."""
+    middle = pp - bool(first) - bool(last)
+    each = (num_layers - first - last) // middle if middle else 0
+    counts = [each] * pp
+    if first:
+        counts[0] = first
+    if last:
+        counts[-1] = last
+    return counts

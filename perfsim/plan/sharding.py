@@ -45,7 +45,8 @@ def layer_param_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple
 
 
 def stage_layer_ids(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[int]:
-    return [l for c in range(plan.vpp) for l in stage_layers(model.num_layers, plan.pp, plan.vpp, stage, c)]
+    return [l for c in range(plan.vpp) for l in stage_layers(model.num_layers, plan.pp, plan.vpp, stage, c,
+                                                            plan.first_stage_layers, plan.last_stage_layers)]
 
 
 def embedding_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:

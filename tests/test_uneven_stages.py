@@ -1,0 +1,67 @@
+"""Uneven pipeline stages (Megatron's --decoder-first/last-pipeline-num-layers): the first
+and last stage hold a set number of layers, the others split the rest evenly; both
+estimators, the memory model and the CLI follow."""
+
+import pytest
+
+import perfsim
+from perfsim.cli import main
+from perfsim.errors import ConfigError
+from perfsim.lowering.graph import build_graph
+from perfsim.lowering.memory import plan_memory
+from perfsim.plan.sharding import stage_layer_ids
+
+MODEL = perfsim.load_model("llama3.1-8b")  # 32 layers
+KNOBS = dict(gbs=64, seq=4096, tp=2, pp=4)
+
+
+def plan(**extra):
+    return perfsim.make_plan(32, **KNOBS, **extra)
+
+
+def test_layers_per_stage():
+    assert [len(stage_layer_ids(MODEL, plan(), s)) for s in range(4)] == [8, 8, 8, 8]
+    uneven = plan(first_stage_layers=5, last_stage_layers=9)
+    ids = [stage_layer_ids(MODEL, uneven, s) for s in range(4)]
+    assert [len(i) for i in ids] == [5, 9, 9, 9] and sum(ids, []) == list(range(32))
+    graph = build_graph(MODEL, uneven, 1)
+    assert {op.layer for op in graph.ops if op.stage == 0 and op.layer >= 0} == set(range(5))
+
+
+def test_both_estimators_agree_and_the_heavier_stage_sets_the_pace():
+    even, heavy = plan(), plan(first_stage_layers=4, last_stage_layers=4)  # middle stages hold 12
+    for p in (even, heavy):
+        closed = perfsim.estimate(MODEL, "mi300x-pollara", p, gpus=32, check_memory=False)
+        engine = perfsim.simulate(MODEL, "mi300x-pollara", p, gpus=32, check_memory=False)
+        assert closed.step_time_s == pytest.approx(engine.step_time_s, rel=0.03)
+    slow = perfsim.simulate(MODEL, "mi300x-pollara", heavy, gpus=32, check_memory=False)
+    fast = perfsim.simulate(MODEL, "mi300x-pollara", even, gpus=32, check_memory=False)
+    assert slow.step_time_s > fast.step_time_s and slow.critical_stage in (1, 2)
+
+
+def test_memory_follows_the_layers():
+    light_first = plan_memory(MODEL, plan(first_stage_layers=2, last_stage_layers=10))
+    even = plan_memory(MODEL, plan())
+    assert light_first[0].weights_bytes < even[0].weights_bytes
+
+
+@pytest.mark.parametrize("extra, match", [
+    (dict(first_stage_layers=7, last_stage_layers=6), "split the remaining 19"),
+    (dict(first_stage_layers=40), "remaining -8"),
+])
+def test_impossible_splits_name_the_fields(extra, match):
+    with pytest.raises(ConfigError, match=match):
+        perfsim.estimate(MODEL, "mi300x-pollara", plan(**extra), gpus=32)
+
+
+def test_needs_a_pipeline_without_interleaving():
+    with pytest.raises(ConfigError, match="first_stage_layers"):
+        perfsim.make_plan(8, gbs=8, seq=1024, first_stage_layers=4)
+    with pytest.raises(ConfigError, match="vpp 1"):
+        perfsim.make_plan(8, gbs=8, seq=1024, pp=2, vpp=2, last_stage_layers=4)
+
+
+def test_cli_flags(capsys):
+    assert main(["simulate", "--model", "llama3.1-8b", "--gpus", "32", "--tp", "2", "--pp", "4", "--gbs", "64",
+                 "--seq", "4096", "--first-stage-layers", "6", "--last-stage-layers", "6", "--engine", "analytic"]) == 0
+    assert "first_stage_layers=6 last_stage_layers=6" in capsys.readouterr().out
