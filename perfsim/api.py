@@ -116,6 +116,8 @@ def _inputs(model, cluster, plan, nodes, gpus, knobs) -> tuple[ModelSpec, Cluste
     auto = knobs.get("recompute") == AUTO_RECOMPUTE
     if plan is None:
         plan = make_plan(num_gpus, **{**knobs, "recompute": None} if auto else knobs)
+    elif set(knobs) == {"stack"} and isinstance(plan, ParallelPlan):  # a plan priced under another stack
+        plan = replace(plan, stack=load_stack(knobs["stack"]))
     elif knobs:
         raise ConfigError("plan: pass either a ParallelPlan or knobs, not both")
     check_type("plan", plan, ParallelPlan, "a ParallelPlan (or plan knobs)")

@@ -186,3 +186,14 @@ def test_stack_spec_is_hashable_and_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.name = "other"
     assert isinstance(spec, StackSpec)
+
+
+def test_an_explicit_plan_can_be_priced_under_a_stack():
+    plan = api.make_plan(16, ep=8, mbs=1, gbs=32, seq=4096, recompute="full")
+    base = api.estimate(MOE["model"], MOE["cluster"], plan, nodes=2)
+    under = api.estimate(MOE["model"], MOE["cluster"], plan, nodes=2, stack="megatron-primus")
+    assert base.stack == "ideal" and under.stack == "megatron-primus"
+    assert under.step_time_s > base.step_time_s
+    assert under.plan["overlap_grad_reduce"] == plan.overlap_grad_reduce  # an explicit plan keeps its knobs
+    with pytest.raises(ConfigError, match="either"):
+        api.estimate(MOE["model"], MOE["cluster"], plan, nodes=2, stack="maxtext", tp=2)
