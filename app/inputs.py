@@ -41,6 +41,7 @@ DEFAULT = {
     "model_edit": {},  # ModelSpec fields changed on the Plan page (from the preset's values)
     "hardware_edit": {},  # GPU / link / NIC numbers changed on the Plan page (editing.HARDWARE_FIELDS)
     "estimator": "des",
+    "stack": "ideal",  # software-stack profile (perfsim/hardware_profiles/stacks); ideal adds no framework cost
 }
 PLACEMENTS = ("contiguous", "speed")
 
@@ -183,7 +184,8 @@ def simulate(inputs: dict):
     """perfsim.simulate (or estimate) for ``inputs``; OOM is a report warning, not an error."""
     return perfsim.simulate(
         model_with_overrides(inputs), cluster_spec(inputs), estimator=inputs.get("estimator", "des"), check_memory=False, routing=routing_spec(inputs),
-        variability=variability_spec(inputs), trace=True, **plan_knobs(inputs), **fidelity_knobs(inputs),
+        variability=variability_spec(inputs), trace=True, stack=inputs.get("stack") or "ideal", **plan_knobs(inputs),
+        **fidelity_knobs(inputs),
     )
 
 
@@ -195,4 +197,5 @@ def describe(inputs: dict) -> str:
     model += " (edited)" if inputs.get("model_edit") else ""
     cluster = inputs["cluster"] + (" (edited)" if inputs.get("hardware_edit") else "")
     return (f"{model} on {inputs['nodes']} x {cluster} nodes: {axes or 'dp=auto'} zero={k['zero']} "
-            f"mbs={k['mbs']} gbs={k['gbs']} seq={k['seq']} {k['dtype']}")
+            f"mbs={k['mbs']} gbs={k['gbs']} seq={k['seq']} {k['dtype']}"
+            + (f" stack={inputs['stack']}" if inputs.get("stack", "ideal") != "ideal" else ""))

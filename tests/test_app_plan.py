@@ -176,3 +176,15 @@ def test_tflops_edit_scales_every_dtype():
     base = perfsim.load_cluster("mi300x-pollara").gpu.peak_tflops
     got = planner_inputs.cluster_spec(inputs).gpu.peak_tflops
     assert got["bf16"] == pytest.approx(2614.8) and got["fp8"] == pytest.approx(2 * base["fp8"] * 2614.8 / (2 * base["bf16"]))
+
+
+def test_the_stack_selector_reaches_perfsim():
+    at = start()
+    before = metric(at, "Step time").value
+    at.selectbox(key="w.stack").set_value("megatron-primus").run()
+    ok(at)
+    assert at.session_state["inputs"]["stack"] == "megatron-primus"
+    assert metric(at, "Step time").value != before
+    got = planner_inputs.simulate(planner_inputs.normalize({"stack": "megatron-primus", "estimator": "analytic"}))
+    assert got.stack == "megatron-primus"
+    assert planner_inputs.simulate(planner_inputs.normalize({"estimator": "analytic"})).stack == "ideal"

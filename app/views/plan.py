@@ -12,6 +12,7 @@ import editing
 import inputs as planner_inputs
 import perfsim
 from inputs import CHOICES, KNOBS, PLACEMENTS, default_inputs
+from perfsim.system.stacks import list_stacks
 
 st.title("Plan")
 current = common.get_inputs()
@@ -51,6 +52,11 @@ with st.sidebar:
                                                 current.get("hardware_edit") or {} if cluster == current["cluster"] else {})
     estimator = st.radio("Estimator", CHOICES["estimator"], horizontal=True, key=common.seed("estimator", current["estimator"]),
                          help="des: SimPy discrete-event engine (contention, overlap); analytic: closed form")
+    stacks = list_stacks()
+    stack = st.selectbox("Software stack", stacks, key=common.seed("stack", current.get("stack") or "ideal"),
+                         help="what the training framework adds (launch gaps, syncs, fused kernels, MoE dispatch, "
+                              "kernel speed; perfsim/hardware_profiles/stacks); the overlap toggles below win over "
+                              "the stack's overlap policy")
     if st.button("Reset to ZAYA1 on 128 MI300X nodes", icon=":material/restart_alt:"):
         common.set_inputs(default_inputs())
         st.rerun()
@@ -107,7 +113,7 @@ for note in st.session_state.pop("plan.refit_notes", []):
 
 inputs = {"model": model, "model_config": model_config, "cluster": cluster, "nodes": int(nodes),
           "knobs": knobs, "routing": routing, "fidelity": fidelity, "model_edit": model_edit,
-          "hardware_edit": hardware_edit, "estimator": estimator}
+          "hardware_edit": hardware_edit, "estimator": estimator, "stack": stack}
 st.session_state["inputs"] = inputs
 common.plan_caption(inputs)
 with common.shown_errors("Model"):
