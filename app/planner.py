@@ -20,6 +20,7 @@ PAGES = {
     "Explore": [
         ("views/search.py", "Search", ":material/travel_explore:"),
         ("views/calibrate.py", "Calibrate", ":material/straighten:"),
+        ("views/runs.py", "Measured runs", ":material/fact_check:"),
         ("views/compare.py", "Compare", ":material/compare_arrows:"),
     ],
     "Planning": [

@@ -1,0 +1,48 @@
+"""Planner "Measured runs" page (issue 16): the shipped published runs priced as
+`perfsim validate --runs` prices them, and a fit that matches `perfsim calibrate --runs`."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from perfsim.design.runs import read_all, validate_runs
+from perfsim.design.runs_fit import fit_stack
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "app"))
+SHIPPED = ROOT / "validation" / "runs" / "published.csv"
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    monkeypatch.setenv("PERFSIM_DB", str(tmp_path / "scenarios.db"))
+    monkeypatch.setenv("PERFSIM_PROFILES", str(tmp_path / "profiles"))
+
+
+def page() -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app" / "planner.py"), default_timeout=120).run()
+    at.switch_page("views/runs.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def test_shipped_runs_show_the_validate_figures():
+    at = page()
+    want = validate_runs(read_all([str(SHIPPED)]))
+    mape = next(m for m in at.metric if m.label == "MAPE")
+    assert mape.value == f"{want.mape:.1f}%"
+    assert len(at.dataframe[0].value) == len(want.results)
+
+
+def test_fit_on_the_page_matches_calibrate_runs():
+    at = page()
+    at.selectbox(key="w.r_fit_stack").set_value("nemo").run()
+    next(b for b in at.button if b.label == "Fit").click().run()
+    assert not at.exception and not at.error
+    cases = [c for c in read_all([str(SHIPPED)]) if c.stack == "nemo"]
+    want = fit_stack(cases, "nemo")
+    shown = at.dataframe[-1].value
+    assert shown["value"].iloc[0] == pytest.approx(round(want.values["kernels.speed"], 4))
