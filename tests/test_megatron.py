@@ -29,11 +29,16 @@ def test_flags_map_onto_the_knobs_they_name():
 def test_no_flag_is_dropped_silently():
     plan = megatron.from_args(ARGS)
     assert plan.unknown == ("made_up_flag",)
-    assert {name for name, _ in plan.not_modelled} == {"recompute_method", "recompute_num_layers",
-                                                        "account_for_loss_in_pipeline_split"}
+    assert {name for name, _ in plan.not_modelled} == {"recompute_num_layers", "account_for_loss_in_pipeline_split"}
     assert plan.ignored == ("lr",)
     notes = "\n".join(plan.notes())
     assert "--made-up-flag" in notes and "--account-for-loss-in-pipeline-split" in notes and "uneven" in notes
+
+
+def test_block_recompute_maps_onto_recompute_layers():
+    plan = megatron.from_args("--pipeline-model-parallel-size 4 --global-batch-size 8 --seq-length 1024 "
+                              "--recompute-granularity full --recompute-method block --recompute-num-layers 2")
+    assert plan.knobs["recompute"] == "full" and plan.knobs["recompute_layers"] == 2 and not plan.not_modelled
 
 
 def test_megatron_defaults_not_perfsims():

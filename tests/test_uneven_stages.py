@@ -65,3 +65,30 @@ def test_cli_flags(capsys):
     assert main(["simulate", "--model", "llama3.1-8b", "--gpus", "32", "--tp", "2", "--pp", "4", "--gbs", "64",
                  "--seq", "4096", "--first-stage-layers", "6", "--last-stage-layers", "6", "--engine", "analytic"]) == 0
     assert "first_stage_layers=6 last_stage_layers=6" in capsys.readouterr().out
+
+
+# ---- recompute by layer count (Megatron --recompute-method block --recompute-num-layers N) ----
+
+
+def test_recompute_only_the_first_layers_of_each_stage():
+    from perfsim.plan.parallel import Recompute
+    from perfsim.plan.sharding import recomputes
+
+    p = plan(recompute="full", recompute_layers=2)
+    assert [recomputes(MODEL, p, layer) for layer in range(10)] == [Recompute.FULL] * 2 + [Recompute.NONE] * 6 + \
+        [Recompute.FULL] * 2
+    runs = {n: perfsim.simulate(MODEL, "mi300x-pollara", plan(recompute="full", recompute_layers=n), gpus=32,
+                                check_memory=False) for n in (1, 2, 8)}
+    full = perfsim.simulate(MODEL, "mi300x-pollara", plan(recompute="full"), gpus=32, check_memory=False)
+    assert runs[1].step_time_s < runs[2].step_time_s < runs[8].step_time_s == pytest.approx(full.step_time_s)
+    assert runs[1].peak_memory_bytes > runs[2].peak_memory_bytes > runs[8].peak_memory_bytes
+    for n, r in runs.items():
+        closed = perfsim.estimate(MODEL, "mi300x-pollara", plan(recompute="full", recompute_layers=n), gpus=32,
+                                  check_memory=False)
+        assert closed.step_time_s == pytest.approx(r.step_time_s, rel=0.01)
+        assert closed.breakdown["recompute"] == pytest.approx(r.breakdown["recompute"], rel=1e-6)
+
+
+def test_recompute_layers_needs_a_recompute():
+    with pytest.raises(ConfigError, match="recompute_layers"):
+        plan(recompute_layers=2)

@@ -56,6 +56,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                         "(Megatron --decoder-first-pipeline-num-layers; vpp 1)")
     p.add_argument("--last-stage-layers", type=a.integer(0, 1 << 20), default=None,
                    help="layers on the last pipeline stage (Megatron --decoder-last-pipeline-num-layers)")
+    p.add_argument("--recompute-layers", type=a.integer(0, 1 << 20), default=None,
+                   help="recompute only the first N layers of each pipeline stage chunk (Megatron --recompute-method "
+                        "block --recompute-num-layers N; default every layer)")
     p.add_argument("--routing", default="uniform",
                    help="MoE token routing: uniform, zipf[:S], dirichlet[:A] or a histogram file (CSV/JSON)")
     p.add_argument("--routing-histogram", default=None, help="measured tokens per expert (CSV or JSON file)")
@@ -88,6 +91,7 @@ def _plan_knobs(args) -> dict:
         knobs["tp_comm_overlap"] = True
     knobs["stack"] = args.stack
     knobs["first_stage_layers"], knobs["last_stage_layers"] = args.first_stage_layers, args.last_stage_layers
+    knobs["recompute_layers"] = args.recompute_layers
     return {k: v for k, v in knobs.items() if v is not None}
 
 

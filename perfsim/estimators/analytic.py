@@ -33,10 +33,10 @@ from perfsim.lowering.graph import OpGraph, block_passes
 from perfsim.lowering.layers import LayerBuilder, Step
 from perfsim.lowering.ops import Coll, Op, OpKind, Stream
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import ParallelPlan, Schedule, group_shape
+from perfsim.plan.parallel import ParallelPlan, Recompute, Schedule, group_shape
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import splits_backward
-from perfsim.plan.sharding import is_moe_layer, layer_grad_bytes, layer_param_bytes, optimizer_bytes, stage_layer_ids
+from perfsim.plan.sharding import is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes, optimizer_bytes, stage_layer_ids
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.hardware import ClusterSpec
@@ -45,6 +45,7 @@ BUBBLE = "pipeline_bubble"
 GRAD_REDUCE = "dp_grad_reduce"
 PARAM_GATHER = "dp_param_gather"
 INTERFERENCE = "comm_interference"
+NO_RECOMPUTE = "/norc"  # a layer the plan's recompute_layers leaves out
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +212,14 @@ class ClosedForm:
     def kind(self, layer: int) -> str:
         return "moe" if is_moe_layer(self.model, layer) else "dense"
 
+    def block_kind(self, plan: ParallelPlan, layer: int) -> str:
+        """The layer's template: its kind, marked "/norc" where the plan recomputes but
+        this layer does not (``recompute_layers``)."""
+        base = self.kind(layer)
+        if plan.recompute_layers and recomputes(self.model, plan, layer) == Recompute.NONE:
+            return base + NO_RECOMPUTE
+        return base
+
     # ---- GPU speeds (stragglers) -----------------------------------------------------------
 
     def speeds(self, plan: ParallelPlan) -> tuple[tuple[float, ...], tuple[float, ...] | None]:
@@ -233,7 +242,9 @@ class ClosedForm:
 
     def _price_template(self, plan: ParallelPlan, kind: str, slowdown: float, ep_speeds) -> Template:
         builder = LayerBuilder(self.model, plan, self.routing, ep_speeds)
-        chains = block_passes(builder, plan, self.rep_layer.get(kind, kind))
+        base = kind.removesuffix(NO_RECOMPUTE)
+        own = Recompute.NONE if kind.endswith(NO_RECOMPUTE) else None
+        chains = block_passes(builder, plan, self.rep_layer.get(base, base), own)
         passes, start = [], 0
         for steps in chains:
             passes.append(_ops(steps, start))
@@ -327,7 +338,8 @@ class ClosedForm:
         in it (the middle ones, mostly) are priced once."""
         nd, nm, lo, _ = self.layout(plan, stage)
         slow, ep_speeds = self.speeds(plan)
-        return (nd, nm, self.kind(lo), stage == 0, stage == plan.pp - 1, slow[stage], ep_speeds)
+        return (nd, nm, self.kind(lo), stage == 0, stage == plan.pp - 1, slow[stage], ep_speeds,
+                self.block_counts(plan, stage) if plan.recompute_layers else ())
 
     def stage_signatures(self, plan: ParallelPlan) -> tuple[list, dict]:
         """(signature per stage, first stage of each signature)."""
@@ -348,11 +360,22 @@ class ClosedForm:
 
     def stage_parts(self, plan: ParallelPlan, stage: int) -> list[tuple[Template, int]]:
         """(template, count) of a stage's blocks: its layers, the embedding, the LM head."""
-        nd, nm, _, _ = self.layout(plan, stage)
-        parts = [(self.template(plan, k, stage), n) for k, n in (("dense", nd), ("moe", nm)) if n]
+        parts = [(self.template(plan, k, stage), n) for k, n in self.block_counts(plan, stage)]
         parts += [(self.template(plan, "embedding", stage), 1)] if stage == 0 else []
         parts += [(self.template(plan, "head", stage), 1)] if stage == plan.pp - 1 else []
         return parts
+
+    def block_counts(self, plan: ParallelPlan, stage: int) -> tuple[tuple[str, int], ...]:
+        """(block kind, layers) of a stage, in order of first appearance."""
+        def make():
+            counts: dict[str, int] = {}
+            for layer in sorted(stage_layer_ids(self.model, plan, stage)):
+                kind = self.block_kind(plan, layer)
+                counts[kind] = counts.get(kind, 0) + 1
+            return tuple(counts.items())
+        key = ("counts", plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, plan.recompute_layers,
+               plan.recompute == Recompute.NONE, stage)
+        return self._cached(key, make)
 
     def chain_passes(self, plan: ParallelPlan, stage: int) -> StagePasses:
         """F, B, W of a stage per microbatch: its blocks' chains alone."""
@@ -397,7 +420,7 @@ class ClosedForm:
     def _sequence(self, plan: ParallelPlan, stage: int) -> list[tuple[int, str, int]]:
         """(pass index, block kind, layer or -1) of one microbatch on a stage, in order:
         the forward, the backward (input gradients), the weight-gradient pass."""
-        layers = [(self.kind(layer), layer) for layer in sorted(stage_layer_ids(self.model, plan, stage))]
+        layers = [(self.block_kind(plan, layer), layer) for layer in sorted(stage_layer_ids(self.model, plan, stage))]
         fwd = ([("embedding", -1)] if stage == 0 else []) + layers + ([("head", -1)] if stage == plan.pp - 1 else [])
         out = [(0, k, layer) for k, layer in fwd] + [(1, k, layer) for k, layer in fwd[::-1]]
         if splits_backward(plan):
@@ -416,8 +439,9 @@ class ClosedForm:
                 key = (pi, kind, nxt[1] if nxt and nxt[2] >= 0 else None, nxt[0] if nxt else None)
                 counts[key] = counts.get(key, 0) + 1
             return tuple(counts.items())
-        return self._cached(("pairs", plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, stage,
-                             splits_backward(plan), cyclic), make)
+        return self._cached(("pairs", plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers,
+                             plan.recompute_layers, plan.recompute == Recompute.NONE, stage, splits_backward(plan),
+                             cyclic), make)
 
     def _window_list(self, plan: ParallelPlan, stage: int, gathers_in: tuple[int, ...], cyclic: bool) -> list:
         """(pass index, count, Window): each block holds the gathers of the next layer
@@ -427,7 +451,8 @@ class ClosedForm:
             part = self.template(plan, kind, stage).passes[pi]
             prefetch, links = 0.0, {}
             if next_kind is not None and next_pass in gathers_in:
-                prefetch, links = sum(self.layer_gathers(plan, next_kind)), self.gather_links(plan, next_kind)
+                base = next_kind.removesuffix(NO_RECOMPUTE)
+                prefetch, links = sum(self.layer_gathers(plan, base)), self.gather_links(plan, base)
             out.append((pi, count, Window(chain_s=part.seconds, links=dict(part.links), prefetch_s=prefetch,
                                           prefetch_links=links)))
         return out
@@ -468,7 +493,7 @@ class ClosedForm:
             return crit, stages[crit], pipeline_bubble(plan, stages, crit)
         gathers = (plan.dp * plan.cp, plan.edp) if plan.zero == 3 else ()  # only ZeRO-3 gathers shape the passes
         return self._cached(("pipe", *template_key(plan), plan.pp, plan.vpp, plan.first_stage_layers,
-                             plan.last_stage_layers, plan.schedule, plan.zero == 3, gathers, self.speeds(plan)), make)
+                             plan.last_stage_layers, plan.recompute_layers, plan.schedule, plan.zero == 3, gathers, self.speeds(plan)), make)
 
     def timeline(self, plan: ParallelPlan) -> dict:
         """The parts of the step, in seconds (memoised per plan)."""

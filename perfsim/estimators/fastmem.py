@@ -20,7 +20,7 @@ def states_key(plan: ParallelPlan) -> tuple:
 
 def transient_key(plan: ParallelPlan) -> tuple:
     return (plan.tp, plan.cp, plan.mbs, plan.seq, plan.recompute, plan.sequence_parallel, plan.pp, plan.vpp,
-            plan.schedule, plan.num_microbatches, plan.first_stage_layers, plan.last_stage_layers)
+            plan.schedule, plan.num_microbatches, plan.first_stage_layers, plan.last_stage_layers, plan.recompute_layers)
 
 
 class MemoryModel:

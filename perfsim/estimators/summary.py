@@ -128,7 +128,7 @@ def _per_layer(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict]:
     repeat = 2 * m if plan.zero == 3 else 1
     for layer in sorted(stage_layer_ids(cf.model, plan, crit)):
         kind = cf.kind(layer)
-        block = cf.template(plan, kind, crit)
+        block = cf.template(plan, cf.block_kind(plan, layer), crit)
         gathers = repeat * sum(cf.layer_gathers(plan, kind)) if plan.zero else 0.0
         out[str(layer)] = {"compute_s": m * block.compute_s, "comm_s": m * block.comm_s + gathers}
     compute, comm = _stage_totals(cf, plan, crit)
@@ -195,7 +195,7 @@ def _lay(part: Pass, t: float, stage: int, layer: int, phase: str, out: list[Spa
 
 def _one_microbatch(cf: ClosedForm, plan: ParallelPlan, stage: int, t: float, out: list[Span]) -> float:
     layers = sorted(stage_layer_ids(cf.model, plan, stage))
-    blocks = ([("embedding", -1)] if stage == 0 else []) + [(cf.kind(layer), layer) for layer in layers]
+    blocks = ([("embedding", -1)] if stage == 0 else []) + [(cf.block_kind(plan, layer), layer) for layer in layers]
     blocks += [("head", -1)] if stage == plan.pp - 1 else []
     for index, phase in enumerate(("F", "B", "W")):
         order = blocks if phase == "F" else blocks[::-1]

@@ -19,10 +19,10 @@ from perfsim.lowering.layers import (
 )
 from perfsim.model.spec import ModelSpec
 from perfsim.lowering.ops import Coll, Op, OpKind, Stream
-from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import BWD, FWD, WGT, splits_backward, stage_layers, stage_order
-from perfsim.plan.sharding import is_moe_layer, layer_grad_bytes, layer_param_bytes, optimizer_bytes
+from perfsim.plan.sharding import is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes, optimizer_bytes
 
 
 @dataclass
@@ -95,10 +95,10 @@ class _Builder:
         return stage_layers(self.model.num_layers, p.pp, p.vpp, stage, chunk, p.first_stage_layers, p.last_stage_layers)
 
     def _block(self, layer: int) -> tuple[list[Step], list[Step], list[Step]]:
-        moe = is_moe_layer(self.model, layer)
-        if moe not in self.blocks:
-            self.blocks[moe] = block_passes(self.layers, self.plan, layer)
-        return self.blocks[moe]
+        key = (is_moe_layer(self.model, layer), recomputes(self.model, self.plan, layer))
+        if key not in self.blocks:
+            self.blocks[key] = block_passes(self.layers, self.plan, layer, key[1])
+        return self.blocks[key]
 
     def forward_steps(self, layer: int) -> list[Step]:
         return self._block(layer)[0]
@@ -227,12 +227,14 @@ class _Builder:
                 self.chain(stage, [_barrier()], tuple(gathers), -1, -1)
 
 
-def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str) -> tuple[list[Step], list[Step], list[Step]]:
+def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
+                 recompute: Recompute | None = None) -> tuple[list[Step], list[Step], list[Step]]:
     """The forward F, backward B and (zb-h1) weight-gradient W chains of one block,
     exactly as the graph lowers them: ``block`` is a layer index, "embedding" or "head".
     A layer's backward is its recompute then its backward, TP-comm overlap applied to
     both passes; the LM head's backward is split for zero-bubble schedules, the
-    embedding's never. The closed form prices these same chains."""
+    embedding's never. ``recompute``: the layer's own (``sharding.recomputes``; default
+    the plan's). The closed form prices these same chains."""
     split = splits_backward(plan)
     if block in ("embedding", "head"):
         fwd = layers.embedding_forward() if block == "embedding" else layers.head_forward()
@@ -243,7 +245,7 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str) -> 
     raw = layers.layer_forward(block)
     overlapped = plan.tp_comm_overlap and plan.tp > 1
     fwd = overlap_tp_comm(raw) if overlapped else raw
-    bwd = recompute_steps(raw, plan.recompute) + backward(raw)
+    bwd = recompute_steps(raw, plan.recompute if recompute is None else recompute) + backward(raw)
     bwd = overlap_tp_comm(bwd) if overlapped else bwd
     wgt = []
     if split:

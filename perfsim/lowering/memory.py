@@ -15,6 +15,7 @@ from perfsim.plan.sharding import (
     WEIGHT_BYTES,
     is_moe_layer,
     shard_degrees,
+    recomputes,
     stage_layer_ids,
     stage_rank_params,
 )
@@ -56,11 +57,12 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> 
     """Bytes one layer keeps for backward per microbatch on one rank."""
     tokens = plan.mbs * plan.seq / plan.cp
     h = model.hidden_size
-    if plan.recompute == Recompute.FULL:
+    recompute = recomputes(model, plan, layer)
+    if recompute == Recompute.FULL:
         return tokens * h * ACT_BYTES / plan.tp  # only the layer input (sequence-parallel shard)
     qkv = sum(lin.out_features for lin in model.attention_linears()[:-1])
     attn = 2 * h + qkv + 2 * model.v_width  # norm in, q/k/v, attention out, out-proj in
-    if plan.recompute == Recompute.SELECTIVE:
+    if recompute == Recompute.SELECTIVE:
         attn -= model.v_width
     per_token = attn / plan.tp + 2 * h / plan.tp  # + residual stream copies (sharded by SP)
     per_token += _mlp_per_token(model, plan, layer)

@@ -59,8 +59,8 @@ manual_gc manual_gc_interval use_torch_fsdp2 ckpt_format dataloader_type num_wor
 NOT_MODELLED = {
     "account_for_embedding_in_pipeline_split": "uneven pipeline stages are not modelled",
     "account_for_loss_in_pipeline_split": "uneven pipeline stages are not modelled",
-    "recompute_num_layers": "recompute applies to every layer (no per-layer count)",
-    "recompute_method": "recompute applies to every layer (uniform/block not distinguished)",
+    "recompute_num_layers": "with --recompute-method uniform every layer recomputes (the checkpoint grouping "
+                            "is not modelled)",
     "recompute_modules": "selective recompute is the attention core only",
     "overlap_param_gather": "parameter all-gathers always overlap the forward under ZeRO",
     "cpu_offloading": "CPU offload is not modelled",
@@ -135,7 +135,7 @@ def _truthy(value) -> bool:
 def from_mapping(args: dict) -> MegatronPlan:
     """Megatron arguments as {underscored name: value} (a switch: True) -> MegatronPlan."""
     knobs, overrides, ignored, not_modelled, unknown = {}, {}, [], [], []
-    vpp_layers = None
+    vpp_layers, method, recompute_num = None, None, None
     for raw, value in args.items():
         name = raw.replace("-", "_")
         if value is None or value is False:
@@ -156,6 +156,12 @@ def from_mapping(args: dict) -> MegatronPlan:
             if str(value) not in ("full", "selective"):
                 raise ConfigError(f"--recompute-granularity: expected full or selective, got {value!r}")
             knobs["recompute"] = str(value)
+        elif name == "recompute_method":
+            if str(value) not in ("uniform", "block"):
+                raise ConfigError(f"--recompute-method: expected uniform or block, got {value!r}")
+            method = str(value)
+        elif name == "recompute_num_layers":
+            recompute_num = _int(name, value)
         elif name == "num_layers_per_virtual_pipeline_stage":
             vpp_layers = _int(name, value)
         elif name == "ddp_bucket_size":
@@ -171,6 +177,10 @@ def from_mapping(args: dict) -> MegatronPlan:
     if knobs.get("pp", 1) == 1 and (knobs.get("vpp", 1) > 1 or vpp_layers):
         raise ConfigError("--virtual-pipeline-model-parallel-size / --num-layers-per-virtual-pipeline-stage "
                           "need --pipeline-model-parallel-size > 1")
+    if method == "block" and recompute_num:  # the first N layers of each stage chunk recompute
+        knobs["recompute_layers"] = recompute_num
+    elif recompute_num is not None:
+        not_modelled.append(("recompute_num_layers", NOT_MODELLED["recompute_num_layers"]))
     knobs.setdefault("zero", 0)  # Megatron's defaults: optimizer not distributed, switches off
     for knob, _ in BOOL_KNOBS.values():
         knobs.setdefault(knob, False)

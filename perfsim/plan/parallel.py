@@ -60,6 +60,9 @@ class ParallelPlan:
     # first / last stage, the other stages splitting the rest evenly; 0 = an even split
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+    # recompute only the first N layers of each pipeline stage (each virtual chunk): Megatron's
+    # --recompute-method block --recompute-num-layers N; 0 = every layer
+    recompute_layers: int = 0
     # the software stack the step runs under (framework costs, fused kernels, dispatch path;
     # system.stacks); a profile name is loaded
     stack: StackSpec = IDEAL
@@ -71,10 +74,12 @@ class ParallelPlan:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"plan.{key} must be a positive integer, got {value!r}")
-        for key in ("first_stage_layers", "last_stage_layers"):
+        for key in ("first_stage_layers", "last_stage_layers", "recompute_layers"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"plan.{key} must be an integer >= 0, got {value!r}")
+            if key == "recompute_layers":
+                continue
             if value and (self.pp < 2 or self.vpp > 1):
                 raise ConfigError(f"plan.{key} ({value}) needs pp > 1 and vpp 1 (uneven stages are not interleaved)")
         if isinstance(self.grad_bucket_bytes, bool) or not isinstance(self.grad_bucket_bytes, int) or self.grad_bucket_bytes < 1:
@@ -88,6 +93,8 @@ class ParallelPlan:
             raise ConfigError(f"plan.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         object.__setattr__(self, "recompute", _enum(Recompute, self.recompute, "recompute"))
         object.__setattr__(self, "schedule", _enum(Schedule, self.schedule, "schedule"))
+        if self.recompute_layers and self.recompute == Recompute.NONE:
+            raise ConfigError(f"plan.recompute_layers ({self.recompute_layers}) needs recompute selective or full")
         self._check_divisibility()
 
     def _check_divisibility(self) -> None:
@@ -133,6 +140,7 @@ class ParallelPlan:
         parts += [f"etp{self.etp}"] if self.etp > 1 else []
         parts += [f"zero{self.zero}", f"mbs{self.mbs}", f"gbs{self.gbs}", f"seq{self.seq}", self.dtype]
         parts += [f"recompute-{self.recompute}"] if self.recompute != Recompute.NONE else []
+        parts += [f"of{self.recompute_layers}"] if self.recompute_layers else []
         parts += ["tp-comm-overlap"] if self.tp_comm_overlap else []
         parts += [f"first{self.first_stage_layers}"] if self.first_stage_layers else []
         parts += [f"last{self.last_stage_layers}"] if self.last_stage_layers else []

@@ -5,7 +5,7 @@ fp32 main gradients (4 B), fp32 master weights + Adam m and v (12 B) per paramet
 """
 
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.schedules import stage_layers
 
 WEIGHT_BYTES = 2
@@ -47,6 +47,20 @@ def layer_param_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple
 def stage_layer_ids(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[int]:
     return [l for c in range(plan.vpp) for l in stage_layers(model.num_layers, plan.pp, plan.vpp, stage, c,
                                                             plan.first_stage_layers, plan.last_stage_layers)]
+
+
+def recomputes(model: ModelSpec, plan: ParallelPlan, layer: int) -> Recompute:
+    """The recompute a layer runs: the plan's, or none past the first ``recompute_layers``
+    layers of its stage chunk (Megatron's block method)."""
+    if not plan.recompute_layers or plan.recompute == Recompute.NONE:
+        return plan.recompute
+    for stage in range(plan.pp):
+        for chunk in range(plan.vpp):
+            held = stage_layers(model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
+                                plan.last_stage_layers)
+            if layer in held:
+                return plan.recompute if layer - held.start < plan.recompute_layers else Recompute.NONE
+    return plan.recompute
 
 
 def embedding_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
