@@ -197,3 +197,15 @@ def test_an_explicit_plan_can_be_priced_under_a_stack():
     assert under.plan["overlap_grad_reduce"] == plan.overlap_grad_reduce  # an explicit plan keeps its knobs
     with pytest.raises(ConfigError, match="either"):
         api.estimate(MOE["model"], MOE["cluster"], plan, nodes=2, stack="maxtext", tp=2)
+
+
+def test_search_runs_every_plan_under_the_stack():
+    from perfsim.search import search
+
+    args = dict(gpus=16, gbs=32, seq=4096, fixed={"tp": 1, "pp": 1, "zero": 1, "ep": (1, 8)}, top=3, confirm=1)
+    ideal = search(MOE["model"], MOE["cluster"], **args)
+    mg = search(MOE["model"], MOE["cluster"], stack="megatron-primus", **args)
+    assert all(row.plan["stack"] == "megatron-primus" for row in mg.rows)
+    assert all(row.plan["stack"] == "ideal" for row in ideal.rows)
+    assert mg.rows[0].step_time_s > ideal.rows[0].step_time_s  # host syncs and framework time on every plan
+    assert "stack-megatron-primus" in ParallelPlan(**mg.rows[0].plan).describe()

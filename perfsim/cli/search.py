@@ -56,6 +56,8 @@ def add_command(sub) -> None:
     p.add_argument("--gbs", type=a.GBS, required=True)
     p.add_argument("--seq", type=a.SEQ, required=True)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
+    p.add_argument("--stack", default=None, help="software-stack profile name or .toml path every plan runs under "
+                                                 "(default ideal)")
     for axis in FIXABLE_INTS:
         p.add_argument(f"--{axis}", help=f"fix {axis} to a value or a comma list")
     p.add_argument("--recompute", help="fix recompute (none, selective, full; comma list)")
@@ -144,7 +146,7 @@ def run(args) -> int:
             max_memory_fraction=args.max_memory, objective=args.objective, usd_per_gpu_hour=args.usd_per_gpu_hour,
             top=args.top, confirm=args.confirm, executor=args.executor, workers=args.workers, dtype=args.dtype,
             dominance=not args.all_recompute, progress=bar, confirm_bound=args.confirm_bound,
-            max_confirm=args.max_confirm,
+            max_confirm=args.max_confirm, stack=args.stack,
         )
     except KeyboardInterrupt:
         print("\nperfsim: search cancelled; nothing written", file=sys.stderr)

@@ -144,6 +144,7 @@ class ParallelPlan:
         parts += ["tp-comm-overlap"] if self.tp_comm_overlap else []
         parts += [f"first{self.first_stage_layers}"] if self.first_stage_layers else []
         parts += [f"last{self.last_stage_layers}"] if self.last_stage_layers else []
+        parts += [f"stack-{self.stack.name}"] if self.stack.name != "ideal" else []
         return " ".join(parts)
 
     def to_dict(self) -> dict:

@@ -25,6 +25,7 @@ from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan
 from perfsim.plan.routing import UNIFORM, RoutingSpec
+from perfsim.system.stacks import IDEAL, StackSpec, load_stack
 from perfsim.search.executors import make_executor
 from perfsim.search.space import AXES, DOMINATED, OOM, Chunk, Context, build_space, cost_chunk, structures
 from perfsim.search.rank import Candidate, explain_infeasible, format_table, rank_rows
@@ -146,11 +147,11 @@ def gpu_counts(gpus) -> tuple[int, ...]:
 
 
 def _context(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, gbs: int, seq: int, dtype: str,
-             routing: RoutingSpec, fraction: float) -> Context:
+             routing: RoutingSpec, fraction: float, stack: StackSpec = IDEAL) -> Context:
     sized = cluster.with_gpus(num_gpus)
     key = hashlib.sha1(pickle.dumps((model, sized, routing))).hexdigest()
     return Context(key=key, model=model, cluster=sized, num_gpus=num_gpus, gbs=gbs, seq=seq, dtype=dtype,
-                   routing=routing, max_bytes=fraction * sized.gpu.hbm_bytes)
+                   routing=routing, max_bytes=fraction * sized.gpu.hbm_bytes, stack=stack)
 
 
 def _chunks(ctx: Context, space, num_chunks: int, keep: int, dominance: bool, bound: bool) -> list[Chunk]:
@@ -216,7 +217,7 @@ def search(
     max_memory_fraction: float = DEFAULT_MAX_MEMORY_FRACTION, objective: str = "time", usd_per_gpu_hour: float | None = None,
     top: int = 10, confirm: int = 1, executor: str = "local", workers: int | None = None, dtype: str = "bf16",
     routing: RoutingSpec | None = None, dominance: bool = True, bound: bool = True, progress=None,
-    confirm_bound: float | None = None, max_confirm: int = MAX_CONFIRM,
+    confirm_bound: float | None = None, max_confirm: int = MAX_CONFIRM, stack: StackSpec | str | None = None,
 ) -> SearchResult:
     """Find the best plans for ``model`` on ``gpus`` GPUs (a count, a list or 'LO-HI').
 
@@ -226,7 +227,8 @@ def search(
     is within ``confirm_bound`` (default: the p95 of the closed form's measured disagreement,
     ``estimators/agreement.toml``) of the best engine score, are re-run on the engine, up
     to ``max_confirm``; rows are ranked by the engine first. ``progress(phase, done, total)`` is
-    called as chunks finish. Raises InfeasiblePlan naming the binding constraint when no
+    called as chunks finish. ``stack``: the software-stack profile every plan runs under
+    (default ideal). Raises InfeasiblePlan naming the binding constraint when no
     plan is valid and fits, ConfigError for bad input.
     """
     t0 = time.perf_counter()
@@ -241,7 +243,8 @@ def search(
     if fixed is not None and not isinstance(fixed, dict):
         raise ConfigError(f"fixed: expected a dict of axis -> value(s), got {fixed!r}")
     space = build_space(model, base.gpus_per_node, fixed, _bounded(limits, max(counts), gbs, model.num_layers))
-    contexts = {w: _context(model, base, w, gbs, seq, dtype, routing, max_memory_fraction) for w in counts}
+    spec = IDEAL if stack is None else load_stack(stack)
+    contexts = {w: _context(model, base, w, gbs, seq, dtype, routing, max_memory_fraction, spec) for w in counts}
     keep = max(top, confirm, max_confirm)
     ex = make_executor(executor, workers)
     try:

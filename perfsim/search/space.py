@@ -21,6 +21,7 @@ from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan, Recompute, Schedule, check_plan
 from perfsim.plan.routing import UNIFORM, RoutingSpec
+from perfsim.system.stacks import IDEAL, StackSpec
 
 AXES = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "recompute", "schedule", "tp_comm_overlap",
         "grad_bucket_bytes")
@@ -164,6 +165,7 @@ class Context:
     dtype: str = "bf16"
     routing: RoutingSpec = UNIFORM
     max_bytes: float
+    stack: StackSpec = IDEAL  # the software stack every plan runs under (its overlap policy seeds the plans)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,7 +218,8 @@ def _base_plans(chunk: Chunk, res: ChunkResult):
             res.enumerated += inner * len(scheds)
             try:
                 base = ParallelPlan(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, gbs=ctx.gbs, seq=ctx.seq,
-                                    dtype=ctx.dtype, mbs=1, schedule=scheds[0])
+                                    dtype=ctx.dtype, mbs=1, schedule=scheds[0], stack=ctx.stack,
+                                    **ctx.stack.plan_defaults())
                 check_plan(base, ctx.model, ctx.num_gpus)
             except ConfigError as exc:
                 _reject(res, reason_of(exc), inner * len(scheds))
