@@ -37,6 +37,7 @@ DEFAULT = {
     "fidelity": {
         "tp_comm_overlap": False, "overlap_grad_reduce": True, "overlap_cu_share": 0.0, "dma_offload": False,
         "grad_bucket_mb": 80.0, "capacity_factor": None, "gpu_variability": 0.0, "variability_seed": 0,
+        "first_stage_layers": 0, "last_stage_layers": 0, "recompute_layers": 0,
     },
     "model_edit": {},  # ModelSpec fields changed on the Plan page (from the preset's values)
     "hardware_edit": {},  # GPU / link / NIC numbers changed on the Plan page (editing.HARDWARE_FIELDS)
@@ -106,7 +107,9 @@ def fidelity_knobs(inputs: dict) -> dict:
     f = {**DEFAULT["fidelity"], **(inputs.get("fidelity") or {})}
     return {"tp_comm_overlap": bool(f["tp_comm_overlap"]), "overlap_grad_reduce": bool(f["overlap_grad_reduce"]),
             "comm_compute_interference": float(f["overlap_cu_share"]), "dma_offload": bool(f["dma_offload"]),
-            "grad_bucket_bytes": int(float(f["grad_bucket_mb"]) * 1e6)}
+            "grad_bucket_bytes": int(float(f["grad_bucket_mb"]) * 1e6),
+            "first_stage_layers": int(f["first_stage_layers"]), "last_stage_layers": int(f["last_stage_layers"]),
+            "recompute_layers": int(f["recompute_layers"])}
 
 
 def variability_spec(inputs: dict) -> VariabilitySpec:

@@ -188,3 +188,24 @@ def test_the_stack_selector_reaches_perfsim():
     got = planner_inputs.simulate(planner_inputs.normalize({"stack": "megatron-primus", "estimator": "analytic"}))
     assert got.stack == "megatron-primus"
     assert planner_inputs.simulate(planner_inputs.normalize({"estimator": "analytic"})).stack == "ideal"
+
+
+def test_uneven_stages_and_recompute_layers_reach_perfsim():
+    inputs = planner_inputs.normalize({
+        "model": "llama3.1-8b", "nodes": 4, "estimator": "analytic",
+        "knobs": {"tp": 2, "pp": 4, "dp": 0, "gbs": 64, "seq": 4096, "recompute": "full"},
+        "fidelity": {"first_stage_layers": 6, "last_stage_layers": 6, "recompute_layers": 2}})
+    got = planner_inputs.simulate(inputs)
+    want = perfsim.estimate("llama3.1-8b", "mi300x-pollara", nodes=4, tp=2, pp=4, gbs=64, seq=4096, recompute="full",
+                            first_stage_layers=6, last_stage_layers=6, recompute_layers=2, check_memory=False)
+    assert got.step_time_s == want.step_time_s
+    assert (got.plan["first_stage_layers"], got.plan["last_stage_layers"], got.plan["recompute_layers"]) == (6, 6, 2)
+
+
+def test_plan_page_has_the_stage_and_recompute_layer_knobs():
+    at = start()
+    at.number_input(key="w.pp").set_value(4).run()
+    at.number_input(key="w.dp").set_value(0).run()
+    at.number_input(key="w.first_stage_layers").set_value(4).run()
+    ok(at)
+    assert at.session_state["inputs"]["fidelity"]["first_stage_layers"] == 4

@@ -108,6 +108,16 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
                                                     help="--gpu-variability: std-dev of per-GPU speed")
     fidelity["variability_seed"] = f[4].number_input("variability seed", min_value=0, step=1,
                                                      key=common.seed("variability_seed", fidelity["variability_seed"]))
+    u = st.columns(3)
+    fidelity["first_stage_layers"] = u[0].number_input(
+        "First-stage layers", min_value=0, step=1, key=common.seed("first_stage_layers", fidelity.get("first_stage_layers", 0)),
+        help="--first-stage-layers (Megatron --decoder-first-pipeline-num-layers); 0 = an even split")
+    fidelity["last_stage_layers"] = u[1].number_input(
+        "Last-stage layers", min_value=0, step=1, key=common.seed("last_stage_layers", fidelity.get("last_stage_layers", 0)),
+        help="--last-stage-layers (Megatron --decoder-last-pipeline-num-layers); 0 = an even split")
+    fidelity["recompute_layers"] = u[2].number_input(
+        "Recompute layers per stage", min_value=0, step=1, key=common.seed("recompute_layers", fidelity.get("recompute_layers", 0)),
+        help="--recompute-layers: only the first N layers of each stage chunk recompute (Megatron block method); 0 = all")
 for note in st.session_state.pop("plan.refit_notes", []):
     st.info(fmt.md(f"Reset a knob that no longer fits: {note}"), icon=":material/restart_alt:")
 
