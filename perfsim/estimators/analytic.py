@@ -454,7 +454,7 @@ class ClosedForm:
                 base = next_kind.removesuffix(NO_RECOMPUTE)
                 prefetch, links = sum(self.layer_gathers(plan, base)), self.gather_links(plan, base)
             out.append((pi, count, Window(chain_s=part.seconds, links=dict(part.links), prefetch_s=prefetch,
-                                          prefetch_links=links)))
+                                          prefetch_links=links, ops=part.ops)))
         return out
 
     def windows(self, plan: ParallelPlan, stage: int) -> dict:
