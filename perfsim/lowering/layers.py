@@ -6,21 +6,18 @@ sharded over tp (dense) or ep x etp (experts). Backward GEMMs do dgrad + wgrad
 (batch 2); flash-attention backward does 2.5x the forward matmul work (Dao'23).
 """
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from perfsim.model.spec import Linear, ModelSpec
-from perfsim.lowering.ops import CollectiveCall, Coll, Gemm, OpKind, Stream
+from perfsim.lowering.ops import Coll, Gemm, OpKind, Stream
+from perfsim.lowering.steps import (ACT_BYTES, FP8_BYTES, LOGIT_BYTES, Step, coll_step,  # noqa: F401 - re-exported
+                                    elementwise_step, fp8_cast_bytes, gemm_step, host_step)
 from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalance, slowest_expert_rank
-from perfsim.system.stacks import Dispatch
-from perfsim import units
+from perfsim.lowering.stack_steps import StackSteps
 
-ACT_BYTES = 2  # bf16 activations
-FP8_BYTES = 1
-LOGIT_BYTES = 4  # fp32 logits for the loss
 ATTN_BWD_FACTOR = 2.5
 
-_COLL_STREAM = {"tp": Stream.TP_COMM, "etp": Stream.TP_COMM, "ep": Stream.EP_COMM, "cp": Stream.CP_COMM}
 _BACKWARD_COLL = {
     Coll.ALL_GATHER: Coll.REDUCE_SCATTER,
     Coll.REDUCE_SCATTER: Coll.ALL_GATHER,
@@ -29,47 +26,7 @@ _BACKWARD_COLL = {
 }
 
 
-@dataclass(frozen=True, kw_only=True)
-class Step:
-    name: str
-    kind: OpKind
-    stream: Stream
-    category: str
-    flops: float = 0.0
-    bytes: float = 0.0
-    gemm: Gemm | None = None
-    grouped: tuple[int, ...] = ()
-    collective: CollectiveCall | None = None
-    meta: tuple = field(default_factory=tuple)
-
-
-def gemm_step(name: str, m: int, k: int, n: int, category: str) -> Step:
-    g = Gemm(m=max(m, 1), n=max(n, 1), k=max(k, 1))
-    return Step(name=name, kind=OpKind.GEMM, stream=Stream.COMPUTE, category=category, flops=g.flops, gemm=g)
-
-
-def fp8_cast_bytes(elements: float) -> tuple[float, float]:
-    """Bytes of the two HBM-bound kernels of a current-scaling FP8 cast of a BF16 tensor
-    (Transformer Engine / Primus-Turbo): amax reads it; the fused cast-transpose reads it
-    again and writes the FP8 values and their transpose (for the wgrad GEMM)."""
-    return elements * ACT_BYTES, elements * (ACT_BYTES + 2 * FP8_BYTES)
-
-
-def elementwise_step(name: str, num_bytes: float, category: str) -> Step:
-    return Step(name=name, kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category=category, bytes=num_bytes)
-
-
-def host_step(name: str, seconds: float, category: str) -> Step:
-    """Host time a software stack adds on the compute stream (a sync, framework code)."""
-    return Step(name=name, kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category=category, meta=(("host_s", seconds),))
-
-
-def coll_step(name: str, coll: Coll, group: str, size: float, category: str) -> Step:
-    call = CollectiveCall(coll=coll, group=group, size_bytes=size)
-    return Step(name=name, kind=OpKind.COLLECTIVE, stream=_COLL_STREAM[group], category=category, collective=call)
-
-
-class LayerBuilder:
+class LayerBuilder(StackSteps):
     """Builds the step chains of one rank's layers for a model and plan."""
 
     def __init__(self, model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec = UNIFORM,
@@ -108,37 +65,6 @@ class LayerBuilder:
     def _norm(self, name: str) -> Step:
         # read x and residual, write normed x and the new residual
         return elementwise_step(name, 4 * self.local_tokens * self.model.hidden_size * ACT_BYTES, "norm")
-
-    def _norms(self, name: str) -> list[Step]:
-        """The residual-add + RMSNorm; unfused, the add and the norm's statistics pass are
-        their own kernels: x is written and read back once more (2 more passes)."""
-        steps = [self._norm(name)]
-        if not self.stack.fused("rmsnorm"):
-            extra = 2 * self.local_tokens * self.model.hidden_size * ACT_BYTES
-            steps.append(elementwise_step(f"{name}_unfused", extra, "norm"))
-        return steps
-
-    def _unfused_act(self, name: str, tokens: float, width: int, meta: tuple = ()) -> list[Step]:
-        """SwiGLU unfused: silu(gate) is written and read back before the multiply."""
-        if not self.model.gated_mlp or self.stack.fused("swiglu"):
-            return []
-        return [replace(elementwise_step(f"{name}_unfused", 2 * tokens * width * ACT_BYTES, "activation"), meta=meta)]
-
-    def _rope(self) -> list[Step]:
-        """Rotary embedding as its own kernel: read and write q and k (fused: inside the
-        attention kernel or the QKV epilogue, no pass)."""
-        if self.stack.fused("rope"):
-            return []
-        m = self.model
-        width = (m.q_width + m.num_kv_heads * (m.head_dim + m.qk_rope_head_dim)) / self.plan.tp
-        return [elementwise_step("rope", 2 * self.tokens * width * ACT_BYTES, "rope")]
-
-    def _host_overhead(self, steps: list[Step]) -> list[Step]:
-        """The stack's per-layer framework time plus its host gap per compute kernel."""
-        host = self.stack.launch
-        kernels = sum(1 for s in steps if s.stream is Stream.COMPUTE)
-        seconds = units.us_to_s(host.layer_overhead_us + host.kernel_gap_us * kernels)
-        return [host_step("framework_overhead", seconds, "framework")] if seconds > 0 else []
 
     def _linears(self, linears: list[Linear], category: str, shard_out: bool = True) -> list[Step]:
         tp = self.plan.tp
@@ -194,9 +120,7 @@ class LayerBuilder:
         steps += [replace(g, meta=(("dtype", "bf16"),)) for g in router]  # routers stay BF16 under FP8 recipes
         # softmax + top-k: read the fp32 logits, write the top-k probabilities (fp32) and indices (int32)
         steps.append(elementwise_step("router_topk", t * (m.num_experts + 2 * m.top_k) * LOGIT_BYTES, "router"))
-        moe = self.stack.moe
-        if moe.host_syncs_per_layer and moe.host_sync_us > 0:  # token counts to the host for the split sizes
-            steps.append(host_step("moe_host_sync", units.us_to_s(moe.host_syncs_per_layer * moe.host_sync_us), "host_sync"))
+        steps += self._moe_host_sync()
         steps.append(elementwise_step("permute", 2 * routed * h * ACT_BYTES, "moe_permute"))
         if plan.ep > 1:
             steps.append(coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", self._a2a_bytes(routed), "ep_a2a"))
@@ -236,12 +160,6 @@ class LayerBuilder:
             steps.append(coll_step("etp_rs", Coll.REDUCE_SCATTER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
         return steps
 
-    def _pads(self) -> bool:
-        """Whether experts compute their padded capacity: the stack's dispatch path, or
-        the RoutingSpec's when the stack leaves it to routing."""
-        path = self.stack.moe.dispatch
-        return self.routing.pad_to_capacity if path is Dispatch.ROUTING else path is Dispatch.CAPACITY
-
     def embedding_forward(self) -> list[Step]:
         return self._kernel_speed([elementwise_step("embedding", 2 * self.local_tokens * self.model.hidden_size * ACT_BYTES, "embedding")])
 
@@ -261,13 +179,6 @@ class LayerBuilder:
         steps = self._kernel_speed(self.attention_forward() + mlp)
         return steps + self._host_overhead(steps)
 
-    def _kernel_speed(self, steps: list[Step]) -> list[Step]:
-        """Compute steps run at the stack's kernel speed (1: the tuned kernels the tables hold)."""
-        speed = self.stack.kernels.speed
-        if speed == 1.0:
-            return steps
-        return [replace(s, meta=s.meta + (("kernel_speed", speed),)) if s.stream is Stream.COMPUTE else s
-                for s in steps]
 
 
 def _casts_before_gather(steps: list[Step]) -> list[Step]:

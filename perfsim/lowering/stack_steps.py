@@ -1,0 +1,67 @@
+"""The steps a software stack (system.stacks) adds to a layer template: unfused kernels as
+extra HBM passes, host syncs and framework time on the compute stream, the dispatch path,
+the speed of the stack's kernels. A mixin of ``layers.LayerBuilder`` (it reads the
+builder's model, plan, routing and token counts)."""
+
+from dataclasses import replace
+
+from perfsim import units
+from perfsim.lowering.ops import Stream
+from perfsim.lowering.steps import ACT_BYTES, Step, elementwise_step, host_step
+from perfsim.system.stacks import Dispatch
+
+
+class StackSteps:
+    """Stack-derived steps of ``LayerBuilder`` (``self.stack`` is the plan's StackSpec)."""
+
+    def _norms(self, name: str) -> list[Step]:
+        """The residual-add + RMSNorm; unfused, the add and the norm's statistics pass are
+        their own kernels: x is written and read back once more (2 more passes)."""
+        steps = [self._norm(name)]
+        if not self.stack.fused("rmsnorm"):
+            extra = 2 * self.local_tokens * self.model.hidden_size * ACT_BYTES
+            steps.append(elementwise_step(f"{name}_unfused", extra, "norm"))
+        return steps
+
+    def _unfused_act(self, name: str, tokens: float, width: int, meta: tuple = ()) -> list[Step]:
+        """SwiGLU unfused: silu(gate) is written and read back before the multiply."""
+        if not self.model.gated_mlp or self.stack.fused("swiglu"):
+            return []
+        return [replace(elementwise_step(f"{name}_unfused", 2 * tokens * width * ACT_BYTES, "activation"), meta=meta)]
+
+    def _rope(self) -> list[Step]:
+        """Rotary embedding as its own kernel: read and write q and k (fused: inside the
+        attention kernel or the QKV epilogue, no pass)."""
+        if self.stack.fused("rope"):
+            return []
+        m = self.model
+        width = (m.q_width + m.num_kv_heads * (m.head_dim + m.qk_rope_head_dim)) / self.plan.tp
+        return [elementwise_step("rope", 2 * self.tokens * width * ACT_BYTES, "rope")]
+
+    def _host_overhead(self, steps: list[Step]) -> list[Step]:
+        """The stack's per-layer framework time plus its host gap per compute kernel."""
+        host = self.stack.launch
+        kernels = sum(1 for s in steps if s.stream is Stream.COMPUTE)
+        seconds = units.us_to_s(host.layer_overhead_us + host.kernel_gap_us * kernels)
+        return [host_step("framework_overhead", seconds, "framework")] if seconds > 0 else []
+
+    def _moe_host_sync(self) -> list[Step]:
+        """Device->host syncs of an MoE layer (token counts to the host for the split sizes)."""
+        moe = self.stack.moe
+        if not moe.host_syncs_per_layer or moe.host_sync_us <= 0:
+            return []
+        return [host_step("moe_host_sync", units.us_to_s(moe.host_syncs_per_layer * moe.host_sync_us), "host_sync")]
+
+    def _pads(self) -> bool:
+        """Whether experts compute their padded capacity: the stack's dispatch path, or
+        the RoutingSpec's when the stack leaves it to routing."""
+        path = self.stack.moe.dispatch
+        return self.routing.pad_to_capacity if path is Dispatch.ROUTING else path is Dispatch.CAPACITY
+
+    def _kernel_speed(self, steps: list[Step]) -> list[Step]:
+        """Compute steps run at the stack's kernel speed (1: the tuned kernels the tables hold)."""
+        speed = self.stack.kernels.speed
+        if speed == 1.0:
+            return steps
+        return [replace(s, meta=s.meta + (("kernel_speed", speed),)) if s.stream is Stream.COMPUTE else s
+                for s in steps]
