@@ -279,23 +279,59 @@ class ClosedForm:
         """(total, last op, count, link loads) seconds of a stage's gradient reduction in Megatron-Core
         DDP buckets of ``grad_bucket_bytes`` per group, filled in backward (descending)
         layer order, remainders flushed in group order (graph.grad_reduce / flush_buckets)."""
-        key = ("grads", self.signature(plan, stage), plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp,
-               plan.zero == 0, plan.grad_bucket_bytes)
+        key = ("grads", *self._bucket_key(plan, stage))
         return self._cached(key, lambda: self._bucket_costs(plan, stage))
 
     def _bucket_costs(self, plan: ParallelPlan, stage: int) -> tuple[float, float, int, dict]:
         coll = Coll.ALL_REDUCE if plan.zero == 0 else Coll.REDUCE_SCATTER
         groups = self._groups(plan)
         per_kind = {k: self._sizes(plan, k, layer_grad_bytes) for k in self.kinds}
-        bucket, ops = {}, []
-        for layer in sorted(stage_layer_ids(self.model, plan, stage), reverse=True):
+        bucket, ops, closed = {}, [], []
+        for done, layer in enumerate(sorted(stage_layer_ids(self.model, plan, stage), reverse=True), 1):
             for group, size in per_kind[self.kind(layer)]:
                 bucket[group] = bucket.get(group, 0.0) + size
                 if bucket[group] >= plan.grad_bucket_bytes:
                     ops.append(self.coll(coll, bucket.pop(group), *groups[group]))
-        ops += [self.coll(coll, size, *groups[g]) for g, size in sorted(bucket.items())]
+                    closed.append(done)
+        flushed = sorted(bucket.items())
+        ops += [self.coll(coll, size, *groups[g]) for g, size in flushed]
+        closed += [None] * len(flushed)  # flushed when the backward ends
         times = [o.time_s for o in ops]
+        self._memo[("bucket_order", *self._bucket_key(plan, stage))] = tuple(zip(closed, times))
         return sum(times), (times[-1] if ops else 0.0), len(ops), add_links(*(o.demand for o in ops))
+
+    def _bucket_key(self, plan: ParallelPlan, stage: int) -> tuple:
+        return (self.signature(plan, stage), plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.zero == 0,
+                plan.grad_bucket_bytes)
+
+    def bucket_drain_s(self, plan: ParallelPlan, stage: int, bwd_s: float) -> float:
+        """Seconds the gradient buckets run past the last backward (``bwd_s``) on their
+        queue, links aside: bucket i is issued when the backward finishes the layer that
+        fills it (remainders when it ends) and runs after the ones before it."""
+        self.grad_buckets(plan, stage)
+        order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]
+        ends = self._layer_backward_ends(plan, stage)
+        scale = bwd_s / ends[-1] if ends and ends[-1] > 0 else 1.0
+        t = 0.0
+        for done, seconds in order:
+            issue = bwd_s if done is None else ends[done - 1] * scale
+            t = max(t, issue) + seconds
+        return max(0.0, t - bwd_s)
+
+    def _layer_backward_ends(self, plan: ParallelPlan, stage: int) -> list[float]:
+        """When the backward of one microbatch on a stage finishes each of its layers
+        (highest first, the LM head before them), in chain seconds; the last entry ends the pass."""
+        def make():
+            t = self.template(plan, "head", stage).bwd.seconds if stage == plan.pp - 1 else 0.0
+            out = []
+            for layer in sorted(stage_layer_ids(self.model, plan, stage), reverse=True):
+                block = self.template(plan, self.block_kind(plan, layer), stage)
+                t += block.bwd.seconds + block.wgt.seconds
+                out.append(t)
+            if stage == 0:
+                t += self.template(plan, "embedding", stage).bwd.seconds
+            return out + [t]
+        return self._cached(("bwd_ends", self.signature(plan, stage), *template_key(plan)), make)
 
     def layer_gathers(self, plan: ParallelPlan, kind: str) -> tuple[float, ...]:
         """ZeRO all-gather seconds of one layer's parameters, per group."""
@@ -505,8 +541,7 @@ class ClosedForm:
         grads, last, num_buckets, loads = self.grad_buckets(plan, stage)
         if not plan.overlap_grad_reduce or grads <= 0:
             return grads, grads, num_buckets
-        nd, nm, _, _ = self.layout(plan, stage)
-        alone = exposure(grads, last, st.bwd, max(1, nd + nm), True)
+        alone = max(last, self.bucket_drain_s(plan, stage, st.bwd))
         links = self.pass_links(plan, stage)
         return grads, drain_s(st.bwd, alone, add_links(links[1], links[2]), loads), num_buckets
 
