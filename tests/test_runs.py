@@ -224,3 +224,14 @@ def test_cli_project(capsys, tmp_path):
     assert "16 GPUs" in out and "what changed" in out and "kernels.speed" in out
     assert main(["project", "--runs", path, "--id", "missing", "--nodes", "2"]) == 2
     assert "--id" in capsys.readouterr().err
+
+
+def test_printed_peak_memory_is_compared_where_the_source_gives_it(tmp_path):
+    path = tmp_path / "peak.csv"
+    path.write_text(HEADER + ",measured_peak_GB\n" + dense_rows()[0] + ",50\n" + dense_rows()[1] + ",\n")
+    with_peak, without = validate_runs(read_runs(path)).results
+    assert with_peak.case.measured_peak_bytes == 50e9 and without.case.measured_peak_bytes is None
+    assert with_peak.memory_error_pct == pytest.approx(100 * (with_peak.peak_memory_bytes - 50e9) / 50e9)
+    assert without.memory_error_pct is None
+    shipped = {c.id: c for c in read_runs(RUNS)}
+    assert shipped["PIPE-L7B-01"].measured_peak_bytes == pytest.approx(16.26e9)

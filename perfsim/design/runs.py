@@ -25,7 +25,7 @@ REQUIRED = ("id", "source_id", "source", "stack", "model", "cluster", "nodes", "
             "metric", "measured")
 INT_KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq")
 STR_KNOBS = ("dtype", "recompute", "schedule")
-OPTIONAL = (*INT_KNOBS, *STR_KNOBS, "capacity_factor", "family", "data", "assumed")
+OPTIONAL = (*INT_KNOBS, *STR_KNOBS, "capacity_factor", "family", "data", "assumed", "measured_peak_GB")
 METRICS = ("tokens_per_s_per_gpu", "tokens_per_s", "samples_per_s", "step_time_s")
 MAX_RUNS = 10_000  # input bound: rows one runs file may hold
 
@@ -46,6 +46,7 @@ class RunCase:
     family: str = ""
     data: str = ""
     assumed: str = ""
+    measured_peak_bytes: float | None = None  # per-GPU peak memory, where the source prints it
 
     @property
     def scale(self) -> str:
@@ -63,6 +64,12 @@ class RunResult:
     @property
     def error_pct(self) -> float:
         return 100 * (self.predicted - self.case.measured) / self.case.measured
+
+    @property
+    def memory_error_pct(self) -> float | None:
+        """Signed error of the predicted per-GPU peak against the printed one (None when not printed)."""
+        peak = self.case.measured_peak_bytes
+        return None if peak is None else 100 * (self.peak_memory_bytes - peak) / peak
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +99,8 @@ class RunsValidation:
                 "runs": [{"id": r.case.id, "source_id": r.case.source_id, "stack": r.stack, "family": r.case.family,
                           "scale": r.case.scale, "metric": r.case.metric, "measured": r.case.measured,
                           "predicted": r.predicted, "error_pct": r.error_pct, "fits": r.fits,
-                          "peak_memory_GB": r.peak_memory_bytes / 1e9, "assumed": r.case.assumed}
+                          "peak_memory_GB": r.peak_memory_bytes / 1e9, "memory_error_pct": r.memory_error_pct,
+                          "assumed": r.case.assumed}
                          for r in self.results]}
 
 
@@ -136,6 +144,7 @@ def _case(row: dict, where: str, folder: Path) -> RunCase:
     if not measured > 0:
         raise ConfigError(f"{where}: measured: must be > 0, got {row['measured']!r}")
     factor = _float(row, "capacity_factor", where) if (row.get("capacity_factor") or "").strip() else None
+    peak = _float(row, "measured_peak_GB", where) * 1e9 if (row.get("measured_peak_GB") or "").strip() else None
     model, stack = row["model"].strip(), row["stack"].strip()
     if model.endswith((".toml", ".json")):
         model = str(folder / model)
@@ -149,7 +158,8 @@ def _case(row: dict, where: str, folder: Path) -> RunCase:
                    stack=stack, model=model, cluster=row["cluster"].strip(),
                    nodes=_int(row, "nodes", where), knobs=tuple(sorted(knobs.items())), capacity_factor=factor,
                    metric=row["metric"], measured=measured, family=(row.get("family") or "").strip(),
-                   data=(row.get("data") or "").strip(), assumed=(row.get("assumed") or "").strip())
+                   data=(row.get("data") or "").strip(), assumed=(row.get("assumed") or "").strip(),
+                   measured_peak_bytes=peak)
 
 
 def _int(row: dict, key: str, where: str) -> int:
