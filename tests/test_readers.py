@@ -7,7 +7,7 @@ import pytest
 from perfsim.errors import ConfigError
 from perfsim.calibration.readers import KERNEL_CSV_COLUMNS, read_kernel_csv, read_p2p, read_rccl_log
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration"
+DATA = Path(__file__).resolve().parents[1] / "validation" / "data" / "calibration"  # repo copies, SOURCES.md
 LOGS = DATA / "rccl-tests"
 GEMM_CSV = Path(__file__).resolve().parents[1] / "validation" / "data" / "gemm_mi300x_measured.csv"
 needs_data = pytest.mark.skipif(not LOGS.exists(), reason="shared calibration data not present")

@@ -5,8 +5,9 @@ Tolerance: |error| <= 50% on tokens/s/GPU for cases marked gate=yes. Defence: pe
 compute efficiency comes from kernel microbenchmarks (GEMM table, one flash-attention
 point), not from the frameworks; it does not model Transformer Engine's FP8 casts, the
 frameworks' fused kernels or their host overheads, and the published configurations
-leave knobs unstated (recompute, optimizer sharding). Primus Projection, calibrated per
-framework, reports ~10%; an uncalibrated cross-framework prediction within a factor
+leave knobs unstated (recompute, optimizer sharding). A stack profile calibrated on a
+framework's own runs (perfsim calibrate --runs) closes that gap; an uncalibrated
+cross-framework prediction within a factor
 of 1.5 is what this gate can promise, and it catches gross errors (2x) in FLOP counting,
 pipeline bubbles or communication. The errors are printed (-s) whether or not gated.
 MI300X: the only citable MI300X training throughputs found are FP8 Transformer Engine

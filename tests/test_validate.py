@@ -8,7 +8,7 @@ import perfsim
 from perfsim.cli import main
 from perfsim.calibration.validate import write_html
 
-LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration" / "rccl-tests"
+LOGS = Path(__file__).resolve().parents[1] / "validation" / "data" / "calibration" / "rccl-tests"
 NOGRAPH = LOGS / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
 HIPGRAPH = LOGS / "mi300x_1node_8gpu_mpi_hipgraph_amdblog.log"
 GEMM_CSV = Path(__file__).resolve().parents[1] / "validation" / "data" / "gemm_mi300x_measured.csv"

@@ -1,4 +1,4 @@
-"""Convert the MI300X rows of ../shared/data/calibration/gemm_measured.csv into the
+"""Convert the MI300X rows of validation/data/calibration/gemm_measured.csv into the
 kernel CSV schema (perfsim.calibration.readers.KERNEL_CSV_COLUMNS) -> validation/data/gemm_mi300x_measured.csv.
 
 Kept: MI300X rows measured per call with m, n, k and TFLOPS: the Azure ND MI300X v5
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from perfsim.calibration.readers import KERNEL_CSV_COLUMNS
 
-SRC = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration" / "gemm_measured.csv"
+SRC = Path(__file__).resolve().parent / "data" / "calibration" / "gemm_measured.csv"  # repo copy (SOURCES.md)
 OUT = Path(__file__).resolve().parent / "data" / "gemm_mi300x_measured.csv"
 KEEP = ("azure_ndmi300xv5_hipblaslt_fp8_run1", "amd_maf_blog")
 COLUMNS = KERNEL_CSV_COLUMNS + ("meta_series",)

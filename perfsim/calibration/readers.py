@@ -9,7 +9,7 @@
   time printed as ``nan`` next to a finite busbw is recovered as
   ``size / (busbw / factor)`` (rccl-tests doc/PERFORMANCE.md busbw factors).
 * ``read_p2p``: point-to-point bandwidth, either the long CSV of
-  ``shared/data/calibration/xgmi_p2p_measured.csv`` (columns ``src, dst, direction,
+  ``validation/data/calibration/xgmi_p2p_measured.csv`` (columns ``src, dst, direction,
   transfer_bytes, value_GBps, kind``) or a TransferBench / rocm-bandwidth-test style
   matrix (a header row of destination labels, then one row per source label; ``N/A``
   or ``-`` on the diagonal; ``# concurrent`` in a comment marks all-pairs-at-once runs).

@@ -1,5 +1,5 @@
 """Point-to-point bandwidth tables for ``readers.read_p2p`` (see ``readers``' docstring):
-the long CSV of ``shared/data/calibration/xgmi_p2p_measured.csv`` or a TransferBench /
+the long CSV of ``validation/data/calibration/xgmi_p2p_measured.csv`` or a TransferBench /
 rocm-bandwidth-test style matrix."""
 
 import csv
