@@ -219,7 +219,7 @@ def simulate(
     points = fold_points(plan) if fold else None
     runs = []
     for m in points or (plan.num_microbatches,):
-        short = replace(plan, gbs=plan.mbs * plan.dp * m)
+        short = plan if m == plan.num_microbatches else replace(plan, gbs=plan.mbs * plan.dp * m)
         graph = price(build_graph(model, short, routing=routing, ep_speeds=ep_speeds), cluster, slow)
         runs.append(_engine_figures(graph))
     if points is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from perfsim import api
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import PROFILE_DIR, ClusterSpec
+from perfsim.system.specio import resolve_profile
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan
 from perfsim.plan.sharding import OPTIMIZER_STATE_BYTES, WEIGHT_BYTES, local_optimizer_params
@@ -66,11 +67,7 @@ def load_storage(name_or_path: "str | Path | StorageSpec") -> StorageSpec:
         return name_or_path
     if isinstance(name_or_path, bool) or not isinstance(name_or_path, str | os.PathLike) or not str(name_or_path):
         raise ConfigError(f"storage: expected a storage profile name, path or StorageSpec, got {name_or_path!r}")
-    path = Path(name_or_path)
-    if path.suffix != ".toml" and not path.exists():
-        path = STORAGE_DIR / f"{name_or_path}.toml"
-        if not path.is_file():
-            raise ConfigError(f"storage: unknown profile {str(name_or_path)!r} (known: {', '.join(list_storage())})")
+    path = resolve_profile("storage", name_or_path, STORAGE_DIR)
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)

@@ -13,8 +13,8 @@ traffic + interference + optimizer step, with
   eq.3, sec. 2.2), ZB-H1 (pp-1)(F + B - W) with B the input- and W the weight-gradient
   pass (Qi'23 sec. 3), over vpp -- generalised to stages of unequal work
   (``pipeline_bubble``);
-- overlapped DP traffic exposed only where it outlasts the pass it hides behind, all
-  but one layer's share (``exposure``); the hidden part slows compute by the plan's
+- overlapped DP traffic exposed only where it outlasts the pass it hides behind
+  (``estimators.overlap``: prefetch windows, the gradient-bucket queue); the hidden part slows compute by the plan's
   interference share (FiCCO);
 - a ring-attention hop or an overlapped TP collective exposed only where it outlasts
   the compute it runs beside (``walk``).
@@ -148,15 +148,6 @@ def pipeline_bubble(plan: ParallelPlan, stages: dict, crit: int) -> float:
         fill = sum(s.fwd + s.bwd for s in stages.values()) / vpp + (m - 1 / vpp) * (f + b)
         return max(0.0, fill + wrap - m * (c.fwd + c.bwd))
     return sum(s.fwd + s.bwd for s in others) / vpp + wrap
-
-
-def exposure(total: float, last: float, window: float, num_layers: int, overlapped: bool) -> float:
-    """Comm hidden behind ``window`` except one layer's share; the last op always shows."""
-    if total <= 0:
-        return 0.0
-    if not overlapped:
-        return total
-    return max(last, total - window * (1 - 1 / num_layers))
 
 
 def _scaled(load: dict[str, float], count: int) -> dict[str, float]:

@@ -16,7 +16,8 @@ from perfsim import units
 from perfsim.errors import ConfigError
 from perfsim.system.kernel_tables import (AttentionEfficiency, GemmEfficiency, GroupedGemmEfficiency,  # noqa: F401
                                           HbmEfficiency)
-from perfsim.system.specio import check_finite_output, check_fraction, check_positive, from_dict, to_dict, write_atomic
+from perfsim.system.specio import (check_finite_output, check_fraction, check_positive, from_dict, resolve_profile,
+                                    to_dict, write_atomic)
 
 MAX_NODES = 1 << 20  # input bound: a million nodes, far past any cluster built
 MAX_GPUS_PER_NODE = 576  # input bound: the largest scale-up domain announced (NVL576)
@@ -351,16 +352,7 @@ def _read_toml(path: Path) -> dict:
 
 
 def _resolve(kind: str, name_or_path: str | Path) -> Path:
-    path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
-        if not path.is_file():
-            raise ConfigError(f"{kind}: profile file {str(path)!r} does not exist")
-        return path
-    candidate = PROFILE_DIR / f"{kind}s" / f"{name_or_path}.toml"
-    if not candidate.is_file():
-        known = ", ".join(list_profiles(kind)) or "none"
-        raise ConfigError(f"{kind}: unknown profile {str(name_or_path)!r} (known: {known})")
-    return candidate
+    return resolve_profile(kind, name_or_path, PROFILE_DIR / f"{kind}s")
 
 
 def list_profiles(kind: str) -> list[str]:

@@ -296,3 +296,19 @@ def as_path(path: Any, what: str = "file") -> Path:
     if not isinstance(path, str | os.PathLike) or not str(path):
         raise ConfigError(f"{what}: expected a file path, got {path!r}")
     return Path(path)
+
+
+def resolve_profile(kind: str, name_or_path, folder: Path) -> Path:
+    """The file of a profile given by name (``folder/NAME.toml``) or by path; ConfigError
+    naming the shipped ones when there is no such profile."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"{kind}: profile file {str(path)!r} does not exist")
+        return path
+    candidate = folder / f"{name_or_path}.toml"
+    if not candidate.is_file():
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.toml"))) or "none"
+        raise ConfigError(f"{kind}: unknown profile {str(name_or_path)!r} (known: {known})")
+    return candidate
+

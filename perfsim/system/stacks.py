@@ -19,7 +19,7 @@ from pathlib import Path
 from perfsim.errors import ConfigError
 import tomli_w
 
-from perfsim.system.specio import from_dict, to_dict, write_atomic
+from perfsim.system.specio import from_dict, resolve_profile, to_dict, write_atomic
 
 STACK_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles" / "stacks"
 FUSIBLE = ("rmsnorm", "swiglu", "rope", "loss")  # kernels a stack may run fused (one HBM pass)
@@ -168,11 +168,7 @@ def load_stack(name_or_path: "str | Path | StackSpec") -> StackSpec:
         return name_or_path
     if not isinstance(name_or_path, str | Path):
         raise ConfigError(f"stack: expected a profile name or path, got {name_or_path!r}")
-    path = Path(name_or_path)
-    if path.suffix != ".toml" and not path.exists():
-        path = STACK_DIR / f"{name_or_path}.toml"
-        if not path.is_file():
-            raise ConfigError(f"stack: unknown profile {str(name_or_path)!r} (known: {', '.join(list_stacks())})")
+    path = resolve_profile("stack", name_or_path, STACK_DIR)
     try:
         stamp = path.stat().st_mtime_ns
     except OSError as exc:
