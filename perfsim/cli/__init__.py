@@ -76,6 +76,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", default=None,
                    help="software-stack profile name or .toml path (ideal, megatron-primus, maxtext, torchtitan, nemo; "
                         "default ideal: no framework cost)")
+    p.add_argument("--dispatch", default=None,
+                   help="MoE dispatch/combine implementation: alltoall (default: RCCL/NCCL all-to-all) or one of the "
+                        "cluster profile's [dispatch] tables (deepep, deepep-ll on NVIDIA; rccl, mori on AMD)")
 
 
 def _plan_knobs(args) -> dict:
@@ -90,6 +93,7 @@ def _plan_knobs(args) -> dict:
     if args.tp_comm_overlap:
         knobs["tp_comm_overlap"] = True
     knobs["stack"] = args.stack
+    knobs["dispatch"] = args.dispatch
     knobs["first_stage_layers"], knobs["last_stage_layers"] = args.first_stage_layers, args.last_stage_layers
     knobs["recompute_layers"] = args.recompute_layers
     return {k: v for k, v in knobs.items() if v is not None}

@@ -62,6 +62,8 @@ def add_command(sub) -> None:
         p.add_argument(f"--{axis}", help=f"fix {axis} to a value or a comma list")
     p.add_argument("--recompute", help="fix recompute (none, selective, full; comma list)")
     p.add_argument("--schedule", help="fix the pipeline schedule (comma list)")
+    p.add_argument("--dispatch", help="MoE dispatch implementations to try where ep > 1 (comma list: alltoall, or the "
+                                      "cluster's [dispatch] tables such as mori, deepep; default alltoall)")
     for axis in LIMITS:
         p.add_argument(f"--max-{axis}", type=a.POSITIVE, help=f"largest {axis} to try")
     p.add_argument("--max-memory", type=a.number(0, 1, lo_open=True), default=DEFAULT_MAX_MEMORY_FRACTION,
@@ -88,7 +90,7 @@ def add_command(sub) -> None:
 
 def _constraints(args) -> tuple[dict, dict]:
     fixed = {a: _values(getattr(args, a), a) for a in FIXABLE_INTS if getattr(args, a) is not None}
-    for axis in ("recompute", "schedule"):
+    for axis in ("recompute", "schedule", "dispatch"):
         if getattr(args, axis) is not None:
             fixed[axis] = _values(getattr(args, axis), axis, str)
     limits = {a: getattr(args, f"max_{a}") for a in LIMITS if getattr(args, f"max_{a}") is not None}

@@ -19,22 +19,32 @@ its ``rdma_efficiency`` x the fabric's per-message ramp) and the intra-node fabr
 The bandwidths libraries print are reproduced with their own accounting: DeepEP's
 "RDMA GB/s" counts a token once per node it reaches, the local node included
 (tests/test_internode.py ``num_rdma_token_sent``), its "NVL GB/s" the copies received.
+
+A training step's dispatch and combine (the plan's ``dispatch``: ``IMPLS``) are priced
+by ``step_cost``: ``alltoall`` (the default) is the collective library's own all-to-all
+(RCCL / NCCL, ``cost.alltoall``), any other name an implementation of the cluster
+profile's ``[dispatch.<name>]``: ``rccl`` / ``nccl`` name the library's own table (priced
+as ``alltoall``), ``deepep``, ``deepep-ll``, ``mori`` are priced here.
 """
 
 from dataclasses import dataclass
 from math import comb
 
 from perfsim import units
-from perfsim.cost.phases import message_efficiency
+from perfsim.cost.phases import SWITCH_PORT, CollectiveCost, message_efficiency
 from perfsim.errors import ConfigError
 from perfsim.plan.parallel import GroupShape
 from perfsim.system import network
-from perfsim.system.hardware import ClusterSpec, DispatchSpec
+from perfsim.system.hardware import ClusterSpec, DispatchSpec, IntraTopology
+
+LIBRARY = "alltoall"  # the plan's default: the collective library's all-to-all (cost.alltoall)
+# names priced as the library's all-to-all, one copy per (token, expert) (``cost.alltoall``)
+LIBRARY_NAMES = (LIBRARY, "rccl", "nccl")
 
 
 @dataclass(frozen=True, kw_only=True)
 class DispatchLoad:
-    tokens: int  # per rank
+    tokens: float  # per rank (a step's busiest rank may hold a fractional expected count)
     token_bytes: float  # one token copy (FP8 dispatch of hidden 7168: 7168 x (1 + 4/128))
     topk: int
     num_experts: int
@@ -111,3 +121,34 @@ def dispatch_cost(load: DispatchLoad, shape: GroupShape, cluster: ClusterSpec, i
     time = units.us_to_s(spec.latency_us) + max(nic_s, intra_s)
     return DispatchCost(time_s=time, wire_bytes=wire, intra_bytes=intra, node_copies=copies * nodes,
                         nic_s=nic_s, intra_s=intra_s)
+
+
+def implementations(cluster: ClusterSpec) -> tuple[str, ...]:
+    """The values a plan's ``dispatch`` may take on ``cluster``."""
+    return (LIBRARY, *cluster.dispatch)
+
+
+def check_impl(cluster: ClusterSpec, impl: str) -> None:
+    if impl not in implementations(cluster):
+        raise ConfigError(f"plan.dispatch: {impl!r} is not a dispatch implementation of {cluster.name} "
+                          f"(known: {', '.join(implementations(cluster))})")
+
+
+def step_cost(size_bytes: float, token_bytes: float, topk: int, num_experts: int, shape: GroupShape,
+              cluster: ClusterSpec, impl: str, peers: tuple[int, ...]) -> CollectiveCost:
+    """One dispatch (or combine) of a training step under ``impl`` (not of ``LIBRARY_NAMES``):
+    ``size_bytes`` is what the lowered all-to-all carries for the busiest rank, one
+    ``token_bytes`` copy per (token, expert) pair, so the rank holds
+    ``size_bytes / (topk x token_bytes)`` tokens. The demand names the links the engine
+    shares: the NIC and the intra-node links to ``peers`` (or the NVSwitch port)."""
+    tokens = size_bytes / (topk * token_bytes) if token_bytes > 0 else 0.0
+    load = DispatchLoad(tokens=tokens, token_bytes=token_bytes, topk=topk, num_experts=num_experts)
+    cost = dispatch_cost(load, shape, cluster, impl)
+    demand = {network.NIC: cost.nic_s} if cost.nic_s > 0 else {}
+    if cost.intra_s > 0:
+        switch = cluster.node.intra_topology is IntraTopology.SWITCH
+        demand.update({SWITCH_PORT: cost.intra_s} if switch else {f"{network.XGMI}:{p}": cost.intra_s for p in peers})
+    latency = units.us_to_s(_spec(cluster, impl).latency_us)
+    return CollectiveCost(time_s=cost.time_s, latency_s=latency, protocol=impl, algorithm="dispatch",
+                          demand=demand, bytes_sent=cost.wire_bytes + cost.intra_bytes,
+                          inter_s=cost.nic_s if cost.nic_s >= cost.intra_s else 0.0)

@@ -3,13 +3,17 @@
 
 Comm ops also get ``meta['latency_s']`` and ``meta['link_share']`` (the share of each
 link of the stage's representative rank the op keeps busy while it moves data alone),
-which the engine uses to share links among concurrent comm ops."""
+which the engine uses to share links among concurrent comm ops. The MoE dispatch and
+combine (all-to-all on the ``ep`` communicator) are priced under the plan's ``dispatch``
+implementation (``cost.dispatch.step_cost``; ``alltoall``: the library's all-to-all)."""
 
+from perfsim.cost import dispatch
 from perfsim.cost.collectives import collective_cost, local_peers
 from perfsim.cost.kernels import PRICE_META, compute_time
 from perfsim.lowering.graph import OpGraph
 from perfsim.system.hardware import ClusterSpec
-from perfsim.lowering.ops import Op
+from perfsim.lowering.ops import Coll, Op
+from perfsim.lowering.steps import ACT_BYTES
 from perfsim.plan.parallel import group_shapes, group_strides
 
 
@@ -21,7 +25,7 @@ def _key(op: Op) -> tuple:
 def placement_key(plan) -> tuple:
     """What an op's price depends on besides the op itself: the communicators' placement
     and the plan's GEMM dtype (a ``price`` cache may be shared by plans alike in it)."""
-    return (plan.tp, plan.cp, plan.pp, plan.dp, plan.ep, plan.etp, plan.dtype)
+    return (plan.tp, plan.cp, plan.pp, plan.dp, plan.ep, plan.etp, plan.dtype, plan.dispatch)
 
 
 def price(graph: OpGraph, cluster: ClusterSpec, slowdowns: list[float] | None = None,
@@ -33,13 +37,14 @@ def price(graph: OpGraph, cluster: ClusterSpec, slowdowns: list[float] | None = 
     ``speed`` runs at that speed instead. ``cache`` (op key -> price) may be passed in to
     be shared by graphs of plans with the same ``placement_key`` on the same cluster."""
     slow = slowdowns or [1.0] * graph.plan.pp
+    dispatch.check_impl(cluster, graph.plan.dispatch)
     shapes = group_shapes(graph.plan, cluster.gpus_per_node)
     strides = {k: stride for k, (_, stride) in group_strides(graph.plan).items()}
     cache = {} if cache is None else cache
     for op in graph.ops:
         key = _key(op)
         if key not in cache:
-            cache[key] = _duration(op, cluster, shapes, strides, graph.plan.dtype)
+            cache[key] = _duration(op, cluster, shapes, strides, graph)
         op.duration_s, comm = cache[key]
         if comm is not None:
             op.meta["latency_s"], op.meta["link_share"] = comm
@@ -50,12 +55,22 @@ def price(graph: OpGraph, cluster: ClusterSpec, slowdowns: list[float] | None = 
     return graph
 
 
-def _duration(op: Op, cluster: ClusterSpec, shapes: dict, strides: dict, dtype: str) -> tuple:
+def _comm_cost(op: Op, cluster: ClusterSpec, shapes: dict, strides: dict, graph: OpGraph):
+    call, impl, model = op.collective, graph.plan.dispatch, graph.model
+    shape = shapes[call.group]
+    peers = local_peers(shape, strides.get(call.group, 1))
+    if call.coll is not Coll.ALL_TO_ALL or call.group != "ep" or impl == dispatch.LIBRARY:
+        return collective_cost(call.coll, call.size_bytes, shape, cluster, peers=peers)
+    if impl in dispatch.LIBRARY_NAMES or shape.size <= 1 or call.size_bytes <= 0:
+        return collective_cost(call.coll, call.size_bytes, shape, cluster, peers=peers, impl=impl)
+    token_bytes = model.hidden_size * ACT_BYTES  # the lowered all-to-all's copy of one token
+    return dispatch.step_cost(call.size_bytes, token_bytes, model.top_k, model.num_experts, shape, cluster, impl, peers)
+
+
+def _duration(op: Op, cluster: ClusterSpec, shapes: dict, strides: dict, graph: OpGraph) -> tuple:
+    dtype = graph.plan.dtype
     if op.is_comm:
-        call = op.collective
-        shape = shapes[call.group]
-        peers = local_peers(shape, strides.get(call.group, 1))
-        cost = collective_cost(call.coll, call.size_bytes, shape, cluster, peers=peers)
+        cost = _comm_cost(op, cluster, shapes, strides, graph)
         bw_time = cost.time_s - cost.latency_s
         share = {k: v / bw_time for k, v in cost.demand.items()} if bw_time > 0 else {}
         return cost.time_s, (cost.latency_s, share)

@@ -157,7 +157,7 @@ def _scaled(load: dict[str, float], count: int) -> dict[str, float]:
 def template_key(plan: ParallelPlan) -> tuple:
     """Plan fields a block template depends on (not dp, pp, vpp, zero or the batch)."""
     return (plan.tp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.seq, plan.dtype, plan.recompute,
-            plan.sequence_parallel, plan.tp_comm_overlap, splits_backward(plan), plan.stack)
+            plan.sequence_parallel, plan.tp_comm_overlap, splits_backward(plan), plan.stack, plan.dispatch)
 
 
 def _template(fwd: Pass, bwd: Pass, wgt: Pass) -> Template:

@@ -5,6 +5,7 @@ layers regroup the tp*cp*dp ranks of a stage as etp (innermost), ep, then edp.
 """
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -66,6 +67,10 @@ class ParallelPlan:
     # the software stack the step runs under (framework costs, fused kernels, dispatch path;
     # system.stacks); a profile name is loaded
     stack: StackSpec = IDEAL
+    # MoE dispatch/combine implementation: "alltoall" (the collective library's all-to-all,
+    # RCCL/NCCL) or a name of the cluster profile's [dispatch.<name>] tables ("deepep",
+    # "deepep-ll", "mori"; cost.dispatch), checked against the cluster when priced
+    dispatch: str = "alltoall"
 
     def __post_init__(self):
         if not isinstance(self.stack, StackSpec):
@@ -87,6 +92,9 @@ class ParallelPlan:
         share = self.comm_compute_interference
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
             raise ConfigError(f"plan.comm_compute_interference must be in [0, 1), got {share!r}")
+        if not isinstance(self.dispatch, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", self.dispatch):
+            raise ConfigError(f"plan.dispatch must be an implementation name such as alltoall, deepep or mori, "
+                              f"got {self.dispatch!r}")
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError(f"plan.zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.dtype not in DTYPES:
@@ -145,6 +153,7 @@ class ParallelPlan:
         parts += [f"first{self.first_stage_layers}"] if self.first_stage_layers else []
         parts += [f"last{self.last_stage_layers}"] if self.last_stage_layers else []
         parts += [f"stack-{self.stack.name}"] if self.stack.name != "ideal" else []
+        parts += [f"dispatch-{self.dispatch}"] if self.dispatch != "alltoall" else []
         return " ".join(parts)
 
     def to_dict(self) -> dict:

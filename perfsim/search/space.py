@@ -2,7 +2,8 @@
 
 Enumeration goes axis by axis: (tp, cp, pp, dp, ep, etp) structures that multiply to the
 GPU count, then vpp, schedule, mbs, zero, TP-comm overlap (where tp > 1), gradient bucket
-size (where gradients cross data parallelism) and recompute. Every candidate passes
+size (where gradients cross data parallelism), the MoE dispatch implementation (where
+ep > 1; the plan's own, ``alltoall``, unless fixed to a list) and recompute. Every candidate passes
 ``ParallelPlan`` validation and ``check_plan`` (divisibility), then the memory model
 (``fastmem``, = ``memory.plan_memory``) before it is costed in closed form
 (``estimators.analytic``, the same one ``estimate()`` uses). Rejections are counted by reason so that an empty answer can say which
@@ -14,6 +15,7 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 
+from perfsim.cost import dispatch as dispatch_impls
 from perfsim.errors import ConfigError
 from perfsim.estimators.analytic import ClosedForm
 from perfsim.estimators.fastmem import MemoryModel
@@ -24,7 +26,7 @@ from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.system.stacks import IDEAL, StackSpec
 
 AXES = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "recompute", "schedule", "tp_comm_overlap",
-        "grad_bucket_bytes")
+        "grad_bucket_bytes", "dispatch")
 DEFAULT_BUCKET = ParallelPlan.__dataclass_fields__["grad_bucket_bytes"].default  # Megatron-Core DDP's 40M params, bf16
 # bucket sizes tried where gradients are reduced over data parallelism: the default and a
 # quarter of it (a smaller last bucket drains sooner behind the backward, more calls pay latency)
@@ -54,6 +56,8 @@ class Space:
     schedule: tuple[Schedule, ...]
     tp_comm_overlap: tuple[bool, ...] = (False, True)  # tried only where tp > 1
     grad_bucket_bytes: tuple[int, ...] = BUCKETS  # tried only where gradients cross data parallelism
+    # MoE dispatch implementations tried where ep > 1; None: the plan's own (alltoall, or the stack's)
+    dispatch: tuple[str, ...] | None = None
 
 
 def _up_to(limit: int) -> tuple[int, ...]:
@@ -68,6 +72,8 @@ def _values(axis: str, value) -> tuple:
         return tuple(Recompute(v) if v in {r.value for r in Recompute} else _bad(axis, v) for v in values)
     if axis == "schedule":
         return tuple(Schedule(v) if v in {s.value for s in Schedule} else _bad(axis, v) for v in values)
+    if axis == "dispatch":  # names; the cluster's [dispatch] tables are checked per chunk (cost_chunk)
+        return tuple(dict.fromkeys(v if isinstance(v, str) and v else _bad(axis, v) for v in values))
     if axis == "tp_comm_overlap":
         return tuple(sorted({v if isinstance(v, bool) else _bad(axis, v) for v in values}))
     for v in values:
@@ -94,7 +100,7 @@ def build_space(model: ModelSpec, gpus_per_node: int, fixed: dict | None = None,
         "ep": _up_to(min(limits.get("ep", model.num_experts), model.num_experts)) if moe else (1,),
         "etp": _up_to(limits["etp"]) if moe else (1,), "vpp": _up_to(limits["vpp"]), "mbs": _up_to(limits["mbs"]),
         "zero": (0, 1, 2, 3), "recompute": tuple(Recompute), "schedule": tuple(Schedule),
-        "tp_comm_overlap": (False, True), "grad_bucket_bytes": BUCKETS,
+        "tp_comm_overlap": (False, True), "grad_bucket_bytes": BUCKETS, "dispatch": None,
     }
     for axis, value in fixed.items():
         axes[axis] = _values(axis, value)
@@ -141,7 +147,12 @@ def plan_key(plan: ParallelPlan) -> tuple:
     """Deterministic tie-break order of plans (the search's plan tuple)."""
     return (plan.tp, plan.pp, plan.vpp, plan.dp, plan.ep, plan.etp, plan.cp, plan.zero, plan.mbs,
             _RECOMPUTE_ORDER[plan.recompute], _SCHEDULE_ORDER[plan.schedule], plan.tp_comm_overlap,
-            -plan.grad_bucket_bytes)
+            -plan.grad_bucket_bytes, plan.dispatch != dispatch_impls.LIBRARY, _name_order(plan.dispatch))
+
+
+def _name_order(name: str) -> int:
+    """A name as a number that sorts as the name does (plan keys are negated numbers)."""
+    return int.from_bytes(name.encode().ljust(24, b"\0")[:24], "big")
 
 
 def reason_of(exc: Exception) -> str:
@@ -210,6 +221,7 @@ def _base_plans(chunk: Chunk, res: ChunkResult):
     for tp, cp, pp, dp, ep, etp in chunk.structures:
         reduced = dp * cp > 1 or tp * cp * dp > ep * etp
         knobs = (len(space.tp_comm_overlap) if tp > 1 else 1) * (len(space.grad_bucket_bytes) if reduced else 1)
+        knobs *= len(space.dispatch) if ep > 1 and space.dispatch else 1
         inner = len(space.mbs) * len(space.zero) * len(space.recompute) * knobs
         for vpp in space.vpp if pp > 1 else (1,):
             scheds = schedules(space, pp, vpp)
@@ -227,24 +239,27 @@ def _base_plans(chunk: Chunk, res: ChunkResult):
             yield base, scheds
 
 
-def _variant(plan: ParallelPlan, zero: int, recompute: Recompute, overlap: bool, bucket: int) -> ParallelPlan:
-    """``plan`` with another zero stage, recompute, TP-comm overlap and bucket size,
+def _variant(plan: ParallelPlan, zero: int, recompute: Recompute, overlap: bool, bucket: int,
+             impl: str) -> ParallelPlan:
+    """``plan`` with another zero stage, recompute, TP-comm overlap, bucket size and dispatch,
     without re-running validation: each only needs to be a member of its set, which
     ``build_space`` checked (this is the sweep's hot loop; replace() would double its cost)."""
     new = object.__new__(ParallelPlan)
     new.__dict__.update(plan.__dict__, zero=zero, recompute=recompute, tp_comm_overlap=overlap,
-                        grad_bucket_bytes=bucket)
+                        grad_bucket_bytes=bucket, dispatch=impl)
     return new
 
 
-def knob_values(space: Space, plan: ParallelPlan) -> tuple[tuple[bool, ...], tuple[int, ...]]:
-    """TP-comm overlap and bucket sizes worth trying for this structure: overlap needs
-    tp > 1, bucket size matters only where gradients are reduced over more than one rank."""
+def knob_values(space: Space, plan: ParallelPlan) -> tuple[tuple[bool, ...], tuple[int, ...], tuple[str, ...]]:
+    """TP-comm overlap, bucket sizes and dispatch implementations worth trying for this
+    structure: overlap needs tp > 1, bucket size matters only where gradients are reduced
+    over more than one rank, the dispatch only where there is expert parallelism."""
     overlaps = space.tp_comm_overlap if plan.tp > 1 else space.tp_comm_overlap[:1]
     reduced = plan.dp * plan.cp > 1 or plan.edp > 1
     buckets = space.grad_bucket_bytes if reduced else (DEFAULT_BUCKET if DEFAULT_BUCKET in space.grad_bucket_bytes
                                                         else space.grad_bucket_bytes[-1],)
-    return overlaps, buckets
+    impls = space.dispatch or (plan.dispatch,)
+    return overlaps, buckets, impls if plan.ep > 1 else impls[:1]
 
 
 def _groups(chunk: Chunk, res: ChunkResult):
@@ -252,8 +267,8 @@ def _groups(chunk: Chunk, res: ChunkResult):
     ctx, space = chunk.context, chunk.space
     recomputes = sorted(space.recompute, key=list(Recompute).index)
     for base, scheds in _base_plans(chunk, res):
-        overlaps, buckets = knob_values(space, base)
-        variants = len(space.zero) * len(recomputes) * len(overlaps) * len(buckets)
+        overlaps, buckets, impls = knob_values(space, base)
+        variants = len(space.zero) * len(recomputes) * len(overlaps) * len(buckets) * len(impls)
         for schedule in scheds:
             for mbs in space.mbs:
                 if ctx.gbs % (mbs * base.dp):  # ParallelPlan's rule, without building the plan
@@ -268,7 +283,8 @@ def _groups(chunk: Chunk, res: ChunkResult):
                 for zero in space.zero:
                     for overlap in overlaps:
                         for bucket in buckets:
-                            yield [_variant(plan, zero, r, overlap, bucket) for r in recomputes]
+                            for impl in impls:
+                                yield [_variant(plan, zero, r, overlap, bucket, impl) for r in recomputes]
 
 
 def cost_chunk(chunk: Chunk) -> ChunkResult:
@@ -277,6 +293,8 @@ def cost_chunk(chunk: Chunk) -> ChunkResult:
     hides at most one microbatch's worth of it), so once a lighter recompute fits, the
     heavier ones of the same plan are dominated and not costed (``Chunk.dominance``)."""
     t0 = time.process_time()
+    for impl in chunk.space.dispatch or ():
+        dispatch_impls.check_impl(chunk.context.cluster, impl)
     coster, memory = _models(chunk.context)
     res = ChunkResult(num_gpus=chunk.context.num_gpus)
     worst: list[tuple[float, tuple, ParallelPlan]] = []  # max-heap (negated) of the best ``keep``
