@@ -132,3 +132,31 @@ def test_zaya1_32k_needs_context_parallelism(mi300x):
     assert no_cp.peak_memory_bytes > cp8.peak_memory_bytes
     act = lambda r: max(m["activations_bytes"] for m in r.memory)  # noqa: E731
     assert act(no_cp) == pytest.approx(8 * act(cp8))
+
+
+def test_stack_memory_policy_sets_bytes_per_parameter_and_per_logit():
+    """MaxText (base.yml: FP32 params, FP32 grads, FP32 Adam moments; FP32 logits + BF16
+    gradient; XLA's planned buffers) against perfsim's Megatron-style default."""
+    from perfsim.system.stacks import load_stack
+
+    plan = ParallelPlan(tp=2, dp=DP, zero=1, gbs=8, seq=1024, stack=load_stack("maxtext"))
+    (mem,) = plan_memory(tiny_dense(), plan)
+    assert mem.weights_bytes == RANK_PARAMS * 4
+    assert mem.gradients_bytes == RANK_PARAMS * 4
+    assert mem.optimizer_bytes == RANK_PARAMS * 8 / DP
+    assert mem.logits_bytes == 1024 * 16000 * 6
+    assert mem.fragmentation_bytes == 0.0
+    ideal = ParallelPlan(tp=2, dp=DP, zero=1, gbs=8, seq=1024, stack=load_stack("ideal"))
+    assert plan_memory(tiny_dense(), ideal) == [breakdown(1)]
+
+
+def test_fast_memory_model_keys_on_the_stack_memory_policy():
+    from perfsim.estimators.fastmem import MemoryModel
+    from perfsim.system.stacks import load_stack
+
+    fast = MemoryModel(tiny_dense())
+    plain = ParallelPlan(tp=2, dp=DP, zero=1, gbs=8, seq=1024)
+    xla = ParallelPlan(tp=2, dp=DP, zero=1, gbs=8, seq=1024, stack=load_stack("maxtext"))
+    for plan in (plain, xla):
+        assert fast.peak(plan)[0] == pytest.approx(max(m.total_bytes for m in plan_memory(tiny_dense(), plan)))
+    assert fast.peak(plain)[0] != fast.peak(xla)[0]

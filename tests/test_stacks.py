@@ -18,7 +18,7 @@ MOE = dict(model="deepseek-v2-lite", cluster="mi300x-pollara", nodes=2, tp=1, ep
            recompute="full")
 DENSE = dict(model="llama3.1-8b", cluster="mi300x-pollara", nodes=1, tp=2, pp=2, mbs=1, gbs=32, seq=4096,
              recompute="selective")
-TABLES = ("launch", "moe", "fusion", "overlap", "fp8", "kernels")
+TABLES = ("launch", "moe", "fusion", "overlap", "fp8", "kernels", "memory")
 
 
 def step(estimator="analytic", stack=None, **case) -> api.Report:
@@ -149,6 +149,8 @@ def test_plan_dict_round_trips_with_its_stack():
     ('name = "x"\n[fusion]\nfused = ["layernorm"]\n', "layernorm"),
     ('name = "x"\n[overlap]\ntp_comm = "yes"\n', "tp_comm"),
     ('name = "x"\ncolour = "red"\n', "colour"),
+    ('name = "x"\n[memory]\nweight_bytes = -2\n', "weight_bytes"),
+    ('name = "x"\n[memory]\nfragmentation = 1.5\n', "fragmentation"),
 ])
 def test_strict_loading_names_the_bad_field(tmp_path, text, field):
     path = tmp_path / "bad.toml"

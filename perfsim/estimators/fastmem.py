@@ -2,9 +2,9 @@
 
 ``memory.stage_memory`` is called for real, but its result is split in two parts that
 depend on few plan fields: model states (weights, gradients, optimizer: tp, ep, etp, pp,
-vpp, the ZeRO shard degrees and stage) and transient memory (everything else:
+vpp, the ZeRO shard degrees and stage, the stack's memory policy) and transient memory (everything else:
 activations, logits, fragmentation: tp, cp, mbs, seq, recompute, sp, pp, vpp, schedule,
-microbatches). Plans that share both keys cost two look-ups (microseconds instead of
+microbatches, the stack's memory policy). Plans that share both keys cost two look-ups (microseconds instead of
 ~0.5 ms); agreement with ``plan_memory`` is tested on sampled plans.
 """
 
@@ -15,12 +15,13 @@ from perfsim.plan.parallel import ParallelPlan
 
 def states_key(plan: ParallelPlan) -> tuple:
     return (plan.tp, plan.ep, plan.etp, plan.pp, plan.vpp, plan.dp * plan.cp, plan.edp, plan.zero,
-            plan.first_stage_layers, plan.last_stage_layers)
+            plan.first_stage_layers, plan.last_stage_layers, plan.stack.memory)
 
 
 def transient_key(plan: ParallelPlan) -> tuple:
     return (plan.tp, plan.cp, plan.mbs, plan.seq, plan.recompute, plan.sequence_parallel, plan.pp, plan.vpp,
-            plan.schedule, plan.num_microbatches, plan.first_stage_layers, plan.last_stage_layers, plan.recompute_layers)
+            plan.schedule, plan.num_microbatches, plan.first_stage_layers, plan.last_stage_layers, plan.recompute_layers,
+            plan.stack.memory)
 
 
 class MemoryModel:

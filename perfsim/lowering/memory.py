@@ -92,22 +92,28 @@ def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
     return min(m, plan.pp - stage)
 
 
+def _policy(plan: ParallelPlan, key: str, default: float) -> float:
+    """The stack's memory value (system.stacks.MemoryPolicy), else perfsim's default."""
+    value = getattr(plan.stack.memory, key)
+    return default if value is None else value
+
+
 def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBreakdown:
     dense, expert = stage_rank_params(model, plan, stage)
     d_shard, e_shard = shard_degrees(plan)
     params = dense + expert
     sharded = dense / d_shard + expert / e_shard
-    weights = (sharded if plan.zero == 3 else params) * WEIGHT_BYTES
-    grads = (sharded if plan.zero >= 2 else params) * MAIN_GRAD_BYTES
-    opt = (sharded if plan.zero >= 1 else params) * OPTIMIZER_STATE_BYTES
+    weights = (sharded if plan.zero == 3 else params) * _policy(plan, "weight_bytes", WEIGHT_BYTES)
+    grads = (sharded if plan.zero >= 2 else params) * _policy(plan, "grad_bytes", MAIN_GRAD_BYTES)
+    opt = (sharded if plan.zero >= 1 else params) * _policy(plan, "optimizer_bytes", OPTIMIZER_STATE_BYTES)
     per_mb = sum(layer_activation_bytes(model, plan, l) for l in stage_layer_ids(model, plan, stage))
     acts = per_mb * in_flight_microbatches(plan, stage)
     logits = 0.0
-    if stage == plan.pp - 1:
-        logits = 2 * plan.mbs * plan.seq / plan.cp * model.vocab_size / plan.tp * LOGIT_BYTES  # logits + grad
+    if stage == plan.pp - 1:  # logits + their gradient (FP32 each by default)
+        logits = plan.mbs * plan.seq / plan.cp * model.vocab_size / plan.tp * _policy(plan, "logit_bytes", 2 * LOGIT_BYTES)
     return MemoryBreakdown(stage=stage, weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
                            activations_bytes=acts, logits_bytes=logits,
-                           fragmentation_bytes=FRAGMENTATION * (acts + logits))
+                           fragmentation_bytes=_policy(plan, "fragmentation", FRAGMENTATION) * (acts + logits))
 
 
 def plan_memory(model: ModelSpec, plan: ParallelPlan) -> list[MemoryBreakdown]:

@@ -109,6 +109,29 @@ class KernelQuality:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MemoryPolicy:
+    """What the framework keeps per parameter and per logit, and how its allocator packs
+    transient buffers; unset leaves perfsim's default (``lowering.memory``: BF16 weights,
+    FP32 main gradients, FP32 master + Adam moments, FP32 logits and their gradient, a
+    caching allocator's fragmentation)."""
+
+    weight_bytes: float | None = None  # per parameter, the weights the step computes from (sharded as the plan says)
+    grad_bytes: float | None = None  # per parameter, the gradients accumulated
+    optimizer_bytes: float | None = None  # per parameter: master copy (if any) + optimizer moments
+    logit_bytes: float | None = None  # per logit held at the loss (logits kept + their gradient)
+    fragmentation: float | None = None  # share of transient bytes lost to allocator fragmentation
+    source: str = "assumed"
+
+    def __post_init__(self):
+        for key in ("weight_bytes", "grad_bytes", "optimizer_bytes", "logit_bytes", "fragmentation"):
+            value = getattr(self, key)
+            if value is not None:
+                _non_negative("memory", **{key: value})
+        if self.fragmentation is not None and self.fragmentation >= 1:
+            raise ConfigError(f"stack.memory.fragmentation must be below 1, got {self.fragmentation!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class StackSpec:
     name: str = "ideal"
     description: str = "no framework cost: perfsim's hardware-only step"
@@ -119,6 +142,7 @@ class StackSpec:
     overlap: OverlapPolicy = field(default_factory=OverlapPolicy)
     fp8: Fp8Recipe = field(default_factory=Fp8Recipe)
     kernels: KernelQuality = field(default_factory=KernelQuality)
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)
 
     def fused(self, kernel: str) -> bool:
         return kernel in self.fusion.fused
@@ -193,7 +217,8 @@ def _load_file(path: str, stamp: int) -> StackSpec:  # stamp: a rewritten file l
 def dump_stack(spec: StackSpec) -> str:
     """TOML text of ``spec`` (unset overlap keys left out); loads back equal."""
     data = to_dict(spec)
-    data["overlap"] = {k: v for k, v in data["overlap"].items() if v is not None}
+    for table in ("overlap", "memory"):
+        data[table] = {k: v for k, v in data[table].items() if v is not None}
     return tomli_w.dumps(data)
 
 
