@@ -29,13 +29,14 @@ from perfsim.cost.collectives import collective_cost, local_peers
 from perfsim.cost.kernels import elementwise_time
 from perfsim.cost.pricing import placement_key, price
 from perfsim.estimators.overlap import Window, add_links, drain_s, window_s
+from perfsim.estimators.pipeline import PassCost, StageCosts, Walked, walk as walk_pipeline
 from perfsim.lowering.graph import OpGraph, block_passes
 from perfsim.lowering.layers import LayerBuilder, Step
 from perfsim.lowering.ops import Coll, Op, OpKind, Stream
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan, Recompute, Schedule, group_shape
 from perfsim.plan.routing import UNIFORM, RoutingSpec
-from perfsim.plan.schedules import splits_backward
+from perfsim.plan.schedules import BWD, FWD, WGT, splits_backward, stage_layers
 from perfsim.plan.sharding import is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes, optimizer_bytes, stage_layer_ids
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
@@ -309,6 +310,33 @@ class ClosedForm:
             t = max(t, issue) + seconds
         return max(0.0, t - bwd_s)
 
+    def walked_drain_s(self, plan: ParallelPlan, stage: int, passes: tuple, end: float) -> float:
+        """``bucket_drain_s`` with each layer finished where the walk put its chunk's last
+        backward (``passes``: per chunk (start, end)); seconds past ``end``."""
+        self.grad_buckets(plan, stage)
+        order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]
+        finished = dict(self._walked_layer_ends(plan, stage, passes))
+        ids = sorted(stage_layer_ids(self.model, plan, stage), reverse=True)
+        t = 0.0
+        for done, seconds in order:
+            issue = end if done is None else finished[ids[done - 1]]
+            t = max(t, issue) + seconds
+        return max(0.0, t - end)
+
+    def _walked_layer_ends(self, plan: ParallelPlan, stage: int, passes: tuple) -> list[tuple[int, float]]:
+        pi = 2 if splits_backward(plan) else 1
+        out = []
+        for chunk, (start, stop) in enumerate(passes):
+            blocks = self._chunk_blocks(plan, stage, chunk)[::-1]
+            chain = [self.template(plan, k, stage).passes[pi].seconds for k, _ in blocks]
+            scale = (stop - start) / sum(chain) if sum(chain) > 0 else 0.0
+            t = start
+            for (_, layer), seconds in zip(blocks, chain):
+                t += seconds * scale
+                if layer >= 0:
+                    out.append((layer, t))
+        return out
+
     def _layer_backward_ends(self, plan: ParallelPlan, stage: int) -> list[float]:
         """When the backward of one microbatch on a stage finishes each of its layers
         (highest first, the LM head before them), in chain seconds; the last entry ends the pass."""
@@ -473,16 +501,83 @@ class ClosedForm:
     def _window_list(self, plan: ParallelPlan, stage: int, gathers_in: tuple[int, ...], cyclic: bool) -> list:
         """(pass index, count, Window): each block holds the gathers of the next layer
         block in passes ``gathers_in``."""
-        out = []
-        for (pi, kind, next_kind, next_pass), count in self._pairs(plan, stage, cyclic):
-            part = self.template(plan, kind, stage).passes[pi]
-            prefetch, links = 0.0, {}
-            if next_kind is not None and next_pass in gathers_in:
-                base = next_kind.removesuffix(NO_RECOMPUTE)
-                prefetch, links = sum(self.layer_gathers(plan, base)), self.gather_links(plan, base)
-            out.append((pi, count, Window(chain_s=part.seconds, links=dict(part.links), prefetch_s=prefetch,
-                                          prefetch_links=links, ops=part.ops)))
-        return out
+        return [(key[0], count, self._window(plan, stage, key, gathers_in))
+                for key, count in self._pairs(plan, stage, cyclic)]
+
+    def _window(self, plan: ParallelPlan, stage: int, key: tuple, gathers_in: tuple[int, ...]) -> Window:
+        """The window of block ``key`` = (pass, kind, next kind, next pass): the block's
+        pass with the next layer block's gathers prefetched if that pass gathers."""
+        pi, kind, next_kind, next_pass = key
+        part = self.template(plan, kind, stage).passes[pi]
+        prefetch, links = 0.0, {}
+        if next_kind is not None and next_pass in gathers_in:
+            base = next_kind.removesuffix(NO_RECOMPUTE)
+            prefetch, links = sum(self.layer_gathers(plan, base)), self.gather_links(plan, base)
+        return Window(chain_s=part.seconds, links=dict(part.links), prefetch_s=prefetch, prefetch_links=links,
+                      ops=part.ops)
+
+    def _exposure(self, plan: ParallelPlan, stage: int, key: tuple) -> tuple[float, float]:
+        """(chain, prefetch spill) seconds of a ZeRO-3 window (``_window``)."""
+        def make():
+            w = self._window(plan, stage, key, (0, 1))
+            return w.chain_s, window_s(w) - w.chain_s
+        return self._cached(("exposure", key, self.signature(plan, stage), plan.dp * plan.cp, plan.edp,
+                             *template_key(plan)), make)
+
+    def stage_costs(self, plan: ParallelPlan, stage: int) -> StageCosts:
+        """A stage's chunk passes for the pipeline walk (``pipeline.walk``): ZeRO-3's
+        spills split at pass boundaries, ZeRO-1/2's first-forward gathers up front."""
+        key = ("stage_costs", self.signature(plan, stage), plan.zero, plan.overlap_grad_reduce, plan.vpp,
+               plan.dp * plan.cp, plan.edp, *template_key(plan))
+        return self._cached(key, lambda: self._stage_costs(plan, stage))
+
+    def _chunk_blocks(self, plan: ParallelPlan, stage: int, chunk: int) -> list[tuple[str, int]]:
+        """(block kind, layer or -1) of one virtual stage's forward, in order."""
+        vs, last = chunk * plan.pp + stage, plan.pp * plan.vpp - 1
+        held = stage_layers(self.model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
+                            plan.last_stage_layers)
+        blocks = [(self.block_kind(plan, layer), layer) for layer in held]
+        return ([("embedding", -1)] if vs == 0 else []) + blocks + ([("head", -1)] if vs == last else [])
+
+    def _stage_costs(self, plan: ParallelPlan, stage: int) -> StageCosts:
+        """Per chunk: its F, B (and W) passes; under ZeRO-3 each block's window spills its
+        prefetch (``_exposure``), the last window's spill moved to the pass after it."""
+        phases, split = (FWD, BWD, WGT), splits_backward(plan)
+        zero3 = plan.zero == 3
+        passes, first = [], 0.0
+        for chunk in range(plan.vpp):
+            fwd = self._chunk_blocks(plan, stage, chunk)
+            seq = [(0, k, layer) for k, layer in fwd] + [(1, k, layer) for k, layer in fwd[::-1]]
+            if split:
+                seq += [(2, k, layer) for k, layer in fwd[::-1] if k != "embedding"]
+            spills: dict[int, list[float]] = {0: [], 1: [], 2: []}
+            full = [0.0, 0.0, 0.0]
+            for j, (pi, kind, _) in enumerate(seq):
+                if not zero3:
+                    full[pi] += self.template(plan, kind, stage).passes[pi].seconds
+                    continue
+                nxt = seq[(j + 1) % len(seq)]
+                chain, spill = self._exposure(plan, stage, (pi, kind, nxt[1] if nxt[2] >= 0 else None, nxt[0]))
+                spills[pi].append(spill)
+                full[pi] += chain + spill
+            last = [spills[pi][-1] if spills[pi] else 0.0 for pi in range(3)]
+            pred = {0: 2 if split else 1, 1: 0, 2: 1}
+            for pi, phase in enumerate(phases):
+                e2 = spills[pi][0] if len(spills[pi]) > 1 else 0.0
+                passes.append(((phase, chunk), PassCost(body=full[pi] - last[pi], e1=last[pred[pi]], e2=e2)))
+            if chunk == 0 and zero3 and seq[0][2] >= 0:
+                first = sum(self.layer_gathers(plan, seq[0][1].removesuffix(NO_RECOMPUTE)))
+        gathers = []
+        if plan.zero in (1, 2) and plan.overlap_grad_reduce:  # all issued at t = 0, in layer order
+            queue = 0.0
+            for chunk in range(plan.vpp):
+                fwd, tail = self._chunk_blocks(plan, stage, chunk), 0.0
+                for kind, layer in fwd:
+                    if layer >= 0:
+                        queue, tail = queue + sum(self.layer_gathers(plan, kind.removesuffix(NO_RECOMPUTE))), 0.0
+                    tail += self.template(plan, kind, stage).fwd.seconds
+                gathers.append((queue, tail))
+        return StageCosts(passes=tuple(passes), first_e1=first, gathers=tuple(gathers) if any(g for g, _ in gathers) else ())
 
     def windows(self, plan: ParallelPlan, stage: int) -> dict:
         """ZeRO-3, per microbatch on a stage: pass seconds with the gathers prefetched a
@@ -579,15 +674,50 @@ class ClosedForm:
             offsets[s] = (warm / plan.vpp, cool / plan.vpp)
             warm, cool = warm + passes[sig].fwd, cool + passes[sig].bwd
         shift = max(max(0.0, ends[sigs[s]]["gather_shift_s"] - offsets[s][0]) for s in range(plan.pp))
-        pipe = bubble + p2p + shift + m * (st.fwd + st.bwd)  # stage 0's last backward ends here
+        if plan.pp == 1:
+            last = (bubble + p2p + shift + m * (st.fwd + st.bwd),)
+            stage_end = {0: ends[sigs[0]]}
+        else:  # the stages' schedules walked: unequal stages, few microbatches, gathers hidden in waits
+            walked = self.walk(plan)
+            last = walked.ends
+            stage_end = {s: self._walked_end(plan, s, ends[sigs[s]], walked, passes[sigs[s]]) for s in range(plan.pp)}
 
         def finish(s):
-            e = ends[sigs[s]]
-            return (pipe - offsets[s][1] + e["grad_exposed_s"] + e["interference_s"] + e["optimizer_s"] + e["tail_s"],)
-        step = max(finish(s)[0] for s in range(plan.pp))
-        e = ends.get(sigs[crit]) or self._stage_end(plan, crit, st)  # reported: the stage with the most work
-        return {"step_time_s": step, "critical_stage": crit, "bubble_s": bubble, "p2p_s": p2p,
-                "busy_s": m * (st.fwd + st.bwd), **e, "gather_shift_s": shift}
+            e = stage_end[s]
+            return last[s] + e["grad_exposed_s"] + e["interference_s"] + e["optimizer_s"] + e["tail_s"]
+        step = max(finish(s) for s in range(plan.pp))
+        e = stage_end[crit]  # reported: the stage with the most work
+        return {"step_time_s": step, "critical_stage": crit, "bubble_s": max(0.0, last[crit] - m * (st.fwd + st.bwd)),
+                "p2p_s": p2p, "busy_s": m * (st.fwd + st.bwd), **e, "gather_shift_s": shift}
+
+    def walk(self, plan: ParallelPlan) -> Walked:
+        """Each stage's passes laid out by its schedule (``pipeline.walk``)."""
+        def make():
+            sigs, firsts = self.stage_signatures(plan)
+            costs = {sig: self.stage_costs(plan, s) for sig, s in firsts.items()}
+            return walk_pipeline(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches,
+                                 tuple(costs[sig] for sig in sigs), self.p2p_s(plan))
+        return self._cached(("walk", plan), make)
+
+    def _walked_end(self, plan: ParallelPlan, stage: int, e: dict, walked: Walked, st: StagePasses) -> dict:
+        """A stage's end figures from the walk: the gathers its waits hid taken off its
+        exposure; the gradient buckets issued when the walked last backward of each
+        chunk finishes the layer that fills them."""
+        out = dict(e)
+        hidden = walked.hidden[stage]
+        if plan.zero == 3:
+            out["gather_exposed_s"] = max(0.0, e["gather_exposed_s"] - hidden)
+        elif plan.zero and plan.overlap_grad_reduce:
+            out["gather_exposed_s"] = max(0.0, -hidden)
+        grads, last, _, loads = self.grad_buckets(plan, stage)
+        if plan.overlap_grad_reduce and grads > 0:
+            end = walked.ends[stage]
+            alone = max(last, self.walked_drain_s(plan, stage, walked.grad_passes[stage], end))
+            links = self.pass_links(plan, stage)
+            out["grad_exposed_s"] = drain_s(st.bwd, alone, add_links(links[1], links[2]), loads)
+        shown = e["grads_s"] - e["grad_exposed_s"] + e["gathers_s"] - out["gather_exposed_s"]
+        out["interference_s"] = plan.interference * max(0.0, shown)
+        return out
 
     def step_time_s(self, plan: ParallelPlan) -> float:
         return self.timeline(plan)["step_time_s"]

@@ -86,12 +86,16 @@ def _zb_h1(pp: int, vpp: int, stage: int, m: int) -> Order:
 
 def stage_order(plan: ParallelPlan, stage: int) -> Order:
     """The compute order of ``stage``: a list of (phase, microbatch, chunk)."""
-    m, pp, vpp = plan.num_microbatches, plan.pp, plan.vpp
-    if plan.schedule == Schedule.GPIPE:
+    return schedule_order(plan.schedule, plan.pp, plan.vpp, stage, plan.num_microbatches)
+
+
+def schedule_order(schedule: Schedule, pp: int, vpp: int, stage: int, m: int) -> Order:
+    """``stage_order`` of a schedule over ``m`` microbatches (no plan needed)."""
+    if schedule == Schedule.GPIPE:
         return _gpipe(pp, vpp, stage, m)
-    if plan.schedule == Schedule.ZB_H1:
+    if schedule == Schedule.ZB_H1:
         return _zb_h1(pp, vpp, stage, m)
-    if plan.schedule == Schedule.INTERLEAVED or vpp > 1:
+    if schedule == Schedule.INTERLEAVED or vpp > 1:
         return _interleaved(pp, vpp, stage, m)
     return _one_f_one_b(pp, stage, m)
 
