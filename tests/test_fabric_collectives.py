@@ -102,6 +102,31 @@ def test_ring_latency_grows_with_ranks_and_hierarchical_serves_zero_at_scale():
     assert best.time_s < collective_cost(Coll.REDUCE_SCATTER, small, shape(1024), cluster, algorithm="ring").time_s
 
 
+def test_ring_step_floor_paces_a_ring_across_nodes_until_the_bytes_hide_it():
+    """h100-ib's ring_step_floor_us (fitted on the 1,024-rank ring's latency-bound rows):
+    a flat ring across nodes takes at least 2(n-1) steps at the floor, so 1 GB and 2 GB
+    cost the same at 1,024 ranks (as measured: 19.4 and 20.2 ms) while large buffers stay
+    bandwidth-bound; the floor never touches a ring inside one node, and at 1,024 ranks
+    the selector leaves the paced ring for the hierarchical reduce-scatter ZeRO wants."""
+    h100 = load_cluster("h100-ib")
+    floor = h100.collectives.ring_step_floor_us
+    assert floor > 0
+    no_floor = dataclasses.replace(h100, collectives=dataclasses.replace(h100.collectives, ring_step_floor_us=0.0))
+    ring = {s: collective_cost(Coll.ALL_REDUCE, s, shape(1024), h100, protocol="ll128", algorithm="ring").time_s
+            for s in (1 << 30, 2 << 30, 16 << 30)}
+    assert ring[1 << 30] == pytest.approx(ring[2 << 30])
+    assert ring[1 << 30] >= 2 * 1023 * floor * 1e-6
+    unpaced = collective_cost(Coll.ALL_REDUCE, 16 << 30, shape(1024), no_floor, protocol="ll128", algorithm="ring")
+    assert ring[16 << 30] == pytest.approx(unpaced.time_s)
+    inside = [collective_cost(Coll.ALL_REDUCE, 1 << 20, shape(8), c, algorithm="ring").time_s for c in (h100, no_floor)]
+    assert inside[0] == inside[1]
+    rs = collective_cost(Coll.REDUCE_SCATTER, 1 << 30, shape(1024), h100)
+    assert rs.algorithm == "hierarchical"
+    assert rs.time_s < collective_cost(Coll.REDUCE_SCATTER, 1 << 30, shape(1024), h100, algorithm="ring").time_s
+    with pytest.raises(ConfigError, match="ring_step_floor_us"):
+        dataclasses.replace(h100.collectives, ring_step_floor_us=-1.0)
+
+
 def test_nvls_only_on_switch_nodes_with_nvls():
     with pytest.raises(ConfigError):
         collective_cost(Coll.ALL_REDUCE, 1 << 26, shape(8), load_cluster("mi300x-pollara"), algorithm="nvls")
@@ -132,6 +157,7 @@ def test_fit_series_in_sample():
     assert _mape(pollara, accuracy_fabric.LARGE) <= 5.0
     assert _mape(pollara, 0, accuracy_fabric.LARGE) <= 7.0
     assert _mape("nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128", 4 << 30) <= 3.0
+    assert _mape("nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128", 0, 4 << 30) <= 4.0  # the paced rows
     nvls = accuracy_fabric.nvls_rows()
     assert accuracy_fabric.mape(nvls, accuracy_fabric.LARGE) <= 8.0
 

@@ -51,9 +51,9 @@ CASES = (
     Case("hisohara_AAC8_MI300X_1node_allreduce", "mi300x-pollara", "check",
          "single node, another cluster than the AMD-blog sweep the intra-node values were fitted to"),
     Case("nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128", "h100-ib", "fit",
-         "Ring + LL128 forced; the IB ramp (its 64 MB knot) is fitted to the 4-16 GB rows (1.4%); the 1-2 GB rows "
-         "are latency-bound (2,046 ring steps over 128 nodes, a pacing perfsim does not model) and come out 60% and "
-         "33% fast"),
+         "Ring + LL128 forced; the IB ramp (its 64 MB knot) is fitted to the 4-16 GB rows, the ring step floor "
+         "(ring_step_floor_us) to the latency-bound 1-2 GB rows (2,046 lock-step ring steps over 128 nodes: 1 GB and "
+         "2 GB take the same ~20 ms; before the floor they came out 61% and 34% fast)"),
     Case("coreweave_H100_64gpu_sharp_allreduce", "h100-ib", "check",
          "IB with SHARP in-network reduction (not modelled: perfsim prices ring/tree); 512 MB-8 GB rows"),
     Case("gcp_a3mega_H100_2node_allreduce", "h100-ib", "check",

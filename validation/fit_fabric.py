@@ -6,8 +6,11 @@ names the series it uses; validation/accuracy_fabric.py checks on the others).
   all_reduce sweep (mi355x-pollara; the MI300X/MI325X Pollara profiles carry the same NIC).
 * H100/H200 IB NIC ramp: NVIDIA nccl-tests #322, 1,024 H100 ranks, Ring + LL128 forced,
   its bandwidth-bound 4-16 GB rows only, with the hop latency held at NCCL's own constant
-  (the 1-2 GB rows are latency-bound: 2,046 ring steps over 128 nodes, a pacing perfsim
-  does not model; fitting the hop to them would add ~60 us to every 2-node call).
+  (the 1-2 GB rows are latency-bound: 2,046 ring steps over 128 nodes, paced by the floor
+  below; fitting the hop to them would add ~60 us to every 2-node call).
+* H100/H200 ring step floor (``ring_step_floor_us``): the same series' latency-bound 1-2 GB
+  rows (the rows the ramp fit leaves out), with the ramp above held: the 2,046 steps of
+  the lock-step ring at the floor.
 * NVLS efficiency and latency: Azure ND H100 v5 8-GPU NVLS all_reduce log.
 * Graph-capture saving: the MI300X hipGraph rccl-tests log (AMD blog) against the no-graph profile.
 
@@ -51,6 +54,22 @@ def fit_ramp(profile: str, name: str, min_knot_kb: float = 0.0, min_bytes: float
     return fabric_fit.fit_fabric(points, cluster, min_knot_kb=min_knot_kb, fit_hop=fit_hop)
 
 
+def fit_ring_floor(profile: str = "h100-ib", name: str = IB_FIT, below: float = IB_MIN_BYTES) -> tuple[float, float, float]:
+    """(ring_step_floor_us, MAPE % before, after) on the series' rows under ``below`` bytes."""
+    cluster = load_cluster(profile).with_nodes(128)
+    points = [p for p in series(name).points() if p.size_bytes < below]
+
+    def errs(theta):
+        tune = dataclasses.replace(cluster.collectives, ring_step_floor_us=float(theta[0]))
+        c = dataclasses.replace(cluster, collectives=tune)
+        return np.array([fabric_fit.predict(p, c) / p.time_s - 1 for p in points])
+
+    start = dataclasses.replace(cluster.collectives, ring_step_floor_us=0.0)
+    before = fabric_fit.mape(points, dataclasses.replace(cluster, collectives=start))
+    fit = least_squares(errs, [5.0], bounds=([0.0], [100.0]))
+    return float(fit.x[0]), before, 100 * float(np.mean(np.abs(errs(fit.x))))
+
+
 def fit_nvls(profile: str = "h100-ib") -> tuple[float, float, float]:
     """(efficiency, latency us, MAPE %) of NVLS on the 8-GPU log (in-place column: the log prints only it)."""
     log = read_rccl_log(NVLS_LOG)
@@ -90,6 +109,9 @@ def main() -> int:
               f"points; fitted {', '.join(fit.fitted)}")
         print(f"  message_kbytes = {list(fab.message_kbytes)}\n  message_efficiency = {list(fab.message_efficiency)}")
         print(f"  inter_step_latency_us = {tune.inter_step_latency_us}")
+    floor, before, after = fit_ring_floor()
+    print(f"[h100-ib] ring_step_floor_us = {floor:.3f} on {IB_FIT} rows < {IB_MIN_BYTES >> 30} GB "
+          f"(MAPE {before:.1f}% -> {after:.1f}%)")
     eff, lat, err = fit_nvls()
     print(f"[h100-ib] NVLS on {NVLS_LOG.name}: nvls_efficiency = {eff:.4f}, nvls_latency_us = {lat:.2f} (MAPE {err:.2f}%)")
     print(f"[mi300x-pollara] graph_saving_us = {fit_graph_saving():.2f}")

@@ -195,6 +195,23 @@ def _nvls_latency(algo: str, cluster: ClusterSpec) -> float:
     return units.us_to_s(cluster.collectives.nvls_latency_us) if algo == "nvls" else 0.0
 
 
+def paced_s(algo: str, coll: Coll, shape: GroupShape, cluster: ClusterSpec) -> float:
+    """The least time a ring crossing nodes takes: its steps (every rank's, for a flat
+    ring; the rail ring's, for hierarchical) at the profile's ``ring_step_floor_us``. Each
+    step of a lock-step ring waits for the slowest of its hops, so at 1,000+ ranks the
+    2(n-1) steps set the time until the per-step slice is large enough to hide them (the
+    1,024-rank H100 ring: 1 GB and 2 GB take the same ~20 ms; NCCL's own tuner multiplies
+    its ring latency by 1.9 across nodes for the same plateau)."""
+    floor_us = cluster.collectives.ring_step_floor_us
+    if floor_us <= 0 or shape.num_nodes < 2 or coll not in RING_SHARE:
+        return 0.0
+    if algo == "ring":
+        return units.us_to_s(floor_us * _steps(coll, shape.size))
+    if algo == "hierarchical" and coll not in (Coll.BROADCAST, Coll.REDUCE):
+        return units.us_to_s(floor_us * _steps(coll, shape.num_nodes))
+    return 0.0
+
+
 def collective_cost(
     coll: Coll, size_bytes: float, shape: GroupShape, cluster: ClusterSpec, protocol: str | None = None,
     algorithm: str | None = None, peers: tuple[int, ...] | None = None, launch: str = LaunchMode.MPI,
@@ -222,6 +239,7 @@ def collective_cost(
         if not phases:
             continue
         steps, bw_time, demand, nic = price(phases, shape.num_nodes, cluster, proto, peers)
+        steps = max(steps, paced_s(algo, coll, shape, cluster) - bw_time)  # pacing hides under the bytes
         latency = base + steps + _nvls_latency(algo, cluster)
         sent = sum(ph.intra_bytes + ph.inter_bytes for ph in phases)
         cost = CollectiveCost(time_s=latency + bw_time, latency_s=latency, protocol=name, algorithm=algo,

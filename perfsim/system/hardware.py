@@ -257,6 +257,9 @@ class CollectiveTuning:
     nvls_efficiency: float = 0.0
     nvls_latency_us: float = 0.0
     nvls_min_bytes: float = 0.0  # NCCL picks NVLS from this size up
+    # the shortest one step of a ring that spans nodes takes (lock-step pacing: every step
+    # waits for its slowest hop); 0 = not identified, steps priced by latency only
+    ring_step_floor_us: float = 0.0
 
     def __post_init__(self):
         for key in ("launch_latency_us", "intra_step_latency_us", "inter_step_latency_us",
@@ -269,7 +272,8 @@ class CollectiveTuning:
             )
         if not self.protocols:
             raise ConfigError("collectives.protocols: at least one protocol is required")
-        for key in ("single_process_latency_us", "graph_saving_us", "nvls_latency_us", "nvls_min_bytes"):
+        for key in ("single_process_latency_us", "graph_saving_us", "nvls_latency_us", "nvls_min_bytes",
+                    "ring_step_floor_us"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"collectives.{key} must be >= 0, got {getattr(self, key)!r}")
         if self.nvls_efficiency:
