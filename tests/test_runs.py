@@ -235,3 +235,20 @@ def test_printed_peak_memory_is_compared_where_the_source_gives_it(tmp_path):
     assert without.memory_error_pct is None
     shipped = {c.id: c for c in read_runs(RUNS)}
     assert shipped["PIPE-L7B-01"].measured_peak_bytes == pytest.approx(16.26e9)
+
+
+def test_default_free_parameters_follow_the_dispatch_paths_the_runs_use():
+    from perfsim.design.runs_fit import DEFAULT_PARAMS, params_for
+
+    cases = read_runs(RUNS)
+    maxtext = [c for c in cases if c.stack == "maxtext"]
+    assert params_for(maxtext) == ("moe.padded_speed", "moe.dropless_speed")
+    assert params_for([c for c in maxtext if c.capacity_factor == 0]) == ("moe.dropless_speed",)
+    assert params_for([c for c in cases if c.family == "dense"]) == DEFAULT_PARAMS
+
+
+def test_maxtext_runs_that_ran_on_deepseek_v3_are_predicted_to_fit():
+    """Issue 16.5: the DeepSeek-V3 runs the source printed throughput for ran, so their
+    predicted peak (MaxText's memory policy) fits the 288 GB of an MI355X."""
+    dsv3 = [c for c in read_runs(RUNS) if c.source_id == "rocm-blog-maxtext-dropless"]
+    assert all(r.fits for r in validate_runs(dsv3).results)

@@ -107,9 +107,9 @@ def test_capacity_dispatch_computes_the_padding_dropless_does_not():
 def test_maxtext_and_megatron_differ_by_dispatch_path_and_syncs():
     model = dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=1.25)
     case = {**MOE, "model": model}
-    mx, mg = step("des", "maxtext", **case), step("des", "megatron-primus", **case)
-    speed = load_stack("maxtext").kernels.speed / load_stack("megatron-primus").kernels.speed
-    assert mx.breakdown["experts"] * speed > mg.breakdown["experts"]  # maxtext pads to capacity
+    tuned = load_stack("maxtext").with_values(**{"moe.padded_speed": 1.0})  # the path alone, at tuned speed
+    mx, mg = step("des", tuned, **case), step("des", "megatron-primus", **case)
+    assert mx.breakdown["experts"] > mg.breakdown["experts"]  # maxtext pads to capacity
     assert mg.breakdown.get("host_sync", 0) > 0 == mx.breakdown.get("host_sync", 0)
 
 
@@ -117,6 +117,22 @@ def test_fp8_recipe_cast_factor_scales_the_casts():
     case = {**DENSE, "dtype": "fp8"}
     heavy = load_stack("ideal").with_values(**{"fp8.cast_bytes_factor": 2.0})
     assert step("analytic", heavy, **case).breakdown["fp8_cast"] > step("analytic", "ideal", **case).breakdown["fp8_cast"]
+
+
+def test_expert_speed_of_the_dispatch_path_stretches_only_the_routed_experts():
+    model = dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=1.25)
+    case = {**MOE, "model": model}
+    base = load_stack("maxtext").with_values(**{"moe.padded_speed": 1.0, "moe.dropless_speed": 1.0})
+    fast = step("analytic", base, **case)
+    slow = step("analytic", base.with_values(**{"moe.padded_speed": 0.5}), **case)
+    assert slow.breakdown["experts"] == pytest.approx(2 * fast.breakdown["experts"], rel=1e-6)
+    assert slow.breakdown["attention_proj"] == pytest.approx(fast.breakdown["attention_proj"], rel=1e-9)
+    # the dropless speed does not touch a padded run, and sets a dropless one
+    assert step("analytic", base.with_values(**{"moe.dropless_speed": 0.5}), **case).step_time_s == fast.step_time_s
+    dropless = {**MOE, "model": dataclasses.replace(model, capacity_factor=0.0)}
+    a = step("analytic", base, **dropless)
+    b = step("analytic", base.with_values(**{"moe.dropless_speed": 0.5}), **dropless)
+    assert b.breakdown["experts"] == pytest.approx(2 * a.breakdown["experts"], rel=1e-6)
 
 
 def test_kernel_speed_stretches_compute_not_communication():

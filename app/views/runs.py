@@ -11,7 +11,7 @@ import streamlit as st
 import common
 import fmt
 from perfsim.design.runs import read_all, validate_runs
-from perfsim.design.runs_fit import BOUNDS, DEFAULT_PARAMS, fit_stack, leave_one_out
+from perfsim.design.runs_fit import BOUNDS, fit_stack, leave_one_out, params_for
 from perfsim.system.stacks import dump_stack, list_stacks, load_stack
 
 SHIPPED = common.ROOT / "validation" / "runs" / "published.csv"
@@ -73,9 +73,9 @@ st.subheader("Fit a stack profile to these runs")
 stacks = sorted({load_stack(c.stack).name for c in cases})
 f1, f2 = st.columns(2)
 target = f1.selectbox("Stack to fit", stacks, key="w.r_fit_stack")
-params = f2.multiselect("Free parameters", list(BOUNDS), default=list(DEFAULT_PARAMS), key="w.r_params")
+mine = [c for c in cases if load_stack(c.stack).name == target]
+params = f2.multiselect("Free parameters", list(BOUNDS), default=list(params_for(mine)), key=f"w.r_params.{target}")
 if st.button("Fit", key="w.r_fit", disabled=not params):
-    mine = [c for c in cases if load_stack(c.stack).name == target]
     with common.shown_errors("Fit"):
         fit = fit_stack(mine, target, params)
         held = leave_one_out(mine, target, params)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from perfsim.design import runs as runs_mod
-from perfsim.design.runs_fit import DEFAULT_PARAMS, fit_stack, held_out_by_stack, leave_one_out
+from perfsim.design.runs_fit import fit_stack, held_out_by_stack, leave_one_out
 from perfsim.errors import ConfigError
 from perfsim.system.specio import check_finite_output, check_output, write_atomic
 from perfsim.system.stacks import load_stack, write_stack
@@ -35,7 +35,7 @@ def cmd_validate(args, dumps) -> int:
         check_output(args.html, args.force, "--html")
     cases = runs_mod.read_all(args.runs)
     if args.loso:
-        result = held_out_by_stack(cases, tuple(args.fit or DEFAULT_PARAMS))
+        result = held_out_by_stack(cases, (tuple(args.fit) if args.fit else None))
     else:
         stack = load_stack(args.stack) if args.stack else None
         result = runs_mod.validate_runs(cases, {c.id: stack for c in cases} if stack else None,
@@ -60,7 +60,7 @@ def cmd_calibrate(args) -> int:
     mine = [c for c in cases if load_stack(c.stack).name == base.name]
     if not mine:
         raise ConfigError(f"--stack: no run in --runs uses stack {base.name!r}")
-    params = tuple(args.fit or DEFAULT_PARAMS)
+    params = (tuple(args.fit) if args.fit else None)
     fit = fit_stack(mine, base, params)
     loo = leave_one_out(mine, base, params)
     write_stack(fit.stack, args.out, overwrite=args.force)
@@ -79,7 +79,7 @@ def cmd_project(args, dumps) -> int:
     cases = {c.id: c for c in runs_mod.read_all(args.runs)}
     if args.id not in cases:
         raise ConfigError(f"--id: no run {args.id!r} in --runs (runs: {', '.join(sorted(cases))})")
-    p = project(cases[args.id], args.nodes, args.keep, tuple(args.fit or DEFAULT_PARAMS))
+    p = project(cases[args.id], args.nodes, args.keep, (tuple(args.fit) if args.fit else None))
     src, dst = p.source, p.target
     if args.json:
         print(dumps({"run": p.case.id, "fitted": p.fitted, "source": src.to_dict(), "target": dst.to_dict()}))

@@ -1,7 +1,8 @@
 """Project a measured run to another cluster size: benchmark one node, predict N.
 
 The run's stack profile is fitted to that one measurement (``runs_fit.fit_stack``: the
-stack's free parameters, by default its kernel speed, which one run identifies), then the
+stack's free parameters, by default the one the run identifies: the routed-expert speed
+of its dispatch path for an MoE run, the kernel speed for a dense one), then the
 same model, stack and plan are priced on ``nodes`` nodes: data parallelism grows with
 the GPUs and the per-GPU batch is kept (``keep='per_gpu'``, weak scaling) or the global
 batch is (``keep='global'``). What changes -- communication, bubble -- is reported per
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import perfsim.api as api
 from perfsim.design.runs import RunCase
-from perfsim.design.runs_fit import DEFAULT_PARAMS, fit_stack
+from perfsim.design.runs_fit import fit_stack
 from perfsim.errors import ConfigError
 from perfsim.report import Report
 
@@ -43,7 +44,7 @@ def _report(case: RunCase, stack, nodes: int, gbs: int) -> Report:
                         **knobs)
 
 
-def project(case: RunCase, nodes: int, keep: str = "per_gpu", params=DEFAULT_PARAMS) -> Projection:
+def project(case: RunCase, nodes: int, keep: str = "per_gpu", params=None) -> Projection:
     if keep not in KEEP:
         raise ConfigError(f"--keep: {keep!r} is not one of {', '.join(KEEP)}")
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:

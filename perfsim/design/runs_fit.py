@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
+import perfsim.api as api
+
 from perfsim.design.runs import RunCase, RunsValidation, predict, validate_runs
 from perfsim.errors import ConfigError
-from perfsim.system.stacks import StackSpec, load_stack
+from perfsim.system.stacks import Dispatch, StackSpec, load_stack
 
 # Physically meaningful ranges (input bounds, not hardware numbers): more than 5 ms of
 # framework time per layer pass or per host sync, or kernels 5x slower or 2x faster than
@@ -26,9 +28,13 @@ BOUNDS = {
     "launch.layer_overhead_us": (0.0, 5_000.0),
     "launch.kernel_gap_us": (0.0, 500.0),
     "moe.host_sync_us": (0.0, 5_000.0),
+    "moe.padded_speed": (0.2, 2.0),
+    "moe.dropless_speed": (0.2, 2.0),
 }
-# the default: one parameter, identified by every run (a per-layer overhead fitted beside it
-# runs to its bound on the MaxText sources: the misfit is not a per-layer constant)
+# the default where the runs are dense: one parameter, identified by every run. MoE runs
+# fit the routed-expert kernels' speed of each dispatch path they use instead
+# (``params_for``); a per-layer overhead fitted beside them runs to its bound on the
+# MaxText sources (the misfit is not a per-layer constant)
 DEFAULT_PARAMS = ("kernels.speed",)
 MAX_EVALS = 60  # residual evaluations per fit (each prices every run once)
 
@@ -58,11 +64,24 @@ def _check(params) -> tuple[str, ...]:
     return params
 
 
-def fit_stack(cases: list[RunCase], base: StackSpec | str, params=DEFAULT_PARAMS) -> StackFit:
-    """``base`` with ``params`` fitted to ``cases`` (all priced under it)."""
-    params, base = _check(params), load_stack(base)
+def params_for(cases) -> tuple[str, ...]:
+    """The free parameters the runs identify: the routed-expert speed of each MoE dispatch
+    path the runs use (padded to capacity, dropless), else the kernels' speed (dense runs)."""
+    paths = set()
+    for c in cases:
+        if not api.load_model(c.model).is_moe:
+            continue
+        stack = load_stack(c.stack)
+        pads = stack.moe.dispatch is Dispatch.CAPACITY and (c.capacity_factor or 0) > 0
+        paths.add("moe.padded_speed" if pads else "moe.dropless_speed")
+    return tuple(sorted(paths, reverse=True)) or DEFAULT_PARAMS
+
+
+def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None) -> StackFit:
+    """``base`` with ``params`` (default: those the runs identify) fitted to ``cases`` (all priced under it)."""
     if not cases:
         raise ConfigError("calibrate --runs: no runs to fit")
+    params, base = _check(params_for(cases) if params is None else params), load_stack(base)
     lo = np.array([BOUNDS[p][0] for p in params])
     hi = np.array([BOUNDS[p][1] for p in params])
     start = np.clip([_current(base, p) for p in params], lo, hi)
@@ -83,8 +102,10 @@ def fit_stack(cases: list[RunCase], base: StackSpec | str, params=DEFAULT_PARAMS
                     num_runs=len(cases), rms_log_error=rms, at_bound=at_bound)
 
 
-def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=DEFAULT_PARAMS) -> RunsValidation:
-    """Each held-out group (a source; a run when there is one source) priced by a fit to the rest."""
+def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> RunsValidation:
+    """Each held-out group (a source; a run when there is one source) priced by a fit to the
+    rest (``params``: default those the runs identify, ``params_for``)."""
+    params = params_for(cases) if params is None else params
     sources = sorted({c.source_id for c in cases})
     by_source = len(sources) > 1
     groups = sources if by_source else [c.id for c in cases]
@@ -101,7 +122,7 @@ def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=DEFAULT_PA
     return validate_runs(kept, stacks, label=label)
 
 
-def held_out_by_stack(cases: list[RunCase], params=DEFAULT_PARAMS) -> RunsValidation:
+def held_out_by_stack(cases: list[RunCase], params=None) -> RunsValidation:
     """Per stack: leave-one-source-out fits where the stack has runs from two or more
     sources; runs of a single-source stack keep the shipped profile (nothing to hold out)."""
     results = []

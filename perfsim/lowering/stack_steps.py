@@ -58,10 +58,25 @@ class StackSteps:
         path = self.stack.moe.dispatch
         return self.routing.pad_to_capacity if path is Dispatch.ROUTING else path is Dispatch.CAPACITY
 
+    def _expert_speed(self) -> float:
+        """The stack's speed of the routed-expert kernels on this layer's dispatch path."""
+        moe = self.stack.moe
+        return moe.padded_speed if self._pads() and self.model.capacity_factor > 0 else moe.dropless_speed
+
     def _kernel_speed(self, steps: list[Step]) -> list[Step]:
-        """Compute steps run at the stack's kernel speed (1: the tuned kernels the tables hold)."""
-        speed = self.stack.kernels.speed
-        if speed == 1.0:
-            return steps
-        return [replace(s, meta=s.meta + (("kernel_speed", speed),)) if s.stream is Stream.COMPUTE else s
-                for s in steps]
+        """Compute steps run at the stack's kernel speed (1: the tuned kernels the tables
+        hold); the routed-expert kernels also at the stack's speed for the dispatch path."""
+        base = self.stack.kernels.speed
+        expert = self._expert_speed() if self.model.is_moe else 1.0
+        out = []
+        for s in steps:
+            speed = base * (expert if _routed_expert(s) else 1.0)
+            if s.stream is Stream.COMPUTE and speed != 1.0:
+                s = replace(s, meta=s.meta + (("kernel_speed", speed),))
+            out.append(s)
+        return out
+
+
+def _routed_expert(step: Step) -> bool:
+    """Kernels of the routed experts: token permute/unpermute, expert GEMMs and activation."""
+    return step.category in ("experts", "moe_permute") or step.name.startswith("expert_")

@@ -48,10 +48,21 @@ class MoeCosts:
     dispatch: Dispatch = Dispatch.ROUTING
     host_syncs_per_layer: int = 0  # device->host syncs per MoE layer pass (token counts to the host)
     host_sync_us: float = 0.0  # one sync: drain the queue, copy, resume launching
+    # speed of the routed-expert kernels (permute, expert GEMMs and activation) relative to
+    # the tuned grouped GEMM the GPU's tables hold, on the padded (capacity) path and on
+    # the dropless path: how the framework implements each path (einsum over dispatch
+    # masks, ragged dot, megablox) is a stack property
+    padded_speed: float = 1.0
+    dropless_speed: float = 1.0
     source: str = "assumed"
 
     def __post_init__(self):
         object.__setattr__(self, "dispatch", _enum(Dispatch, self.dispatch, "moe.dispatch"))
+        for key in ("padded_speed", "dropless_speed"):
+            value = getattr(self, key)
+            _non_negative("moe", **{key: value})
+            if not value > 0:
+                raise ConfigError(f"stack.moe.{key} must be > 0, got {value!r}")
         if isinstance(self.host_syncs_per_layer, bool) or not isinstance(self.host_syncs_per_layer, int) \
                 or self.host_syncs_per_layer < 0:
             raise ConfigError(f"stack.moe.host_syncs_per_layer must be an integer >= 0, got {self.host_syncs_per_layer!r}")
