@@ -365,7 +365,7 @@ def _add_calibration_parsers(sub) -> None:
     prj.add_argument("--nodes", type=a.NODES, required=True, help="target number of nodes")
     prj.add_argument("--keep", default="per_gpu", choices=["per_gpu", "global"],
                      help="keep the per-GPU batch (weak scaling, default) or the global batch")
-    prj.add_argument("--fit", action="append", default=None, help="stack parameter fitted to the run (default kernels.speed)")
+    prj.add_argument("--fit", action="append", default=None, help="stack parameter fitted to the run (default: the routed-expert speed of an MoE run's dispatch path, kernels.speed for a dense run)")
     prj.add_argument("--json", action="store_true")
     prj.set_defaults(func=_cmd_project)
 
@@ -380,7 +380,7 @@ def _add_runs_args(p, runs_help: str) -> None:
     p.add_argument("--runs", action="append", default=[], help=runs_help + " (repeatable)")
     p.add_argument("--stack", default=None, help="with --runs: stack profile to use (validate) or fit (calibrate)")
     p.add_argument("--fit", action="append", default=None,
-                   help="with --runs: a free stack parameter to fit (repeatable; default kernels.speed; also "
+                   help="with --runs: a free stack parameter to fit (repeatable; default: the routed-expert speed of each MoE dispatch path the runs use, else kernels.speed; also "
                         "launch.layer_overhead_us, launch.kernel_gap_us, moe.host_sync_us)")
 
 
