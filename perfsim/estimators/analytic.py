@@ -541,32 +541,38 @@ class ClosedForm:
 
     def _stage_costs(self, plan: ParallelPlan, stage: int) -> StageCosts:
         """Per chunk: its F, B (and W) passes; under ZeRO-3 each block's window spills its
-        prefetch (``_exposure``), the last window's spill moved to the pass after it."""
+        prefetch (``_exposure``), the last block's spill, which depends on the pass that
+        follows on the stage, tabled per pair of passes (``StageCosts.spills``)."""
         phases, split = (FWD, BWD, WGT), splits_backward(plan)
         zero3 = plan.zero == 3
-        passes, first = [], 0.0
+        passes, ends, first = [], {}, 0.0
         for chunk in range(plan.vpp):
             fwd = self._chunk_blocks(plan, stage, chunk)
-            seq = [(0, k, layer) for k, layer in fwd] + [(1, k, layer) for k, layer in fwd[::-1]]
-            if split:
-                seq += [(2, k, layer) for k, layer in fwd[::-1] if k != "embedding"]
-            spills: dict[int, list[float]] = {0: [], 1: [], 2: []}
-            full = [0.0, 0.0, 0.0]
-            for j, (pi, kind, _) in enumerate(seq):
-                if not zero3:
-                    full[pi] += self.template(plan, kind, stage).passes[pi].seconds
-                    continue
-                nxt = seq[(j + 1) % len(seq)]
-                chain, spill = self._exposure(plan, stage, (pi, kind, nxt[1] if nxt[2] >= 0 else None, nxt[0]))
-                spills[pi].append(spill)
-                full[pi] += chain + spill
-            last = [spills[pi][-1] if spills[pi] else 0.0 for pi in range(3)]
-            pred = {0: 2 if split else 1, 1: 0, 2: 1}
+            blocks = {0: fwd, 1: fwd[::-1], 2: [b for b in fwd[::-1] if b[0] != "embedding"] if split else []}
             for pi, phase in enumerate(phases):
-                e2 = spills[pi][0] if len(spills[pi]) > 1 else 0.0
-                passes.append(((phase, chunk), PassCost(body=full[pi] - last[pi], e1=last[pred[pi]], e2=e2)))
-            if chunk == 0 and zero3 and seq[0][2] >= 0:
-                first = sum(self.layer_gathers(plan, seq[0][1].removesuffix(NO_RECOMPUTE)))
+                seq = blocks[pi]
+                if not zero3:
+                    passes.append(((phase, chunk), PassCost(sum(self.template(plan, k, stage).passes[pi].seconds
+                                                                for k, _ in seq))))
+                    continue
+                spills, body = [], 0.0
+                for j, (kind, _) in enumerate(seq[:-1]):
+                    nxt = seq[j + 1]
+                    chain, spill = self._exposure(plan, stage, (pi, kind, nxt[0] if nxt[1] >= 0 else None, pi))
+                    spills.append(spill)
+                    body += chain + spill
+                if seq:
+                    body += self.template(plan, seq[-1][0], stage).passes[pi].seconds
+                    ends[(phase, chunk)] = (pi, seq[-1][0], seq[0])
+                passes.append(((phase, chunk), PassCost(body=body, e2=spills[0] if spills else 0.0)))
+            if chunk == 0 and zero3 and fwd[0][1] >= 0:
+                first = sum(self.layer_gathers(plan, fwd[0][0].removesuffix(NO_RECOMPUTE)))
+        table = []
+        for before, (pi, last_kind, _) in ends.items():
+            for after, (qi, _, (first_kind, layer)) in ends.items():
+                if qi == 2 or layer < 0:  # W gathers nothing; an embedding needs no gather
+                    continue
+                table.append(((before, after), self._exposure(plan, stage, (pi, last_kind, first_kind, qi))[1]))
         gathers = []
         if plan.zero in (1, 2) and plan.overlap_grad_reduce:  # all issued at t = 0, in layer order
             queue = 0.0
@@ -577,7 +583,8 @@ class ClosedForm:
                         queue, tail = queue + sum(self.layer_gathers(plan, kind.removesuffix(NO_RECOMPUTE))), 0.0
                     tail += self.template(plan, kind, stage).fwd.seconds
                 gathers.append((queue, tail))
-        return StageCosts(passes=tuple(passes), first_e1=first, gathers=tuple(gathers) if any(g for g, _ in gathers) else ())
+        return StageCosts(passes=tuple(passes), first_e1=first, gathers=tuple(gathers) if any(g for g, _ in gathers) else (),
+                          spills=tuple(table))
 
     def windows(self, plan: ParallelPlan, stage: int) -> dict:
         """ZeRO-3, per microbatch on a stage: pass seconds with the gathers prefetched a

@@ -46,10 +46,81 @@ def window_s(w: Window) -> float:
         return w.chain_s
     if w.ops and not any(op.meta.get("offchain") or op.meta.get("join") for op in w.ops):
         return fluid_window_s(w)
+    if w.ops:
+        return fluid_chain_s(w)
     need = max(w.chain_s, w.prefetch_s)
     for link, busy in w.prefetch_links.items():
         need = max(need, w.links.get(link, 0.0) + busy)
     return need
+
+
+def fluid_chain_s(w: Window) -> float:
+    """``fluid_window_s`` for a chain with ops beside it (ring-attention hops, overlapped
+    TP collectives): an ``offchain`` op starts on its own queue, one at a time, when the
+    chain reaches it; a ``join`` op waits for the oldest one not yet joined (as
+    ``lowering.graph`` wires them). The chain's comm op, the op beside it and the
+    prefetch share the links max-min, as in the engine."""
+    g_share = {link: busy / w.prefetch_s for link, busy in w.prefetch_links.items()}
+    g = [w.prefetch_s]
+    ops, i, t, chain_end = w.ops, 0, 0.0, None
+    main = None  # [latency or compute seconds left, data seconds left, shares, waits-for side entry]
+    side, unjoined = [], []  # side queue (head runs), started side ops not yet joined
+
+    def start(op):
+        if op.is_comm:
+            latency, share = _data_shares(op)
+            return [latency, max(0.0, op.duration_s - latency), share, None]
+        return [op.duration_s, 0.0, {}, None]
+    while True:
+        while main is None and i < len(ops):
+            op = ops[i]
+            if op.meta.get("offchain"):
+                entry = start(op) + [False]
+                side.append(entry)
+                unjoined.append(entry)
+                i += 1
+                continue
+            main = start(op)
+            if op.meta.get("join") and unjoined:
+                main[3] = unjoined.pop(0)
+            i += 1
+        if main is None and chain_end is None:
+            chain_end = t
+        head = side[0] if side else None
+        flows = {}
+        if main is not None and (main[3] is None or main[3][4]) and main[0] <= DONE and main[1] > DONE:
+            flows["main"] = main[2]
+        if head is not None and head[0] <= DONE and head[1] > DONE:
+            flows["side"] = head[2]
+        if g[0] > DONE:
+            flows["g"] = g_share
+        if chain_end is not None and (g[0] <= DONE or not flows.keys() - {"g"} and not side):
+            return max(chain_end, t + max(0.0, g[0]))
+        shared = {k: v for k, v in flows.items() if v}
+        rates = max_min_rates(shared) if shared else {}
+        rates.update({k: 1.0 for k, v in flows.items() if not v})
+        dts = []
+        if main is not None and (main[3] is None or main[3][4]):
+            dts.append(main[0] if main[0] > DONE else main[1] / max(rates.get("main", 1.0), 1e-12))
+        if head is not None:
+            dts.append(head[0] if head[0] > DONE else head[1] / max(rates.get("side", 1.0), 1e-12))
+        if g[0] > DONE:
+            dts.append(g[0] / max(rates.get("g", 1.0), 1e-12))
+        dt = max(0.0, min(dts)) if dts else 0.0
+        t += dt
+        g[0] -= dt * rates.get("g", 0.0)
+        for entry, key in ((main, "main"), (head, "side")):
+            if entry is None or (key == "main" and entry[3] is not None and not entry[3][4]):
+                continue
+            if entry[0] > DONE:
+                entry[0] -= dt
+            else:
+                entry[1] -= dt * rates.get(key, 0.0)
+        if head is not None and head[0] <= DONE and head[1] <= DONE:
+            head[4] = True
+            side.pop(0)
+        if main is not None and (main[3] is None or main[3][4]) and main[0] <= DONE and main[1] <= DONE:
+            main = None
 
 
 def _data_shares(op) -> tuple[float, dict[str, float]]:

@@ -26,12 +26,11 @@ from perfsim.plan.schedules import BWD, FWD, WGT, schedule_order
 
 @dataclass(frozen=True, slots=True)
 class PassCost:
-    """One chunk pass (F, B or W) of a stage: ``body`` seconds, ``e1`` the previous
-    pass's prefetch spill it starts with when it follows straight on, ``e2`` the spill
-    inside its first window that a long enough wait also hides."""
+    """One chunk pass (F, B or W) of a stage: ``body`` seconds (its windows but the
+    last block's, whose spill depends on the pass after it), ``e2`` the spill inside its
+    first window that a long enough wait also hides."""
 
     body: float
-    e1: float = 0.0
     e2: float = 0.0
 
 
@@ -39,11 +38,13 @@ class PassCost:
 class StageCosts:
     passes: tuple[tuple[tuple[str, int], PassCost], ...]  # (phase, chunk) -> cost
     first_e1: float = 0.0  # spill before the stage's first pass (gathers issued at t = 0)
+    spills: tuple = ()  # ((pass before, pass after), seconds the after pass's first gather spills past the before pass)
     gathers: tuple[tuple[float, float], ...] = ()  # ZeRO-1/2, per chunk: (when the queue of updated-weight
     # gathers issued at t = 0 has gathered the chunk's layers, the chain after its last one)
 
 
 NO_PASS = PassCost(0.0)
+TRACE: list | None = None  # debugging: set to a list to record (stage, phase, mb, chunk, start, end)
 
 
 def fold_points(pp: int, vpp: int) -> tuple[int, int]:
@@ -82,6 +83,8 @@ def walk(schedule: Schedule, pp: int, vpp: int, m: int, stages: tuple[StageCosts
 def _walk(schedule, pp, vpp, m, stages, p2p_s):
     orders = [schedule_order(schedule, pp, vpp, s, m) for s in range(pp)]
     costs = [dict(stages[s].passes) for s in range(pp)]
+    spills = [dict(stages[s].spills) for s in range(pp)]
+    prev: list = [None] * pp
     last_vs = pp * vpp - 1
     done: dict[tuple, float] = {}
     cursor, free, hidden = [0] * pp, [0.0] * pp, [0.0] * pp
@@ -110,8 +113,10 @@ def _walk(schedule, pp, vpp, m, stages, p2p_s):
                 cost = costs[s].get((phase, chunk)) or NO_PASS
                 start = max(ready, free[s])
                 wait = start - free[s]
-                nominal = cost.e1
-                spill = stages[s].first_e1 if not started[s] else cost.e1
+                key = (phase, chunk)
+                nominal = spills[s].get((prev[s], key), 0.0) if started[s] else 0.0
+                spill = nominal if started[s] else stages[s].first_e1
+                prev[s] = key
                 head = max(0.0, spill - wait) - min(cost.e2, max(0.0, wait - spill))
                 hidden[s] += nominal - head
                 started[s] = True
@@ -122,6 +127,8 @@ def _walk(schedule, pp, vpp, m, stages, p2p_s):
                     end += shown
                     hidden[s] -= shown
                 free[s] = end
+                if TRACE is not None:
+                    TRACE.append((s, phase, mb, chunk, start, end))
                 if phase == grad_phase and mb == m - 1:
                     grads[s][chunk] = (start, end)
                 if phase != WGT:
