@@ -56,6 +56,22 @@ def test_calibrate_fits_the_fabric_from_a_multinode_table(tmp_path):
     assert fabric_fit.mape(check, loaded) < 5.0 < fabric_fit.mape(check, base)
 
 
+def test_calibrate_finds_the_ring_step_floor_of_a_long_ring(tmp_path):
+    """From a profile without a floor, the 1,024-rank ring's five rows (1 GB and 2 GB
+    taking the same ~20 ms) give back the ring step floor and the IB ramp together; the
+    2-node Pollara sweep, whose 16-rank rings are never paced, leaves the floor at 0."""
+    h100 = load_cluster("h100-ib")
+    base = dataclasses.replace(h100, collectives=dataclasses.replace(h100.collectives, ring_step_floor_us=0.0))
+    result = calibrate(base, collective_tables=[TABLE], series=["nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128"],
+                       out=tmp_path / "h100.toml")
+    fit = next(f for f in result.fits if f.name == "fabric")
+    assert fit.mape_before > 15.0 and fit.mape_after < 3.0
+    assert result.cluster.collectives.ring_step_floor_us == pytest.approx(h100.collectives.ring_step_floor_us, rel=0.05)
+    assert "ring_step_floor_us" in fit.detail
+    pollara = calibrate(no_ramp("mi355x-pollara"), collective_tables=[TABLE], series=[FIT], out=tmp_path / "p.toml")
+    assert pollara.cluster.collectives.ring_step_floor_us == 0.0
+
+
 def test_calibrate_fits_dispatch_efficiencies(tmp_path):
     base = load_cluster("mi300x-pollara")
     result = calibrate(base, dispatch_tables=[TABLE], out=tmp_path / "d.toml")

@@ -1,8 +1,10 @@
 """Fit the inter-node parameters of a cluster to multi-node collective sweeps (scipy).
 
 Free parameters: the fabric's per-message NIC efficiency ramp (``message_efficiency``
-at fixed knots of NIC bytes per phase, log interpolation) and the per-step latency
-of a network hop (``inter_step_latency_us``). Everything intra-node (xGMI/NVLink
+at fixed knots of NIC bytes per phase, log interpolation), the per-step latency
+of a network hop (``inter_step_latency_us``) and the floor of a step of a ring across
+nodes (``ring_step_floor_us``: fitted only where some point is paced by it, such as the
+1-2 GB rows of a 1,024-rank ring). Everything intra-node (xGMI/NVLink
 bandwidth, protocol latencies and efficiencies, launch latency) is held at the profile's
 values, which come from single-node sweeps (``collective_fit``), so the two fits do not
 trade against each other. Each point is priced by ``collectives.collective_cost`` itself,
@@ -15,6 +17,7 @@ only the top knot.
 """
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +31,13 @@ from perfsim.system.hardware import ClusterSpec
 KNOTS_KB = (0.1, 1.0, 16.0, 256.0, 4096.0, 65536.0)  # NIC bytes per phase, kB
 EFF_BOUNDS = (0.002, 1.0)
 INTER_STEP_BOUNDS_US = (0.0, 200.0)
+FLOOR_BOUNDS_US = (0.0, 200.0)
+# how far the sensitivity probe moves the hop latency and the ring step floor: a floor
+# shows only once it exceeds a ring's bandwidth time per step, so it is probed further
+PROBE_US = (1.0, 20.0)
+# the floor is a max() against the bytes: flat (no gradient) until it binds, so the fit
+# also starts from a floor that binds on a long ring (a start, not a value: it is refitted)
+FLOOR_STARTS_US = (0.0, 10.0)
 PRIOR = 1e-3
 STARTS = ((0.5, 10.0), (0.1, 10.0), (0.5, 30.0), (0.1, 30.0))  # (knot efficiency, hop latency us) starts
 SENSITIVITY = 1e-3  # a knot whose -95% moves no point's time by this share is not fitted
@@ -68,9 +78,9 @@ def with_params(cluster: ClusterSpec, theta: np.ndarray, source: str, digits: in
     k = len(KNOTS_KB)
     ramp = _ramp(theta, used, monotone)
     eff = tuple(float(x) if digits is None else round(float(x), digits) for x in ramp)
-    inter = float(theta[k]) if digits is None else round(float(theta[k]), digits)
+    inter, floor = (float(x) if digits is None else round(float(x), digits) for x in theta[k:k + 2])
     fab = dataclasses.replace(cluster.fabric, message_kbytes=KNOTS_KB, message_efficiency=eff, message_source=source)
-    tune = dataclasses.replace(cluster.collectives, inter_step_latency_us=inter)
+    tune = dataclasses.replace(cluster.collectives, inter_step_latency_us=inter, ring_step_floor_us=floor)
     return dataclasses.replace(cluster, fabric=fab, collectives=tune)
 
 
@@ -84,19 +94,20 @@ def _used(points, cluster, theta0, measured) -> np.ndarray:
     used = np.zeros(len(theta0), dtype=bool)
     for i in range(len(theta0)):
         trial = theta0.copy()
-        trial[i] = trial[i] * 0.05 if i < len(KNOTS_KB) else trial[i] + 1.0
+        trial[i] = trial[i] * 0.05 if i < len(KNOTS_KB) else trial[i] + PROBE_US[i - len(KNOTS_KB)]
         moved = _times(points, cluster, trial, monotone=False) - base
         used[i] = bool(np.max(np.abs(moved) / measured) > SENSITIVITY)
     return used
 
 
-def _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop) -> tuple[np.ndarray, np.ndarray, float]:
-    lo = np.array([EFF_BOUNDS[0]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[0]])
-    hi = np.array([EFF_BOUNDS[1]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[1]])
+def _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor) -> tuple[np.ndarray, np.ndarray, float]:
+    lo = np.array([EFF_BOUNDS[0]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[0], FLOOR_BOUNDS_US[0]])
+    hi = np.array([EFF_BOUNDS[1]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[1], FLOOR_BOUNDS_US[1]])
     theta0 = np.clip(theta0, lo, hi)
     used = _used(points, cluster, theta0, measured)
     used[: len(KNOTS_KB)] &= np.array(KNOTS_KB) >= min_knot_kb
     used[len(KNOTS_KB)] &= fit_hop
+    used[len(KNOTS_KB) + 1] &= fit_floor
     lo, hi = np.where(used, lo, theta0 - 1e-9), np.where(used, hi, theta0 + 1e-9)
     scale = np.maximum(np.abs(theta0), 0.05)
 
@@ -109,26 +120,29 @@ def _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop) -> tuple[
 
 
 def fit_fabric(points: list[CollectivePoint], cluster: ClusterSpec, source: str = "",
-               min_knot_kb: float = 0.0, fit_hop: bool = True) -> FabricFit:
+               min_knot_kb: float = 0.0, fit_hop: bool = True, fit_floor: bool = True) -> FabricFit:
     """Refit the NIC ramp and network hop latency of ``cluster`` to multi-node ``points``;
     knots below ``min_knot_kb`` are left out of the fit (and take the nearest fitted value);
-    ``fit_hop=False`` keeps the profile's hop latency (bandwidth-bound points cannot set it).
+    ``fit_hop=False`` keeps the profile's hop latency (bandwidth-bound points cannot set it),
+    ``fit_floor=False`` its ring step floor.
     The ramp is not smooth in its knots (nearest-fill, running max), so the fit starts
-    from each of ``STARTS`` (efficiency, hop latency) and keeps the lowest MAPE."""
+    from each of ``STARTS`` (efficiency, hop latency) x ``FLOOR_STARTS_US`` and keeps the
+    lowest MAPE."""
     points = [p for p in points if p.shape.num_nodes > 1]
     if not points:
         raise ConfigError("fabric: no multi-node points to fit (every log is single-node)")
     measured = np.array([p.time_s for p in points])
     best = None
-    for eff, hop in STARTS:
+    floors = sorted({cluster.collectives.ring_step_floor_us, *(FLOOR_STARTS_US if fit_floor else ())})
+    for (eff, hop), floor in itertools.product(STARTS, floors):
         hop = hop if fit_hop else cluster.collectives.inter_step_latency_us
-        theta0 = np.concatenate([np.full(len(KNOTS_KB), eff), [hop]])
-        theta, used, err = _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop)
+        theta0 = np.concatenate([np.full(len(KNOTS_KB), eff), [hop, floor]])
+        theta, used, err = _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor)
         if best is None or err < best[2] - 1e-9:
             best = (theta, used, err)
     theta, used, _ = best
     out = with_params(cluster, theta, source or f"fitted by perfsim fabric_fit to {len(points)} multi-node points", 4,
                       used)
-    names = [f"message_efficiency@{kb:g}kB" for kb in KNOTS_KB] + ["inter_step_latency_us"]
+    names = [f"message_efficiency@{kb:g}kB" for kb in KNOTS_KB] + ["inter_step_latency_us", "ring_step_floor_us"]
     return FabricFit(cluster=out, mape_before=mape(points, cluster), mape_after=mape(points, out),
                      num_points=len(points), fitted=tuple(n for n, u in zip(names, used) if u))
