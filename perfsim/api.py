@@ -193,7 +193,9 @@ def simulate(
     ``fold``: the engine simulates two short steps in the pipeline's steady state and
     extends them linearly to the plan's microbatches when there are many (the spans are
     the longer short step's; ``Report.simulated_microbatches`` says which); False runs
-    every microbatch.
+    every microbatch. ``knobs`` are ParallelPlan fields; ``dispatch`` picks the MoE
+    dispatch/combine implementation (``alltoall``, the default, or one of the cluster's
+    ``[dispatch]`` tables: ``mori``, ``deepep``, ``deepep-ll``; ``perfsim.cost.dispatch``).
 
     Raises ConfigError for bad input and InfeasiblePlan when the plan does not fit in
     memory (pass ``check_memory=False`` to get a report with a warning instead).
