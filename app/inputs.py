@@ -35,7 +35,8 @@ DEFAULT = {
     "routing": {"distribution": "uniform", "skew": 1.0, "concentration": 1.0, "seed": 0, "placement": "contiguous"},
     # the rest of `perfsim simulate`'s plan knobs, at the CLI's defaults (ParallelPlan / ModelSpec)
     "fidelity": {
-        "tp_comm_overlap": False, "overlap_grad_reduce": True, "overlap_cu_share": 0.0, "dma_offload": False,
+        # None: the software stack's overlap policy decides (its plan defaults); True/False override it
+        "tp_comm_overlap": None, "overlap_grad_reduce": None, "overlap_cu_share": 0.0, "dma_offload": False,
         "grad_bucket_mb": 80.0, "capacity_factor": None, "gpu_variability": 0.0, "variability_seed": 0,
         "first_stage_layers": 0, "last_stage_layers": 0, "recompute_layers": 0,
     },
@@ -105,7 +106,8 @@ def routing_spec(inputs: dict) -> RoutingSpec:
 def fidelity_knobs(inputs: dict) -> dict:
     """The Plan page's fidelity knobs as ParallelPlan fields (as `perfsim simulate` passes them)."""
     f = {**DEFAULT["fidelity"], **(inputs.get("fidelity") or {})}
-    return {"tp_comm_overlap": bool(f["tp_comm_overlap"]), "overlap_grad_reduce": bool(f["overlap_grad_reduce"]),
+    overlap = {k: bool(f[k]) for k in ("tp_comm_overlap", "overlap_grad_reduce") if f[k] is not None}
+    return {**overlap,  # unset: the stack's overlap policy (api.simulate applies its plan defaults)
             "comm_compute_interference": float(f["overlap_cu_share"]), "dma_offload": bool(f["dma_offload"]),
             "grad_bucket_bytes": int(float(f["grad_bucket_mb"]) * 1e6),
             "first_stage_layers": int(f["first_stage_layers"]), "last_stage_layers": int(f["last_stage_layers"]),

@@ -68,10 +68,26 @@ def test_tp_comm_overlap_toggle_changes_the_step():
     at.number_input(key="w.dp").set_value(0).run()
     ok(at)
     before = metric(at, "Step time").value
-    at.toggle(key="w.tp_comm_overlap").set_value(True).run()
+    at.selectbox(key="w.tp_comm_overlap").set_value("on").run()
     ok(at)
     assert metric(at, "Step time").value != before
     assert at.session_state["inputs"]["fidelity"]["tp_comm_overlap"] is True
+
+
+def test_the_stack_overlap_policy_is_the_default_and_the_knobs_override_it():
+    """maxtext's policy turns gradient-reduce overlap off unless the page sets it."""
+    policy = planner_inputs.simulate(planner_inputs.normalize({"stack": "maxtext", "estimator": "analytic"}))
+    assert policy.plan["overlap_grad_reduce"] is False
+    forced = planner_inputs.normalize({"stack": "maxtext", "estimator": "analytic",
+                                       "fidelity": {"overlap_grad_reduce": True}})
+    assert planner_inputs.simulate(forced).plan["overlap_grad_reduce"] is True
+    at = start()
+    at.selectbox(key="w.stack").set_value("maxtext").run()
+    ok(at)
+    assert at.selectbox(key="w.overlap_grad_reduce").value == "stack's"
+    at.selectbox(key="w.overlap_grad_reduce").set_value("on").run()
+    ok(at)
+    assert at.session_state["inputs"]["fidelity"]["overlap_grad_reduce"] is True
 
 
 def test_changing_the_node_count_resets_dp_instead_of_failing():

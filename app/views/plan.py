@@ -14,6 +14,17 @@ import perfsim
 from inputs import CHOICES, KNOBS, PLACEMENTS, default_inputs
 from perfsim.system.stacks import list_stacks
 
+OVERLAP_CHOICES = {"stack's": None, "on": True, "off": False}  # the stack's overlap policy unless overridden
+
+
+def _overlap(column, label: str, key: str, fidelity: dict, help: str):
+    """An overlap knob: the stack's policy (None) or an explicit on/off override."""
+    value = fidelity.get(key)
+    now = "stack's" if value is None else ("on" if value else "off")
+    choice = column.selectbox(label, list(OVERLAP_CHOICES), key=common.seed(key, now),
+                              help=f"{help}; stack's = the software stack's overlap policy")
+    return OVERLAP_CHOICES[choice]
+
 st.title("Plan")
 current = common.get_inputs()
 
@@ -55,8 +66,8 @@ with st.sidebar:
     stacks = list_stacks()
     stack = st.selectbox("Software stack", stacks, key=common.seed("stack", current.get("stack") or "ideal"),
                          help="what the training framework adds (launch gaps, syncs, fused kernels, MoE dispatch, "
-                              "kernel speed; perfsim/hardware_profiles/stacks); the overlap toggles below win over "
-                              "the stack's overlap policy")
+                              "kernel speed; perfsim/hardware_profiles/stacks); its overlap policy sets the overlap "
+                              "knobs below unless they are set to on or off")
     if st.button("Reset to ZAYA1 on 128 MI300X nodes", icon=":material/restart_alt:"):
         common.set_inputs(default_inputs())
         st.rerun()
@@ -84,10 +95,10 @@ with st.expander("Parallel plan", expanded=True, icon=":material/grid_view:"):
 with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     fidelity = dict(current.get("fidelity") or default_inputs()["fidelity"])
     f = st.columns(5)
-    fidelity["tp_comm_overlap"] = f[0].toggle("TP comm overlap", key=common.seed("tp_comm_overlap", fidelity["tp_comm_overlap"]),
-                                              help="--tp-comm-overlap: TP all-gather/reduce-scatter beside the GEMM")
-    fidelity["overlap_grad_reduce"] = f[0].toggle("Overlap grad reduce", key=common.seed(
-        "overlap_grad_reduce", fidelity["overlap_grad_reduce"]), help="off = --no-overlap")
+    fidelity["tp_comm_overlap"] = _overlap(f[0], "TP comm overlap", "tp_comm_overlap", fidelity,
+                                           "--tp-comm-overlap: TP all-gather/reduce-scatter beside the GEMM")
+    fidelity["overlap_grad_reduce"] = _overlap(f[0], "Overlap grad reduce", "overlap_grad_reduce", fidelity,
+                                               "off = --no-overlap")
     fidelity["dma_offload"] = f[1].toggle("DMA offload", key=common.seed("dma_offload", fidelity["dma_offload"]),
                                           help="--dma-offload: comm on DMA engines, no compute interference")
     fidelity["overlap_cu_share"] = f[1].number_input("Overlap CU share", min_value=0.0, max_value=0.95, step=0.05,
