@@ -252,3 +252,14 @@ def test_maxtext_runs_that_ran_on_deepseek_v3_are_predicted_to_fit():
     predicted peak (MaxText's memory policy) fits the 288 GB of an MI355X."""
     dsv3 = [c for c in read_runs(RUNS) if c.source_id == "rocm-blog-maxtext-dropless"]
     assert all(r.fits for r in validate_runs(dsv3).results)
+
+
+def test_a_run_names_its_moe_dispatch_implementation(tmp_path):
+    """The runs CSV's dispatch column is the plan's dispatch knob (issue 15's implementations)."""
+    head = "id,source_id,source,stack,model,cluster,nodes,ep,mbs,gbs,seq,recompute,dispatch,metric,measured,family"
+    row = "M{0},a,https://example.org/a,ideal,deepseek-v2-lite,mi300x-pollara,2,16,1,32,4096,full,{1},tokens_per_s_per_gpu,1000,moe"
+    path = tmp_path / "moe.csv"
+    path.write_text("\n".join([head, row.format(0, "alltoall"), row.format(1, "mori")]) + "\n")
+    a, b = read_runs(path)
+    assert dict(b.knobs)["dispatch"] == "mori"
+    assert predict(a).predicted != predict(b).predicted

@@ -122,13 +122,17 @@ def section() -> str:
         "",
         f"What the figures say: with `ideal` (no stack) the MoE runs (all MaxText) are off by {lo:+.0f}% to "
         f"{hi:+.0f}% (positive: predicted too fast); the stack's capacity padding and (inferred) unoverlapped "
-        "gradient reduction explain part of it, and a kernel speed well below 1 absorbs the rest, so the fitted "
-        f"value is not a kernel measurement. The dense runs are off by {dlo:+.0f}% to {dhi:+.0f}% under `ideal`, "
-        "with plans partly assumed (seq, batch not stated for Primus-pipeline). Memory: "
-        "several MaxText runs that ran are predicted not to fit (per-rank peak above 288 GB): perfsim's ZeRO-3 "
-        "stand-in for MaxText's FSDP x EP sharding and its activation model overstate the peak. Where the source "
-        "prints a peak (Primus-pipeline's max_memory), perfsim's is more than twice it under the assumed seq 4096 / "
-        "gbs 64 plan (the source states neither).",
+        "gradient reduction explain part of it, and routed-expert kernels well below the tuned grouped GEMM's "
+        "speed (fitted per dispatch path) the rest; the dropless speed also absorbs a fixed per-step cost those runs "
+        "show (a step that grows little with batch: FSDP gathers perfsim hides behind compute), so it is not a "
+        f"kernel measurement. The dense runs are off by {dlo:+.0f}% to {dhi:+.0f}% under `ideal`, "
+        "with plans partly assumed (seq, batch not stated for Primus-pipeline). Memory: the `maxtext` profile keeps "
+        "MaxText's base.yml states (FP32 params, gradients and Adam moments, 16 B per parameter), so every DeepSeek-V3 "
+        "run is predicted to fit; the Kimi-K2 runs at pdbs >= 4 are not (1.03 T x 16 B is 16.5 TB of the 64 GPUs' "
+        "18.4 TB: that source must have used lower-precision states it does not state; validation/runs/SOURCES.md). "
+        "Where the source prints a peak (Primus-pipeline's max_memory), perfsim's L7B peak is more than twice it "
+        "under the assumed seq 4096 / gbs 64 plan (the source states neither; the states alone are about 17 GB); "
+        "the Qwen3-235B peaks agree within 2%.",
         "",
         *_runs(held, shipped),
         "",
