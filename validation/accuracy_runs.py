@@ -128,7 +128,7 @@ def section() -> str:
         f"kernel measurement. The dense runs are off by {dlo:+.0f}% to {dhi:+.0f}% under `ideal`, "
         "with plans partly assumed (seq, batch not stated for Primus-pipeline). Memory: the `maxtext` profile keeps "
         "MaxText's base.yml states (FP32 params, gradients and Adam moments, 16 B per parameter), so every DeepSeek-V3 "
-        "run is predicted to fit; the Kimi-K2 runs at pdbs >= 4 are not (1.03 T x 16 B is 16.5 TB of the 64 GPUs' "
+        "run is predicted to fit; the Kimi-K2 runs at pdbs 7 and up are not (1.03 T x 16 B is 16.5 TB of the 64 GPUs' "
         "18.4 TB: that source must have used lower-precision states it does not state; validation/runs/SOURCES.md). "
         "Where the source prints a peak (Primus-pipeline's max_memory), perfsim's L7B peak is more than twice it "
         "under the assumed seq 4096 / gbs 64 plan (the source states neither; the states alone are about 17 GB); "
