@@ -116,8 +116,8 @@ def test_held_out_graph_launch_mode(base):
 
 def test_held_out_gemm_azure_run_to_maf_points(base):
     """Fit the FP8 GEMM table on the Azure run alone, starting from a profile without one
-    (FP8 priced with BF16's table), and check it on the unseen AMD MAF blog points. The
-    shipped MI300X FP8 table is this very fit (refitting it is idempotent)."""
+    (FP8 priced with BF16's table), and check it on the unseen AMD MAF blog points. (The
+    shipped MI300X FP8 table is fitted to every source family, validation/accuracy_kernels.py.)"""
     points = read_kernel_csv(GEMM_CSV)
     with open(GEMM_CSV, newline="") as handle:
         series = [r["meta_series"] for r in csv.DictReader(handle)]
@@ -128,12 +128,12 @@ def test_held_out_gemm_azure_run_to_maf_points(base):
     print(f"\nGEMM Azure FP8 run: train {fits[0].mape_before:.1f}% -> {fits[0].mape_after:.1f}%; unseen MAF points "
           f"{kernel_fit.mape(test, start):.1f}% -> {kernel_fit.mape(test, gpu):.1f}%")
     assert fits[0].mape_after < 0.5 * fits[0].mape_before and [f.name for f in fits] == ["gemm/fp8"]
-    # GEMM tables are per dtype (issue 14): the FP8 sweep refits only the FP8 table, so the
-    # unseen FP8 MAF point moves (37% -> 21% when this was written) and the BF16 / FP16
-    # points are priced exactly as before
+    # GEMM tables are per dtype (issue 14): the FP8 sweep refits only the FP8 table; the
+    # unseen FP8 MAF point stays within 25% (20.6% when this was written: the Azure sweep
+    # tops out at 1160 TFLOPS, the MAF run reaches 1273) and the BF16 / FP16 points are
+    # priced exactly as before
     fp8 = [p for p in test if p.dtype == "fp8"]
-    assert kernel_fit.mape(fp8, gpu) < 0.6 * kernel_fit.mape(fp8, start)
-    assert kernel_fit.mape(fp8, gpu) == pytest.approx(kernel_fit.mape(fp8, base.gpu), rel=1e-6)
+    assert kernel_fit.mape(fp8, gpu) < 25.0
     for p in test:
         if p.dtype != "fp8":
             assert kernel_fit.predict_kernel(p, gpu) == kernel_fit.predict_kernel(p, start)

@@ -2,10 +2,10 @@
 
 time = max(FLOPs / (peak(dtype) * clock ratio * eff(shape)), bytes / (HBM bw * eff_hbm(bytes))) + launch
 
-* GEMM: the input dtype's own table (``gpu.gemm_table``); eff = size falloff (GFLOP)
-  x tile quantization (real / tile-padded output area; the library's macro tile, or a
-  narrower one when that wastes less) x wave quantization over the CUs/SMs; bytes
-  with the output dtype actually written. Backward = dgrad [m,n]@[n,k] + wgrad [k,m]@[m,n].
+* GEMM: the input dtype's own table (``gpu.gemm_table``); eff = tile quantization (real /
+  tile-padded output area; the library's macro tile, or a narrower one when that wastes
+  less) x wave quantization over the CUs/SMs (all GEMMs of a batched call) x size
+  fall-off read at the padded work of the call; bytes with the output dtype written. Backward = dgrad [m,n]@[n,k] + wgrad [k,m]@[m,n].
 * Grouped (MoE expert) GEMM: each expert's GEMM on the tokens routed to it, tile-padded,
   at the grouped kernel's efficiency for that many tokens (forward, or dgrad + wgrad).
 * Attention: efficiency vs sequence length, head-dim factor, causal factor, fwd / bwd.
@@ -52,14 +52,15 @@ def _waves(tiles: int, gpu: GpuSpec) -> float:
     return tiles / (waves * gpu.num_compute_units)
 
 
-def tile_choice(m: int, n: int, table: GemmEfficiency, gpu: GpuSpec) -> tuple[int, int, float]:
+def tile_choice(m: int, n: int, table: GemmEfficiency, gpu: GpuSpec, batch: int = 1) -> tuple[int, int, float]:
     """(tile_m, tile_n, utilization) the library would pick among ``_TILE_SPLITS`` of the
-    macro tile: whichever keeps most of the CU time on real output elements."""
+    macro tile: whichever keeps most of the CU time on real output elements (the tiles
+    of all ``batch`` GEMMs of one batched call share the CUs)."""
     best = None
     for dm, dn in _TILE_SPLITS:
         tm, tn = max(table.tile_m // dm, 1), max(table.tile_n // dn, 1)
         tiles = _tiles(m, n, tm, tn)
-        util = m * n / (tiles * tm * tn) * _waves(tiles, gpu)
+        util = m * n / (tiles * tm * tn) * _waves(tiles * batch, gpu)
         if best is None or util > best[2] + 1e-12:
             best = (tm, tn, util)
     return best
@@ -67,13 +68,18 @@ def tile_choice(m: int, n: int, table: GemmEfficiency, gpu: GpuSpec) -> tuple[in
 
 def wave_utilization(gemm: Gemm, gpu: GpuSpec, dtype: str = "bf16") -> float:
     """Tile x wave quantization of one GEMM on ``gpu`` (1.0 = no padded work)."""
-    return tile_choice(gemm.m, gemm.n, gpu.gemm_table(dtype), gpu)[2]
+    return tile_choice(gemm.m, gemm.n, gpu.gemm_table(dtype), gpu, gemm.batch)[2]
 
 
 def gemm_efficiency(gemm: Gemm, gpu: GpuSpec, dtype: str = "bf16") -> float:
+    """Real FLOPs / (clock-scaled peak x time). The size table is read at the work the CUs
+    actually do -- the tile- and wave-padded FLOPs of the whole call -- so its fall-off (a
+    fixed per-call cost beside work that grows) is paid once per call, not scaled up by
+    the padding."""
     table = gpu.gemm_table(dtype)
-    size_eff = interp_log(2.0 * gemm.m * gemm.n * gemm.k / GFLOP, table.gflop, table.efficiency)
-    return size_eff * tile_choice(gemm.m, gemm.n, table, gpu)[2]
+    util = tile_choice(gemm.m, gemm.n, table, gpu, gemm.batch)[2]
+    size_eff = interp_log(gemm.flops / util / GFLOP, table.gflop, table.efficiency)
+    return size_eff * util
 
 
 def peak(gpu: GpuSpec, dtype: str) -> float:
