@@ -76,7 +76,7 @@ def add_command(sub) -> None:
                    help="re-run at least this many leaders on the discrete-event engine (default 1)")
     p.add_argument("--confirm-bound", type=a.number(0, 10), default=None,
                    help="also re-run every plan whose closed form is within this share of the best engine answer "
-                        "(default: the p95 of the closed form's measured disagreement, estimators/agreement.toml)")
+                        "(default: the largest disagreement of the closed form from the engine measured on the seeded plan sample, estimators/agreement.toml)")
     p.add_argument("--max-confirm", type=a.integer(0, 4096), default=32, help="most plans re-run on the engine (default 32)")
     p.add_argument("--all-recompute", action="store_true", help="also cost recompute variants of plans that fit without")
     p.add_argument("--executor", default="local", help=f"where the sweep runs: {EXECUTORS}")

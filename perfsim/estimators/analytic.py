@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from perfsim.cost.collectives import collective_cost, local_peers
 from perfsim.cost.kernels import elementwise_time
 from perfsim.cost.pricing import placement_key, price
-from perfsim.estimators.overlap import Window, add_links, drain_s, window_s
+from perfsim.estimators.overlap import Window, add_links, background_rate, drain_s, queue_drain_s, window_s
 from perfsim.estimators.pipeline import PassCost, StageCosts, Walked, walk as walk_pipeline
 from perfsim.lowering.graph import OpGraph, block_passes
 from perfsim.lowering.layers import LayerBuilder, Step
@@ -151,7 +151,7 @@ def pipeline_bubble(plan: ParallelPlan, stages: dict, crit: int) -> float:
     return sum(s.fwd + s.bwd for s in others) / vpp + wrap
 
 
-def _scaled(load: dict[str, float], count: int) -> dict[str, float]:
+def _scaled(load: dict[str, float], count: float) -> dict[str, float]:
     return {link: busy * count for link, busy in load.items()}
 
 
@@ -289,7 +289,7 @@ class ClosedForm:
         ops += [self.coll(coll, size, *groups[g]) for g, size in flushed]
         closed += [None] * len(flushed)  # flushed when the backward ends
         times = [o.time_s for o in ops]
-        self._memo[("bucket_order", *self._bucket_key(plan, stage))] = tuple(zip(closed, times))
+        self._memo[("bucket_order", *self._bucket_key(plan, stage))] = tuple(zip(closed, times, (o.demand for o in ops)))
         return sum(times), (times[-1] if ops else 0.0), len(ops), add_links(*(o.demand for o in ops))
 
     def _bucket_key(self, plan: ParallelPlan, stage: int) -> tuple:
@@ -304,24 +304,44 @@ class ClosedForm:
         order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]
         ends = self._layer_backward_ends(plan, stage)
         scale = bwd_s / ends[-1] if ends and ends[-1] > 0 else 1.0
-        t = 0.0
-        for done, seconds in order:
-            issue = bwd_s if done is None else ends[done - 1] * scale
-            t = max(t, issue) + seconds
-        return max(0.0, t - bwd_s)
+        rate = self._grad_rate(plan, stage)
+        items = [(bwd_s if done is None else ends[done - 1] * scale, seconds, rate(demand))
+                 for done, seconds, demand in order]
+        first = min((i[0] for i in items), default=bwd_s)
+        return queue_drain_s(items, bwd_s), first
 
-    def walked_drain_s(self, plan: ParallelPlan, stage: int, passes: tuple, end: float) -> float:
+    def _grad_rate(self, plan: ParallelPlan, stage: int):
+        """How fast a gradient bucket (given its link demand) moves beside the backward
+        (``overlap.background_rate``)."""
+        def make():
+            fg = []
+            for t, n in self.stage_parts(plan, stage):
+                for part in (t.bwd, t.wgt):
+                    fg += [(n * (op.duration_s - op.meta.get("latency_s", 0.0)), op.meta.get("link_share") or {})
+                           for op in part.ops if op.is_comm and op.meta.get("link_share")]
+            bwd, rates = self.stage_passes(plan, stage).bwd, {}
+
+            def rate(demand: dict) -> float:
+                key = tuple(sorted(demand.items()))
+                if key not in rates:
+                    rates[key] = background_rate(fg, bwd, demand)
+                return rates[key]
+            return rate
+        return self._cached(("grad_rate", self.signature(plan, stage), plan.zero, plan.dp * plan.cp, plan.edp,
+                             plan.grad_bucket_bytes, *template_key(plan)), make)
+
+    def walked_drain_s(self, plan: ParallelPlan, stage: int, passes: tuple, end: float) -> tuple[float, float]:
         """``bucket_drain_s`` with each layer finished where the walk put its chunk's last
-        backward (``passes``: per chunk (start, end)); seconds past ``end``."""
+        backward (``passes``: per chunk (start, end)): (seconds past ``end``, when the
+        first bucket is issued)."""
         self.grad_buckets(plan, stage)
         order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]
         finished = dict(self._walked_layer_ends(plan, stage, passes))
         ids = sorted(stage_layer_ids(self.model, plan, stage), reverse=True)
-        t = 0.0
-        for done, seconds in order:
-            issue = end if done is None else finished[ids[done - 1]]
-            t = max(t, issue) + seconds
-        return max(0.0, t - end)
+        rate = self._grad_rate(plan, stage)
+        items = [(end if done is None else finished[ids[done - 1]], seconds, rate(demand)) for done, seconds, demand in order]
+        first = min((i[0] for i in items), default=end)
+        return queue_drain_s(items, end), first
 
     def _walked_layer_ends(self, plan: ParallelPlan, stage: int, passes: tuple) -> list[tuple[int, float]]:
         pi = 2 if splits_backward(plan) else 1
@@ -634,9 +654,16 @@ class ClosedForm:
         grads, last, num_buckets, loads = self.grad_buckets(plan, stage)
         if not plan.overlap_grad_reduce or grads <= 0:
             return grads, grads, num_buckets
-        alone = max(last, self.bucket_drain_s(plan, stage, st.bwd))
+        drain, issued = self.bucket_drain_s(plan, stage, st.bwd)
+        return grads, self._drain(plan, stage, st.bwd, st.bwd - issued, max(last, drain), loads), num_buckets
+
+    def _drain(self, plan: ParallelPlan, stage: int, bwd_s: float, window: float, alone: float, loads: dict) -> float:
+        """Seconds the gradient buckets add past the last backward: ``alone`` on their
+        queue, or more where a link must carry them and the foreground traffic of the
+        ``window`` since the first bucket was issued (the backward's link load per second)."""
         links = self.pass_links(plan, stage)
-        return grads, drain_s(st.bwd, alone, add_links(links[1], links[2]), loads), num_buckets
+        scale = window / bwd_s if bwd_s > 0 else 0.0
+        return drain_s(window, alone, _scaled(add_links(links[1], links[2]), scale), loads)
 
     def _gathers(self, plan: ParallelPlan, stage: int) -> tuple[float, float, float]:
         """(total, exposed, exposed before the stage's first forward) ZeRO all-gather seconds."""
@@ -719,9 +746,8 @@ class ClosedForm:
         grads, last, _, loads = self.grad_buckets(plan, stage)
         if plan.overlap_grad_reduce and grads > 0:
             end = walked.ends[stage]
-            alone = max(last, self.walked_drain_s(plan, stage, walked.grad_passes[stage], end))
-            links = self.pass_links(plan, stage)
-            out["grad_exposed_s"] = drain_s(st.bwd, alone, add_links(links[1], links[2]), loads)
+            drain, issued = self.walked_drain_s(plan, stage, walked.grad_passes[stage], end)
+            out["grad_exposed_s"] = self._drain(plan, stage, st.bwd, end - issued, max(last, drain), loads)
         shown = e["grads_s"] - e["grad_exposed_s"] + e["gathers_s"] - out["gather_exposed_s"]
         out["interference_s"] = plan.interference * max(0.0, shown)
         return out

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from perfsim.system.network import max_min_rates
 
 DONE = 1e-15  # seconds of work left below which a flow has ended
+MIN_RATE = 0.05  # a floor on background speed beside a saturated pass (keeps the drain finite; numerical, not physical)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +163,37 @@ def add_links(*loads: dict[str, float]) -> dict[str, float]:
         for link, busy in load.items():
             out[link] = out.get(link, 0.0) + busy
     return out
+
+
+def queue_drain_s(items, end: float) -> float:
+    """Seconds a queue of transfers ((issue time, seconds alone, rate) in order, one at
+    a time) runs past ``end``, each progressing at its ``rate`` of full speed before
+    ``end`` (what the pass's foreground traffic leaves it) and at full speed after."""
+    t = 0.0
+    for issue, work, rate in items:
+        t = max(t, issue)
+        if t < end and rate < 1.0:
+            before = min(work, (end - t) * rate)
+            t, work = t + before / rate, work - before
+        t += work
+    return max(0.0, t - end)
+
+
+def background_rate(fg: list[tuple[float, dict[str, float]]], pass_s: float, traffic_links: dict[str, float]) -> float:
+    """The share of its speed background traffic keeps beside a pass: foreground comm
+    goes first (``engine.priority_rates``), so while a foreground op moves data
+    (``fg``: its data seconds over the pass and link shares) the background gets what
+    that op leaves of each link it uses (``traffic_links``: its busy seconds per link,
+    the busiest at share 1)."""
+    top = max(traffic_links.values(), default=0.0)
+    if pass_s <= 0 or top <= 0:
+        return 1.0
+    share = {link: busy / top for link, busy in traffic_links.items() if busy > 0}
+    lost = 0.0
+    for seconds, links in fg:
+        left = min(((1.0 - links.get(link, 0.0)) / s for link, s in share.items()), default=1.0)
+        lost += seconds * (1.0 - min(1.0, max(0.0, left)))
+    return max(MIN_RATE, 1.0 - lost / pass_s)
 
 
 def drain_s(pass_s: float, exposed_alone: float, pass_links: dict[str, float], traffic_links: dict[str, float]) -> float:

@@ -9,11 +9,13 @@ prefetch of a pass's first layers hides in the wait instead of in the layers bef
 ``walk`` lays the stages' orders (``schedules.schedule_order``) out as list scheduling:
 a pass starts when its stage is free and its input has arrived (the neighbouring
 virtual stage's pass plus one p2p send, as ``graph._emit`` wires them), and lasts
-``body + head``. ``head`` is the prefetch that spills past the previous pass on the
-stage (``e1``: the exposure of that pass's last window) less what the wait before the
-pass already hid, and the wait may also hide the second gather's spill (``e2``: the
-exposure of the pass's first window), as the engine's gather queue, issuing a layer's
-gather when the block two back ends, runs two gathers in a wait. With many
+``body + head``. ``head`` is the ZeRO-3 prefetch of the pass's first layer that spills
+past the pass before it on the stage (``StageCosts.spills``: the exposure of that
+pass's last window, which depends on both passes) less what the wait before the pass
+already hid; the wait may also hide the second gather's spill (``e2``: the exposure of
+the pass's first window), as the engine's gather queue, issuing a layer's gather when
+the block two back ends, runs two gathers in a wait. ZeRO-1/2's gathers of the updated
+weights, all issued at t = 0, hold each chunk's first forward until the queue has them. With many
 microbatches two short walks past the warm-up are extended linearly (the steady state
 is periodic), as the engine's folding does.
 """
@@ -44,7 +46,6 @@ class StageCosts:
 
 
 NO_PASS = PassCost(0.0)
-TRACE: list | None = None  # debugging: set to a list to record (stage, phase, mb, chunk, start, end)
 
 
 def fold_points(pp: int, vpp: int) -> tuple[int, int]:
@@ -127,8 +128,6 @@ def _walk(schedule, pp, vpp, m, stages, p2p_s):
                     end += shown
                     hidden[s] -= shown
                 free[s] = end
-                if TRACE is not None:
-                    TRACE.append((s, phase, mb, chunk, start, end))
                 if phase == grad_phase and mb == m - 1:
                     grads[s][chunk] = (start, end)
                 if phase != WGT:

@@ -224,8 +224,8 @@ def search(
     ``fixed`` pins axes ({'tp': 1, 'zero': (1, 2)}); ``limits`` caps them ({'pp': 8});
     ``objective`` 'time' (step time) or 'cost' ($ per token at ``usd_per_gpu_hour``).
     Confirmation: at least the ``confirm`` best, and every plan whose closed-form score
-    is within ``confirm_bound`` (default: the p95 of the closed form's measured disagreement,
-    ``estimators/agreement.toml``) of the best engine score, are re-run on the engine, up
+    is within ``confirm_bound`` (default: the largest disagreement of the closed form from the
+    engine measured over the seeded plan sample, ``estimators/agreement.toml``) of the best engine score, are re-run on the engine, up
     to ``max_confirm``; rows are ranked by the engine first. ``progress(phase, done, total)`` is
     called as chunks finish. ``stack``: the software-stack profile every plan runs under
     (default ideal). Raises InfeasiblePlan naming the binding constraint when no
@@ -233,7 +233,7 @@ def search(
     """
     t0 = time.perf_counter()
     _check_args(gbs, seq, top, confirm, max_memory_fraction, objective, usd_per_gpu_hour)
-    bound_rel = measured_disagreement()["p95_rel"] if confirm_bound is None else confirm_bound
+    bound_rel = measured_disagreement()["max_rel"] if confirm_bound is None else confirm_bound
     if isinstance(bound_rel, bool) or not isinstance(bound_rel, int | float) or not 0 <= bound_rel < 10:
         raise ConfigError(f"confirm_bound: must be a number in [0, 10), got {confirm_bound!r}")
     if isinstance(max_confirm, bool) or not isinstance(max_confirm, int) or max_confirm < 0:
