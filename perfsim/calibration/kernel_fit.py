@@ -8,7 +8,8 @@
   one grouped-GEMM table per dtype, attention, HBM -- piecewise linear in log10 x at
   knots spread over the measured range, by ``least_squares`` on relative time error
   (soft-L1, f_scale 5%) with a weak pull (``PRIOR``) toward the old values so knots
-  without nearby data stay put. GEMM also picks its macro tile from ``TILES``.
+  without nearby data stay put. GEMM also picks its macro tile from ``TILES`` and
+  how compute and HBM time overlap from ``ROOFLINE_EXPONENTS`` (or the plain max).
 * ``fit_links``: xGMI per-link bandwidth = median of GPU-GPU rates measured with all
   pairs busy (TransferBench a2a; isolated pairs only when no concurrent run is given),
   host link = median host<->GPU rate, NIC = median cross-node GPU-GPU rate.
@@ -30,6 +31,7 @@ from perfsim.system.hardware import ClusterSpec, GpuSpec
 
 PRIOR = 1e-3
 TILES = ((128, 128), (128, 256), (256, 128), (256, 256))
+ROOFLINE_EXPONENTS = (1.0, 2.0, 4.0)  # compute / HBM overlap choices tried beside max (0); the fit picks
 ATTN_BYTES_PER_ELEMENT = 2  # bf16 q, k, v, o
 
 
@@ -143,11 +145,15 @@ def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool =
         mine = [p for p in points if ref.selects(p)]
         before = mape(mine, gpu)
         knots = ref.knots(mine) if (regenerate_gemm or ref.new_table(gpu)) else None
-        if ref.kind == "gemm":
-            trials = [fit_table(mine, gpu, ref, knots, tile_m=tm, tile_n=tn) for tm, tn in TILES]
+        if ref.kind == "gemm":  # the tile (at the plain roofline), then the roofline exponent
+            trials = [fit_table(mine, gpu, ref, knots, tile_m=tm, tile_n=tn, roofline_exponent=0.0) for tm, tn in TILES]
+            table = ref.get(min(trials, key=lambda t: t[1])[0])
+            tile = {"tile_m": table.tile_m, "tile_n": table.tile_n}
+            trials += [fit_table(mine, gpu, ref, knots, **tile, roofline_exponent=p) for p in ROOFLINE_EXPONENTS]
             gpu, after = min(trials, key=lambda t: t[1])
             table = ref.get(gpu)
-            note = f"tile {table.tile_m}x{table.tile_n} chosen among {len(TILES)}"
+            note = (f"tile {table.tile_m}x{table.tile_n} chosen among {len(TILES)}, roofline exponent "
+                    f"{table.roofline_exponent:g} among 0 (max), {', '.join(f'{p:g}' for p in ROOFLINE_EXPONENTS)}")
         else:
             gpu, after, note = *fit_table(mine, gpu, ref, knots), ""
         fits.append(TableFit(name=ref.name, xs=ref.xs(gpu), ys=ref.ys(gpu), mape_before=before, mape_after=after,

@@ -1,6 +1,7 @@
 """Compute-op durations: roofline x calibrated efficiency from the GPU profile.
 
 time = max(FLOPs / (peak(dtype) * clock ratio * eff(shape)), bytes / (HBM bw * eff_hbm(bytes))) + launch
+(GEMM: the two joined by the table's fitted ``roofline_exponent`` instead of max, ``roofline``)
 
 * GEMM: the input dtype's own table (``gpu.gemm_table``); eff = tile quantization (real /
   tile-padded output area; the library's macro tile, or a narrower one when that wastes
@@ -104,10 +105,19 @@ def gemm_bytes(gemm: Gemm, dtype: str, gpu: GpuSpec | None = None) -> float:
     return ((gemm.m * gemm.k + gemm.k * gemm.n) * DTYPE_BYTES[dtype] + gemm.m * gemm.n * out) * gemm.batch
 
 
+def roofline(compute_s: float, memory_s: float, exponent: float) -> float:
+    """Compute and HBM time joined as (c^p + m^p)^(1/p); p = 0: max(c, m)."""
+    if exponent == 0.0 or compute_s <= 0.0 or memory_s <= 0.0:
+        return max(compute_s, memory_s)
+    hi = max(compute_s, memory_s)
+    return hi * ((compute_s / hi) ** exponent + (memory_s / hi) ** exponent) ** (1.0 / exponent)
+
+
 def gemm_time(gemm: Gemm, gpu: GpuSpec, dtype: str) -> float:
     """One (batched) GEMM call, launch gap included."""
     compute = gemm.flops / (peak(gpu, dtype) * gemm_efficiency(gemm, gpu, dtype))
-    return max(compute, hbm_time(gemm_bytes(gemm, dtype, gpu), gpu)) + gpu.kernel_launch_s
+    memory = hbm_time(gemm_bytes(gemm, dtype, gpu), gpu)
+    return roofline(compute, memory, gpu.gemm_table(dtype).roofline_exponent) + gpu.kernel_launch_s
 
 
 def gemm_backward_time(gemm: Gemm, gpu: GpuSpec, dtype: str, part: str = "both") -> float:

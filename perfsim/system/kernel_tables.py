@@ -36,7 +36,10 @@ class GemmEfficiency:
     """Achieved fraction of the clock-scaled dense peak vs GEMM size (GFLOP), for one input
     dtype; tile and wave quantization are applied on top (``tile_m`` x ``tile_n`` is the
     library's largest macro tile; it may halve either side for a better fit). Bytes are
-    counted with ``output_dtype`` for the written result ("" = the input dtype)."""
+    counted with ``output_dtype`` for the written result ("" = the input dtype).
+    ``roofline_exponent`` p joins compute time c and HBM time m as (c^p + m^p)^(1/p): 1 =
+    operand streaming and MFMA work do not overlap, large = they overlap fully; 0 = the
+    plain roofline max(c, m). Fitted with the table (same ``source``)."""
 
     source: str
     tile_m: int
@@ -44,9 +47,12 @@ class GemmEfficiency:
     gflop: tuple[float, ...]
     efficiency: tuple[float, ...]
     output_dtype: str = ""
+    roofline_exponent: float = 0.0
 
     def __post_init__(self):
         check_positive("gemm", tile_m=self.tile_m, tile_n=self.tile_n)
+        if not self.roofline_exponent == 0.0 and not self.roofline_exponent >= 1.0:
+            raise ConfigError(f"gemm.roofline_exponent: must be 0 (max) or >= 1, got {self.roofline_exponent}")
         check_table("gemm", self.gflop, self.efficiency, "gflop", "efficiency")
         if self.output_dtype and self.output_dtype not in DTYPE_BYTES:
             raise ConfigError(f"gemm.output_dtype: unknown dtype {self.output_dtype!r} (known: {', '.join(DTYPE_BYTES)})")
