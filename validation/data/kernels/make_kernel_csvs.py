@@ -27,6 +27,10 @@ Rules (fixed before any fit; see SOURCES.md beside this file):
 * one row per shape and family for GEMM and attention: the fastest kernel reported
   (perfsim prices the best tuned production kernel, not a superseded baseline).
 * size: at most ``CAP`` rows per series and ``CELL_CAP`` per family in a cell, evenly spaced in time.
+
+The accuracy figures (``validation/accuracy_kernels.py``) pool fit/ and check/ and hold out
+one source family at a time (leave one family out); the split written here is kept for
+reference (SOURCES.md, "Held-out protocol now used").
 """
 
 import csv
