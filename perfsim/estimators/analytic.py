@@ -300,13 +300,15 @@ class ClosedForm:
         """Seconds the gradient buckets run past the last backward (``bwd_s``) on their
         queue, links aside: bucket i is issued when the backward finishes the layer that
         fills it (remainders when it ends) and runs after the ones before it."""
-        self.grad_buckets(plan, stage)
-        order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]
-        ends = self._layer_backward_ends(plan, stage)
-        scale = bwd_s / ends[-1] if ends and ends[-1] > 0 else 1.0
-        rate = self._grad_rate(plan, stage)
-        items = [(bwd_s if done is None else ends[done - 1] * scale, seconds, rate(demand))
-                 for done, seconds, demand in order]
+        def make():
+            self.grad_buckets(plan, stage)
+            order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]
+            ends = self._layer_backward_ends(plan, stage)
+            share = [e / ends[-1] if ends and ends[-1] > 0 else 1.0 for e in ends]
+            rate = self._grad_rate(plan, stage)
+            return tuple((1.0 if done is None else share[done - 1], seconds, rate(demand)) for done, seconds, demand in order)
+        buckets = self._cached(("drain_buckets", *self._bucket_key(plan, stage), *template_key(plan)), make)
+        items = [(where * bwd_s, seconds, rate) for where, seconds, rate in buckets]
         first = min((i[0] for i in items), default=bwd_s)
         return queue_drain_s(items, bwd_s), first
 
@@ -334,28 +336,39 @@ class ClosedForm:
         """``bucket_drain_s`` with each layer finished where the walk put its chunk's last
         backward (``passes``: per chunk (start, end)): (seconds past ``end``, when the
         first bucket is issued)."""
-        self.grad_buckets(plan, stage)
-        order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]
-        finished = dict(self._walked_layer_ends(plan, stage, passes))
-        ids = sorted(stage_layer_ids(self.model, plan, stage), reverse=True)
-        rate = self._grad_rate(plan, stage)
-        items = [(end if done is None else finished[ids[done - 1]], seconds, rate(demand)) for done, seconds, demand in order]
-        first = min((i[0] for i in items), default=end)
+        items, first = [], end
+        for where, seconds, rate in self._walked_buckets(plan, stage):
+            if where is None:
+                issue = end
+            else:
+                start, stop = passes[where[0]]
+                issue = start + where[1] * (stop - start)
+            first = min(first, issue)
+            items.append((issue, seconds, rate))
         return queue_drain_s(items, end), first
 
-    def _walked_layer_ends(self, plan: ParallelPlan, stage: int, passes: tuple) -> list[tuple[int, float]]:
-        pi = 2 if splits_backward(plan) else 1
-        out = []
-        for chunk, (start, stop) in enumerate(passes):
-            blocks = self._chunk_blocks(plan, stage, chunk)[::-1]
-            chain = [self.template(plan, k, stage).passes[pi].seconds for k, _ in blocks]
-            scale = (stop - start) / sum(chain) if sum(chain) > 0 else 0.0
-            t = start
-            for (_, layer), seconds in zip(blocks, chain):
-                t += seconds * scale
-                if layer >= 0:
-                    out.append((layer, t))
-        return out
+    def _walked_buckets(self, plan: ParallelPlan, stage: int) -> tuple:
+        """Per gradient bucket in queue order: (chunk, share of that chunk's gradient pass
+        done when the bucket fills) or None (flushed at the end), seconds alone, rate."""
+        def make():
+            self.grad_buckets(plan, stage)
+            order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]
+            pi = 2 if splits_backward(plan) else 1
+            where = {}
+            for chunk in range(plan.vpp):
+                blocks = self._chunk_blocks(plan, stage, chunk)[::-1]
+                chain = [self.template(plan, k, stage).passes[pi].seconds for k, _ in blocks]
+                total, t = sum(chain), 0.0
+                for (_, layer), seconds in zip(blocks, chain):
+                    t += seconds
+                    if layer >= 0:
+                        where[layer] = (chunk, t / total if total > 0 else 1.0)
+            ids = sorted(stage_layer_ids(self.model, plan, stage), reverse=True)
+            rate = self._grad_rate(plan, stage)
+            return tuple((None if done is None else where[ids[done - 1]], seconds, rate(demand))
+                         for done, seconds, demand in order)
+        return self._cached(("walked_buckets", *self._bucket_key(plan, stage), plan.vpp, plan.first_stage_layers,
+                             plan.last_stage_layers, *template_key(plan)), make)
 
     def _layer_backward_ends(self, plan: ParallelPlan, stage: int) -> list[float]:
         """When the backward of one microbatch on a stage finishes each of its layers
@@ -553,11 +566,14 @@ class ClosedForm:
 
     def _chunk_blocks(self, plan: ParallelPlan, stage: int, chunk: int) -> list[tuple[str, int]]:
         """(block kind, layer or -1) of one virtual stage's forward, in order."""
-        vs, last = chunk * plan.pp + stage, plan.pp * plan.vpp - 1
-        held = stage_layers(self.model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
-                            plan.last_stage_layers)
-        blocks = [(self.block_kind(plan, layer), layer) for layer in held]
-        return ([("embedding", -1)] if vs == 0 else []) + blocks + ([("head", -1)] if vs == last else [])
+        def make():
+            vs, last = chunk * plan.pp + stage, plan.pp * plan.vpp - 1
+            held = stage_layers(self.model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
+                                plan.last_stage_layers)
+            blocks = [(self.block_kind(plan, layer), layer) for layer in held]
+            return ([("embedding", -1)] if vs == 0 else []) + blocks + ([("head", -1)] if vs == last else [])
+        return self._cached(("chunk_blocks", plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers,
+                             plan.recompute_layers, plan.recompute == Recompute.NONE, stage, chunk), make)
 
     def _stage_costs(self, plan: ParallelPlan, stage: int) -> StageCosts:
         """Per chunk: its F, B (and W) passes; under ZeRO-3 each block's window spills its
@@ -566,23 +582,34 @@ class ClosedForm:
         phases, split = (FWD, BWD, WGT), splits_backward(plan)
         zero3 = plan.zero == 3
         passes, ends, first = [], {}, 0.0
+        tpl: dict[str, Template] = {}
+        exposures: dict[tuple, tuple[float, float]] = {}
+
+        def seconds(kind: str, pi: int) -> float:
+            if kind not in tpl:
+                tpl[kind] = self.template(plan, kind, stage)
+            return tpl[kind].passes[pi].seconds
+
+        def exposure(key: tuple) -> tuple[float, float]:
+            if key not in exposures:
+                exposures[key] = self._exposure(plan, stage, key)
+            return exposures[key]
         for chunk in range(plan.vpp):
             fwd = self._chunk_blocks(plan, stage, chunk)
             blocks = {0: fwd, 1: fwd[::-1], 2: [b for b in fwd[::-1] if b[0] != "embedding"] if split else []}
             for pi, phase in enumerate(phases):
                 seq = blocks[pi]
                 if not zero3:
-                    passes.append(((phase, chunk), PassCost(sum(self.template(plan, k, stage).passes[pi].seconds
-                                                                for k, _ in seq))))
+                    passes.append(((phase, chunk), PassCost(sum(seconds(k, pi) for k, _ in seq))))
                     continue
                 spills, body = [], 0.0
                 for j, (kind, _) in enumerate(seq[:-1]):
                     nxt = seq[j + 1]
-                    chain, spill = self._exposure(plan, stage, (pi, kind, nxt[0] if nxt[1] >= 0 else None, pi))
+                    chain, spill = exposure((pi, kind, nxt[0] if nxt[1] >= 0 else None, pi))
                     spills.append(spill)
                     body += chain + spill
                 if seq:
-                    body += self.template(plan, seq[-1][0], stage).passes[pi].seconds
+                    body += seconds(seq[-1][0], pi)
                     ends[(phase, chunk)] = (pi, seq[-1][0], seq[0])
                 passes.append(((phase, chunk), PassCost(body=body, e2=spills[0] if spills else 0.0)))
             if chunk == 0 and zero3 and fwd[0][1] >= 0:
@@ -592,7 +619,7 @@ class ClosedForm:
             for after, (qi, _, (first_kind, layer)) in ends.items():
                 if qi == 2 or layer < 0:  # W gathers nothing; an embedding needs no gather
                     continue
-                table.append(((before, after), self._exposure(plan, stage, (pi, last_kind, first_kind, qi))[1]))
+                table.append(((before, after), exposure((pi, last_kind, first_kind, qi))[1]))
         gathers = []
         if plan.zero in (1, 2) and plan.overlap_grad_reduce:  # all issued at t = 0, in layer order
             queue = 0.0
@@ -601,7 +628,7 @@ class ClosedForm:
                 for kind, layer in fwd:
                     if layer >= 0:
                         queue, tail = queue + sum(self.layer_gathers(plan, kind.removesuffix(NO_RECOMPUTE))), 0.0
-                    tail += self.template(plan, kind, stage).fwd.seconds
+                    tail += seconds(kind, 0)
                 gathers.append((queue, tail))
         return StageCosts(passes=tuple(passes), first_e1=first, gathers=tuple(gathers) if any(g for g, _ in gathers) else (),
                           spills=tuple(table))
@@ -680,9 +707,14 @@ class ClosedForm:
             return per_step, extra, extra
         return per_step, per_step, 0.0  # after the optimizer, all exposed
 
-    def _stage_end(self, plan: ParallelPlan, stage: int, st: StagePasses) -> dict:
-        """What a stage adds after its last backward, and before its first forward."""
-        grads, grad_x, num_buckets = self._grad_exposed(plan, stage, st)
+    def _stage_end(self, plan: ParallelPlan, stage: int, st: StagePasses, drain: bool = True) -> dict:
+        """What a stage adds after its last backward, and before its first forward
+        (``drain`` False: the gradient drain left to the caller, as exposed in full)."""
+        if drain:
+            grads, grad_x, num_buckets = self._grad_exposed(plan, stage, st)
+        else:
+            grads, _, num_buckets, _ = self.grad_buckets(plan, stage)
+            grad_x = grads
         gathers, gather_x, shift = self._gathers(plan, stage)
         hidden = grads - grad_x + gathers - gather_x
         tail = gather_x if gathers and plan.zero in (1, 2) and not plan.overlap_grad_reduce else 0.0
@@ -701,7 +733,7 @@ class ClosedForm:
         m = plan.num_microbatches
         sigs, firsts = self.stage_signatures(plan)  # alike stages differ only in their offsets
         passes = {sig: self.stage_passes(plan, s) for sig, s in firsts.items()}
-        ends = {sig: self._stage_end(plan, s, passes[sig]) for sig, s in firsts.items()}
+        ends = {sig: self._stage_end(plan, s, passes[sig], drain=plan.pp == 1) for sig, s in firsts.items()}
         warm = cool = 0.0
         offsets = {}
         for s, sig in enumerate(sigs):
@@ -748,7 +780,7 @@ class ClosedForm:
             end = walked.ends[stage]
             drain, issued = self.walked_drain_s(plan, stage, walked.grad_passes[stage], end)
             out["grad_exposed_s"] = self._drain(plan, stage, st.bwd, end - issued, max(last, drain), loads)
-        shown = e["grads_s"] - e["grad_exposed_s"] + e["gathers_s"] - out["gather_exposed_s"]
+        shown = e["grads_s"] - out["grad_exposed_s"] + e["gathers_s"] - out["gather_exposed_s"]
         out["interference_s"] = plan.interference * max(0.0, shown)
         return out
 

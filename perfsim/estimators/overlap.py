@@ -55,6 +55,35 @@ def window_s(w: Window) -> float:
     return need
 
 
+_COMPILED: dict[int, tuple] = {}  # id(ops) -> (ops, segments): a template's chain, compiled once
+_RATES: dict[tuple, dict] = {}  # max-min rates of a set of flows, by their link shares
+
+
+def _segments(ops: tuple) -> tuple:
+    """A chain as (latency or compute seconds, data seconds, shares, shares key,
+    offchain, join), consecutive plain compute ops merged (nothing changes on the links
+    between them)."""
+    found = _COMPILED.get(id(ops))
+    if found is not None and found[0] is ops:
+        return found[1]
+    out: list[list] = []
+    for op in ops:
+        offchain, join = bool(op.meta.get("offchain")), bool(op.meta.get("join"))
+        if op.is_comm:
+            latency, share = _data_shares(op)
+            out.append([latency, max(0.0, op.duration_s - latency), share, tuple(sorted(share.items())), offchain, join])
+        elif out and not offchain and not join and not out[-1][4] and not out[-1][5] and out[-1][1] == 0.0 \
+                and not out[-1][2]:
+            out[-1][0] += op.duration_s
+        else:
+            out.append([op.duration_s, 0.0, {}, (), offchain, join])
+    segments = tuple(tuple(x) for x in out)
+    if len(_COMPILED) > 20000:
+        _COMPILED.clear()
+    _COMPILED[id(ops)] = (ops, segments)
+    return segments
+
+
 def fluid_chain_s(w: Window) -> float:
     """``fluid_window_s`` for a chain with ops beside it (ring-attention hops, overlapped
     TP collectives): an ``offchain`` op starts on its own queue, one at a time, when the
@@ -62,65 +91,76 @@ def fluid_chain_s(w: Window) -> float:
     ``lowering.graph`` wires them). The chain's comm op, the op beside it and the
     prefetch share the links max-min, as in the engine."""
     g_share = {link: busy / w.prefetch_s for link, busy in w.prefetch_links.items()}
-    g = [w.prefetch_s]
-    ops, i, t, chain_end = w.ops, 0, 0.0, None
-    main = None  # [latency or compute seconds left, data seconds left, shares, waits-for side entry]
+    segments = _segments(w.ops)
+    if not any(g_share.keys() & seg[2].keys() for seg in segments if seg[2]):
+        return max(w.chain_s, w.prefetch_s)  # no link in common: the prefetch runs beside the chain untouched
+    g_key = tuple(sorted(g_share.items()))
+    g = w.prefetch_s
+    i, t, chain_end, n = 0, 0.0, None, len(segments)
+    main = None  # [latency or compute seconds left, data seconds left, shares, key, waits-for side entry]
     side, unjoined = [], []  # side queue (head runs), started side ops not yet joined
-
-    def start(op):
-        if op.is_comm:
-            latency, share = _data_shares(op)
-            return [latency, max(0.0, op.duration_s - latency), share, None]
-        return [op.duration_s, 0.0, {}, None]
     while True:
-        while main is None and i < len(ops):
-            op = ops[i]
-            if op.meta.get("offchain"):
-                entry = start(op) + [False]
+        while main is None and i < n:
+            seg = segments[i]
+            i += 1
+            if seg[4]:
+                entry = [seg[0], seg[1], seg[2], seg[3], False]
                 side.append(entry)
                 unjoined.append(entry)
-                i += 1
                 continue
-            main = start(op)
-            if op.meta.get("join") and unjoined:
-                main[3] = unjoined.pop(0)
-            i += 1
+            main = [seg[0], seg[1], seg[2], seg[3], unjoined.pop(0) if seg[5] and unjoined else None]
         if main is None and chain_end is None:
             chain_end = t
         head = side[0] if side else None
-        flows = {}
-        if main is not None and (main[3] is None or main[3][4]) and main[0] <= DONE and main[1] > DONE:
-            flows["main"] = main[2]
-        if head is not None and head[0] <= DONE and head[1] > DONE:
-            flows["side"] = head[2]
-        if g[0] > DONE:
-            flows["g"] = g_share
-        if chain_end is not None and (g[0] <= DONE or not flows.keys() - {"g"} and not side):
-            return max(chain_end, t + max(0.0, g[0]))
-        shared = {k: v for k, v in flows.items() if v}
-        rates = max_min_rates(shared) if shared else {}
-        rates.update({k: 1.0 for k, v in flows.items() if not v})
-        dts = []
-        if main is not None and (main[3] is None or main[3][4]):
-            dts.append(main[0] if main[0] > DONE else main[1] / max(rates.get("main", 1.0), 1e-12))
+        running = main is not None and (main[4] is None or main[4][4])
+        m_on = running and main[0] <= DONE and main[1] > DONE
+        s_on = head is not None and head[0] <= DONE and head[1] > DONE
+        g_on = g > DONE
+        if chain_end is not None and (not g_on or not s_on and not side):
+            return max(chain_end, t + max(0.0, g))
+        key = (main[3] if m_on else None, head[3] if s_on else None, g_key if g_on else None)
+        rates = _RATES.get(key)
+        if rates is None:
+            flows = {}
+            if m_on:
+                flows["main"] = main[2]
+            if s_on:
+                flows["side"] = head[2]
+            if g_on:
+                flows["g"] = g_share
+            shared = {k: v for k, v in flows.items() if v}
+            rates = max_min_rates(shared) if shared else {}
+            rates.update({k: 1.0 for k, v in flows.items() if not v})
+            if len(_RATES) > 50000:
+                _RATES.clear()
+            _RATES[key] = rates
+        r_main, r_side, r_g = rates.get("main", 0.0), rates.get("side", 0.0), rates.get("g", 0.0)
+        dt = float("inf")
+        if running:
+            dt = main[0] if main[0] > DONE else main[1] / max(r_main, 1e-12)
         if head is not None:
-            dts.append(head[0] if head[0] > DONE else head[1] / max(rates.get("side", 1.0), 1e-12))
-        if g[0] > DONE:
-            dts.append(g[0] / max(rates.get("g", 1.0), 1e-12))
-        dt = max(0.0, min(dts)) if dts else 0.0
+            dt = min(dt, head[0] if head[0] > DONE else head[1] / max(r_side, 1e-12))
+        if g_on:
+            dt = min(dt, g / max(r_g, 1e-12))
+        if dt == float("inf"):
+            dt = 0.0
+        dt = max(0.0, dt)
         t += dt
-        g[0] -= dt * rates.get("g", 0.0)
-        for entry, key in ((main, "main"), (head, "side")):
-            if entry is None or (key == "main" and entry[3] is not None and not entry[3][4]):
-                continue
-            if entry[0] > DONE:
-                entry[0] -= dt
+        g -= dt * r_g
+        if running:
+            if main[0] > DONE:
+                main[0] -= dt
             else:
-                entry[1] -= dt * rates.get(key, 0.0)
-        if head is not None and head[0] <= DONE and head[1] <= DONE:
-            head[4] = True
-            side.pop(0)
-        if main is not None and (main[3] is None or main[3][4]) and main[0] <= DONE and main[1] <= DONE:
+                main[1] -= dt * r_main
+        if head is not None:
+            if head[0] > DONE:
+                head[0] -= dt
+            else:
+                head[1] -= dt * r_side
+            if head[0] <= DONE and head[1] <= DONE:
+                head[4] = True
+                side.pop(0)
+        if running and main[0] <= DONE and main[1] <= DONE:
             main = None
 
 

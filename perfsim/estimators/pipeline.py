@@ -21,6 +21,7 @@ is periodic), as the engine's folding does.
 """
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from perfsim.plan.parallel import Schedule
 from perfsim.plan.schedules import BWD, FWD, WGT, schedule_order
@@ -65,8 +66,10 @@ class Walked:
     # last microbatch's pass that reduces the gradients (B, or W when the backward is split)
 
 
+@lru_cache(maxsize=4096)
 def walk(schedule: Schedule, pp: int, vpp: int, m: int, stages: tuple[StageCosts, ...], p2p_s: float) -> Walked:
-    """One step's stages laid out (see the module docstring)."""
+    """One step's stages laid out (see the module docstring); memoised, since plans that
+    differ in what the stages do not see (dp, the bucket size, ...) walk alike."""
     first, second = fold_points(pp, vpp)
     if m < 2 * second:
         return _walk(schedule, pp, vpp, m, stages, p2p_s)
@@ -81,17 +84,17 @@ def walk(schedule: Schedule, pp: int, vpp: int, m: int, stages: tuple[StageCosts
                                     for sa, sb in zip(a.grad_passes, b.grad_passes)))
 
 
-def _walk(schedule, pp, vpp, m, stages, p2p_s):
+@lru_cache(maxsize=256)
+def compiled(schedule: Schedule, pp: int, vpp: int, m: int) -> tuple:
+    """The stages' orders flattened into one list in dependency order (as ``graph._emit``
+    interleaves them): per pass (stage, slot, input pass or -1, slot of the pass before it
+    on the stage or -1, first forward of its chunk, gradient pass of the last
+    microbatch), slot = phase * vpp + chunk. Depends on the schedule only, so cached."""
     orders = [schedule_order(schedule, pp, vpp, s, m) for s in range(pp)]
-    costs = [dict(stages[s].passes) for s in range(pp)]
-    spills = [dict(stages[s].spills) for s in range(pp)]
-    prev: list = [None] * pp
-    last_vs = pp * vpp - 1
-    done: dict[tuple, float] = {}
-    cursor, free, hidden = [0] * pp, [0.0] * pp, [0.0] * pp
-    started = [False] * pp
+    phase_of = {FWD: 0, BWD: 1, WGT: 2}
     grad_phase = WGT if any(p == WGT for p, _, _ in orders[0]) else BWD
-    grads = [[(0.0, 0.0)] * vpp for _ in range(pp)]
+    last_vs, index, out = pp * vpp - 1, {}, []
+    cursor, prev = [0] * pp, [-1] * pp
     left = sum(len(o) for o in orders)
     while left:
         progressed = False
@@ -100,41 +103,64 @@ def _walk(schedule, pp, vpp, m, stages, p2p_s):
             while cursor[s] < len(order):
                 phase, mb, chunk = order[cursor[s]]
                 vs = chunk * pp + s
-                ready = 0.0
+                dep = -1
                 if phase == FWD and vs > 0:
-                    src = done.get((FWD, mb, vs - 1))
-                    if src is None:
-                        break
-                    ready = src + p2p_s
+                    dep = index.get((FWD, mb, vs - 1), None)
                 elif phase == BWD and vs < last_vs:
-                    src = done.get((BWD, mb, vs + 1))
-                    if src is None:
-                        break
-                    ready = src + p2p_s
-                cost = costs[s].get((phase, chunk)) or NO_PASS
-                start = max(ready, free[s])
-                wait = start - free[s]
-                key = (phase, chunk)
-                nominal = spills[s].get((prev[s], key), 0.0) if started[s] else 0.0
-                spill = nominal if started[s] else stages[s].first_e1
-                prev[s] = key
-                head = max(0.0, spill - wait) - min(cost.e2, max(0.0, wait - spill))
-                hidden[s] += nominal - head
-                started[s] = True
-                end = start + cost.body + head
-                if phase == FWD and mb == 0 and stages[s].gathers:  # ZeRO-1/2: the updated weights' gathers
-                    done_at, tail = stages[s].gathers[chunk]
-                    shown = max(0.0, done_at + tail - end)
-                    end += shown
-                    hidden[s] -= shown
-                free[s] = end
-                if phase == grad_phase and mb == m - 1:
-                    grads[s][chunk] = (start, end)
+                    dep = index.get((BWD, mb, vs + 1), None)
+                if dep is None:
+                    break
+                slot = phase_of[phase] * vpp + chunk
                 if phase != WGT:
-                    done[(phase, mb, vs)] = free[s]
+                    index[(phase, mb, vs)] = len(out)
+                out.append((s, slot, dep, prev[s], phase == FWD and mb == 0, phase == grad_phase and mb == m - 1, chunk))
+                prev[s] = slot
                 cursor[s] += 1
                 left -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError(f"pipeline schedule {schedule} deadlocks")
+    return tuple(out)
+
+
+def _walk(schedule, pp, vpp, m, stages, p2p_s):
+    steps = compiled(schedule, pp, vpp, m)
+    slots = 3 * vpp
+    phase_of = {FWD: 0, BWD: 1, WGT: 2}
+    bodies, e2s, spill, first_e1, gathers = [], [], [], [], []
+    for st in stages:
+        body, e2 = [0.0] * slots, [0.0] * slots
+        for (phase, chunk), cost in st.passes:
+            body[phase_of[phase] * vpp + chunk], e2[phase_of[phase] * vpp + chunk] = cost.body, cost.e2
+        table = [[0.0] * slots for _ in range(slots)]
+        for ((pa, ca), (pb, cb)), seconds in st.spills:
+            table[phase_of[pa] * vpp + ca][phase_of[pb] * vpp + cb] = seconds
+        bodies.append(body), e2s.append(e2), spill.append(table), first_e1.append(st.first_e1), gathers.append(st.gathers)
+    ends = [0.0] * len(steps)
+    free, hidden = [0.0] * pp, [0.0] * pp
+    grads = [[(0.0, 0.0)] * vpp for _ in range(pp)]
+    for i, (s, slot, dep, before, first_fwd, grad, chunk) in enumerate(steps):
+        f = free[s]
+        start = f
+        if dep >= 0:
+            ready = ends[dep] + p2p_s
+            if ready > f:
+                start = ready
+        wait = start - f
+        if before >= 0:
+            nominal = out = spill[s][before][slot]
+        else:
+            nominal, out = 0.0, first_e1[s]
+        head = (out - wait if out > wait else 0.0) - min(e2s[s][slot], wait - out if wait > out else 0.0)
+        hidden[s] += nominal - head
+        end = start + bodies[s][slot] + head
+        if first_fwd and gathers[s]:  # ZeRO-1/2: the updated weights' gathers
+            done_at, tail = gathers[s][chunk]
+            shown = done_at + tail - end
+            if shown > 0:
+                end += shown
+                hidden[s] -= shown
+        free[s] = ends[i] = end
+        if grad:
+            grads[s][chunk] = (start, end)
     return Walked(ends=tuple(free), hidden=tuple(hidden), grad_passes=tuple(tuple(g) for g in grads))
