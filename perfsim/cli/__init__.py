@@ -44,6 +44,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", default=None, choices=["gpipe", "1f1b", "interleaved", "zb-h1"],
                    help="pipeline schedule; with --vpp > 1 gpipe loops breadth-first, 1f1b interleaves, zb-h1 splits W")
     p.add_argument("--no-overlap", action="store_true", help="do not overlap gradient reduction with backward")
+    p.add_argument("--no-param-prefetch", action="store_true",
+                   help="ZeRO parameter all-gathers not prefetched: each layer waits for its gather (ZeRO-3), "
+                        "or the updated weights are gathered after the optimizer step (ZeRO-1/2)")
     p.add_argument("--grad-bucket-size", type=a.size(1), default=None,
                    help="gradient bucket in bytes (e.g. 80M; default 40M bf16 params)")
     p.add_argument("--overlap-cu-share", type=a.FRACTION_BELOW_ONE, default=None,
@@ -85,6 +88,8 @@ def _plan_knobs(args) -> dict:
     knobs = {k: getattr(args, k) for k in PLAN_INTS + ("dtype", "recompute", "schedule")}
     if args.no_overlap:
         knobs["overlap_grad_reduce"] = False
+    if args.no_param_prefetch:
+        knobs["overlap_param_gather"] = False
     if args.grad_bucket_size is not None:
         knobs["grad_bucket_bytes"] = int(args.grad_bucket_size)
     knobs["comm_compute_interference"] = args.overlap_cu_share

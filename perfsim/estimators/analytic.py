@@ -158,7 +158,8 @@ def _scaled(load: dict[str, float], count: float) -> dict[str, float]:
 def template_key(plan: ParallelPlan) -> tuple:
     """Plan fields a block template depends on (not dp, pp, vpp, zero or the batch)."""
     return (plan.tp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.seq, plan.dtype, plan.recompute,
-            plan.sequence_parallel, plan.tp_comm_overlap, splits_backward(plan), plan.stack, plan.dispatch)
+            plan.sequence_parallel, plan.tp_comm_overlap, splits_backward(plan), plan.stack, plan.dispatch,
+            plan.overlap_param_gather)
 
 
 def _template(fwd: Pass, bwd: Pass, wgt: Pass) -> Template:
@@ -537,6 +538,12 @@ class ClosedForm:
         return [(key[0], count, self._window(plan, stage, key, gathers_in))
                 for key, count in self._pairs(plan, stage, cyclic)]
 
+    @staticmethod
+    def _window_s(plan: ParallelPlan, w: Window) -> float:
+        """A window's length: the prefetch played against the chain (``overlap.window_s``),
+        or, without ``overlap_param_gather``, after it (the next layer waits for it)."""
+        return window_s(w) if plan.overlap_param_gather else w.chain_s + w.prefetch_s
+
     def _window(self, plan: ParallelPlan, stage: int, key: tuple, gathers_in: tuple[int, ...]) -> Window:
         """The window of block ``key`` = (pass, kind, next kind, next pass): the block's
         pass with the next layer block's gathers prefetched if that pass gathers."""
@@ -553,7 +560,7 @@ class ClosedForm:
         """(chain, prefetch spill) seconds of a ZeRO-3 window (``_window``)."""
         def make():
             w = self._window(plan, stage, key, (0, 1))
-            return w.chain_s, window_s(w) - w.chain_s
+            return w.chain_s, self._window_s(plan, w) - w.chain_s
         return self._cached(("exposure", key, self.signature(plan, stage), plan.dp * plan.cp, plan.edp,
                              *template_key(plan)), make)
 
@@ -561,6 +568,7 @@ class ClosedForm:
         """A stage's chunk passes for the pipeline walk (``pipeline.walk``): ZeRO-3's
         spills split at pass boundaries, ZeRO-1/2's first-forward gathers up front."""
         key = ("stage_costs", self.signature(plan, stage), plan.zero, plan.overlap_grad_reduce, plan.vpp,
+               plan.overlap_param_gather,
                plan.dp * plan.cp, plan.edp, *template_key(plan))
         return self._cached(key, lambda: self._stage_costs(plan, stage))
 
@@ -611,7 +619,8 @@ class ClosedForm:
                 if seq:
                     body += seconds(seq[-1][0], pi)
                     ends[(phase, chunk)] = (pi, seq[-1][0], seq[0])
-                passes.append(((phase, chunk), PassCost(body=body, e2=spills[0] if spills else 0.0)))
+                e2 = spills[0] if spills and plan.overlap_param_gather else 0.0  # unprefetched: waits hide one
+                passes.append(((phase, chunk), PassCost(body=body, e2=e2)))
             if chunk == 0 and zero3 and fwd[0][1] >= 0:
                 first = sum(self.layer_gathers(plan, fwd[0][0].removesuffix(NO_RECOMPUTE)))
         table = []
@@ -621,7 +630,7 @@ class ClosedForm:
                     continue
                 table.append(((before, after), exposure((pi, last_kind, first_kind, qi))[1]))
         gathers = []
-        if plan.zero in (1, 2) and plan.overlap_grad_reduce:  # all issued at t = 0, in layer order
+        if plan.zero in (1, 2) and plan.overlap_grad_reduce and plan.overlap_param_gather:  # issued at t = 0
             queue = 0.0
             for chunk in range(plan.vpp):
                 fwd, tail = self._chunk_blocks(plan, stage, chunk), 0.0
@@ -643,7 +652,7 @@ class ClosedForm:
         wins = self._window_list(plan, stage, (0, 1), cyclic=True)
         totals, exposed, links = [0.0, 0.0, 0.0], 0.0, [{}, {}, {}]
         for pi, count, w in wins:
-            seconds = window_s(w)
+            seconds = self._window_s(plan, w)
             totals[pi] += count * seconds
             exposed += count * (seconds - w.chain_s)
             links[pi] = add_links(links[pi], _scaled(w.links, count), _scaled(w.prefetch_links, count))
@@ -702,7 +711,7 @@ class ClosedForm:
         if plan.zero == 3:  # gathered before every pass of every microbatch (inside the passes)
             exposed = self.windows(plan, stage)["gather_exposed"]
             return 2 * plan.num_microbatches * per_step, plan.num_microbatches * exposed, 0.0
-        if plan.overlap_grad_reduce:  # ZeRO-1/2: updated weights gathered behind the first forward
+        if plan.overlap_grad_reduce and plan.overlap_param_gather:  # ZeRO-1/2: behind the first forward
             extra = self.first_extra(plan, stage)
             return per_step, extra, extra
         return per_step, per_step, 0.0  # after the optimizer, all exposed
@@ -717,7 +726,8 @@ class ClosedForm:
             grad_x = grads
         gathers, gather_x, shift = self._gathers(plan, stage)
         hidden = grads - grad_x + gathers - gather_x
-        tail = gather_x if gathers and plan.zero in (1, 2) and not plan.overlap_grad_reduce else 0.0
+        tail = gather_x if gathers and plan.zero in (1, 2) and not (plan.overlap_grad_reduce and
+                                                                   plan.overlap_param_gather) else 0.0
         return {"grads_s": grads, "grad_exposed_s": grad_x, "num_buckets": num_buckets, "gathers_s": gathers,
                 "gather_exposed_s": gather_x, "gather_shift_s": shift, "tail_s": tail,
                 "interference_s": plan.interference * max(0.0, hidden),  # FiCCO: hidden comm slows compute
@@ -773,7 +783,7 @@ class ClosedForm:
         hidden = walked.hidden[stage]
         if plan.zero == 3:
             out["gather_exposed_s"] = max(0.0, e["gather_exposed_s"] - hidden)
-        elif plan.zero and plan.overlap_grad_reduce:
+        elif plan.zero and plan.overlap_grad_reduce and plan.overlap_param_gather:
             out["gather_exposed_s"] = max(0.0, -hidden)
         grads, last, _, loads = self.grad_buckets(plan, stage)
         if plan.overlap_grad_reduce and grads > 0:

@@ -147,11 +147,12 @@ class _Builder:
     def param_gather(self, stage: int, layer: int, phase: str, mb: int) -> tuple[int, ...]:
         """ZeRO parameter all-gathers the layer must wait for: ZeRO-1/2 once per step
         before the first forward (updated weights), ZeRO-3 before every pass, prefetched
-        one layer ahead."""
+        one layer ahead (``overlap_param_gather``; off: issued when the layer before ends)."""
         plan = self.plan
-        if plan.zero == 0 or (plan.zero < 3 and (phase == BWD or mb > 0 or not plan.overlap_grad_reduce)):
+        overlapped = plan.overlap_grad_reduce and plan.overlap_param_gather
+        if plan.zero == 0 or (plan.zero < 3 and (phase == BWD or mb > 0 or not overlapped)):
             return ()
-        after = (self.marks[stage][-2],) if plan.zero == 3 else ()
+        after = (self.marks[stage][-2 if plan.overlap_param_gather else -1],) if plan.zero == 3 else ()
         ids = []
         for group, size in self._groups(layer, layer_param_bytes(self.model, plan, layer)):
             step = _dp_step(f"param_ag_{group}", Coll.ALL_GATHER, group, size, "dp_param_gather")
@@ -216,7 +217,7 @@ class _Builder:
         num_bytes = optimizer_bytes(self.model, self.plan, stage)
         step = Step(name="optimizer_step", kind=OpKind.OPTIMIZER, stream=Stream.COMPUTE, category="optimizer", bytes=num_bytes)
         end = self.chain(stage, [step], tuple(self.grad_ops[stage]), -1, -1)
-        if self.plan.zero in (1, 2) and not self.plan.overlap_grad_reduce:
+        if self.plan.zero in (1, 2) and not (self.plan.overlap_grad_reduce and self.plan.overlap_param_gather):
             layers = [l for c in range(self.plan.vpp) for l in self._layers(stage, c)]
             gathers = []
             for layer in layers:

@@ -48,6 +48,10 @@ class ParallelPlan:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     sequence_parallel: bool = True
     overlap_grad_reduce: bool = True
+    # ZeRO parameter all-gathers prefetched behind compute (Megatron-Core overlap_param_gather,
+    # FSDP2's forward/backward prefetch); False: each layer's gather runs when the layer before
+    # it ends and the layer waits for it (ZeRO-3), or after the optimizer step (ZeRO-1/2)
+    overlap_param_gather: bool = True
     # Megatron-Core DDP bucket: 40M params of bf16 gradients (ddp bucket_size default)
     grad_bucket_bytes: int = 80_000_000
     # share of compute throughput lost while a comm kernel runs beside it on the same GPU
@@ -95,6 +99,9 @@ class ParallelPlan:
         if not isinstance(self.dispatch, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", self.dispatch):
             raise ConfigError(f"plan.dispatch must be an implementation name such as alltoall, deepep or mori, "
                               f"got {self.dispatch!r}")
+        for key in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "dma_offload", "tp_comm_overlap"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"plan.{key} must be true or false, got {getattr(self, key)!r}")
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError(f"plan.zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.dtype not in DTYPES:
@@ -150,6 +157,7 @@ class ParallelPlan:
         parts += [f"recompute-{self.recompute}"] if self.recompute != Recompute.NONE else []
         parts += [f"of{self.recompute_layers}"] if self.recompute_layers else []
         parts += ["tp-comm-overlap"] if self.tp_comm_overlap else []
+        parts += ["no-param-prefetch"] if not self.overlap_param_gather and self.zero else []
         parts += [f"first{self.first_stage_layers}"] if self.first_stage_layers else []
         parts += [f"last{self.last_stage_layers}"] if self.last_stage_layers else []
         parts += [f"stack-{self.stack.name}"] if self.stack.name != "ideal" else []

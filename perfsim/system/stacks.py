@@ -87,10 +87,11 @@ class OverlapPolicy:
 
     tp_comm: bool | None = None
     grad_reduce: bool | None = None
+    param_gather: bool | None = None  # ZeRO/FSDP parameter gathers prefetched behind compute
     source: str = "assumed"
 
     def __post_init__(self):
-        for key in ("tp_comm", "grad_reduce"):
+        for key in ("tp_comm", "grad_reduce", "param_gather"):
             value = getattr(self, key)
             if value is not None and not isinstance(value, bool):
                 raise ConfigError(f"stack.overlap.{key} must be true or false, got {value!r}")
@@ -160,7 +161,8 @@ class StackSpec:
 
     def plan_defaults(self) -> dict:
         """Plan knobs the stack sets unless the user sets them."""
-        pairs = (("tp_comm_overlap", self.overlap.tp_comm), ("overlap_grad_reduce", self.overlap.grad_reduce))
+        pairs = (("tp_comm_overlap", self.overlap.tp_comm), ("overlap_grad_reduce", self.overlap.grad_reduce),
+                 ("overlap_param_gather", self.overlap.param_gather))
         return {k: v for k, v in pairs if v is not None}
 
     def with_values(self, **values: float) -> "StackSpec":
