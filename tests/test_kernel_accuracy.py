@@ -26,10 +26,10 @@ GATES = {  # (gpu, class, dtype): held-out MAPE %; memory rows read dtype bf16 (
     ("mi300x", "grouped_gemm", "bf16"): 11.2,
     ("mi300x", "grouped_gemm", "fp8"): 107.8,
     ("mi300x", "memory", "bf16"): 47.0,
-    ("mi325x", "gemm", "bf16"): 14.6,
+    ("mi325x", "gemm", "bf16"): 14.5,
     ("mi355x", "attention", "bf16"): 48.7,
-    ("mi355x", "gemm", "bf16"): 25.7,
-    ("mi355x", "gemm", "fp8"): 27.2,
+    ("mi355x", "gemm", "bf16"): 24.2,
+    ("mi355x", "gemm", "fp8"): 13.4,
     ("mi355x", "memory", "bf16"): 59.1,
     ("h100", "attention", "bf16"): 5.9,
     ("h100", "gemm", "fp8"): 11.7,
@@ -217,3 +217,18 @@ def test_roofline_exponent_joins_compute_and_hbm_time():
     assert costs.roofline(3.0, 4.0, 2.0) == pytest.approx(5.0)
     with pytest.raises(ConfigError, match="roofline_exponent"):
         GemmEfficiency(source="x", tile_m=128, tile_n=128, gflop=(1.0,), efficiency=(0.5,), roofline_exponent=0.5)
+
+
+def test_skinny_gemm_is_bound_by_its_tiles_serial_k_loop():
+    """A skinny-M GEMM whose few output tiles each walk a long K takes at least K x the
+    table's K-loop step (one wave), whatever its bytes; a big GEMM is untouched by it."""
+    gpu = load_gpu("mi355x")
+    table = gpu.gemm_table("fp8")
+    assert table.k_step_ns > 0
+    short, long_k = costs.Gemm(m=8, n=6144, k=1536), costs.Gemm(m=8, n=1536, k=6144)  # same weight bytes
+    assert costs.k_loop_time(long_k, gpu, "fp8") == pytest.approx(6144 * table.k_step_ns * 1e-9)
+    assert costs.gemm_time(long_k, gpu, "fp8") > 1.3 * costs.gemm_time(short, gpu, "fp8")
+    off = dataclasses.replace(gpu, gemm_dtypes={**gpu.gemm_dtypes, "fp8": dataclasses.replace(table, k_step_ns=0.0)})
+    big = costs.Gemm(m=8192, n=8192, k=8192)
+    assert costs.gemm_time(big, gpu, "fp8") == costs.gemm_time(big, off, "fp8")
+    assert costs.k_loop_time(long_k, off, "fp8") == 0.0

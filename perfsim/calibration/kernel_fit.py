@@ -32,6 +32,7 @@ from perfsim.system.hardware import ClusterSpec, GpuSpec
 PRIOR = 1e-3
 TILES = ((128, 128), (128, 256), (256, 128), (256, 256))
 ROOFLINE_EXPONENTS = (1.0, 2.0, 4.0)  # compute / HBM overlap choices tried beside max (0); the fit picks
+K_STEPS_NS = (0.5, 1.0, 2.0)  # serial K-loop time per K element tried beside none (0); the fit picks
 ATTN_BYTES_PER_ELEMENT = 2  # bf16 q, k, v, o
 
 
@@ -150,10 +151,14 @@ def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool =
             table = ref.get(min(trials, key=lambda t: t[1])[0])
             tile = {"tile_m": table.tile_m, "tile_n": table.tile_n}
             trials += [fit_table(mine, gpu, ref, knots, **tile, roofline_exponent=p) for p in ROOFLINE_EXPONENTS]
+            table = ref.get(min(trials, key=lambda t: t[1])[0])
+            shape = {**tile, "roofline_exponent": table.roofline_exponent}
+            trials += [fit_table(mine, gpu, ref, knots, **shape, k_step_ns=s) for s in K_STEPS_NS]
             gpu, after = min(trials, key=lambda t: t[1])
             table = ref.get(gpu)
             note = (f"tile {table.tile_m}x{table.tile_n} chosen among {len(TILES)}, roofline exponent "
-                    f"{table.roofline_exponent:g} among 0 (max), {', '.join(f'{p:g}' for p in ROOFLINE_EXPONENTS)}")
+                    f"{table.roofline_exponent:g} among 0 (max), {', '.join(f'{p:g}' for p in ROOFLINE_EXPONENTS)}, "
+                    f"K-loop step {table.k_step_ns:g} ns among 0, {', '.join(f'{s:g}' for s in K_STEPS_NS)}")
         else:
             gpu, after, note = *fit_table(mine, gpu, ref, knots), ""
         fits.append(TableFit(name=ref.name, xs=ref.xs(gpu), ys=ref.ys(gpu), mape_before=before, mape_after=after,

@@ -1,7 +1,8 @@
 """Compute-op durations: roofline x calibrated efficiency from the GPU profile.
 
 time = max(FLOPs / (peak(dtype) * clock ratio * eff(shape)), bytes / (HBM bw * eff_hbm(bytes))) + launch
-(GEMM: the two joined by the table's fitted ``roofline_exponent`` instead of max, ``roofline``)
+(GEMM: the two joined by the table's fitted ``roofline_exponent`` instead of max, ``roofline``,
+and at least the output tiles' serial K loop, ``k_loop_time``)
 
 * GEMM: the input dtype's own table (``gpu.gemm_table``); eff = tile quantization (real /
   tile-padded output area; the library's macro tile, or a narrower one when that wastes
@@ -113,11 +114,24 @@ def roofline(compute_s: float, memory_s: float, exponent: float) -> float:
     return hi * ((compute_s / hi) ** exponent + (memory_s / hi) ** exponent) ** (1.0 / exponent)
 
 
+def k_loop_time(gemm: Gemm, gpu: GpuSpec, dtype: str) -> float:
+    """Lower bound from the serial K loop of each output tile: every wave of tiles (the
+    chosen tile, all GEMMs of the call) walks the whole K at the table's ``k_step_ns``."""
+    table = gpu.gemm_table(dtype)
+    if table.k_step_ns <= 0.0:
+        return 0.0
+    tm, tn, _ = tile_choice(gemm.m, gemm.n, table, gpu, gemm.batch)
+    waves = math.ceil(_tiles(gemm.m, gemm.n, tm, tn) * gemm.batch / gpu.num_compute_units)
+    return waves * gemm.k * table.k_step_ns * 1e-9
+
+
 def gemm_time(gemm: Gemm, gpu: GpuSpec, dtype: str) -> float:
-    """One (batched) GEMM call, launch gap included."""
+    """One (batched) GEMM call, launch gap included: compute and HBM time joined by the
+    table's roofline exponent, at least the tiles' serial K loop (``k_loop_time``)."""
     compute = gemm.flops / (peak(gpu, dtype) * gemm_efficiency(gemm, gpu, dtype))
     memory = hbm_time(gemm_bytes(gemm, dtype, gpu), gpu)
-    return roofline(compute, memory, gpu.gemm_table(dtype).roofline_exponent) + gpu.kernel_launch_s
+    body = roofline(compute, memory, gpu.gemm_table(dtype).roofline_exponent)
+    return max(body, k_loop_time(gemm, gpu, dtype)) + gpu.kernel_launch_s
 
 
 def gemm_backward_time(gemm: Gemm, gpu: GpuSpec, dtype: str, part: str = "both") -> float:

@@ -39,7 +39,10 @@ class GemmEfficiency:
     counted with ``output_dtype`` for the written result ("" = the input dtype).
     ``roofline_exponent`` p joins compute time c and HBM time m as (c^p + m^p)^(1/p): 1 =
     operand streaming and MFMA work do not overlap, large = they overlap fully; 0 = the
-    plain roofline max(c, m). Fitted with the table (same ``source``)."""
+    plain roofline max(c, m). ``k_step_ns``: serial time per element of K along one output
+    tile's K loop; a call takes at least (waves of tiles) x K x k_step (a skinny GEMM whose
+    few tiles each stream a long K is bound by that loop, not by HBM or MFMA throughput;
+    0 = no such bound). Fitted with the table (same ``source``)."""
 
     source: str
     tile_m: int
@@ -48,11 +51,14 @@ class GemmEfficiency:
     efficiency: tuple[float, ...]
     output_dtype: str = ""
     roofline_exponent: float = 0.0
+    k_step_ns: float = 0.0
 
     def __post_init__(self):
         check_positive("gemm", tile_m=self.tile_m, tile_n=self.tile_n)
         if not self.roofline_exponent == 0.0 and not self.roofline_exponent >= 1.0:
             raise ConfigError(f"gemm.roofline_exponent: must be 0 (max) or >= 1, got {self.roofline_exponent}")
+        if not self.k_step_ns >= 0.0:
+            raise ConfigError(f"gemm.k_step_ns: must be >= 0, got {self.k_step_ns}")
         check_table("gemm", self.gflop, self.efficiency, "gflop", "efficiency")
         if self.output_dtype and self.output_dtype not in DTYPE_BYTES:
             raise ConfigError(f"gemm.output_dtype: unknown dtype {self.output_dtype!r} (known: {', '.join(DTYPE_BYTES)})")
