@@ -36,7 +36,7 @@ DEFAULT = {
     # the rest of `perfsim simulate`'s plan knobs, at the CLI's defaults (ParallelPlan / ModelSpec)
     "fidelity": {
         # None: the software stack's overlap policy decides (its plan defaults); True/False override it
-        "tp_comm_overlap": None, "overlap_grad_reduce": None, "overlap_cu_share": 0.0, "dma_offload": False,
+        "tp_comm_overlap": None, "overlap_grad_reduce": None, "overlap_param_gather": None, "overlap_cu_share": 0.0, "dma_offload": False,
         "grad_bucket_mb": 80.0, "capacity_factor": None, "gpu_variability": 0.0, "variability_seed": 0,
         "first_stage_layers": 0, "last_stage_layers": 0, "recompute_layers": 0,
     },
@@ -106,7 +106,8 @@ def routing_spec(inputs: dict) -> RoutingSpec:
 def fidelity_knobs(inputs: dict) -> dict:
     """The Plan page's fidelity knobs as ParallelPlan fields (as `perfsim simulate` passes them)."""
     f = {**DEFAULT["fidelity"], **(inputs.get("fidelity") or {})}
-    overlap = {k: bool(f[k]) for k in ("tp_comm_overlap", "overlap_grad_reduce") if f[k] is not None}
+    overlap = {k: bool(f[k]) for k in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+               if f[k] is not None}
     return {**overlap,  # unset: the stack's overlap policy (api.simulate applies its plan defaults)
             "comm_compute_interference": float(f["overlap_cu_share"]), "dma_offload": bool(f["dma_offload"]),
             "grad_bucket_bytes": int(float(f["grad_bucket_mb"]) * 1e6),

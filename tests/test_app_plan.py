@@ -225,3 +225,14 @@ def test_plan_page_has_the_stage_and_recompute_layer_knobs():
     at.number_input(key="w.first_stage_layers").set_value(4).run()
     ok(at)
     assert at.session_state["inputs"]["fidelity"]["first_stage_layers"] == 4
+
+
+def test_param_prefetch_knob_reaches_the_plan():
+    """The Plan page's 'Prefetch param gathers' knob: off runs ZeRO gathers unprefetched."""
+    off = planner_inputs.normalize({"estimator": "analytic", "fidelity": {"overlap_param_gather": False}})
+    assert planner_inputs.simulate(off).plan["overlap_param_gather"] is False
+    at = start()
+    assert at.selectbox(key="w.overlap_param_gather").value == "stack's"
+    at.selectbox(key="w.overlap_param_gather").set_value("off").run()
+    ok(at)
+    assert at.session_state["inputs"]["fidelity"]["overlap_param_gather"] is False

@@ -99,6 +99,8 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
                                            "--tp-comm-overlap: TP all-gather/reduce-scatter beside the GEMM")
     fidelity["overlap_grad_reduce"] = _overlap(f[0], "Overlap grad reduce", "overlap_grad_reduce", fidelity,
                                                "off = --no-overlap")
+    fidelity["overlap_param_gather"] = _overlap(f[0], "Prefetch param gathers", "overlap_param_gather", fidelity,
+                                                "ZeRO all-gathers prefetched a layer ahead; off = --no-param-prefetch")
     fidelity["dma_offload"] = f[1].toggle("DMA offload", key=common.seed("dma_offload", fidelity["dma_offload"]),
                                           help="--dma-offload: comm on DMA engines, no compute interference")
     fidelity["overlap_cu_share"] = f[1].number_input("Overlap CU share", min_value=0.0, max_value=0.95, step=0.05,
