@@ -1,6 +1,7 @@
 """MI300X-aware sizing: kernels of a layer, wave-quantization suggestions, what a change
 buys (api.estimate), and the heatmap grid."""
 
+import dataclasses
 import math
 
 import pytest
@@ -43,9 +44,10 @@ def test_layer_kernels_do_the_layers_matmul_flops(zaya, node):
 
 def test_every_kernel_is_at_most_peak_and_names_its_bound(zaya, node):
     for k in sizing.layer_kernels(zaya, node.gpu):
-        assert 0 < k.efficiency <= 1 and k.bound in ("compute", "memory")
+        assert 0 < k.efficiency <= 1 and k.bound in ("compute", "memory", "k-loop")
     router_out = next(k for k in sizing.layer_kernels(zaya, node.gpu) if k.name == "router_out")
-    assert router_out.bound == "memory"  # n = 16 experts: a sliver of a tile, dominated by reads
+    # n = 16 experts: a sliver of a tile, far from peak whatever bounds it (reads, the K loop, small-call cost)
+    assert router_out.quantization <= 0.25 and router_out.efficiency < 0.05
 
 
 def test_wave_quantization_suggests_a_width_that_fills_the_cus(node):
@@ -53,9 +55,10 @@ def test_wave_quantization_suggests_a_width_that_fills_the_cus(node):
     304 CUs, but the library picks the least padded tile split (64 x 64 here, 99% of CU
     time on real output), so the default 1% gate suggests nothing; without the gate the
     nearest width that fills one wave of macro tiles exactly is 2432 (19 x 16 = 304)."""
-    gpu = node.gpu
+    shipped = node.gpu.gemm_table("bf16")  # a flat size curve, so only the quantization moves the answer
+    table = dataclasses.replace(shipped, gflop=(1.0,), efficiency=(max(shipped.efficiency),), k_step_ns=0.0)
+    gpu = dataclasses.replace(node.gpu, gemm_dtypes={**node.gpu.gemm_dtypes, "bf16": table})
     model = tiny_dense(hidden_size=2048, ffn_hidden_size=2560, num_heads=16, head_dim=128)
-    table = gpu.gemm_table("bf16")
     assert math.ceil(4096 / table.tile_m) * math.ceil(2 * 2560 / table.tile_n) > gpu.num_compute_units
     assert sizing.suggest(model, "ffn_hidden_size", gpu, sizing.Workload(seq=4096)) is None
     tip = sizing.suggest(model, "ffn_hidden_size", gpu, sizing.Workload(seq=4096), min_gain_pct=0.0)

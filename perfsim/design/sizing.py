@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from perfsim import api
 from perfsim.cost.kernels import (DTYPE_BYTES, attention_time, gemm_bytes, gemm_time, grouped_gemm_time, hbm_time,
-                           wave_utilization)
+                                  k_loop_time, wave_utilization)
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec, GpuSpec
 from perfsim.model.spec import ModelSpec
@@ -64,7 +64,7 @@ class Kernel:
     flops: float
     time_s: float
     quantization: float  # wave (or per-expert tile-row) utilization in (0, 1]
-    bound: str  # "compute" or "memory"
+    bound: str  # "compute", "memory" or "k-loop" (the tiles' serial K loop)
     peak_flops: float
 
     @property
@@ -92,14 +92,17 @@ def resolve_knob(model: ModelSpec, knob: str) -> str:
     return ALIASES[knob]
 
 
-def _bound(time_s: float, moved: float, gpu: GpuSpec) -> str:
+def _bound(time_s: float, moved: float, gpu: GpuSpec, k_loop_s: float = 0.0) -> str:
+    if k_loop_s and k_loop_s + gpu.kernel_launch_s >= time_s * (1 - 1e-9):
+        return "k-loop"  # the output tiles' serial K loop (kernels.k_loop_time)
     return "memory" if hbm_time(moved, gpu) + gpu.kernel_launch_s >= time_s * (1 - 1e-9) else "compute"
 
 
 def _gemm(name: str, knob: str, g: Gemm, gpu: GpuSpec, dtype: str) -> Kernel:
     t = gemm_time(g, gpu, dtype)
     return Kernel(name=name, knob=knob, m=g.m, n=g.n, k=g.k, groups=1, flops=g.flops, time_s=t,
-                  quantization=wave_utilization(g, gpu), bound=_bound(t, gemm_bytes(g, dtype), gpu),
+                  quantization=wave_utilization(g, gpu),
+                  bound=_bound(t, gemm_bytes(g, dtype), gpu, k_loop_time(g, gpu, dtype)),
                   peak_flops=gpu.peak_flops(dtype))
 
 
