@@ -40,13 +40,12 @@ class Window:
 
 def window_s(w: Window) -> float:
     """How long the block holds the chain once the prefetch overlapping it is done: the
-    prefetch and the chain's comm share the links max-min fairly, as in the engine
-    (``fluid_window_s``); where the chain has ops beside it (ring attention, TP-comm
-    overlap), the bound: the chain, the prefetch alone, and every link's total busy time."""
+    prefetch and the chain's comm (and the ops beside it: ring attention, TP-comm
+    overlap) share the links max-min fairly, as in the engine (``fluid_chain_s``); a
+    window without its ops: the bound, the chain, the prefetch alone, and every link's
+    total busy time."""
     if w.prefetch_s <= 0:
         return w.chain_s
-    if w.ops and not any(op.meta.get("offchain") or op.meta.get("join") for op in w.ops):
-        return fluid_window_s(w)
     if w.ops:
         return fluid_chain_s(w)
     need = max(w.chain_s, w.prefetch_s)
@@ -85,9 +84,10 @@ def _segments(ops: tuple) -> tuple:
 
 
 def fluid_chain_s(w: Window) -> float:
-    """``fluid_window_s`` for a chain with ops beside it (ring-attention hops, overlapped
-    TP collectives): an ``offchain`` op starts on its own queue, one at a time, when the
-    chain reaches it; a ``join`` op waits for the oldest one not yet joined (as
+    """Play the chain op by op against the prefetch started with it: latency and compute
+    leave the prefetch its links, a comm op shares them with it max-min (both slow
+    down); an ``offchain`` op (ring-attention hop, overlapped TP collective) starts on
+    its own queue, one at a time, when the chain reaches it; a ``join`` op waits for the oldest one not yet joined (as
     ``lowering.graph`` wires them). The chain's comm op, the op beside it and the
     prefetch share the links max-min, as in the engine."""
     g_share = {link: busy / w.prefetch_s for link, busy in w.prefetch_links.items()}
@@ -167,34 +167,6 @@ def fluid_chain_s(w: Window) -> float:
 def _data_shares(op) -> tuple[float, dict[str, float]]:
     """(latency, link shares at full rate) of a priced comm op."""
     return op.meta.get("latency_s", 0.0), dict(op.meta.get("link_share") or {})
-
-
-def fluid_window_s(w: Window) -> float:
-    """Play the chain op by op against the prefetch started with it: a compute op leaves
-    the prefetch its links; a comm op shares them max-min (both slow down); the window
-    ends when the chain and the prefetch are both done."""
-    data = w.prefetch_s  # the prefetch's data seconds at full rate (its latency is small beside it)
-    total = sum(w.prefetch_links.values()) or 1.0
-    g_share = {link: busy / w.prefetch_s for link, busy in w.prefetch_links.items()} if total else {}
-    t = 0.0
-    for op in w.ops:
-        latency, share = _data_shares(op) if op.is_comm else (op.duration_s, {})
-        work = op.duration_s - latency if op.is_comm else 0.0
-        step = latency if op.is_comm else op.duration_s
-        if data > DONE and step > 0:  # latency or compute: the prefetch runs alone
-            data -= min(data, step)
-        t += step
-        while work > DONE:
-            if data <= DONE or not (share.keys() & g_share.keys()):
-                if data > DONE:
-                    data -= min(data, work)
-                t += work
-                break
-            rates = max_min_rates({0: share, 1: g_share})
-            rc, rg = max(rates[0], 1e-12), max(rates[1], 1e-12)
-            dt = min(work / rc, data / rg)
-            work, data, t = work - dt * rc, data - dt * rg, t + dt
-    return t + max(0.0, data)
 
 
 def add_links(*loads: dict[str, float]) -> dict[str, float]:

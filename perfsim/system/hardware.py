@@ -5,7 +5,6 @@ SI values come from properties (``hbm_Bps``) that convert through ``units``.
 """
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -16,8 +15,8 @@ from perfsim import units
 from perfsim.errors import ConfigError
 from perfsim.system.kernel_tables import (AttentionEfficiency, GemmEfficiency, GroupedGemmEfficiency,  # noqa: F401
                                           HbmEfficiency)
-from perfsim.system.specio import (check_finite_output, check_fraction, check_positive, from_dict, resolve_profile,
-                                    to_dict, write_atomic)
+from perfsim.system.specio import (check_finite_output, check_fraction, check_positive, from_dict, read_toml,
+                                    resolve_profile, to_dict, write_atomic)
 
 MAX_NODES = 1 << 20  # input bound: a million nodes, far past any cluster built
 MAX_GPUS_PER_NODE = 576  # input bound: the largest scale-up domain announced (NVL576)
@@ -343,18 +342,6 @@ class ClusterSpec:
 # ---- loading --------------------------------------------------------------------------
 
 
-def _read_toml(path: Path) -> dict:
-    try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: profile is not UTF-8 text (bad byte at offset {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-
-
 def _resolve(kind: str, name_or_path: str | Path) -> Path:
     return resolve_profile(kind, name_or_path, PROFILE_DIR / f"{kind}s")
 
@@ -370,7 +357,7 @@ def _load_part(kind: str, ref: str | dict, cls: type, where: str):
     if not isinstance(ref, str):
         raise ConfigError(f"{where}: {kind} must be a profile name or a table, got {ref!r}")
     path = _resolve(kind, ref)
-    return from_dict(cls, _read_toml(path), str(path))
+    return from_dict(cls, read_toml(path), str(path))
 
 
 def load_gpu(name_or_path: str | Path) -> GpuSpec:
@@ -414,7 +401,7 @@ def load_cluster(name_or_path: str | Path, num_nodes: int | None = None) -> Clus
 
 
 def _load_cluster_file(path: Path, num_nodes: int | None) -> ClusterSpec:
-    data = dict(_read_toml(path))
+    data = dict(read_toml(path))
     where = str(path)
     for kind, cls in (("gpu", GpuSpec), ("node", NodeSpec)):
         if kind not in data:

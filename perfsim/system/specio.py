@@ -9,6 +9,7 @@ import json
 import math
 import os
 import tempfile
+import tomllib
 import types
 import typing
 from pathlib import Path
@@ -147,6 +148,19 @@ def read_text(path: str | Path, what: str = "file") -> str:
     if "\x00" in text:
         raise ConfigError(f"{path}: {what} is binary (NUL byte at offset {text.index(chr(0))})")
     return text
+
+
+def read_toml(path: str | Path) -> dict:
+    """A profile's TOML table; unreadable, non-UTF-8 or invalid TOML -> one ConfigError line."""
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: profile is not UTF-8 text (bad byte at offset {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
 
 
 def json_depth(text: str) -> int:

@@ -11,7 +11,6 @@ steps, so the engine and the closed form price the same thing.
 
 import dataclasses
 import functools
-import tomllib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 from perfsim.errors import ConfigError
 import tomli_w
 
-from perfsim.system.specio import from_dict, resolve_profile, to_dict, write_atomic
+from perfsim.system.specio import from_dict, read_toml, resolve_profile, to_dict, write_atomic
 
 STACK_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles" / "stacks"
 FUSIBLE = ("rmsnorm", "swiglu", "rope", "loss")  # kernels a stack may run fused (one HBM pass)
@@ -215,16 +214,7 @@ def load_stack(name_or_path: "str | Path | StackSpec") -> StackSpec:
 
 @functools.lru_cache(maxsize=64)
 def _load_file(path: str, stamp: int) -> StackSpec:  # stamp: a rewritten file loads again
-    try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: profile is not UTF-8 text (bad byte at offset {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"stack: cannot read {path!r} ({exc.strerror})") from None
-    return from_dict(StackSpec, data, path)
+    return from_dict(StackSpec, read_toml(path), path)
 
 
 def dump_stack(spec: StackSpec) -> str:
