@@ -138,7 +138,7 @@ HF_CONFIGS = {
         "first_k_dense_replace": 3, "moe_layer_freq": 1, "num_nextn_predict_layers": 1,
         "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
         "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": False, "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc",
     },
     "deepseek-v2-lite": {
         "model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944,
@@ -146,7 +146,7 @@ HF_CONFIGS = {
         "num_hidden_layers": 27, "n_routed_experts": 64, "n_shared_experts": 2,
         "num_experts_per_tok": 6, "first_k_dense_replace": 1, "q_lora_rank": None,
         "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-        "v_head_dim": 128, "vocab_size": 102400,
+        "v_head_dim": 128, "vocab_size": 102400, "n_group": 1, "topk_group": 1, "topk_method": "greedy",
     },
     "olmoe-1b-7b": {
         "model_type": "olmoe", "hidden_size": 2048, "intermediate_size": 1024,

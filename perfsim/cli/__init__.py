@@ -82,6 +82,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dispatch", default=None,
                    help="MoE dispatch/combine implementation: alltoall (default: RCCL/NCCL all-to-all) or one of the "
                         "cluster profile's [dispatch] tables (deepep, deepep-ll on NVIDIA; rccl, mori on AMD)")
+    p.add_argument("--dispatch-fp8", action="store_true",
+                   help="FP8 dispatch (needs --dtype fp8): tokens go to their experts as FP8 plus one FP32 scale per "
+                        "128 values, as DeepEP and DeepSeek-V3 do; the combine stays BF16")
 
 
 def _plan_knobs(args) -> dict:
@@ -99,6 +102,8 @@ def _plan_knobs(args) -> dict:
         knobs["tp_comm_overlap"] = True
     knobs["stack"] = args.stack
     knobs["dispatch"] = args.dispatch
+    if args.dispatch_fp8:
+        knobs["dispatch_fp8"] = True
     knobs["first_stage_layers"], knobs["last_stage_layers"] = args.first_stage_layers, args.last_stage_layers
     knobs["recompute_layers"] = args.recompute_layers
     return {k: v for k, v in knobs.items() if v is not None}

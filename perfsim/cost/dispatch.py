@@ -1,9 +1,12 @@
 """MoE dispatch/combine as expert-parallel libraries run it, from the routing up.
 
 A rank holds ``tokens`` tokens; each picks ``topk`` of ``num_experts`` experts spread
-evenly over the EP ranks, within ``topk_groups`` nodes when routing is node-limited
-(DeepSeek-V3). Under uniform routing the expected number of distinct nodes and ranks
-a token reaches follows from drawing ``topk`` distinct experts (hypergeometric), so:
+evenly over the EP ranks in order. Under group-limited routing (DeepSeek-V2/V3: the
+model's ``expert_groups`` / ``topk_groups``) it first picks ``topk_groups`` of the
+``expert_groups`` contiguous expert groups, which bounds the nodes it can reach (V3: 8
+groups on 8 nodes, at most 4 nodes per token). Under uniform routing the expected
+number of distinct nodes and ranks a token reaches follows from drawing ``topk``
+distinct experts from the chosen groups (hypergeometric), so:
 
 * a ``dedup_per_node`` implementation (DeepEP normal kernels, MORI-EP V1) sends each
   token once to every remote node it reaches, over the NIC to the same-rail GPU, which
@@ -28,6 +31,7 @@ as ``alltoall``), ``deepep``, ``deepep-ll``, ``mori`` are priced here.
 """
 
 from dataclasses import dataclass
+import math
 from math import comb
 
 from perfsim import units
@@ -48,11 +52,14 @@ class DispatchLoad:
     token_bytes: float  # one token copy (FP8 dispatch of hidden 7168: 7168 x (1 + 4/128))
     topk: int
     num_experts: int
-    topk_groups: int = 0  # node-limited routing: experts from this many nodes (0 = any)
+    topk_groups: int = 0  # group-limited routing: experts from this many groups (0 = any expert)
+    expert_groups: int = 0  # ... of this many contiguous groups (0 = one group per EP node)
 
     def __post_init__(self):
         if self.tokens < 0 or self.token_bytes < 0 or self.topk < 1 or self.num_experts < self.topk:
             raise ConfigError(f"dispatch: need tokens >= 0, token_bytes >= 0, 1 <= topk <= num_experts; got {self}")
+        if self.expert_groups < 0 or self.topk_groups < 0 or self.expert_groups and self.num_experts % self.expert_groups:
+            raise ConfigError(f"dispatch: expert_groups must divide num_experts, topk_groups >= 0; got {self}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,9 +93,33 @@ def _reach(load: DispatchLoad, shape: GroupShape) -> tuple[float, float]:
     n, p, m = shape.size, shape.per_node, shape.num_nodes
     if load.num_experts % n:
         raise ConfigError(f"dispatch: {load.num_experts} experts do not split over {n} EP ranks")
-    groups = min(load.topk_groups or m, m)
     per_rank = load.num_experts // n
-    return (expected_hits(groups, per_rank * p, load.topk), expected_hits(groups * p, per_rank, load.topk))
+    nodes = _group_nodes(load, m)
+    if nodes >= m:
+        return expected_hits(m, per_rank * p, load.topk), expected_hits(n, per_rank, load.topk)
+    # the chosen groups' experts lie on ``nodes`` nodes (fractional: an expectation);
+    # the token's top-k are drawn among them: interpolate between whole node counts
+    lo = max(int(nodes), 1)
+    hi = min(lo + 1, m)
+    w = nodes - lo if hi > lo else 0.0
+
+    def at(a: int) -> tuple[float, float]:
+        a = max(a, math.ceil(load.topk / (per_rank * p)))  # enough experts to pick from
+        return expected_hits(a, per_rank * p, load.topk), expected_hits(a * p, per_rank, load.topk)
+
+    (n_lo, r_lo), (n_hi, r_hi) = at(lo), at(hi)
+    return (1 - w) * n_lo + w * n_hi, (1 - w) * r_lo + w * r_hi
+
+
+def _group_nodes(load: DispatchLoad, m: int) -> float:
+    """Expected number of EP nodes holding a token's chosen expert groups (``m``: no limit)."""
+    k = load.topk_groups
+    g = load.expert_groups or m  # no group count given: one group per node (DeepEP's test)
+    if not k or k >= g:
+        return float(m)
+    if g % m == 0:  # each node holds g / m whole groups: nodes reached by k distinct groups
+        return expected_hits(m, g // m, k)
+    return min(float(m), k * m / g)  # a group spans m / g nodes (or straddles them)
 
 
 def _spec(cluster: ClusterSpec, impl: str) -> DispatchSpec:
@@ -135,14 +166,17 @@ def check_impl(cluster: ClusterSpec, impl: str) -> None:
 
 
 def step_cost(size_bytes: float, token_bytes: float, topk: int, num_experts: int, shape: GroupShape,
-              cluster: ClusterSpec, impl: str, peers: tuple[int, ...]) -> CollectiveCost:
+              cluster: ClusterSpec, impl: str, peers: tuple[int, ...], topk_groups: int = 0,
+              expert_groups: int = 0) -> CollectiveCost:
     """One dispatch (or combine) of a training step under ``impl`` (not of ``LIBRARY_NAMES``):
     ``size_bytes`` is what the lowered all-to-all carries for the busiest rank, one
     ``token_bytes`` copy per (token, expert) pair, so the rank holds
     ``size_bytes / (topk x token_bytes)`` tokens. The demand names the links the engine
-    shares: the NIC and the intra-node links to ``peers`` (or the NVSwitch port)."""
+    shares: the NIC and the intra-node links to ``peers`` (or the NVSwitch port).
+    ``topk_groups`` of ``expert_groups``: the model's group-limited routing (0: none)."""
     tokens = size_bytes / (topk * token_bytes) if token_bytes > 0 else 0.0
-    load = DispatchLoad(tokens=tokens, token_bytes=token_bytes, topk=topk, num_experts=num_experts)
+    load = DispatchLoad(tokens=tokens, token_bytes=token_bytes, topk=topk, num_experts=num_experts,
+                        topk_groups=topk_groups if expert_groups else 0, expert_groups=expert_groups)
     cost = dispatch_cost(load, shape, cluster, impl)
     demand = {network.NIC: cost.nic_s} if cost.nic_s > 0 else {}
     if cost.intra_s > 0:

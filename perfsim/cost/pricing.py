@@ -63,8 +63,9 @@ def _comm_cost(op: Op, cluster: ClusterSpec, shapes: dict, strides: dict, graph:
         return collective_cost(call.coll, call.size_bytes, shape, cluster, peers=peers)
     if impl in dispatch.LIBRARY_NAMES or shape.size <= 1 or call.size_bytes <= 0:
         return collective_cost(call.coll, call.size_bytes, shape, cluster, peers=peers, impl=impl)
-    token_bytes = model.hidden_size * ACT_BYTES  # the lowered all-to-all's copy of one token
-    return dispatch.step_cost(call.size_bytes, token_bytes, model.top_k, model.num_experts, shape, cluster, impl, peers)
+    token_bytes = call.token_bytes or model.hidden_size * ACT_BYTES  # the lowered all-to-all's copy of one token
+    return dispatch.step_cost(call.size_bytes, token_bytes, model.top_k, model.num_experts, shape, cluster, impl, peers,
+                              topk_groups=model.topk_groups, expert_groups=model.expert_groups)
 
 
 def _duration(op: Op, cluster: ClusterSpec, shapes: dict, strides: dict, graph: OpGraph) -> tuple:

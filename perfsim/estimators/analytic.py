@@ -158,7 +158,7 @@ def _scaled(load: dict[str, float], count: float) -> dict[str, float]:
 def template_key(plan: ParallelPlan) -> tuple:
     """Plan fields a block template depends on (not dp, pp, vpp, zero or the batch)."""
     return (plan.tp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.seq, plan.dtype, plan.recompute,
-            plan.sequence_parallel, plan.tp_comm_overlap, splits_backward(plan), plan.stack, plan.dispatch,
+            plan.sequence_parallel, plan.tp_comm_overlap, splits_backward(plan), plan.stack, plan.dispatch, plan.dispatch_fp8,
             plan.overlap_param_gather)
 
 

@@ -9,8 +9,8 @@ sharded over tp (dense) or ep x etp (experts). Backward GEMMs do dgrad + wgrad
 from dataclasses import replace
 
 from perfsim.model.spec import Linear, ModelSpec
-from perfsim.lowering.ops import Coll, Gemm, OpKind, Stream
-from perfsim.lowering.steps import (ACT_BYTES, FP8_BYTES, LOGIT_BYTES, Step, coll_step,  # noqa: F401 - re-exported
+from perfsim.lowering.ops import Coll, CollectiveCall, Gemm, OpKind, Stream
+from perfsim.lowering.steps import (ACT_BYTES, FP8_BYTES, FP8_DISPATCH_BYTES, LOGIT_BYTES, Step, coll_step,  # noqa: F401 - re-exported
                                     elementwise_step, fp8_cast_bytes, gemm_step, host_step)
 from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalance, slowest_expert_rank
@@ -122,11 +122,10 @@ class LayerBuilder(StackSteps):
         steps.append(elementwise_step("router_topk", t * (m.num_experts + 2 * m.top_k) * LOGIT_BYTES, "router"))
         steps += self._moe_host_sync()
         steps.append(elementwise_step("permute", 2 * routed * h * ACT_BYTES, "moe_permute"))
-        if plan.ep > 1:
-            steps.append(coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", self._a2a_bytes(routed), "ep_a2a"))
+        dispatch, combine = self._a2a_steps(routed)
+        steps += dispatch
         steps += self._experts(routed)
-        if plan.ep > 1:
-            steps.append(coll_step("combine_a2a", Coll.ALL_TO_ALL, "ep", self._a2a_bytes(routed), "ep_a2a"))
+        steps += combine
         steps.append(elementwise_step("unpermute", 2 * routed * h * ACT_BYTES, "moe_permute"))
         if m.shared_ffn_hidden_size:
             w = m.shared_ffn_hidden_size
@@ -134,10 +133,27 @@ class LayerBuilder(StackSteps):
             steps += self._fp8(gemm_step("shared_down", t, w, h, "shared_expert"))
         return steps
 
-    def _a2a_bytes(self, routed: int) -> float:
+    def _a2a_bytes(self, routed: int, per_value: float = ACT_BYTES) -> float:
         """all_to_allv as the busiest rank sees it: it receives ``imbalance`` x its share."""
         skew = imbalance(self.model, self.plan, routed, self.routing, self.ep_speeds)
-        return routed * self.model.hidden_size * ACT_BYTES * skew
+        return routed * self.model.hidden_size * per_value * skew
+
+    def _a2a_steps(self, routed: int) -> tuple[list[Step], list[Step]]:
+        """The dispatch and combine all-to-alls (none without expert parallelism). Under FP8
+        dispatch the dispatch direction carries FP8 + scales, forward (tokens) and backward
+        (the combine's gradients flowing into the experts); the combine direction stays BF16."""
+        if self.plan.ep == 1:
+            return [], []
+        h = self.model.hidden_size
+        wide = CollectiveCall(coll=Coll.ALL_TO_ALL, group="ep", size_bytes=self._a2a_bytes(routed))
+        if not self.plan.dispatch_fp8:
+            return ([coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", wide.size_bytes, "ep_a2a")],
+                    [coll_step("combine_a2a", Coll.ALL_TO_ALL, "ep", wide.size_bytes, "ep_a2a")])
+        narrow = CollectiveCall(coll=Coll.ALL_TO_ALL, group="ep", size_bytes=self._a2a_bytes(routed, FP8_DISPATCH_BYTES),
+                                token_bytes=h * FP8_DISPATCH_BYTES)
+        return ([coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", narrow.size_bytes, "ep_a2a",
+                           token_bytes=narrow.token_bytes, backward=wide)],
+                [coll_step("combine_a2a", Coll.ALL_TO_ALL, "ep", wide.size_bytes, "ep_a2a", backward=narrow)])
 
     def _experts(self, routed: int) -> list[Step]:
         m, plan = self.model, self.plan
@@ -278,7 +294,7 @@ def _backward_step(step: Step) -> Step:
         return replace(step, name=name, flops=ATTN_BWD_FACTOR * step.flops, bytes=2 * step.bytes,
                        meta=step.meta + (("backward", True),))
     if step.kind is OpKind.COLLECTIVE:
-        call = step.collective
+        call = _meta(step, "backward_call") or step.collective
         mirrored = replace(call, coll=_BACKWARD_COLL.get(call.coll, call.coll))
         if call.group == "cp":  # ring attention backward sends dK, dV back: a reduce-scatter
             mirrored = replace(call, coll=Coll.REDUCE_SCATTER)

@@ -56,6 +56,9 @@ class CollectiveCall:
     coll: Coll
     group: str  # communicator kind: tp, cp, dp, dp_cp, pp, ep, etp, edp
     size_bytes: float  # rccl-tests convention: the per-rank buffer size
+    # MoE dispatch/combine: bytes of one token copy (0: a BF16 hidden vector); FP8 dispatch
+    # sends hidden x (1 + 4/128) bytes (FP8 values, one FP32 scale per 128)
+    token_bytes: float = 0.0
 
 
 @dataclass(kw_only=True)

@@ -7,6 +7,9 @@ from perfsim.lowering.ops import CollectiveCall, Coll, Gemm, OpKind, Stream
 
 ACT_BYTES = 2  # bf16 activations
 FP8_BYTES = 1
+# FP8 dispatch payload per hidden value: the FP8 value plus one FP32 scale per 128 values
+# (DeepSeek-V3's 1x128 activation tiles, arXiv 2412.19437 sec. 3.3; DeepEP's FP8 dispatch)
+FP8_DISPATCH_BYTES = FP8_BYTES + 4 / 128
 LOGIT_BYTES = 4  # fp32 logits for the loss
 
 _COLL_STREAM = {"tp": Stream.TP_COMM, "etp": Stream.TP_COMM, "ep": Stream.EP_COMM, "cp": Stream.CP_COMM}
@@ -47,6 +50,11 @@ def host_step(name: str, seconds: float, category: str) -> Step:
     return Step(name=name, kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category=category, meta=(("host_s", seconds),))
 
 
-def coll_step(name: str, coll: Coll, group: str, size: float, category: str) -> Step:
-    call = CollectiveCall(coll=coll, group=group, size_bytes=size)
-    return Step(name=name, kind=OpKind.COLLECTIVE, stream=_COLL_STREAM[group], category=category, collective=call)
+def coll_step(name: str, coll: Coll, group: str, size: float, category: str, token_bytes: float = 0.0,
+              backward: CollectiveCall | None = None) -> Step:
+    """``backward``: the call its backward makes, when it is not this one mirrored (FP8
+    dispatch: the gradients' directions swap payloads)."""
+    call = CollectiveCall(coll=coll, group=group, size_bytes=size, token_bytes=token_bytes)
+    meta = (("backward_call", backward),) if backward is not None else ()
+    return Step(name=name, kind=OpKind.COLLECTIVE, stream=_COLL_STREAM[group], category=category, collective=call,
+                meta=meta)

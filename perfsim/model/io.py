@@ -243,7 +243,19 @@ def _deepseek(config: dict) -> dict:
         "expert_ffn_hidden_size": _get(config, "moe_intermediate_size"),
         "num_shared_experts": _get(config, "n_shared_experts", 0),
         "num_dense_layers": _get(config, "first_k_dense_replace", 0),
-    }
+    } | _group_limit(config)
+
+
+def _group_limit(config: dict) -> dict:
+    """DeepSeek's group-limited routing (``topk_method`` group_limited_greedy in V2,
+    noaux_tc in V3, the only one V3 has, so its default when the field is absent, as
+    transformers' DeepseekV3Config writes it): experts from ``topk_group`` of ``n_group``
+    groups; plain ``greedy`` (V2-Lite) has none."""
+    method = config.get("topk_method") or ("noaux_tc" if config.get("model_type") == "deepseek_v3" else "greedy")
+    groups, picked = _get(config, "n_group", 0) or 0, _get(config, "topk_group", 0) or 0
+    if method not in ("group_limited_greedy", "noaux_tc") or groups <= 1 or picked >= groups:
+        return {}
+    return {"expert_groups": groups, "topk_groups": picked}
 
 
 FAMILIES: dict[str, Callable[[dict], dict]] = {

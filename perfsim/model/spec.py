@@ -61,6 +61,12 @@ class ModelSpec:
     num_dense_layers: int = 0
     router_hidden_size: int = 0
     capacity_factor: float = 0.0
+    # group-limited routing (DeepSeek-V2/V3 ``n_group`` / ``topk_group``): experts form
+    # ``expert_groups`` contiguous groups and a token picks its experts from ``topk_groups``
+    # of them; with expert parallelism the groups lie on EP ranks in order, so this bounds the
+    # nodes a token reaches (0 = no limit)
+    expert_groups: int = 0
+    topk_groups: int = 0
     published_total_params: float = 0.0
     published_active_params: float = 0.0
     published_params_include_embeddings: bool = True
@@ -92,6 +98,29 @@ class ModelSpec:
             raise ConfigError(f"model.ffn_hidden_size must be >= 1, got {self.ffn_hidden_size!r}")
         if self.capacity_factor < 0:
             raise ConfigError(f"model.capacity_factor must be >= 0 (0 = no dropping), got {self.capacity_factor!r}")
+        self._check_groups()
+
+    def _check_groups(self) -> None:
+        g, k = self.expert_groups, self.topk_groups
+        for key, value in (("expert_groups", g), ("topk_groups", k)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"model.{key} must be a non-negative integer (0 = no group limit), got {value!r}")
+        if not g and not k:
+            return
+        if not self.num_experts or not g or not k:
+            raise ConfigError(f"model.expert_groups ({g}) and topk_groups ({k}) go together, on an MoE model (0 and 0 = no limit)")
+        if self.num_experts % g:
+            raise ConfigError(f"model.expert_groups ({g}) must divide num_experts ({self.num_experts})")
+        if not 1 <= k <= g:
+            raise ConfigError(f"model.topk_groups must be in [1, expert_groups={g}], got {k!r}")
+        if self.top_k > k * (self.num_experts // g):
+            raise ConfigError(f"model.top_k ({self.top_k}) exceeds the {k * (self.num_experts // g)} experts of "
+                              f"topk_groups={k} groups")
+
+    @property
+    def group_limited(self) -> bool:
+        """Routing picks experts within ``topk_groups`` of ``expert_groups`` groups (a real limit)."""
+        return bool(self.expert_groups) and self.topk_groups < self.expert_groups
 
     def _check_mla(self) -> None:
         if self.attention is AttentionKind.MLA and (self.kv_lora_rank < 1 or self.v_head_dim < 1):

@@ -75,6 +75,10 @@ class ParallelPlan:
     # RCCL/NCCL) or a name of the cluster profile's [dispatch.<name>] tables ("deepep",
     # "deepep-ll", "mori"; cost.dispatch), checked against the cluster when priced
     dispatch: str = "alltoall"
+    # FP8 dispatch (DeepSeek-V3 sec. 3.3, DeepEP's FP8 dispatch): tokens leave for their
+    # experts as FP8 with one FP32 scale per 128 values (and so do the gradients that flow
+    # back into the experts); the combine direction stays BF16. Needs dtype fp8.
+    dispatch_fp8: bool = False
 
     def __post_init__(self):
         if not isinstance(self.stack, StackSpec):
@@ -99,13 +103,17 @@ class ParallelPlan:
         if not isinstance(self.dispatch, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", self.dispatch):
             raise ConfigError(f"plan.dispatch must be an implementation name such as alltoall, deepep or mori, "
                               f"got {self.dispatch!r}")
-        for key in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "dma_offload", "tp_comm_overlap"):
+        for key in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "dma_offload", "tp_comm_overlap",
+                    "dispatch_fp8"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"plan.{key} must be true or false, got {getattr(self, key)!r}")
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError(f"plan.zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"plan.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dispatch_fp8 and self.dtype != "fp8":
+            raise ConfigError(f"plan.dispatch_fp8: FP8 dispatch feeds FP8 expert GEMMs, so it needs dtype fp8 "
+                              f"(got dtype {self.dtype})")
         object.__setattr__(self, "recompute", _enum(Recompute, self.recompute, "recompute"))
         object.__setattr__(self, "schedule", _enum(Schedule, self.schedule, "schedule"))
         if self.recompute_layers and self.recompute == Recompute.NONE:
@@ -162,6 +170,7 @@ class ParallelPlan:
         parts += [f"last{self.last_stage_layers}"] if self.last_stage_layers else []
         parts += [f"stack-{self.stack.name}"] if self.stack.name != "ideal" else []
         parts += [f"dispatch-{self.dispatch}"] if self.dispatch != "alltoall" else []
+        parts += ["dispatch-fp8"] if self.dispatch_fp8 else []
         return " ".join(parts)
 
     def to_dict(self) -> dict:
