@@ -229,6 +229,13 @@ SEARCH_COLUMNS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", 
 PLAN_AXES = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "recompute", "schedule")
 
 
+def dispatch_label(plan: dict) -> str:
+    """A search row's MoE dispatch column: the plan's implementation (alltoall, mori,
+    deepep, ...) where ep > 1, '-' where there is no expert parallelism to dispatch over
+    (as the `perfsim search` table prints it)."""
+    return str(plan.get("dispatch") or "alltoall") if int(plan.get("ep", 1) or 1) > 1 else "-"
+
+
 def _as_dict(item) -> dict:
     if isinstance(item, dict):
         return item
@@ -263,6 +270,8 @@ def search_rows(result) -> list[dict]:
         row = {"rank": flat.get("rank", i)}
         row.update({k: flat.get(k) for k in SEARCH_COLUMNS if flat.get(k) is not None})
         row.update({k: str(plan[k]) if k in ("recompute", "schedule") else plan[k] for k in PLAN_AXES if k in plan})
+        if plan:
+            row["dispatch"] = dispatch_label(plan)
         if "world_size" not in row and plan:
             row["world_size"] = plan.get("tp", 1) * plan.get("pp", 1) * plan.get("cp", 1) * plan.get("dp", 1)
         for key in ("reason", "why", "loses_because", "note"):
@@ -270,6 +279,8 @@ def search_rows(result) -> list[dict]:
                 row["why"] = str(flat[key])
                 break
         row["label"] = " ".join(f"{k}={plan[k]}" for k in PLAN_AXES if k in plan and plan[k] not in (1, "none"))
+        if plan and row["dispatch"] not in ("-", "alltoall"):
+            row["label"] += f" dispatch={row['dispatch']}"
         row["plan"] = plan
         rows.append(row)
     return rows

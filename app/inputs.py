@@ -39,6 +39,8 @@ DEFAULT = {
         "tp_comm_overlap": None, "overlap_grad_reduce": None, "overlap_param_gather": None, "overlap_cu_share": 0.0, "dma_offload": False,
         "grad_bucket_mb": 80.0, "capacity_factor": None, "gpu_variability": 0.0, "variability_seed": 0,
         "first_stage_layers": 0, "last_stage_layers": 0, "recompute_layers": 0,
+        # MoE dispatch/combine implementation (--dispatch): alltoall or one of the cluster's [dispatch.<name>]
+        "dispatch": "alltoall",
     },
     "model_edit": {},  # ModelSpec fields changed on the Plan page (from the preset's values)
     "hardware_edit": {},  # GPU / link / NIC numbers changed on the Plan page (editing.HARDWARE_FIELDS)
@@ -74,7 +76,26 @@ def with_plan(inputs: dict, plan: dict) -> dict:
     for key in (*KNOBS, "dtype", "recompute", "schedule"):
         if key in plan and plan[key] is not None:
             out["knobs"][key] = str(plan[key]) if key in CHOICES else int(plan[key])
+    if plan.get("dispatch"):
+        out["fidelity"] = {**(out.get("fidelity") or {}), "dispatch": str(plan["dispatch"])}
     return out
+
+
+def dispatch_options(cluster) -> tuple[str, ...]:
+    """The MoE dispatch implementations a plan may use on ``cluster`` (a ClusterSpec or a
+    profile name): alltoall, then the profile's [dispatch.<name>] tables."""
+    from perfsim.cost.dispatch import implementations
+
+    return implementations(perfsim.load_cluster(cluster) if isinstance(cluster, str) else cluster)
+
+
+def dispatch_choice(inputs: dict, cluster, model=None) -> str:
+    """The plan's ``dispatch``: the stored choice when ``cluster`` offers it and the model
+    has experts, else alltoall (a scenario saved on another cluster, a dense model)."""
+    chosen = (inputs.get("fidelity") or {}).get("dispatch") or DEFAULT["fidelity"]["dispatch"]
+    if model is not None and not model.num_experts:
+        return DEFAULT["fidelity"]["dispatch"]
+    return chosen if chosen in dispatch_options(cluster) else DEFAULT["fidelity"]["dispatch"]
 
 
 def nodes_for(num_gpus: int, gpus_per_node: int) -> int:
@@ -188,10 +209,11 @@ def plan_knobs(inputs: dict) -> dict:
 
 def simulate(inputs: dict):
     """perfsim.simulate (or estimate) for ``inputs``; OOM is a report warning, not an error."""
+    model, cluster = model_with_overrides(inputs), cluster_spec(inputs)
     return perfsim.simulate(
-        model_with_overrides(inputs), cluster_spec(inputs), estimator=inputs.get("estimator", "des"), check_memory=False, routing=routing_spec(inputs),
+        model, cluster, estimator=inputs.get("estimator", "des"), check_memory=False, routing=routing_spec(inputs),
         variability=variability_spec(inputs), trace=True, stack=inputs.get("stack") or "ideal", **plan_knobs(inputs),
-        **fidelity_knobs(inputs),
+        **fidelity_knobs(inputs), dispatch=dispatch_choice(inputs, cluster, model),
     )
 
 
@@ -204,4 +226,6 @@ def describe(inputs: dict) -> str:
     cluster = inputs["cluster"] + (" (edited)" if inputs.get("hardware_edit") else "")
     return (f"{model} on {inputs['nodes']} x {cluster} nodes: {axes or 'dp=auto'} zero={k['zero']} "
             f"mbs={k['mbs']} gbs={k['gbs']} seq={k['seq']} {k['dtype']}"
-            + (f" stack={inputs['stack']}" if inputs.get("stack", "ideal") != "ideal" else ""))
+            + (f" stack={inputs['stack']}" if inputs.get("stack", "ideal") != "ideal" else "")
+            + (f" dispatch={dispatch}" if (dispatch := (inputs.get("fidelity") or {}).get("dispatch") or "alltoall")
+               != "alltoall" else ""))

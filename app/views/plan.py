@@ -14,6 +14,7 @@ import perfsim
 from inputs import CHOICES, KNOBS, PLACEMENTS, default_inputs
 from perfsim.system.stacks import list_stacks
 
+DEFAULT_DISPATCH = default_inputs()["fidelity"]["dispatch"]
 OVERLAP_CHOICES = {"stack's": None, "on": True, "off": False}  # the stack's overlap policy unless overridden
 
 
@@ -24,6 +25,28 @@ def _overlap(column, label: str, key: str, fidelity: dict, help: str):
     choice = column.selectbox(label, list(OVERLAP_CHOICES), key=common.seed(key, now),
                               help=f"{help}; stack's = the software stack's overlap policy")
     return OVERLAP_CHOICES[choice]
+
+def _dispatch(column, model: str, model_config: str | None, cluster: str, fidelity: dict) -> str:
+    """The "MoE dispatch" selectbox (--dispatch): the chosen cluster's implementations,
+    alltoall first; only for a model with experts (a dense model dispatches nothing: alltoall).
+    A stored choice the cluster does not offer (a scenario from another cluster, the cluster
+    changed) falls back to alltoall."""
+    try:
+        experts = common.model_facts({"model": model, "model_config": model_config})["experts"]
+        options = list(planner_inputs.dispatch_options(cluster))
+    except Exception:  # the page shows the model or cluster error itself
+        return DEFAULT_DISPATCH
+    if not experts:
+        return DEFAULT_DISPATCH
+    stored = fidelity.get("dispatch") or DEFAULT_DISPATCH
+    wkey = common.seed("dispatch", stored if stored in options else DEFAULT_DISPATCH)
+    if st.session_state.get(wkey) not in options:
+        st.session_state[wkey] = DEFAULT_DISPATCH
+    return column.selectbox("MoE dispatch", options, key=wkey,
+                            help="--dispatch: the dispatch/combine all-to-all where ep > 1: alltoall (the collective "
+                                 "library's) or one of the cluster profile's [dispatch] implementations (mori, "
+                                 "deepep, ...)")
+
 
 st.title("Plan")
 current = common.get_inputs()
@@ -116,6 +139,7 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
         help="--capacity-factor: tokens per expert capped at factor x mean (off: the model's own)") if capped else None
     routing["placement"] = f[3].selectbox("Expert placement", PLACEMENTS, key=common.seed(
         "placement", routing.get("placement", "contiguous")), help="--expert-placement contiguous | speed")
+    fidelity["dispatch"] = _dispatch(f[3], model, model_config, cluster, fidelity)
     fidelity["gpu_variability"] = f[4].number_input("GPU variability (cv)", min_value=0.0, max_value=0.5, step=0.01,
                                                     key=common.seed("gpu_variability", fidelity["gpu_variability"]),
                                                     help="--gpu-variability: std-dev of per-GPU speed")

@@ -12,7 +12,7 @@ import fmt
 from inputs import nodes_for, with_plan
 from perfsim.search import DEFAULT_MAX_MEMORY_FRACTION
 
-FIXABLE = ("tp", "pp", "ep", "cp", "zero", "mbs", "recompute")
+FIXABLE = ("tp", "pp", "ep", "cp", "zero", "mbs", "recompute", "dispatch")  # dispatch: a comma list, tried where ep > 1
 EXECUTORS = ("local-spawn", "serial", "dask-local")  # never a forked pool inside Streamlit (issue 17.2)
 
 st.title("Search")
@@ -53,7 +53,9 @@ with st.expander("Constraints and execution"):
 
 args = None
 with common.shown_errors("Invalid search"):
-    pinned = {axis: (v.strip() if axis == "recompute" else int(v)) for axis, v in fixed.items() if v.strip()}
+    pinned = {axis: (v.strip() if axis == "recompute" else
+                     tuple(n.strip() for n in v.split(",") if n.strip()) if axis == "dispatch" else int(v))
+              for axis, v in fixed.items() if v.strip()}
     args = {"model": model, "cluster": cluster, "gpus": gpus.strip(), "gbs": int(gbs), "seq": int(seq),
             "top": int(top), "max_memory_fraction": float(mem), "objective": objective, "fixed": pinned or None,
             "usd_per_gpu_hour": float(price) if objective == "cost" else None, "confirm": int(confirm),

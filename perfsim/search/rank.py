@@ -157,10 +157,11 @@ def explain_infeasible(model: ModelSpec, cluster, counts, gbs: int, seq: int, sw
 
 
 def format_table(rows: list[SearchRow]) -> list[str]:
-    """The ranked table; a ``$/Mtok`` column (dollars per million tokens at the given GPU-hour
+    """The ranked table (a ``dispatch`` column: the MoE dispatch implementation, '-' where
+    ep == 1); a ``$/Mtok`` column (dollars per million tokens at the given GPU-hour
     price) whenever the rows were priced (``--usd-per-gpu-hour``, always with ``--objective cost``)."""
     priced = any(r.usd_per_mtoken is not None for r in rows)
-    head = f"{'#':>3} {'gpus':>5}  {'plan':<44} {'step ms':>9} {'tok/s/GPU':>10} {'MFU':>6} {'mem GB':>7} {'free GB':>7} {'comm ms':>8}"
+    head = f"{'#':>3} {'gpus':>5}  {'plan':<44} {'dispatch':<9} {'step ms':>9} {'tok/s/GPU':>10} {'MFU':>6} {'mem GB':>7} {'free GB':>7} {'comm ms':>8}"
     lines = [head + (f" {'$/Mtok':>8}" if priced else "") + "  est"]
     for r in rows:
         p = r.plan
@@ -169,11 +170,17 @@ def format_table(rows: list[SearchRow]) -> list[str]:
         knobs += f" {p['schedule']}" if p["pp"] > 1 else ""
         knobs += " tp-overlap" if p.get("tp_comm_overlap") else ""
         knobs += f" bucket{p['grad_bucket_bytes'] / 1e6:g}MB" if p.get("grad_bucket_bytes", DEFAULT_BUCKET) != DEFAULT_BUCKET else ""
-        lines.append(f"{r.rank:>3} {r.world_size:>5}  {knobs:<44} {r.step_time_s * 1e3:>9.1f} {r.tokens_per_s_per_gpu:>10,.0f} "
+        lines.append(f"{r.rank:>3} {r.world_size:>5}  {knobs:<44} {dispatch_label(p):<9} {r.step_time_s * 1e3:>9.1f} {r.tokens_per_s_per_gpu:>10,.0f} "
                      f"{r.mfu:>6.1%} {r.peak_memory_bytes / 1e9:>7.1f} {r.memory_headroom_bytes / 1e9:>7.1f} "
                      f"{r.exposed_comm_s * 1e3:>8.1f}" + (f" {_usd(r.usd_per_mtoken):>8}" if priced else "")
                      + f"  {r.estimator}{' *' if r.pareto else ''}")
     return lines
+
+
+def dispatch_label(plan: dict) -> str:
+    """The plan's MoE dispatch implementation, or '-' where there is no expert parallelism
+    (ep == 1: no dispatch all-to-all, so the implementation prices nothing)."""
+    return str(plan.get("dispatch") or "alltoall") if plan.get("ep", 1) > 1 else "-"
 
 
 def _usd(value: float | None) -> str:
