@@ -129,3 +129,32 @@ def test_cli_fp8_dispatch(capsys):
     assert main(args + ["--dispatch-fp8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "dispatch_fp8" in err[0]
+
+
+def _names(model, **knobs) -> set[str]:
+    plan = ParallelPlan(gbs=64, mbs=1, seq=2048, **knobs)
+    return {op.name for op in build_graph(model, plan).ops}
+
+
+def test_library_all_to_all_regroups_tokens_by_local_expert():
+    """RCCL's all-to-all delivers tokens grouped by source rank: a rank holding several
+    experts sorts them by expert after the dispatch and back before the combine (Megatron's
+    sort_chunks_by_idxs); a dedicated dispatch kernel writes that layout itself, and a rank
+    with one expert has nothing to regroup."""
+    lite = perfsim.load_model("deepseek-v2-lite")  # 64 experts
+    names = _names(lite, ep=8, dp=8)
+    assert {"local_sort", "local_unsort", "local_sort_bwd", "local_unsort_bwd"} <= names
+    assert "local_sort" not in _names(lite, ep=8, dp=8, dispatch="mori")
+    assert "local_sort" not in _names(lite, ep=64, dp=64)
+    assert "local_sort" not in _names(lite, dp=8)  # no expert parallelism
+
+
+def test_local_regroup_moves_what_the_rank_received():
+    lite = perfsim.load_model("deepseek-v2-lite")
+    graph = build_graph(lite, ParallelPlan(gbs=16, mbs=1, seq=2048, ep=8, dp=8))
+    a2a = next(op for op in graph.ops if op.name == "dispatch_a2a")
+    sort = next(op for op in graph.ops if op.name == "local_sort" and op.layer == a2a.layer)
+    assert sort.bytes == pytest.approx(2 * a2a.collective.size_bytes)
+    with_sort = perfsim.estimate(lite, "mi300x-pollara", gpus=8, ep=8, gbs=16, seq=2048)
+    mori = perfsim.estimate(lite, "mi300x-pollara", gpus=8, ep=8, gbs=16, seq=2048, dispatch="mori")
+    assert with_sort.breakdown["moe_permute"] > 1.5 * mori.breakdown["moe_permute"]

@@ -37,13 +37,13 @@ from math import comb
 from perfsim import units
 from perfsim.cost.phases import SWITCH_PORT, CollectiveCost, message_efficiency
 from perfsim.errors import ConfigError
-from perfsim.plan.parallel import GroupShape
+from perfsim.plan.parallel import LIBRARY_DISPATCH, GroupShape
 from perfsim.system import network
 from perfsim.system.hardware import ClusterSpec, DispatchSpec, IntraTopology
 
 LIBRARY = "alltoall"  # the plan's default: the collective library's all-to-all (cost.alltoall)
 # names priced as the library's all-to-all, one copy per (token, expert) (``cost.alltoall``)
-LIBRARY_NAMES = (LIBRARY, "rccl", "nccl")
+LIBRARY_NAMES = LIBRARY_DISPATCH
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ from perfsim.model.spec import Linear, ModelSpec
 from perfsim.lowering.ops import Coll, CollectiveCall, Gemm, OpKind, Stream
 from perfsim.lowering.steps import (ACT_BYTES, FP8_BYTES, FP8_DISPATCH_BYTES, LOGIT_BYTES, Step, coll_step,  # noqa: F401 - re-exported
                                     elementwise_step, fp8_cast_bytes, gemm_step, host_step)
-from perfsim.plan.parallel import ParallelPlan, Recompute
+from perfsim.plan.parallel import LIBRARY_DISPATCH, ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalance, slowest_expert_rank
 from perfsim.lowering.stack_steps import StackSteps
 
@@ -123,9 +123,9 @@ class LayerBuilder(StackSteps):
         steps += self._moe_host_sync()
         steps.append(elementwise_step("permute", 2 * routed * h * ACT_BYTES, "moe_permute"))
         dispatch, combine = self._a2a_steps(routed)
-        steps += dispatch
+        steps += dispatch + self._local_regroup("local_sort", dispatch)
         steps += self._experts(routed)
-        steps += combine
+        steps += self._local_regroup("local_unsort", combine) + combine
         steps.append(elementwise_step("unpermute", 2 * routed * h * ACT_BYTES, "moe_permute"))
         if m.shared_ffn_hidden_size:
             w = m.shared_ffn_hidden_size
@@ -137,6 +137,17 @@ class LayerBuilder(StackSteps):
         """all_to_allv as the busiest rank sees it: it receives ``imbalance`` x its share."""
         skew = imbalance(self.model, self.plan, routed, self.routing, self.ep_speeds)
         return routed * self.model.hidden_size * per_value * skew
+
+    def _local_regroup(self, name: str, a2a: list[Step]) -> list[Step]:
+        """The library all-to-all delivers tokens grouped by source rank; with several
+        experts per rank they are regrouped by expert after the dispatch and back before the
+        combine (Megatron-Core MoEAlltoAllTokenDispatcher.sort_chunks_by_idxs; MaxText's
+        ragged path does the same local permute): the received tokens read and written once.
+        Dedicated dispatch kernels (deepep, mori) write the expert-major layout directly."""
+        local_experts = self.model.num_experts // self.plan.ep
+        if not a2a or local_experts < 2 or self.plan.dispatch not in LIBRARY_DISPATCH:
+            return []
+        return [elementwise_step(name, 2 * a2a[0].collective.size_bytes, "moe_permute")]
 
     def _a2a_steps(self, routed: int) -> tuple[list[Step], list[Step]]:
         """The dispatch and combine all-to-alls (none without expert parallelism). Under FP8

@@ -28,6 +28,11 @@ class Schedule(StrEnum):
 
 
 DTYPES = ("bf16", "fp16", "fp8")
+# plan.dispatch names that run the collective library's all-to-all (RCCL / NCCL): tokens
+# arrive grouped by source rank, so a rank holding several experts regroups them by expert
+# (Megatron-Core MoEAlltoAllTokenDispatcher.sort_chunks_by_idxs); the dedicated dispatch
+# kernels (deepep, mori) write the expert-major layout themselves
+LIBRARY_DISPATCH = ("alltoall", "rccl", "nccl")
 
 
 @dataclass(frozen=True, kw_only=True)
