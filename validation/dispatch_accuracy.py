@@ -51,7 +51,7 @@ class Row:
     point: DispatchPoint
     impl: str
     profile: str
-    role: str  # fit | check | same-source check | copy of a fit row
+    role: str  # fit | check | same-source check | copy of a fit row | stale (source-marked): shown, not scored
     predicted_GBps: float
 
     @property
@@ -103,6 +103,8 @@ def rows() -> list[Row]:
             role = "fit"
         elif _duplicates_fit(p, points, fit_keys):
             role = "copy of a fit row"
+        elif p.stale:  # ROCm/mori@624002c8 stars its MI300X EP32 row: the older low-latency
+            role = "stale (source-marked)"  # kernel's numbers (old EP32-V1-LL 32 CU, identical), not modelled
         elif impl.startswith("deepep") or "readme_old" in p.series:
             role = "same-source check"
         else:
@@ -120,7 +122,10 @@ def section_lines() -> list[str]:
              "into the bytes each library counts; see `validation/dispatch_accuracy.py`. MORI fitted on ROCm/mori@05bb5f4 "
              "(EP8 xGMI, EP16-V1 80 CU RDMA dispatch) and checked on ROCm/mori@624002c8; DeepEP fitted on its EP8 and "
              "EP32 dispatch rows, its low-latency kernels (`deepep-ll`: no dedup, one copy per expert) take the "
-             "normal kernels' efficiencies and a latency read off EP16 and EP256 dispatch (one source: its other rows are same-source checks). Target: within 15%.", "",
+             "normal kernels' efficiencies and a latency read off EP16 and EP256 dispatch (one source: its other rows are same-source checks). "
+             "Rows the source itself marks as stale data from a previous kernel version (the current MORI README's MI300X EP32 "
+             "row, identical to the old README's EP32-V1-LL 32 CU low-latency row, a kernel perfsim does not model) are shown "
+             "and not scored. Target: within 15%.", "",
              "| series | phase | metric | profile | role | measured GB/s | predicted GB/s | error % |",
              "| --- | --- | --- | --- | --- | ---: | ---: | ---: |"]
     for r in table:

@@ -72,6 +72,7 @@ class DispatchPoint:
     hidden: int
     topk: int
     source: str
+    stale: bool = False  # the source marks the row as stale data from a previous kernel version
 
     @property
     def bytes_per_token(self) -> float:
@@ -153,5 +154,5 @@ def read_dispatch_table(path: str | Path) -> list[DispatchPoint]:
             series=row["series"], gpu=row["gpu"], phase=phase, num_ranks=int(row["n_ranks"]),
             num_nodes=int(row["n_nodes"] or 1), metric=metric, bw_GBps=float(row["algbw_GBps"]),
             latency_us=float(row["time_us"]) if row.get("time_us") else None, tokens=tokens, hidden=hidden,
-            topk=topk, source=row.get("source_url", "")))
+            topk=topk, source=row.get("source_url", ""), stale="stale data" in note.lower()))
     return out
