@@ -41,6 +41,8 @@ DEFAULT = {
         "first_stage_layers": 0, "last_stage_layers": 0, "recompute_layers": 0,
         # MoE dispatch/combine implementation (--dispatch): alltoall or one of the cluster's [dispatch.<name>]
         "dispatch": "alltoall",
+        # --dispatch-fp8: FP8 (+ scales) in the dispatch direction; only under dtype fp8, on an MoE model
+        "dispatch_fp8": False,
     },
     "model_edit": {},  # ModelSpec fields changed on the Plan page (from the preset's values)
     "hardware_edit": {},  # GPU / link / NIC numbers changed on the Plan page (editing.HARDWARE_FIELDS)
@@ -214,7 +216,16 @@ def simulate(inputs: dict):
         model, cluster, estimator=inputs.get("estimator", "des"), check_memory=False, routing=routing_spec(inputs),
         variability=variability_spec(inputs), trace=True, stack=inputs.get("stack") or "ideal", **plan_knobs(inputs),
         **fidelity_knobs(inputs), dispatch=dispatch_choice(inputs, cluster, model),
+        dispatch_fp8=dispatch_fp8_choice(inputs, model),
     )
+
+
+def dispatch_fp8_choice(inputs: dict, model=None) -> bool:
+    """``dispatch_fp8``: the stored choice where it applies (dtype fp8, a model with experts);
+    otherwise off, so a BF16 plan or a dense model never carries it."""
+    chosen = bool((inputs.get("fidelity") or {}).get("dispatch_fp8"))
+    model = model if model is not None else model_spec(inputs)
+    return chosen and inputs["knobs"].get("dtype") == "fp8" and model.is_moe
 
 
 def describe(inputs: dict) -> str:

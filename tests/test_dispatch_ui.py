@@ -208,3 +208,26 @@ def test_search_page_fixes_and_shows_the_dispatch_and_opens_it_on_the_plan_page(
     ok(at)
     assert at.session_state["inputs"]["fidelity"]["dispatch"] == "mori"
     assert at.selectbox(key="w.dispatch").value == "mori"
+
+
+def test_fp8_dispatch_toggle_only_under_fp8_and_reaches_the_plan():
+    at = start({**MOE, "knobs": {"ep": 16, "dtype": "bf16"}})
+    toggle = at.toggle(key="w.dispatch_fp8")
+    assert toggle.label == "FP8 dispatch" and toggle.disabled
+    at.selectbox(key="w.dtype").set_value("fp8").run()
+    ok(at)
+    assert not at.toggle(key="w.dispatch_fp8").disabled
+    before = step_time(at)
+    at.toggle(key="w.dispatch_fp8").set_value(True).run()
+    ok(at)
+    inputs = at.session_state["inputs"]
+    assert inputs["fidelity"]["dispatch_fp8"] is True and step_time(at) != before
+    assert planner_inputs.simulate(inputs).plan["dispatch_fp8"] is True
+    # back to BF16: the stored choice no longer applies, the plan never carries it
+    at.selectbox(key="w.dtype").set_value("bf16").run()
+    ok(at)
+    assert planner_inputs.simulate(at.session_state["inputs"]).plan["dispatch_fp8"] is False
+    dense = start({"model": "llama3.1-8b", "estimator": "analytic", "knobs": {"dtype": "fp8"},
+                   "fidelity": {"dispatch_fp8": True}})
+    assert "w.dispatch_fp8" not in [t.key for t in dense.toggle]
+    assert planner_inputs.simulate(dense.session_state["inputs"]).plan["dispatch_fp8"] is False

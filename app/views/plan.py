@@ -48,6 +48,21 @@ def _dispatch(column, model: str, model_config: str | None, cluster: str, fideli
                                  "deepep, ...)")
 
 
+def _dispatch_fp8(column, model: str, model_config: str | None, dtype: str, fidelity: dict) -> bool:
+    """The "FP8 dispatch" toggle (--dispatch-fp8): MoE models only, enabled under dtype fp8."""
+    try:
+        experts = common.model_facts({"model": model, "model_config": model_config})["experts"]
+    except Exception:  # the page shows the model error itself
+        return False
+    if not experts:
+        return False
+    on = column.toggle("FP8 dispatch", key=common.seed("dispatch_fp8", bool(fidelity.get("dispatch_fp8"))),
+                       disabled=dtype != "fp8",
+                       help="--dispatch-fp8 (dtype fp8): tokens go to their experts as FP8 + one FP32 scale per 128 "
+                            "values; the combine stays BF16")
+    return bool(on) and dtype == "fp8"
+
+
 st.title("Plan")
 current = common.get_inputs()
 
@@ -140,6 +155,7 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     routing["placement"] = f[3].selectbox("Expert placement", PLACEMENTS, key=common.seed(
         "placement", routing.get("placement", "contiguous")), help="--expert-placement contiguous | speed")
     fidelity["dispatch"] = _dispatch(f[3], model, model_config, cluster, fidelity)
+    fidelity["dispatch_fp8"] = _dispatch_fp8(f[3], model, model_config, knobs["dtype"], fidelity)
     fidelity["gpu_variability"] = f[4].number_input("GPU variability (cv)", min_value=0.0, max_value=0.5, step=0.01,
                                                     key=common.seed("gpu_variability", fidelity["gpu_variability"]),
                                                     help="--gpu-variability: std-dev of per-GPU speed")
