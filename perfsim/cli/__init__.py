@@ -47,6 +47,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-param-prefetch", action="store_true",
                    help="ZeRO parameter all-gathers not prefetched: each layer waits for its gather (ZeRO-3), "
                         "or the updated weights are gathered after the optimizer step (ZeRO-1/2)")
+    p.add_argument("--no-clip-grad", action="store_true",
+                   help="no gradient clipping (default: clip by global norm, as Megatron --clip-grad 1.0 and MaxText do: "
+                        "a norm + scale pass over the gradient shard and a scalar all-reduce before the optimizer step)")
     p.add_argument("--grad-bucket-size", type=a.size(1), default=None,
                    help="gradient bucket in bytes (e.g. 80M; default 40M bf16 params)")
     p.add_argument("--overlap-cu-share", type=a.FRACTION_BELOW_ONE, default=None,
@@ -93,6 +96,8 @@ def _plan_knobs(args) -> dict:
         knobs["overlap_grad_reduce"] = False
     if args.no_param_prefetch:
         knobs["overlap_param_gather"] = False
+    if args.no_clip_grad:
+        knobs["clip_grad"] = False
     if args.grad_bucket_size is not None:
         knobs["grad_bucket_bytes"] = int(args.grad_bucket_size)
     knobs["comm_compute_interference"] = args.overlap_cu_share

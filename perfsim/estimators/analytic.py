@@ -30,7 +30,7 @@ from perfsim.cost.kernels import elementwise_time
 from perfsim.cost.pricing import placement_key, price
 from perfsim.estimators.overlap import Window, add_links, background_rate, drain_s, queue_drain_s, window_s
 from perfsim.estimators.pipeline import PassCost, StageCosts, Walked, walk as walk_pipeline
-from perfsim.lowering.graph import OpGraph, block_passes
+from perfsim.lowering.graph import OpGraph, block_passes, clip_steps
 from perfsim.lowering.layers import LayerBuilder, Step
 from perfsim.lowering.ops import Coll, Op, OpKind, Stream
 from perfsim.model.spec import ModelSpec
@@ -442,10 +442,22 @@ class ClosedForm:
                              self.speeds(plan)), make)
 
     def optimizer_s(self, plan: ParallelPlan, stage: int) -> float:
+        """The gradient clip (``graph.clip_steps``: norm + scale pass, the norm's all-reduce)
+        and the Adam step, in line after the last gradient reduction."""
         key = ("opt", plan.tp, plan.ep, plan.etp, self.signature(plan, stage), plan.zero == 0, plan.dp * plan.cp,
-               plan.edp, self.speeds(plan)[0][stage])
-        return self._cached(key, lambda: self.speeds(plan)[0][stage] * elementwise_time(
-            optimizer_bytes(self.model, plan, stage), self.cluster.gpu))
+               plan.edp, self.speeds(plan)[0][stage], plan.clip_grad)
+
+        def make():
+            slow, gpu = self.speeds(plan)[0][stage], self.cluster.gpu
+            total = slow * elementwise_time(optimizer_bytes(self.model, plan, stage), gpu)
+            for step in clip_steps(self.model, plan, stage):
+                if step.collective is None:
+                    total += slow * elementwise_time(step.bytes, gpu)
+                else:
+                    ranks, stride = self._groups(plan)[step.collective.group]
+                    total += self.coll_s(step.collective.coll, step.collective.size_bytes, ranks, stride)
+            return total
+        return self._cached(key, make)
 
     def stage_parts(self, plan: ParallelPlan, stage: int) -> list[tuple[Template, int]]:
         """(template, count) of a stage's blocks: its layers, the embedding, the LM head."""

@@ -22,7 +22,8 @@ from perfsim.lowering.ops import Coll, Op, OpKind, Stream
 from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import BWD, FWD, WGT, splits_backward, stage_layers, stage_order
-from perfsim.plan.sharding import is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes, optimizer_bytes
+from perfsim.plan.sharding import (NORM_BYTES, clip_bytes, is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes,
+                                   optimizer_bytes)
 
 
 @dataclass
@@ -216,7 +217,7 @@ class _Builder:
         self.flush_buckets(stage)
         num_bytes = optimizer_bytes(self.model, self.plan, stage)
         step = Step(name="optimizer_step", kind=OpKind.OPTIMIZER, stream=Stream.COMPUTE, category="optimizer", bytes=num_bytes)
-        end = self.chain(stage, [step], tuple(self.grad_ops[stage]), -1, -1)
+        end = self.chain(stage, clip_steps(self.model, self.plan, stage) + [step], tuple(self.grad_ops[stage]), -1, -1)
         if self.plan.zero in (1, 2) and not (self.plan.overlap_grad_reduce and self.plan.overlap_param_gather):
             layers = [l for c in range(self.plan.vpp) for l in self._layers(stage, c)]
             gathers = []
@@ -226,6 +227,19 @@ class _Builder:
                     gathers.append(self.add(stage, step, (end,), -1, layer))
             if gathers:
                 self.chain(stage, [_barrier()], tuple(gathers), -1, -1)
+
+
+def clip_steps(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[Step]:
+    """Gradient clipping before the optimizer step: the local norm and the in-place scale
+    (one HBM-bound pass), and the scalar all-reduce of the norm over the data-parallel
+    ranks (latency-bound; the model-parallel part of the sum is folded into it)."""
+    if not plan.clip_grad:
+        return []
+    steps = [Step(name="grad_clip", kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category="optimizer",
+                  bytes=clip_bytes(model, plan, stage))]
+    if plan.dp * plan.cp > 1:
+        steps.append(_dp_step("grad_norm_ar", Coll.ALL_REDUCE, "dp_cp", NORM_BYTES, "optimizer"))
+    return steps
 
 
 def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,

@@ -41,7 +41,7 @@ DTYPES = {"bf16": "bf16", "fp16": "fp16"}
 # Known flags that do not change a step's time in perfsim (or only through the model, which
 # comes from --model): reported as ignored, not as unknown.
 IGNORED = frozenset("""
-lr min_lr lr_decay_style lr_warmup_iters lr_warmup_fraction lr_decay_iters weight_decay clip_grad adam_beta1
+lr min_lr lr_decay_style lr_warmup_iters lr_warmup_fraction lr_decay_iters weight_decay adam_beta1
 adam_beta2 adam_eps init_method_std seed train_iters train_samples eval_iters eval_interval log_interval
 save load save_interval data_path split tokenizer_type tokenizer_model vocab_file merge_file
 distributed_backend use_flash_attn use_mcore_models transformer_impl attention_softmax_in_fp32
@@ -167,6 +167,8 @@ def from_mapping(args: dict) -> MegatronPlan:
             vpp_layers = _int(name, value)
         elif name == "ddp_bucket_size":
             knobs["grad_bucket_bytes"] = 2 * _int(name, value)  # elements of bf16 gradients
+        elif name == "clip_grad":  # Megatron clips at 1.0 by default; 0 turns clipping off
+            knobs["clip_grad"] = _finite(name, value) > 0
         elif name == "moe_expert_capacity_factor":
             overrides["capacity_factor"] = _finite(name, value)
         elif name in NOT_MODELLED:

@@ -84,6 +84,10 @@ class ParallelPlan:
     # experts as FP8 with one FP32 scale per 128 values (and so do the gradients that flow
     # back into the experts); the combine direction stays BF16. Needs dtype fp8.
     dispatch_fp8: bool = False
+    # gradient clipping by global norm (Megatron --clip-grad, default 1.0; MaxText / optax
+    # clip_by_global_norm): the norm reads the local fp32 main-gradient shard, a scalar
+    # all-reduce sums it over the data-parallel ranks, and the gradients are scaled in place
+    clip_grad: bool = True
 
     def __post_init__(self):
         if not isinstance(self.stack, StackSpec):
@@ -109,7 +113,7 @@ class ParallelPlan:
             raise ConfigError(f"plan.dispatch must be an implementation name such as alltoall, deepep or mori, "
                               f"got {self.dispatch!r}")
         for key in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "dma_offload", "tp_comm_overlap",
-                    "dispatch_fp8"):
+                    "dispatch_fp8", "clip_grad"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"plan.{key} must be true or false, got {getattr(self, key)!r}")
         if self.zero not in (0, 1, 2, 3):
@@ -176,6 +180,7 @@ class ParallelPlan:
         parts += [f"stack-{self.stack.name}"] if self.stack.name != "ideal" else []
         parts += [f"dispatch-{self.dispatch}"] if self.dispatch != "alltoall" else []
         parts += ["dispatch-fp8"] if self.dispatch_fp8 else []
+        parts += ["no-clip"] if not self.clip_grad else []
         return " ".join(parts)
 
     def to_dict(self) -> dict:

@@ -14,6 +14,10 @@ REDUCE_GRAD_BYTES = 2  # gradients are reduced in bf16 (Megatron-Core DDP defaul
 OPTIMIZER_STATE_BYTES = 12
 # Adam step traffic per local parameter: read fp32 master, grad, m, v; write master, m, v, bf16 copy
 OPTIMIZER_TRAFFIC_BYTES = 4 + 4 + 4 + 4 + 4 + 4 + 4 + 2
+# gradient clipping per local parameter: the global norm reads the fp32 main gradient, the
+# clip scales it in place (read + write; Megatron clip_grad_by_total_norm_fp32)
+CLIP_TRAFFIC_BYTES = 3 * MAIN_GRAD_BYTES
+NORM_BYTES = 4  # the fp32 squared norm all-reduced across the data-parallel ranks
 
 
 def is_moe_layer(model: ModelSpec, layer: int) -> bool:
@@ -95,6 +99,11 @@ def local_optimizer_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> 
         return dense + expert
     d_shard, e_shard = shard_degrees(plan)
     return dense / d_shard + expert / e_shard
+
+
+def clip_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """HBM traffic of the gradient clip (norm + scale) on this rank's gradient shard."""
+    return local_optimizer_params(model, plan, stage) * CLIP_TRAFFIC_BYTES if plan.clip_grad else 0.0
 
 
 def optimizer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
