@@ -107,16 +107,25 @@ class ScenarioStore:
             return [row[0] for row in cur]
 
     def get(self, name: str) -> Scenario:
+        found = self.find(name)
+        if found is None:
+            raise KeyError(f"scenario {name!r} not found")
+        return found
+
+    def find(self, name: str) -> Scenario | None:
+        """``name``'s scenario, or None when there is none (another session may have deleted it)."""
         with self._connect() as db:
             row = db.execute(
                 "SELECT name, created_s, inputs, results FROM scenarios WHERE name = ?", (name,)
             ).fetchone()
-        if row is None:
-            raise KeyError(f"scenario {name!r} not found")
-        return Scenario(name=row[0], created_s=row[1], inputs=json.loads(row[2]), results=json.loads(row[3]))
+        return None if row is None else _scenario(row)
 
     def all(self) -> list[Scenario]:
-        return [self.get(name) for name in self.names()]
+        """Every scenario, oldest first, read in one query (a delete from another session
+        between listing and reading cannot fail it)."""
+        with self._connect() as db, closing(db.execute(
+                "SELECT name, created_s, inputs, results FROM scenarios ORDER BY id")) as cur:
+            return [_scenario(row) for row in cur]
 
     def delete(self, name: str) -> bool:
         """Remove ``name``; False when there was no such scenario."""
@@ -126,6 +135,10 @@ class ScenarioStore:
     def __len__(self) -> int:
         with self._connect() as db:
             return db.execute("SELECT COUNT(*) FROM scenarios").fetchone()[0]
+
+
+def _scenario(row) -> Scenario:
+    return Scenario(name=row[0], created_s=row[1], inputs=json.loads(row[2]), results=json.loads(row[3]))
 
 
 def _free_name(db: sqlite3.Connection, name: str) -> str:

@@ -515,6 +515,25 @@ def test_compare_empty_and_delete(isolated):
     assert ScenarioStore(isolated / "scenarios.db").names() == []
 
 
+def test_compare_survives_a_scenario_deleted_by_another_session(isolated):
+    """Another tab deletes a scenario this page has selected: the page drops it from the
+    selection and says so, no KeyError; the store's ``all`` reads in one query."""
+    store = ScenarioStore(isolated / "scenarios.db")
+    for name in ("a", "b", "c"):
+        store.save(name, {"knobs": {}}, {"step_time_s": 1.0, "plan": {}})
+    at = start("compare")
+    at.multiselect(key="w.cmp_names").set_value(["a", "b", "c"]).run()
+    ok(at)
+    store.delete("b")  # the other session
+    at.run()
+    ok(at)
+    assert at.multiselect(key="w.cmp_names").value == ["a", "c"]
+    assert any("No longer saved" in i.value and i.value.endswith(" b") for i in at.info)
+    assert [s.name for s in store.all()] == ["a", "c"] and store.find("b") is None
+    with pytest.raises(KeyError, match="'b' not found"):
+        store.get("b")
+
+
 # ---- Navigation -----------------------------------------------------------------------------
 
 def test_every_listed_page_that_exists_renders():
