@@ -238,7 +238,7 @@ def clip_steps(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[Step]:
     steps = [Step(name="grad_clip", kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category="optimizer",
                   bytes=clip_bytes(model, plan, stage))]
     if plan.dp * plan.cp > 1:
-        steps.append(_dp_step("grad_norm_ar", Coll.ALL_REDUCE, "dp_cp", NORM_BYTES, "dp_grad_reduce"))
+        steps.append(_dp_step("grad_norm_ar", Coll.ALL_REDUCE, "dp_cp", NORM_BYTES, "grad_norm"))
     return steps
 
 
