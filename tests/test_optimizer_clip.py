@@ -1,6 +1,6 @@
 """Gradient clipping by global norm in the optimizer phase (issue 14, what real steps
-contain): a norm + in-place scale pass over the rank's fp32 gradient shard and a scalar
-all-reduce over the data-parallel ranks, before the Adam step; on by default (Megatron
+contain): a norm + in-place scale pass over the rank's fp32 gradient shard and (ZeRO) a
+scalar all-reduce over the data-parallel ranks, before the Adam step; on by default (Megatron
 --clip-grad 1.0), off with --no-clip-grad / --clip-grad 0; priced alike by both estimators."""
 
 import pytest
@@ -28,6 +28,9 @@ def test_clip_steps_sit_before_the_optimizer_step():
     assert clip.op_id in norm.deps and norm.op_id in adam.deps
     assert "grad_clip" not in _ops(ParallelPlan(tp=2, dp=4, zero=1, gbs=8, seq=2048, clip_grad=False))
     assert "grad_norm_ar" not in _ops(ParallelPlan(tp=8, gbs=8, seq=2048))  # one data-parallel rank: nothing to sum
+    # without ZeRO every rank holds the all-reduced gradients: the norm needs no data-parallel sum
+    assert "grad_norm_ar" not in _ops(ParallelPlan(tp=2, dp=4, zero=0, gbs=8, seq=2048))
+    assert "grad_clip" in _ops(ParallelPlan(tp=2, dp=4, zero=0, gbs=8, seq=2048))
 
 
 @pytest.mark.parametrize("estimator", ["estimate", "simulate"])

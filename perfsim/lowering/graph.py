@@ -231,13 +231,14 @@ class _Builder:
 
 def clip_steps(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[Step]:
     """Gradient clipping before the optimizer step: the local norm and the in-place scale
-    (one HBM-bound pass), and the scalar all-reduce of the norm over the data-parallel
-    ranks (latency-bound; the model-parallel part of the sum is folded into it)."""
+    (one HBM-bound pass), and, where ZeRO shards the gradients over the data-parallel
+    ranks, the scalar all-reduce of the norm over them (latency-bound; without ZeRO every
+    rank holds the reduced gradients and only the model-parallel ranks sum, folded in)."""
     if not plan.clip_grad:
         return []
     steps = [Step(name="grad_clip", kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category="optimizer",
                   bytes=clip_bytes(model, plan, stage))]
-    if plan.dp * plan.cp > 1:
+    if plan.zero and plan.dp * plan.cp > 1:
         steps.append(_dp_step("grad_norm_ar", Coll.ALL_REDUCE, "dp_cp", NORM_BYTES, "grad_norm"))
     return steps
 

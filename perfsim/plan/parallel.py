@@ -86,7 +86,8 @@ class ParallelPlan:
     dispatch_fp8: bool = False
     # gradient clipping by global norm (Megatron --clip-grad, default 1.0; MaxText / optax
     # clip_by_global_norm): the norm reads the local fp32 main-gradient shard, a scalar
-    # all-reduce sums it over the data-parallel ranks, and the gradients are scaled in place
+    # all-reduce sums it over the data-parallel ranks (ZeRO shards), and the gradients are
+    # scaled in place
     clip_grad: bool = True
 
     def __post_init__(self):
