@@ -402,15 +402,13 @@ class ClosedForm:
 
     def p2p_s(self, plan: ParallelPlan) -> float:
         """One pipeline send: graph._Builder.send (bf16 activations of the local tokens)."""
-        if plan.pp == 1:
-            return 0.0
+        return self.p2p(plan).time_s if plan.pp > 1 else 0.0
 
-        def make():
-            tokens = plan.mbs * plan.seq // plan.cp
-            local = tokens // plan.tp if plan.sequence_parallel and plan.tp > 1 else tokens
-            size = local * self.model.hidden_size * 2
-            return self.coll_s(Coll.SEND_RECV, size, plan.pp, plan.tp * plan.cp * plan.dp)
-        return self._cached(("p2p", plan.mbs, plan.seq, plan.cp, plan.tp, plan.sequence_parallel, plan.pp, plan.dp), make)
+    def p2p(self, plan: ParallelPlan):
+        """One pipeline send's cost (its ``demand``: the links it keeps busy); pp > 1."""
+        tokens = plan.mbs * plan.seq // plan.cp
+        local = tokens // plan.tp if plan.sequence_parallel and plan.tp > 1 else tokens
+        return self.coll(Coll.SEND_RECV, local * self.model.hidden_size * 2, plan.pp, plan.tp * plan.cp * plan.dp)
 
     # ---- stages ----------------------------------------------------------------------------
 

@@ -77,6 +77,8 @@ def _link_loads(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict[
                     put(f"{op.category}/{op.collective.coll if op.collective else op.kind}", link_loads([op]), m * n)
     grads = cf.grad_buckets(plan, crit)
     put(f"{GRAD_REDUCE}/{'all_reduce' if plan.zero == 0 else 'reduce_scatter'}", grads[3], 1)
+    if plan.pp > 1:  # the stage's pipeline sends (as _collectives counts them)
+        put("pp_p2p/send_recv", cf.p2p(plan).demand, _sends(plan, crit))
     if plan.zero:
         nd, nm, _, _ = cf.layout(plan, crit)
         times = 2 * m if plan.zero == 3 else 1
@@ -84,6 +86,12 @@ def _link_loads(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict[
             if count:
                 put(f"{PARAM_GATHER}/all_gather", cf.gather_links(plan, kind), count * times)
     return out
+
+
+def _sends(plan: ParallelPlan, stage: int) -> int:
+    """Pipeline sends of ``stage`` in a step: one per microbatch each way it has a neighbour."""
+    m = plan.num_microbatches
+    return 2 * m if 0 < stage < plan.pp - 1 else m
 
 
 def _collectives(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict]:
@@ -104,7 +112,7 @@ def _collectives(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict
     if tl["gathers_s"] > 0:
         put(f"{PARAM_GATHER}/all_gather", tl["gathers_s"], tl["gather_exposed_s"], _gather_count(cf, plan, crit))
     if tl["p2p_s"] > 0:
-        sends = 2 * m if 0 < crit < plan.pp - 1 else m
+        sends = _sends(plan, crit)
         put("pp_p2p/send_recv", max(tl["p2p_s"], sends * cf.p2p_s(plan)), tl["p2p_s"], sends)
     for e in out.values():
         e["overlapped_s"] = max(0.0, e["total_s"] - e["exposed_s"])
