@@ -121,6 +121,9 @@ def table_provenance(gpu) -> list[tuple[str, str, str]]:
               *((f"grouped_gemm.{d}", t) for d, t in sorted(gpu.grouped_gemm.items())),
               ("attention", gpu.attention), ("hbm", gpu.hbm)]
     rows = [(name, _status(t.source), t.source) for name, t in tables]
+    if not gpu.grouped_gemm:  # cost.kernels.grouped_gemm_time's fallback, said rather than left out
+        rows.append(("grouped_gemm", "assumed", "no grouped-kernel table fitted for this GPU: each expert is "
+                     "priced as a dense GEMM of its tokens at the gemm table's efficiency"))
     return rows + [("clock_under_load", _status(gpu.clock_source), f"{gpu.clock_under_load_MHz} MHz: {gpu.clock_source}"),
                    ("kernel_launch", _status(gpu.kernel_launch_source), f"{gpu.kernel_launch_us} us: {gpu.kernel_launch_source}")]
 
