@@ -10,6 +10,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from perfsim.plan.parallel import dispatch_label
+
 COMPUTE_STREAM = "compute"
 BUBBLE = "pipeline_bubble"
 IDLE = "idle"
@@ -227,13 +229,6 @@ SEARCH_COLUMNS = ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", 
                   "peak_memory_bytes", "memory_headroom_bytes", "exposed_comm_s", "usd_per_mtoken", "world_size",
                   "estimator", "pareto")
 PLAN_AXES = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "recompute", "schedule")
-
-
-def dispatch_label(plan: dict) -> str:
-    """A search row's MoE dispatch column: the plan's implementation (alltoall, mori,
-    deepep, ...) where ep > 1, '-' where there is no expert parallelism to dispatch over
-    (as the `perfsim search` table prints it)."""
-    return str(plan.get("dispatch") or "alltoall") if int(plan.get("ep", 1) or 1) > 1 else "-"
 
 
 def _as_dict(item) -> dict:

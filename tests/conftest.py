@@ -82,3 +82,15 @@ def lower(case: str) -> OpGraph:
     plan = ParallelPlan(seq=1024, **knobs)
     check_plan(plan, model, plan.world_size)
     return build_graph(model, plan)
+
+
+def fill_search_form(at, model: str, gpus: str, gbs: int, seq: int):
+    """The planner's Search page (Streamlit AppTest) set to a small in-process search:
+    ``model`` over ``gpus`` (a comma list), one engine confirmation, serial executor."""
+    at.selectbox(key="w.s_model").set_value(model).run()
+    at.text_input(key="w.s_gpus").input(gpus).run()
+    at.number_input(key="w.s_gbs").set_value(gbs).run()
+    at.number_input(key="w.s_seq").set_value(seq).run()
+    at.number_input(key="w.s_confirm").set_value(1).run()
+    at.selectbox(key="w.s_executor").set_value("serial").run()
+    return at

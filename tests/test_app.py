@@ -11,6 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 import perfsim
 import perfsim.calibration.validate
+from tests.conftest import fill_search_form
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "app" / "planner.py"
@@ -323,12 +324,7 @@ def test_search_page_with_the_real_search_or_unavailable():
     except ImportError:
         assert any("unavailable" in w.value for w in at.warning)
         return
-    at.selectbox(key="w.s_model").set_value("llama3.1-8b").run()
-    at.text_input(key="w.s_gpus").input("8,16").run()
-    at.number_input(key="w.s_gbs").set_value(64).run()
-    at.number_input(key="w.s_seq").set_value(2048).run()
-    at.number_input(key="w.s_confirm").set_value(1).run()
-    at.selectbox(key="w.s_executor").set_value("serial").run()
+    fill_search_form(at, "llama3.1-8b", "8,16", 64, 2048)
     next(b for b in at.button if b.label == "Run search").click().run()
     ok(at)
     assert not errors(at), errors(at)

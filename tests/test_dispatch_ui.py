@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 from perfsim.cli import main
 from perfsim.search import search
+from tests.conftest import fill_search_form
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "app"))
@@ -189,12 +190,7 @@ def test_search_page_fixes_and_shows_the_dispatch_and_opens_it_on_the_plan_page(
     at = AppTest.from_file(str(ROOT / "app" / "planner.py"), default_timeout=90).run()
     at.switch_page("views/search.py").run()
     ok(at)
-    at.selectbox(key="w.s_model").set_value("deepseek-v2-lite").run()
-    at.text_input(key="w.s_gpus").input("16").run()
-    at.number_input(key="w.s_gbs").set_value(16).run()
-    at.number_input(key="w.s_seq").set_value(1024).run()
-    at.number_input(key="w.s_confirm").set_value(1).run()
-    at.selectbox(key="w.s_executor").set_value("serial").run()
+    fill_search_form(at, "deepseek-v2-lite", "16", 16, 1024)
     for axis, value in (("tp", "1"), ("pp", "1"), ("ep", "16"), ("cp", "1"), ("zero", "1"), ("mbs", "1"),
                         ("dispatch", "alltoall, mori")):
         at.text_input(key=f"w.s_fix_{axis}").input(value).run()

@@ -22,20 +22,19 @@ if not names:
     st.stop()
 
 # names picked earlier that another session (or tab) has since deleted leave the selection
-kept = st.session_state.get("w.cmp_names")
-if kept is not None and any(n not in names for n in kept):
+kept = st.session_state.get("w.cmp_names") or []
+gone = [n for n in kept if n not in names]
+if gone:
     st.session_state["w.cmp_names"] = [n for n in kept if n in names]
-    st.info(fmt.md(f"No longer saved: {', '.join(n for n in kept if n not in names)}"), icon=":material/info:")
 chosen = st.multiselect("Scenarios (the first is the baseline)", names, key="w.cmp_names",
                         default=None if "w.cmp_names" in st.session_state else names[-2:])
+scenarios = {name: found for name in chosen if (found := store.find(name)) is not None}
+gone += [n for n in chosen if n not in scenarios]  # deleted between the listing and the read
+if gone:
+    st.info(fmt.md(f"No longer saved: {', '.join(gone)}"), icon=":material/info:")
+chosen = list(scenarios)
 if not chosen:
     st.stop()
-scenarios = {name: found for name in chosen if (found := store.find(name)) is not None}
-if len(scenarios) < len(chosen):  # deleted between the listing and the read
-    st.info(fmt.md(f"No longer saved: {', '.join(n for n in chosen if n not in scenarios)}"), icon=":material/info:")
-    chosen = list(scenarios)
-    if not chosen:
-        st.stop()
 results = {name: s.results for name, s in scenarios.items()}
 
 st.dataframe([fmt.compare_row(row, key, chosen) for row, (key, _, _) in zip(derive.compare_rows(results), derive.METRICS)],

@@ -26,17 +26,23 @@ def _overlap(column, label: str, key: str, fidelity: dict, help: str):
                               help=f"{help}; stack's = the software stack's overlap policy")
     return OVERLAP_CHOICES[choice]
 
-def _dispatch(column, model: str, model_config: str | None, cluster: str, fidelity: dict) -> str:
+def _has_experts(model: str, model_config: str | None) -> bool:
+    try:
+        return bool(common.model_facts({"model": model, "model_config": model_config})["experts"])
+    except Exception:  # the page shows the model error itself
+        return False
+
+
+def _dispatch(column, experts: bool, cluster: str, fidelity: dict) -> str:
     """The "MoE dispatch" selectbox (--dispatch): the chosen cluster's implementations,
     alltoall first; only for a model with experts (a dense model dispatches nothing: alltoall).
     A stored choice the cluster does not offer (a scenario from another cluster, the cluster
     changed) falls back to alltoall."""
-    try:
-        experts = common.model_facts({"model": model, "model_config": model_config})["experts"]
-        options = list(planner_inputs.dispatch_options(cluster))
-    except Exception:  # the page shows the model or cluster error itself
-        return DEFAULT_DISPATCH
     if not experts:
+        return DEFAULT_DISPATCH
+    try:
+        options = list(planner_inputs.dispatch_options(cluster))
+    except Exception:  # the page shows the cluster error itself
         return DEFAULT_DISPATCH
     stored = fidelity.get("dispatch") or DEFAULT_DISPATCH
     wkey = common.seed("dispatch", stored if stored in options else DEFAULT_DISPATCH)
@@ -48,12 +54,8 @@ def _dispatch(column, model: str, model_config: str | None, cluster: str, fideli
                                  "deepep, ...)")
 
 
-def _dispatch_fp8(column, model: str, model_config: str | None, dtype: str, fidelity: dict) -> bool:
+def _dispatch_fp8(column, experts: bool, dtype: str, fidelity: dict) -> bool:
     """The "FP8 dispatch" toggle (--dispatch-fp8): MoE models only, enabled under dtype fp8."""
-    try:
-        experts = common.model_facts({"model": model, "model_config": model_config})["experts"]
-    except Exception:  # the page shows the model error itself
-        return False
     if not experts:
         return False
     on = column.toggle("FP8 dispatch", key=common.seed("dispatch_fp8", bool(fidelity.get("dispatch_fp8"))),
@@ -154,8 +156,9 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
         help="--capacity-factor: tokens per expert capped at factor x mean (off: the model's own)") if capped else None
     routing["placement"] = f[3].selectbox("Expert placement", PLACEMENTS, key=common.seed(
         "placement", routing.get("placement", "contiguous")), help="--expert-placement contiguous | speed")
-    fidelity["dispatch"] = _dispatch(f[3], model, model_config, cluster, fidelity)
-    fidelity["dispatch_fp8"] = _dispatch_fp8(f[3], model, model_config, knobs["dtype"], fidelity)
+    experts = _has_experts(model, model_config)
+    fidelity["dispatch"] = _dispatch(f[3], experts, cluster, fidelity)
+    fidelity["dispatch_fp8"] = _dispatch_fp8(f[3], experts, knobs["dtype"], fidelity)
     fidelity["gpu_variability"] = f[4].number_input("GPU variability (cv)", min_value=0.0, max_value=0.5, step=0.01,
                                                     key=common.seed("gpu_variability", fidelity["gpu_variability"]),
                                                     help="--gpu-variability: std-dev of per-GPU speed")

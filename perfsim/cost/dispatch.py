@@ -31,8 +31,7 @@ as ``alltoall``), ``deepep``, ``deepep-ll``, ``mori`` are priced here.
 """
 
 from dataclasses import dataclass
-import math
-from math import comb
+from math import ceil, comb
 
 from perfsim import units
 from perfsim.cost.phases import SWITCH_PORT, CollectiveCost, message_efficiency
@@ -104,7 +103,7 @@ def _reach(load: DispatchLoad, shape: GroupShape) -> tuple[float, float]:
     w = nodes - lo if hi > lo else 0.0
 
     def at(a: int) -> tuple[float, float]:
-        a = max(a, math.ceil(load.topk / (per_rank * p)))  # enough experts to pick from
+        a = max(a, ceil(load.topk / (per_rank * p)))  # enough experts to pick from
         return expected_hits(a, per_rank * p, load.topk), expected_hits(a * p, per_rank, load.topk)
 
     (n_lo, r_lo), (n_hi, r_hi) = at(lo), at(hi)
@@ -176,7 +175,7 @@ def step_cost(size_bytes: float, token_bytes: float, topk: int, num_experts: int
     ``topk_groups`` of ``expert_groups``: the model's group-limited routing (0: none)."""
     tokens = size_bytes / (topk * token_bytes) if token_bytes > 0 else 0.0
     load = DispatchLoad(tokens=tokens, token_bytes=token_bytes, topk=topk, num_experts=num_experts,
-                        topk_groups=topk_groups if expert_groups else 0, expert_groups=expert_groups)
+                        topk_groups=topk_groups, expert_groups=expert_groups)
     cost = dispatch_cost(load, shape, cluster, impl)
     demand = {network.NIC: cost.nic_s} if cost.nic_s > 0 else {}
     if cost.intra_s > 0:

@@ -26,18 +26,17 @@ from importlib import resources
 from dataclasses import dataclass
 
 from perfsim.cost.collectives import collective_cost, local_peers
-from perfsim.cost.kernels import elementwise_time
 from perfsim.cost.pricing import placement_key, price
 from perfsim.estimators.overlap import Window, add_links, background_rate, drain_s, queue_drain_s, window_s
 from perfsim.estimators.pipeline import PassCost, StageCosts, Walked, walk as walk_pipeline
-from perfsim.lowering.graph import OpGraph, block_passes, clip_steps
+from perfsim.lowering.graph import OpGraph, block_passes, optimizer_steps
 from perfsim.lowering.layers import LayerBuilder, Step
 from perfsim.lowering.ops import Coll, Op, OpKind, Stream
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan, Recompute, Schedule, group_shape
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import BWD, FWD, WGT, splits_backward, stage_layers
-from perfsim.plan.sharding import is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes, optimizer_bytes, stage_layer_ids
+from perfsim.plan.sharding import is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes, stage_layer_ids
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.hardware import ClusterSpec
@@ -440,21 +439,16 @@ class ClosedForm:
                              self.speeds(plan)), make)
 
     def optimizer_s(self, plan: ParallelPlan, stage: int) -> float:
-        """The gradient clip (``graph.clip_steps``: norm + scale pass, the norm's all-reduce)
-        and the Adam step, in line after the last gradient reduction."""
-        key = ("opt", plan.tp, plan.ep, plan.etp, self.signature(plan, stage), plan.zero == 0, plan.dp * plan.cp,
-               plan.edp, self.speeds(plan)[0][stage], plan.clip_grad)
+        """The optimizer phase's chain (``graph.optimizer_steps``: gradient clip, Adam step)
+        priced as the engine prices it, in line after the last gradient reduction."""
+        key = ("opt", self.signature(plan, stage), plan.zero, plan.clip_grad, self.speeds(plan)[0][stage],
+               *placement_key(plan))
 
         def make():
-            slow, gpu = self.speeds(plan)[0][stage], self.cluster.gpu
-            total = slow * elementwise_time(optimizer_bytes(self.model, plan, stage), gpu)
-            for step in clip_steps(self.model, plan, stage):
-                if step.collective is None:
-                    total += slow * elementwise_time(step.bytes, gpu)
-                else:
-                    ranks, stride = self._groups(plan)[step.collective.group]
-                    total += self.coll_s(step.collective.coll, step.collective.size_bytes, ranks, stride)
-            return total
+            graph = OpGraph(model=self.model, plan=plan, ops=_ops(optimizer_steps(self.model, plan, stage), 0))
+            shared = self._memo.setdefault(("prices", placement_key(plan)), {})
+            price(graph, self.cluster, [self.speeds(plan)[0][stage]] * plan.pp, cache=shared)
+            return sum(op.duration_s for op in graph.ops)
         return self._cached(key, make)
 
     def stage_parts(self, plan: ParallelPlan, stage: int) -> list[tuple[Template, int]]:
@@ -640,7 +634,7 @@ class ClosedForm:
                     continue
                 table.append(((before, after), exposure((pi, last_kind, first_kind, qi))[1]))
         gathers = []
-        if plan.zero in (1, 2) and plan.overlap_grad_reduce and plan.overlap_param_gather:  # issued at t = 0
+        if plan.weights_gathered_ahead:  # issued at t = 0
             queue = 0.0
             for chunk in range(plan.vpp):
                 fwd, tail = self._chunk_blocks(plan, stage, chunk), 0.0
@@ -721,7 +715,7 @@ class ClosedForm:
         if plan.zero == 3:  # gathered before every pass of every microbatch (inside the passes)
             exposed = self.windows(plan, stage)["gather_exposed"]
             return 2 * plan.num_microbatches * per_step, plan.num_microbatches * exposed, 0.0
-        if plan.overlap_grad_reduce and plan.overlap_param_gather:  # ZeRO-1/2: behind the first forward
+        if plan.weights_gathered_ahead:  # ZeRO-1/2: behind the first forward
             extra = self.first_extra(plan, stage)
             return per_step, extra, extra
         return per_step, per_step, 0.0  # after the optimizer, all exposed
@@ -736,8 +730,7 @@ class ClosedForm:
             grad_x = grads
         gathers, gather_x, shift = self._gathers(plan, stage)
         hidden = grads - grad_x + gathers - gather_x
-        tail = gather_x if gathers and plan.zero in (1, 2) and not (plan.overlap_grad_reduce and
-                                                                   plan.overlap_param_gather) else 0.0
+        tail = gather_x if gathers and plan.zero in (1, 2) and not plan.weights_gathered_ahead else 0.0
         return {"grads_s": grads, "grad_exposed_s": grad_x, "num_buckets": num_buckets, "gathers_s": gathers,
                 "gather_exposed_s": gather_x, "gather_shift_s": shift, "tail_s": tail,
                 "interference_s": plan.interference * max(0.0, hidden),  # FiCCO: hidden comm slows compute
@@ -793,7 +786,7 @@ class ClosedForm:
         hidden = walked.hidden[stage]
         if plan.zero == 3:
             out["gather_exposed_s"] = max(0.0, e["gather_exposed_s"] - hidden)
-        elif plan.zero and plan.overlap_grad_reduce and plan.overlap_param_gather:
+        elif plan.weights_gathered_ahead:
             out["gather_exposed_s"] = max(0.0, -hidden)
         grads, last, _, loads = self.grad_buckets(plan, stage)
         if plan.overlap_grad_reduce and grads > 0:

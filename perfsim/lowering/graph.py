@@ -150,8 +150,7 @@ class _Builder:
         before the first forward (updated weights), ZeRO-3 before every pass, prefetched
         one layer ahead (``overlap_param_gather``; off: issued when the layer before ends)."""
         plan = self.plan
-        overlapped = plan.overlap_grad_reduce and plan.overlap_param_gather
-        if plan.zero == 0 or (plan.zero < 3 and (phase == BWD or mb > 0 or not overlapped)):
+        if plan.zero == 0 or (plan.zero < 3 and (phase == BWD or mb > 0 or not plan.weights_gathered_ahead)):
             return ()
         after = (self.marks[stage][-2 if plan.overlap_param_gather else -1],) if plan.zero == 3 else ()
         ids = []
@@ -215,10 +214,8 @@ class _Builder:
         for layer in self.deferred[stage]:
             self.grad_reduce(stage, layer)
         self.flush_buckets(stage)
-        num_bytes = optimizer_bytes(self.model, self.plan, stage)
-        step = Step(name="optimizer_step", kind=OpKind.OPTIMIZER, stream=Stream.COMPUTE, category="optimizer", bytes=num_bytes)
-        end = self.chain(stage, clip_steps(self.model, self.plan, stage) + [step], tuple(self.grad_ops[stage]), -1, -1)
-        if self.plan.zero in (1, 2) and not (self.plan.overlap_grad_reduce and self.plan.overlap_param_gather):
+        end = self.chain(stage, optimizer_steps(self.model, self.plan, stage), tuple(self.grad_ops[stage]), -1, -1)
+        if self.plan.zero in (1, 2) and not self.plan.weights_gathered_ahead:
             layers = [l for c in range(self.plan.vpp) for l in self._layers(stage, c)]
             gathers = []
             for layer in layers:
@@ -227,6 +224,14 @@ class _Builder:
                     gathers.append(self.add(stage, step, (end,), -1, layer))
             if gathers:
                 self.chain(stage, [_barrier()], tuple(gathers), -1, -1)
+
+
+def optimizer_steps(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[Step]:
+    """The optimizer phase's chain after the last gradient reduction: the gradient clip,
+    then the Adam step (the closed form prices this same chain)."""
+    adam = Step(name="optimizer_step", kind=OpKind.OPTIMIZER, stream=Stream.COMPUTE, category="optimizer",
+                bytes=optimizer_bytes(model, plan, stage))
+    return clip_steps(model, plan, stage) + [adam]
 
 
 def clip_steps(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[Step]:

@@ -9,7 +9,7 @@ sharded over tp (dense) or ep x etp (experts). Backward GEMMs do dgrad + wgrad
 from dataclasses import replace
 
 from perfsim.model.spec import Linear, ModelSpec
-from perfsim.lowering.ops import Coll, CollectiveCall, Gemm, OpKind, Stream
+from perfsim.lowering.ops import Coll, Gemm, OpKind, Stream
 from perfsim.lowering.steps import (ACT_BYTES, FP8_BYTES, FP8_DISPATCH_BYTES, LOGIT_BYTES, Step, coll_step,  # noqa: F401 - re-exported
                                     elementwise_step, fp8_cast_bytes, gemm_step, host_step)
 from perfsim.plan.parallel import LIBRARY_DISPATCH, ParallelPlan, Recompute
@@ -133,10 +133,10 @@ class LayerBuilder(StackSteps):
             steps += self._fp8(gemm_step("shared_down", t, w, h, "shared_expert"))
         return steps
 
-    def _a2a_bytes(self, routed: int, per_value: float = ACT_BYTES) -> float:
-        """all_to_allv as the busiest rank sees it: it receives ``imbalance`` x its share."""
-        skew = imbalance(self.model, self.plan, routed, self.routing, self.ep_speeds)
-        return routed * self.model.hidden_size * per_value * skew
+    def _a2a_values(self, routed: int) -> float:
+        """Hidden values of an all_to_allv as the busiest rank sees it: it receives
+        ``imbalance`` x its share."""
+        return routed * self.model.hidden_size * imbalance(self.model, self.plan, routed, self.routing, self.ep_speeds)
 
     def _local_regroup(self, name: str, a2a: list[Step]) -> list[Step]:
         """The library all-to-all delivers tokens grouped by source rank; with several
@@ -155,16 +155,15 @@ class LayerBuilder(StackSteps):
         (the combine's gradients flowing into the experts); the combine direction stays BF16."""
         if self.plan.ep == 1:
             return [], []
-        h = self.model.hidden_size
-        wide = CollectiveCall(coll=Coll.ALL_TO_ALL, group="ep", size_bytes=self._a2a_bytes(routed))
-        if not self.plan.dispatch_fp8:
-            return ([coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", wide.size_bytes, "ep_a2a")],
-                    [coll_step("combine_a2a", Coll.ALL_TO_ALL, "ep", wide.size_bytes, "ep_a2a")])
-        narrow = CollectiveCall(coll=Coll.ALL_TO_ALL, group="ep", size_bytes=self._a2a_bytes(routed, FP8_DISPATCH_BYTES),
-                                token_bytes=h * FP8_DISPATCH_BYTES)
-        return ([coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", narrow.size_bytes, "ep_a2a",
-                           token_bytes=narrow.token_bytes, backward=wide)],
-                [coll_step("combine_a2a", Coll.ALL_TO_ALL, "ep", wide.size_bytes, "ep_a2a", backward=narrow)])
+        values, fp8 = self._a2a_values(routed), self.plan.dispatch_fp8
+        per_value = FP8_DISPATCH_BYTES if fp8 else ACT_BYTES
+        dispatch = coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", values * per_value, "ep_a2a",
+                             token_bytes=self.model.hidden_size * FP8_DISPATCH_BYTES if fp8 else 0.0)
+        combine = coll_step("combine_a2a", Coll.ALL_TO_ALL, "ep", values * ACT_BYTES, "ep_a2a")
+        if fp8:  # the backward swaps the payloads: each direction keeps its dtype
+            dispatch, combine = (replace(dispatch, meta=(("backward_call", combine.collective),)),
+                                 replace(combine, meta=(("backward_call", dispatch.collective),)))
+        return [dispatch], [combine]
 
     def _experts(self, routed: int) -> list[Step]:
         m, plan = self.model, self.plan

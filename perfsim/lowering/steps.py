@@ -50,11 +50,8 @@ def host_step(name: str, seconds: float, category: str) -> Step:
     return Step(name=name, kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category=category, meta=(("host_s", seconds),))
 
 
-def coll_step(name: str, coll: Coll, group: str, size: float, category: str, token_bytes: float = 0.0,
-              backward: CollectiveCall | None = None) -> Step:
-    """``backward``: the call its backward makes, when it is not this one mirrored (FP8
-    dispatch: the gradients' directions swap payloads)."""
+def coll_step(name: str, coll: Coll, group: str, size: float, category: str, token_bytes: float = 0.0) -> Step:
+    """A collective; ``token_bytes``: one token copy of an MoE all-to-all (0: BF16 hidden).
+    A step whose backward is not its call mirrored carries ``meta['backward_call']``."""
     call = CollectiveCall(coll=coll, group=group, size_bytes=size, token_bytes=token_bytes)
-    meta = (("backward_call", backward),) if backward is not None else ()
-    return Step(name=name, kind=OpKind.COLLECTIVE, stream=_COLL_STREAM[group], category=category, collective=call,
-                meta=meta)
+    return Step(name=name, kind=OpKind.COLLECTIVE, stream=_COLL_STREAM[group], category=category, collective=call)

@@ -143,6 +143,13 @@ class ParallelPlan:
             raise ConfigError(f"plan.seq ({self.seq}) must be divisible by 2*cp ({2 * self.cp})")
 
     @property
+    def weights_gathered_ahead(self) -> bool:
+        """ZeRO-1/2 gathers the updated weights behind the next step's first forward
+        (gradient reduction and parameter gathers both overlapped); otherwise it gathers
+        them after the optimizer step, exposed."""
+        return self.zero in (1, 2) and self.overlap_grad_reduce and self.overlap_param_gather
+
+    @property
     def interference(self) -> float:
         """Compute slowdown share while comm runs (none with DMA offload)."""
         return 0.0 if self.dma_offload else float(self.comm_compute_interference)
@@ -192,6 +199,12 @@ def _plain(value):
     if isinstance(value, StackSpec):
         return value.name
     return str(value) if isinstance(value, StrEnum) else value
+
+
+def dispatch_label(plan: dict) -> str:
+    """A plan dict's MoE dispatch implementation as tables show it, or '-' where there is
+    no expert parallelism (ep 1: no dispatch all-to-all, nothing for it to price)."""
+    return str(plan.get("dispatch") or "alltoall") if int(plan.get("ep") or 1) > 1 else "-"
 
 
 def _enum(cls: type, value, key: str):

@@ -7,7 +7,7 @@ from perfsim.estimators import summary
 from perfsim.estimators.analytic import ClosedForm
 from perfsim.estimators.fastmem import MemoryModel
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.parallel import ParallelPlan, dispatch_label
 from perfsim.search.space import AXES, DEFAULT_BUCKET, DOMINATED, OOM
 from perfsim.units import format_bytes
 
@@ -175,12 +175,6 @@ def format_table(rows: list[SearchRow]) -> list[str]:
                      f"{r.exposed_comm_s * 1e3:>8.1f}" + (f" {_usd(r.usd_per_mtoken):>8}" if priced else "")
                      + f"  {r.estimator}{' *' if r.pareto else ''}")
     return lines
-
-
-def dispatch_label(plan: dict) -> str:
-    """The plan's MoE dispatch implementation, or '-' where there is no expert parallelism
-    (ep == 1: no dispatch all-to-all, so the implementation prices nothing)."""
-    return str(plan.get("dispatch") or "alltoall") if plan.get("ep", 1) > 1 else "-"
 
 
 def _usd(value: float | None) -> str:
