@@ -43,6 +43,7 @@ DEFAULT = {
         "dispatch": "alltoall",
         # --dispatch-fp8: FP8 (+ scales) in the dispatch direction; only under dtype fp8, on an MoE model
         "dispatch_fp8": False,
+        "clip_grad": True,  # --no-clip-grad turns the gradient clip off
     },
     "model_edit": {},  # ModelSpec fields changed on the Plan page (from the preset's values)
     "hardware_edit": {},  # GPU / link / NIC numbers changed on the Plan page (editing.HARDWARE_FIELDS)
@@ -135,7 +136,7 @@ def fidelity_knobs(inputs: dict) -> dict:
             "comm_compute_interference": float(f["overlap_cu_share"]), "dma_offload": bool(f["dma_offload"]),
             "grad_bucket_bytes": int(float(f["grad_bucket_mb"]) * 1e6),
             "first_stage_layers": int(f["first_stage_layers"]), "last_stage_layers": int(f["last_stage_layers"]),
-            "recompute_layers": int(f["recompute_layers"])}
+            "recompute_layers": int(f["recompute_layers"]), "clip_grad": bool(f["clip_grad"])}
 
 
 def variability_spec(inputs: dict) -> VariabilitySpec:

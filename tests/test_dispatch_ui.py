@@ -227,3 +227,14 @@ def test_fp8_dispatch_toggle_only_under_fp8_and_reaches_the_plan():
                    "fidelity": {"dispatch_fp8": True}})
     assert "w.dispatch_fp8" not in [t.key for t in dense.toggle]
     assert planner_inputs.simulate(dense.session_state["inputs"]).plan["dispatch_fp8"] is False
+
+
+def test_clip_gradients_toggle_reaches_the_plan():
+    at = start(MOE)
+    toggle = at.toggle(key="w.clip_grad")
+    assert toggle.label == "Clip gradients" and toggle.value is True
+    assert planner_inputs.simulate(at.session_state["inputs"]).plan["clip_grad"] is True
+    toggle.set_value(False).run()
+    ok(at)
+    assert at.session_state["inputs"]["fidelity"]["clip_grad"] is False
+    assert planner_inputs.simulate(at.session_state["inputs"]).plan["clip_grad"] is False

@@ -143,6 +143,9 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
                                                 "ZeRO all-gathers prefetched a layer ahead; off = --no-param-prefetch")
     fidelity["dma_offload"] = f[1].toggle("DMA offload", key=common.seed("dma_offload", fidelity["dma_offload"]),
                                           help="--dma-offload: comm on DMA engines, no compute interference")
+    fidelity["clip_grad"] = f[1].toggle("Clip gradients", key=common.seed("clip_grad", fidelity.get("clip_grad", True)),
+                                        help="gradient clipping by global norm before the optimizer step "
+                                             "(off = --no-clip-grad)")
     fidelity["overlap_cu_share"] = f[1].number_input("Overlap CU share", min_value=0.0, max_value=0.95, step=0.05,
                                                      key=common.seed("overlap_cu_share", fidelity["overlap_cu_share"]),
                                                      help="--overlap-cu-share: compute lost while comm overlaps it")
