@@ -22,9 +22,9 @@ from validation import accuracy_kernels as acc
 GATES = {  # (gpu, class, dtype): held-out MAPE %; memory rows read dtype bf16 (unused)
     ("mi300x", "attention", "bf16"): 21.0,
     ("mi300x", "gemm", "bf16"): 10.5,
-    ("mi300x", "gemm", "fp8"): 28.5,
+    ("mi300x", "gemm", "fp8"): 24.1,
     ("mi300x", "grouped_gemm", "bf16"): 11.2,
-    ("mi300x", "grouped_gemm", "fp8"): 107.8,
+    ("mi300x", "grouped_gemm", "fp8"): 14.3,
     ("mi300x", "memory", "bf16"): 47.0,
     ("mi325x", "gemm", "bf16"): 14.5,
     ("mi355x", "attention", "bf16"): 48.7,
@@ -153,6 +153,49 @@ def test_fp8_steps_include_cast_overhead():
     assert all(c.bytes > 0 for c in casts)
     head = next(s for s in fp8 if s.name == "lm_head")
     assert dict(head.meta)["dtype"] == "bf16"  # FP8 recipes keep the LM head in BF16
+
+
+@pytest.mark.parametrize("name", ["mi300x", "mi325x", "mi355x", "h100", "h200"])
+def test_fp8_expert_gemms_are_not_slower_than_bf16(name):
+    """FP8 has twice BF16's peak: a shipped table must not price an MoE layer's expert
+    GEMMs (forward or backward) slower in FP8 than in BF16 at training token counts. (A
+    series that times a fallback path once made MI300X's FP8 grouped backward 5x slower.)"""
+    gpu = load_gpu(name)
+    for tokens in (1024, 4096):  # (H100 / H200 price experts as dense GEMMs; their FP8 table's small-M fall-off is its own)
+        for backward in (False, True):
+            bf16 = costs.grouped_gemm_time((tokens,) * 16, 2 * 1408, 2048, gpu, "bf16", backward=backward)
+            fp8 = costs.grouped_gemm_time((tokens,) * 16, 2 * 1408, 2048, gpu, "fp8", backward=backward)
+            assert fp8 < bf16, (tokens, backward)
+
+
+def test_a_grouped_table_without_backward_rows_derives_its_backward():
+    """Forward-only rows: the backward is the forward times the BF16 grouped table's
+    measured backward/forward ratio, not whatever the fit's prior left there."""
+    gpu = load_gpu("mi300x")
+    fp8 = [p for p, _ in acc.pool("mi300x") if p.kind == "grouped_gemm" and p.dtype == "fp8"]
+    assert fp8 and all(p.direction == "fwd" for p in fp8)
+    fitted, fits = acc.kernel_fit.fit_kernels(fp8, gpu)
+    table, ref = fitted.grouped_gemm["fp8"], fitted.grouped_gemm["bf16"]
+    for t, f, b in zip(table.tokens, table.forward_efficiency, table.backward_efficiency):
+        ratio = costs.interp_log(t, ref.tokens, ref.backward_efficiency) / costs.interp_log(t, ref.tokens, ref.forward_efficiency)
+        assert b == pytest.approx(f * ratio, rel=1e-3)
+    assert "backward derived" in next(f.note for f in fits if f.name == "grouped_gemm/fp8")
+
+
+def test_fp8_series_slower_than_bf16_on_the_same_shapes_is_dropped_as_a_fallback():
+    from validation.data.kernels import make_kernel_csvs as make
+
+    def row(dtype, series, time_us, m):
+        return make._row("grouped_gemm", dtype, "mi300x", series, "src", "lib", m=m, n=4096, k=2048, batch=8,
+                         direction="bwd", time_us=time_us)
+
+    bf16 = [row("bf16", "primus_turbo_bf16", 100, m) for m in (512, 1024, 2048)]
+    slow = [row("fp8", "primus_turbo_fp8_slow", 400, m) for m in (512, 1024, 2048)]
+    fast = [row("fp8", "primus_turbo_fp8_fast", 70, m) for m in (512, 1024, 2048)]
+    few = [row("fp8", "primus_turbo_fp8_few", 400, m) for m in (512, 1024)]  # too few shapes to judge
+    kept, notes = make.drop_fallbacks(bf16 + slow + fast + few)
+    assert {r["meta_series"] for r in kept} == {"primus_turbo_bf16", "primus_turbo_fp8_fast", "primus_turbo_fp8_few"}
+    assert len(notes) == 1 and "primus_turbo_fp8_slow bwd: 4.00x" in notes[0]
 
 
 def test_fp8_and_bf16_gemm_tables_are_separate():

@@ -161,9 +161,28 @@ def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool =
                     f"K-loop step {table.k_step_ns:g} ns among 0, {', '.join(f'{s:g}' for s in K_STEPS_NS)}")
         else:
             gpu, after, note = *fit_table(mine, gpu, ref, knots), ""
+        if ref.kind == "grouped_gemm" and not any(p.direction == "bwd" for p in mine):
+            gpu, derived = derive_backward(gpu, ref.dtype)
+            note = "; ".join(x for x in (note, derived) if x)
         fits.append(TableFit(name=ref.name, xs=ref.xs(gpu), ys=ref.ys(gpu), mape_before=before, mape_after=after,
                              num_points=len(mine), note=note))
     return gpu, fits
+
+
+def derive_backward(gpu: GpuSpec, dtype: str) -> tuple[GpuSpec, str]:
+    """A grouped table fitted to forward rows only: its backward (dgrad + wgrad) is its
+    forward times the BF16 grouped table's backward / forward ratio at the same tokens per
+    expert (the same kernel family's measured backward penalty, which the fit could not
+    see); with no BF16 grouped table to read it from, the forward itself."""
+    table, ref = gpu.grouped_gemm[dtype], gpu.grouped_gemm.get("bf16")
+    if ref is None or dtype == "bf16":
+        back, how = table.forward_efficiency, "backward = forward (no backward rows, no bf16 grouped table: assumed)"
+    else:
+        back = tuple(float(f"{f * costs.interp_log(t, ref.tokens, ref.backward_efficiency) / costs.interp_log(t, ref.tokens, ref.forward_efficiency):.5g}")
+                     for t, f in zip(table.tokens, table.forward_efficiency))
+        how = "backward derived: no backward rows; forward x the bf16 grouped table's backward/forward ratio"
+    tables = {**gpu.grouped_gemm, dtype: dataclasses.replace(table, backward_efficiency=back)}
+    return dataclasses.replace(gpu, grouped_gemm=tables), how
 
 
 def restamp(gpu: GpuSpec, name: str, stamp) -> GpuSpec:

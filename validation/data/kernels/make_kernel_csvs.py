@@ -24,6 +24,8 @@ Rules (fixed before any fit; see SOURCES.md beside this file):
   fitted (checks only).
 * fp8 means per-tensor / per-row / per-token scaling (Transformer Engine's default
   recipes); block-scaled FP8 is a different kernel class and is dropped.
+* an FP8 series slower than its family's BF16 rows on the same shapes times a fallback
+  path and is dropped (``drop_fallbacks``; added in round 4, SOURCES.md).
 * one row per shape and family for GEMM and attention: the fastest kernel reported
   (perfsim prices the best tuned production kernel, not a superseded baseline).
 * size: at most ``CAP`` rows per series and ``CELL_CAP`` per family in a cell, evenly spaced in time.
@@ -40,11 +42,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 from perfsim.calibration.readers import KERNEL_CSV_COLUMNS  # noqa: E402
 
 CAP = 60
+MIN_MATCHED = 3  # shapes an FP8 series must share with BF16 rows of its family to be judged a fallback
 CELL_CAP = 300
 COLUMNS = KERNEL_CSV_COLUMNS + ("meta_series", "meta_family")
 EXPERIMENTAL = ("tlx", "gluon", "hipkittens [", "triton(", "triton tutorial", "triton_tutorial", "pytorch sdpa",
@@ -241,6 +246,31 @@ def memory_rows(path: Path) -> list[dict]:
     return out
 
 
+def drop_fallbacks(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """An FP8 series slower than the same family's BF16 rows on the same shapes (same GPU,
+    kernel class, direction; median time ratio over at least ``MIN_MATCHED`` shapes) times
+    a fallback path, not an FP8 kernel: FP8 has twice BF16's peak, and a training stack
+    would not run it where BF16 is faster. Its rows of that direction are dropped (the notes
+    say what was compared); a grouped table left without backward rows derives its
+    backward from its forward (``kernel_fit.derive_backward``)."""
+    def shape(r):
+        return r["device"], r["kind"], r["direction"], r["meta_family"], r["m"], r["n"], r["k"], r["batch"] or "1"
+
+    bf16 = defaultdict(list)
+    for r in rows:
+        if r["kind"] in ("gemm", "grouped_gemm") and r["dtype"] == "bf16":
+            bf16[shape(r)].append(float(r["time_us"]))
+    series = defaultdict(list)
+    for r in rows:
+        if r["kind"] in ("gemm", "grouped_gemm") and r["dtype"] == "fp8" and shape(r) in bf16:
+            series[(r["device"], r["kind"], r["direction"], r["meta_series"])].append(
+                float(r["time_us"]) / min(bf16[shape(r)]))
+    slow = {key for key, ratios in series.items() if len(ratios) >= MIN_MATCHED and np.median(ratios) > 1.0}
+    notes = [f"{key[3]} {key[2]}: {np.median(series[key]):.2f}x the time of the same family's BF16 rows on "
+             f"{len(series[key])} matched shapes" for key in sorted(slow)]
+    return [r for r in rows if (r["device"], r["kind"], r["direction"], r["meta_series"]) not in slow], notes
+
+
 def cap(rows: list[dict]) -> list[dict]:
     """At most ``CAP`` rows per (gpu, kind, dtype, series), evenly spaced in time."""
     groups = defaultdict(list)
@@ -340,9 +370,11 @@ def write(rows: list[dict], path: Path) -> None:
 
 def main(shared: Path) -> None:
     kernels = shared / "kernels"
-    rows = cap(fastest(gemm_rows(kernels / "gemm.csv") + maf_rows(shared / "gemm_measured.csv")
-               + grouped_rows(kernels / "grouped_gemm.csv") + attention_rows(kernels / "attention.csv")
-                       + memory_rows(kernels / "membound.csv")))
+    rows, notes = drop_fallbacks(gemm_rows(kernels / "gemm.csv") + maf_rows(shared / "gemm_measured.csv")
+                                 + grouped_rows(kernels / "grouped_gemm.csv"))
+    for note in notes:
+        print(f"dropped as a fallback path: {note}")
+    rows = cap(fastest(rows + attention_rows(kernels / "attention.csv") + memory_rows(kernels / "membound.csv")))
     fit, check = split(rows)
     fit, check = thin(fit), thin(check)
     for gpu in sorted({r["device"] for r in rows}):
