@@ -76,16 +76,14 @@ def test_list(capsys):
 
 
 def test_list_provenance_says_where_a_grouped_table_is_missing(capsys):
-    """H100 has no grouped-kernel table (its experts are priced as dense GEMMs): the
+    """MI355X has no grouped-kernel table (its experts are priced as dense GEMMs): the
     provenance listing says so as an assumption instead of leaving the table out; MI300X's
-    measured grouped tables are listed as measured, MI355X's (MI300X's, as fractions of
-    its peak) as derived."""
+    measured grouped tables are listed as measured."""
     from perfsim.system.hardware import load_gpu
     from perfsim.system.kernel_tables import table_provenance
 
-    rows = {name: {t: status for t, status, _ in table_provenance(load_gpu(name))} for name in ("h100", "mi300x", "mi355x")}
-    assert rows["h100"]["grouped_gemm"] == "assumed"
-    assert rows["mi355x"]["grouped_gemm.bf16"] == rows["mi355x"]["grouped_gemm.fp8"] == "derived"
+    rows = {name: {t: status for t, status, _ in table_provenance(load_gpu(name))} for name in ("mi355x", "mi300x")}
+    assert rows["mi355x"]["grouped_gemm"] == "assumed"
     assert rows["mi300x"]["grouped_gemm.bf16"] == "measured" and "grouped_gemm" not in rows["mi300x"]
     assert main(["list", "--provenance"]) == 0
     assert "each expert is priced as a dense GEMM" in capsys.readouterr().out

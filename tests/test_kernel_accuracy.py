@@ -275,20 +275,3 @@ def test_skinny_gemm_is_bound_by_its_tiles_serial_k_loop():
     big = costs.Gemm(m=8192, n=8192, k=8192)
     assert costs.gemm_time(big, gpu, "fp8") == costs.gemm_time(big, off, "fp8")
     assert costs.k_loop_time(long_k, off, "fp8") == 0.0
-
-
-def test_mi355x_grouped_tables_are_mi300x_fractions_of_peak_and_say_so():
-    """No public MI355X grouped-GEMM training rows: its grouped tables are MI300X's (as
-    fractions of its own peak), justified by the two dense BF16 tables agreeing at expert
-    shapes; the dense fallback they replace prices MI300X's measured grouped backward rows
-    far too fast."""
-    mi355x, mi300x = load_gpu("mi355x"), load_gpu("mi300x")
-    for dtype in ("bf16", "fp8"):
-        table = mi355x.grouped_gemm[dtype]
-        assert table.forward_efficiency == mi300x.grouped_gemm[dtype].forward_efficiency
-        assert table.source.startswith("derived: the mi300x grouped")
-    assert acc.dense_agreement(mi355x, mi300x) < 0.10
-    bare = dataclasses.replace(mi300x, grouped_gemm={})
-    bwd = [p for p, _ in acc.pool("mi300x") if p.kind == "grouped_gemm" and p.dtype == "bf16" and p.direction == "bwd"]
-    fast = [acc.kernel_fit.predict_kernel(p, bare) / p.time_s - 1 for p in bwd]
-    assert len(bwd) > 10 and sorted(fast)[len(fast) // 2] < -0.15

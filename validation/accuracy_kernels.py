@@ -33,10 +33,6 @@ from perfsim.system.specio import to_dict
 DATA = Path(__file__).resolve().parent / "data" / "kernels"
 GPUS = ("mi300x", "mi325x", "mi355x", "h100", "h200")
 DERIVED = {"mi325x": "mi300x", "h200": "h100"}  # same die: tables copied, own peak/clock/HBM
-# no grouped-GEMM rows of its own: the grouped tables of a GPU of the same vendor's kernel
-# families (Primus-Turbo / CK grouped), as fractions of its own peak (``grouped_derived``)
-GROUPED_FROM = {"mi355x": "mi300x"}
-EXPERT_SHAPES = tuple((m, 3072, 4096) for m in (256, 512, 1024, 2048, 4096))  # tokens x (2 x ffn) x hidden
 TABLE_FIELDS = ("gemm", "gemm_dtypes", "grouped_gemm", "attention")
 TARGETS = {"gemm": 10.0, "attention": 15.0, "grouped_gemm": 15.0}  # issue 14 "done when", held-out MAPE %
 SPLITS = ("fit", "check")  # the files make_kernel_csvs.py writes; pooled here (the folds are by family)
@@ -114,35 +110,7 @@ def refit(name: str) -> GpuSpec:
                 f"MAPE on them {f.mape_after:.1f}%; {f.note or 'no tile choice'}); held-out MAPE (leave one family "
                 f"out) and sources in docs/accuracy.md, validation/data/kernels/SOURCES.md")
         fitted = kernel_fit.restamp(fitted, f.name, lambda _old, t=text: t)
-    if not fitted.grouped_gemm and name in GROUPED_FROM:
-        fitted = grouped_derived(fitted, load_gpu(GROUPED_FROM[name]))
     return fitted
-
-
-def dense_agreement(gpu: GpuSpec, base: GpuSpec) -> float:
-    """Largest relative gap between the two GPUs' dense BF16 GEMM efficiencies (fraction
-    of each one's clock-scaled peak) at MoE expert-GEMM shapes (``EXPERT_SHAPES``)."""
-    from perfsim.cost import kernels as costs
-    from perfsim.lowering.ops import Gemm
-
-    def eff(g: GpuSpec, gemm: Gemm) -> float:
-        return gemm.flops / (costs.gemm_time(gemm, g, "bf16") * costs.peak(g, "bf16"))
-
-    gaps = [eff(gpu, Gemm(m=m, n=n, k=k)) / eff(base, Gemm(m=m, n=n, k=k)) - 1 for m, n, k in EXPERT_SHAPES]
-    return max(abs(g) for g in gaps)
-
-
-def grouped_derived(gpu: GpuSpec, base: GpuSpec) -> GpuSpec:
-    """``gpu`` with ``base``'s grouped tables (fractions of peak, so priced at ``gpu``'s own
-    peak): a GPU without grouped rows otherwise prices experts as dense GEMMs, which on
-    MI300X's own grouped rows is 22% fast in backward (SOURCES.md round 5)."""
-    gap = dense_agreement(gpu, base)
-    tables = {d: dataclasses.replace(t, source=(
-        f"derived: the {base.name} grouped {d} table as a fraction of this GPU's peak (no public {gpu.name} "
-        f"grouped-GEMM training rows; the two GPUs' fitted dense BF16 tables agree within {100 * gap:.0f}% in "
-        f"fraction of peak at expert shapes M 256-4096, N 3072, K 4096); {t.source}"))
-        for d, t in base.grouped_gemm.items()}
-    return dataclasses.replace(gpu, grouped_gemm=tables)
 
 
 def _derived(table, base: str):
