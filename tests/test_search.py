@@ -167,3 +167,31 @@ def test_bad_input_is_a_config_error():
 def test_ray_is_optional_with_a_clear_message():
     with pytest.raises(ConfigError, match="ray is not installed"):
         make_executor("ray://localhost:10001")
+
+
+def test_plan_switches_reach_every_plan_and_the_engine():
+    """``plan_knobs`` (CLI --no-clip-grad, --no-overlap, --no-param-prefetch, --dispatch-fp8)
+    are carried by every plan, the closed form's and the confirmed engine's: no clip is a
+    shorter step than the default clip, and every row says so."""
+    base = perfsim.search(MOE, "mi300x-pollara", executor="serial", **{**SMALL, "confirm": 1})
+    bare = perfsim.search(MOE, "mi300x-pollara", executor="serial", plan_knobs={"clip_grad": False},
+                          **{**SMALL, "confirm": 1})
+    assert all(r.plan["clip_grad"] is False for r in bare.rows) and all(r.plan["clip_grad"] for r in base.rows)
+    assert bare.rows[0].estimator == "des" and bare.rows[0].step_time_s < base.rows[0].step_time_s
+    fp8 = perfsim.search(MOE, "mi300x-pollara", executor="serial", dtype="fp8", plan_knobs={"dispatch_fp8": True},
+                         **{**SMALL, "confirm": 0})
+    assert all(r.plan["dispatch_fp8"] for r in fp8.rows)
+
+
+@pytest.mark.parametrize("knobs, field", [({"dispatch_fp8": True}, "plan_knobs.dispatch_fp8"),
+                                          ({"clip": False}, "plan_knobs"), ({"clip_grad": "no"}, "plan_knobs.clip_grad")])
+def test_bad_plan_switches_are_config_errors(knobs, field):
+    with pytest.raises(ConfigError, match=field):
+        perfsim.search(MOE, "mi300x-pollara", executor="serial", plan_knobs=knobs, **SMALL)
+
+
+def test_cli_dispatch_fp8_needs_fp8_in_one_line(capsys):
+    assert cli.main(["search", "--model", "mixtral-8x7b", "--gpus", "8", "--gbs", "64", "--seq", "4096",
+                     "--dispatch-fp8", "--executor", "serial"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--dispatch-fp8" in err and "--dtype fp8" in err and "\n" not in err

@@ -68,6 +68,12 @@ def add_command(sub) -> None:
         p.add_argument(f"--max-{axis}", type=a.POSITIVE, help=f"largest {axis} to try")
     p.add_argument("--max-memory", type=a.number(0, 1, lo_open=True), default=DEFAULT_MAX_MEMORY_FRACTION,
                    help=f"usable share of HBM per GPU (default {DEFAULT_MAX_MEMORY_FRACTION})")
+    p.add_argument("--no-overlap", action="store_true", help="every plan: gradient reduction not overlapped with backward")
+    p.add_argument("--no-param-prefetch", action="store_true",
+                   help="every plan: ZeRO parameter all-gathers not prefetched (as simulate --no-param-prefetch)")
+    p.add_argument("--no-clip-grad", action="store_true", help="every plan: no gradient clipping (as simulate --no-clip-grad)")
+    p.add_argument("--dispatch-fp8", action="store_true",
+                   help="every MoE plan: FP8 dispatch (needs --dtype fp8; as simulate --dispatch-fp8)")
     p.add_argument("--objective", default="time", choices=["time", "cost"], help="minimize step time or $/token")
     p.add_argument("--usd-per-gpu-hour", type=a.number(0, 1e6, lo_open=True),
                    help="GPU price for --objective cost and the $/Mtoken column")
@@ -95,6 +101,13 @@ def _constraints(args) -> tuple[dict, dict]:
             fixed[axis] = _values(getattr(args, axis), axis, str)
     limits = {a: getattr(args, f"max_{a}") for a in LIMITS if getattr(args, f"max_{a}") is not None}
     return fixed, _clamp(limits, max(gpu_counts(args.gpus)), args.gbs)
+
+
+def _switches(args) -> dict:
+    """The plan switches the flags set (the others stay at the stack's defaults)."""
+    pairs = (("overlap_grad_reduce", args.no_overlap, False), ("overlap_param_gather", args.no_param_prefetch, False),
+             ("clip_grad", args.no_clip_grad, False), ("dispatch_fp8", args.dispatch_fp8, True))
+    return {key: value for key, flag, value in pairs if flag}
 
 
 def _clamp(limits: dict, most_gpus: int, gbs: int) -> dict:
@@ -137,6 +150,8 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def run(args) -> int:
+    if args.dispatch_fp8 and args.dtype != "fp8":
+        raise ConfigError(f"--dispatch-fp8: FP8 dispatch needs --dtype fp8 (got {args.dtype})")
     counts = gpu_counts(args.gpus)
     fixed, limits = _constraints(args)
     if args.csv:
@@ -148,7 +163,7 @@ def run(args) -> int:
             max_memory_fraction=args.max_memory, objective=args.objective, usd_per_gpu_hour=args.usd_per_gpu_hour,
             top=args.top, confirm=args.confirm, executor=args.executor, workers=args.workers, dtype=args.dtype,
             dominance=not args.all_recompute, progress=bar, confirm_bound=args.confirm_bound,
-            max_confirm=args.max_confirm, stack=args.stack,
+            max_confirm=args.max_confirm, stack=args.stack, plan_knobs=_switches(args),
         )
     except KeyboardInterrupt:
         print("\nperfsim: search cancelled; nothing written", file=sys.stderr)

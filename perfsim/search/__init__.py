@@ -147,11 +147,30 @@ def gpu_counts(gpus) -> tuple[int, ...]:
 
 
 def _context(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, gbs: int, seq: int, dtype: str,
-             routing: RoutingSpec, fraction: float, stack: StackSpec = IDEAL) -> Context:
+             routing: RoutingSpec, fraction: float, stack: StackSpec = IDEAL, plan_knobs: tuple = ()) -> Context:
     sized = cluster.with_gpus(num_gpus)
     key = hashlib.sha1(pickle.dumps((model, sized, routing))).hexdigest()
     return Context(key=key, model=model, cluster=sized, num_gpus=num_gpus, gbs=gbs, seq=seq, dtype=dtype,
-                   routing=routing, max_bytes=fraction * sized.gpu.hbm_bytes, stack=stack)
+                   routing=routing, max_bytes=fraction * sized.gpu.hbm_bytes, stack=stack, plan_knobs=plan_knobs)
+
+
+PLAN_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "clip_grad", "dispatch_fp8")
+
+
+def _plan_switches(knobs: dict | None, dtype: str) -> tuple[tuple[str, bool], ...]:
+    """``plan_knobs`` checked: known switches, booleans, FP8 dispatch only under FP8."""
+    if knobs is None:
+        return ()
+    if not isinstance(knobs, dict):
+        raise ConfigError(f"plan_knobs: expected a dict of switch -> bool, got {knobs!r}")
+    for key, value in knobs.items():
+        if key not in PLAN_SWITCHES:
+            raise ConfigError(f"plan_knobs: unknown switch {key!r} (known: {', '.join(PLAN_SWITCHES)})")
+        if not isinstance(value, bool):
+            raise ConfigError(f"plan_knobs.{key}: expected true or false, got {value!r}")
+    if knobs.get("dispatch_fp8") and dtype != "fp8":
+        raise ConfigError(f"plan_knobs.dispatch_fp8: FP8 dispatch needs dtype fp8 (got {dtype!r})")
+    return tuple(sorted(knobs.items()))
 
 
 def _chunks(ctx: Context, space, num_chunks: int, keep: int, dominance: bool, bound: bool) -> list[Chunk]:
@@ -218,6 +237,7 @@ def search(
     top: int = 10, confirm: int = 1, executor: str = "local", workers: int | None = None, dtype: str = "bf16",
     routing: RoutingSpec | None = None, dominance: bool = True, bound: bool = True, progress=None,
     confirm_bound: float | None = None, max_confirm: int = MAX_CONFIRM, stack: StackSpec | str | None = None,
+    plan_knobs: dict | None = None,
 ) -> SearchResult:
     """Find the best plans for ``model`` on ``gpus`` GPUs (a count, a list or 'LO-HI').
 
@@ -228,7 +248,9 @@ def search(
     engine measured over the seeded plan sample, ``estimators/agreement.toml``) of the best engine score, are re-run on the engine, up
     to ``max_confirm``; rows are ranked by the engine first. ``progress(phase, done, total)`` is
     called as chunks finish. ``stack``: the software-stack profile every plan runs under
-    (default ideal). Raises InfeasiblePlan naming the binding constraint when no
+    (default ideal). ``plan_knobs``: plan switches every plan carries, over the stack's
+    defaults (``PLAN_SWITCHES``: overlap_grad_reduce, overlap_param_gather, clip_grad,
+    dispatch_fp8; e.g. ``{"clip_grad": False}``). Raises InfeasiblePlan naming the binding constraint when no
     plan is valid and fits, ConfigError for bad input.
     """
     t0 = time.perf_counter()
@@ -244,7 +266,9 @@ def search(
         raise ConfigError(f"fixed: expected a dict of axis -> value(s), got {fixed!r}")
     space = build_space(model, base.gpus_per_node, fixed, _bounded(limits, max(counts), gbs, model.num_layers))
     spec = IDEAL if stack is None else load_stack(stack)
-    contexts = {w: _context(model, base, w, gbs, seq, dtype, routing, max_memory_fraction, spec) for w in counts}
+    switches = _plan_switches(plan_knobs, dtype)
+    contexts = {w: _context(model, base, w, gbs, seq, dtype, routing, max_memory_fraction, spec, switches)
+                for w in counts}
     keep = max(top, confirm, max_confirm)
     ex = make_executor(executor, workers)
     try:

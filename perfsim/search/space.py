@@ -177,6 +177,7 @@ class Context:
     routing: RoutingSpec = UNIFORM
     max_bytes: float
     stack: StackSpec = IDEAL  # the software stack every plan runs under (its overlap policy seeds the plans)
+    plan_knobs: tuple[tuple[str, bool], ...] = ()  # plan switches every plan carries (search's plan_knobs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,7 +232,7 @@ def _base_plans(chunk: Chunk, res: ChunkResult):
             try:
                 base = ParallelPlan(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, gbs=ctx.gbs, seq=ctx.seq,
                                     dtype=ctx.dtype, mbs=1, schedule=scheds[0], stack=ctx.stack,
-                                    **ctx.stack.plan_defaults())
+                                    **{**ctx.stack.plan_defaults(), **dict(ctx.plan_knobs)})
                 check_plan(base, ctx.model, ctx.num_gpus)
             except ConfigError as exc:
                 _reject(res, reason_of(exc), inner * len(scheds))
