@@ -4,6 +4,7 @@ the engine and the closed form (both price ``graph.block_passes``)."""
 
 import dataclasses
 import json
+import math
 import tomllib
 
 import pytest
@@ -162,6 +163,7 @@ def test_plan_dict_round_trips_with_its_stack():
     ('name = "x"\n[launch]\nlayer_overhead_us = -5\n', "layer_overhead_us"),
     ('name = "x"\n[moe]\ndispatch = "sideways"\n', "dispatch"),
     ('name = "x"\n[moe]\nhost_syncs_per_layer = 1.5\n', "host_syncs_per_layer"),
+    ('name = "x"\n[moe]\nmask_einsum = "yes"\n', "mask_einsum"),
     ('name = "x"\n[fusion]\nfused = ["layernorm"]\n', "layernorm"),
     ('name = "x"\n[overlap]\ntp_comm = "yes"\n', "tp_comm"),
     ('name = "x"\ncolour = "red"\n', "colour"),
@@ -227,3 +229,43 @@ def test_search_runs_every_plan_under_the_stack():
     assert all(row.plan["stack"] == "ideal" for row in ideal.rows)
     assert mg.rows[0].step_time_s > ideal.rows[0].step_time_s  # host syncs and framework time on every plan
     assert "stack-megatron-primus" in ParallelPlan(**mg.rows[0].plan).describe()
+
+
+def _moe_steps(stack, capacity_factor):
+    from perfsim.lowering.layers import LayerBuilder
+
+    model = dataclasses.replace(api.load_model("deepseek-v2-lite"), capacity_factor=capacity_factor)
+    plan = ParallelPlan(tp=1, dp=8, ep=8, mbs=2, gbs=16, seq=4096, stack=load_stack(stack))
+    return model, LayerBuilder(model, plan).moe_forward()
+
+
+def test_mask_einsum_capacity_path_prices_the_one_hot_dispatch_and_combine_gemms():
+    """MaxText's capacity path (dense_matmul) dispatches BSM,BSEC->EBCM and combines
+    EBCM,BSEC->BSM over one-hot masks: two dense GEMMs of S x (E x C) x hidden per
+    sequence, C = ceil(S x top_k / E) x capacity factor, in place of the permute kernels;
+    their work grows with the capacity factor. Other stacks keep the permutes."""
+    model, steps = _moe_steps("maxtext", 2.0)
+    by_name = {s.name: s for s in steps}
+    slots = model.num_experts * math.ceil(4096 * model.top_k / model.num_experts) * 2.0
+    for name in ("dispatch_einsum", "combine_einsum"):
+        assert by_name[name].category == "moe_dispatch"
+        assert by_name[name].flops == pytest.approx(2 * 2 * slots * 4096 * model.hidden_size)  # 2 sequences
+    assert "permute" not in by_name and "local_sort" not in by_name
+    _, half = _moe_steps("maxtext", 1.0)
+    assert next(s for s in half if s.name == "dispatch_einsum").flops < by_name["dispatch_einsum"].flops / 1.9
+    for stack, cf in (("maxtext", 0.0), ("megatron-primus", 2.0), ("ideal", 2.0)):
+        names = {s.name for s in _moe_steps(stack, cf)[1]}
+        assert "permute" in names and "dispatch_einsum" not in names, stack
+
+
+def test_dispatch_mask_takes_no_gradient_the_combine_mask_does():
+    from perfsim.lowering.layers import _backward_step
+
+    _, steps = _moe_steps("maxtext", 1.25)
+    dispatch, combine = (next(s for s in steps if s.name == n) for n in ("dispatch_einsum", "combine_einsum"))
+    assert _backward_step(dispatch).flops == dispatch.flops and dict(_backward_step(dispatch).meta)["grad"] == "dgrad"
+    assert _backward_step(combine).flops == 2 * combine.flops
+    report = step("des", "maxtext", **{**MOE, "model": dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=1.25)})
+    closed = step("analytic", "maxtext", **{**MOE, "model": dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=1.25)})
+    assert report.breakdown["moe_dispatch"] > 0
+    assert closed.step_time_s == pytest.approx(report.step_time_s, rel=0.05)

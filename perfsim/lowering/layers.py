@@ -6,6 +6,7 @@ sharded over tp (dense) or ep x etp (experts). Backward GEMMs do dgrad + wgrad
 (batch 2); flash-attention backward does 2.5x the forward matmul work (Dao'23).
 """
 
+import math
 from dataclasses import replace
 
 from perfsim.model.spec import Linear, ModelSpec
@@ -121,17 +122,42 @@ class LayerBuilder(StackSteps):
         # softmax + top-k: read the fp32 logits, write the top-k probabilities (fp32) and indices (int32)
         steps.append(elementwise_step("router_topk", t * (m.num_experts + 2 * m.top_k) * LOGIT_BYTES, "router"))
         steps += self._moe_host_sync()
-        steps.append(elementwise_step("permute", 2 * routed * h * ACT_BYTES, "moe_permute"))
         dispatch, combine = self._a2a_steps(routed)
-        steps += dispatch + self._local_regroup("local_sort", dispatch)
-        steps += self._experts(routed)
-        steps += self._local_regroup("local_unsort", combine) + combine
-        steps.append(elementwise_step("unpermute", 2 * routed * h * ACT_BYTES, "moe_permute"))
+        einsums = self._mask_einsums()
+        if einsums:  # the one-hot einsums scatter straight into the expert-major layout
+            steps += [einsums[0], *dispatch, *self._experts(routed), *combine, einsums[1]]
+        else:
+            steps.append(elementwise_step("permute", 2 * routed * h * ACT_BYTES, "moe_permute"))
+            steps += dispatch + self._local_regroup("local_sort", dispatch)
+            steps += self._experts(routed)
+            steps += self._local_regroup("local_unsort", combine) + combine
+            steps.append(elementwise_step("unpermute", 2 * routed * h * ACT_BYTES, "moe_permute"))
         if m.shared_ffn_hidden_size:
             w = m.shared_ffn_hidden_size
             steps += self._fp8(gemm_step("shared_up", t, h, w * (2 if m.gated_mlp else 1), "shared_expert"))
             steps += self._fp8(gemm_step("shared_down", t, w, h, "shared_expert"))
         return steps
+
+    def _mask_einsums(self) -> list[Step]:
+        """Dispatch and combine of a stack whose capacity path multiplies by one-hot masks
+        (``stack.moe.mask_einsum``; MaxText dense_matmul): per sequence of S tokens,
+        dispatch BSM,BSEC->EBCM is a [E*C, S] x [S, hidden] GEMM and combine
+        EBCM,BSEC->BSM a [S, E*C] x [E*C, hidden] one, with C = ceil(S * top_k / E) *
+        capacity factor slots per expert -- work growing with S * top_k * capacity factor
+        per token. BF16 (the masks are BF16 one-hots). The dispatch mask takes no gradient:
+        its backward is the input gradient only; the combine's also reaches the router
+        probabilities in the mask (a dgrad and a wgrad)."""
+        m = self.model
+        if not (self.stack.moe.mask_einsum and self._pads() and m.capacity_factor > 0):
+            return []
+        seq = max(self.plan.seq // self.plan.cp, 1)
+        sequences = max(round(self.local_tokens / seq), 1)
+        slots = m.num_experts * max(math.ceil(seq * m.top_k / m.num_experts) * m.capacity_factor, m.capacity_factor)
+        slots = int(slots)
+        bf16 = (("dtype", "bf16"),)
+        dispatch = gemm_step("dispatch_einsum", sequences * slots, seq, m.hidden_size, "moe_dispatch")
+        combine = gemm_step("combine_einsum", sequences * seq, slots, m.hidden_size, "moe_dispatch")
+        return [replace(dispatch, meta=bf16 + (("input_grad_only", True),)), replace(combine, meta=bf16)]
 
     def _a2a_values(self, routed: int) -> float:
         """Hidden values of an all_to_allv as the busiest rank sees it: it receives
@@ -297,6 +323,8 @@ def split_weight_grads(chain: list[Step]) -> tuple[list[Step], list[Step]]:
 
 def _backward_step(step: Step) -> Step:
     name = f"{step.name}_bwd"
+    if step.kind is OpKind.GEMM and _flag(step, "input_grad_only"):  # no weight: the input gradient alone
+        return replace(step, name=name, meta=step.meta + (("grad", "dgrad"),))
     if step.kind in (OpKind.GEMM, OpKind.GROUPED_GEMM):  # dgrad + wgrad (costs.gemm_backward_time)
         return replace(step, name=name, flops=2 * step.flops, gemm=replace(step.gemm, batch=2),
                        meta=step.meta + (("grad", "both"),))

@@ -53,10 +53,16 @@ class MoeCosts:
     # masks, ragged dot, megablox) is a stack property
     padded_speed: float = 1.0
     dropless_speed: float = 1.0
+    # the capacity path's dispatch and combine as einsums over one-hot [token, expert,
+    # capacity slot] masks (MaxText dense_matmul): dense GEMMs whose size grows with the
+    # sequence times top-k times the capacity factor, in place of the permute kernels
+    mask_einsum: bool = False
     source: str = "assumed"
 
     def __post_init__(self):
         object.__setattr__(self, "dispatch", _enum(Dispatch, self.dispatch, "moe.dispatch"))
+        if not isinstance(self.mask_einsum, bool):
+            raise ConfigError(f"stack.moe.mask_einsum must be true or false, got {self.mask_einsum!r}")
         for key in ("padded_speed", "dropless_speed"):
             value = getattr(self, key)
             _non_negative("moe", **{key: value})
