@@ -221,6 +221,18 @@ def simulate(inputs: dict):
     )
 
 
+def search_switches(inputs: dict, model) -> dict:
+    """The Plan page's plan switches a search applies to every plan (perfsim.search's
+    ``plan_knobs``): gradient clip, the overlap choices the user set (unset: the stack's
+    policy) and FP8 dispatch where it applies to ``model``."""
+    f = {**DEFAULT["fidelity"], **(inputs.get("fidelity") or {})}
+    knobs = {k: bool(f[k]) for k in ("overlap_grad_reduce", "overlap_param_gather") if f[k] is not None}
+    knobs["clip_grad"] = bool(f["clip_grad"])
+    if dispatch_fp8_choice(inputs, model):
+        knobs["dispatch_fp8"] = True
+    return knobs
+
+
 def dispatch_fp8_choice(inputs: dict, model=None) -> bool:
     """``dispatch_fp8``: the stored choice where it applies (dtype fp8, a model with experts);
     otherwise off, so a BF16 plan or a dense model never carries it."""

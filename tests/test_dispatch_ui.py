@@ -238,3 +238,27 @@ def test_clip_gradients_toggle_reaches_the_plan():
     ok(at)
     assert at.session_state["inputs"]["fidelity"]["clip_grad"] is False
     assert planner_inputs.simulate(at.session_state["inputs"]).plan["clip_grad"] is False
+
+
+def test_search_page_runs_under_the_plan_pages_dtype_stack_and_switches():
+    """The Search page searches the plans the Plan page would price: its dtype, software
+    stack, gradient clip and FP8 dispatch (perfsim.search plan_knobs), and says so."""
+    inputs = planner_inputs.normalize({"model": "deepseek-v2-lite", "stack": "megatron-primus",
+                                       "knobs": {"dtype": "fp8", "ep": 16},
+                                       "fidelity": {"clip_grad": False, "dispatch_fp8": True}})
+    at = start(inputs)
+    at.switch_page("views/search.py").run()
+    ok(at)
+    assert any("fp8 under the megatron" in c.value and "gradient clip off" in c.value and "FP8 dispatch on" in c.value
+               for c in at.caption)
+    fill_search_form(at, "deepseek-v2-lite", "16", 16, 1024)
+    for axis, value in (("tp", "1"), ("pp", "1"), ("ep", "16"), ("cp", "1"), ("zero", "1"), ("mbs", "1")):
+        at.text_input(key=f"w.s_fix_{axis}").input(value).run()
+    next(b for b in at.button if b.label == "Run search").click().run()
+    ok(at)
+    args = at.session_state["search.args"]
+    assert args["dtype"] == "fp8" and args["stack"] == "megatron-primus"
+    assert args["plan_knobs"] == {"clip_grad": False, "dispatch_fp8": True}
+    rows = next(iter(at.session_state["search.results"].values()))["rows"]
+    assert rows and all(r["plan"]["dtype"] == "fp8" and r["plan"]["clip_grad"] is False and r["plan"]["dispatch_fp8"]
+                        for r in rows)

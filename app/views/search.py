@@ -9,7 +9,7 @@ import charts
 import common
 import derive
 import fmt
-from inputs import nodes_for, with_plan
+from inputs import model_spec, nodes_for, search_switches, with_plan
 from perfsim.search import DEFAULT_MAX_MEMORY_FRACTION
 
 FIXABLE = ("tp", "pp", "ep", "cp", "zero", "mbs", "recompute", "dispatch")  # dispatch: a comma list, tried where ep > 1
@@ -51,6 +51,13 @@ with st.expander("Constraints and execution"):
                                 "(a forked pool would inherit the planner's threads and signal handlers); "
                                 "serial: in this process; dask-local: a Dask LocalCluster")
 
+dtype, stack = inputs["knobs"].get("dtype", "bf16"), inputs.get("stack") or "ideal"
+switches = search_switches(inputs, model_spec({**inputs, "model": model, "model_config": None}))
+SWITCH_WORDS = {"clip_grad": "gradient clip", "overlap_grad_reduce": "gradient-reduction overlap",
+                "overlap_param_gather": "parameter prefetch", "dispatch_fp8": "FP8 dispatch"}
+said = ", ".join(f"{SWITCH_WORDS[k]} {'on' if v else 'off'}" for k, v in sorted(switches.items()))
+st.caption(fmt.md(f"Every plan runs in {dtype} under the {stack} stack, {said} (set on the Plan page)."))
+
 args = None
 with common.shown_errors("Invalid search"):
     pinned = {axis: (v.strip() if axis == "recompute" else
@@ -59,7 +66,7 @@ with common.shown_errors("Invalid search"):
     args = {"model": model, "cluster": cluster, "gpus": gpus.strip(), "gbs": int(gbs), "seq": int(seq),
             "top": int(top), "max_memory_fraction": float(mem), "objective": objective, "fixed": pinned or None,
             "usd_per_gpu_hour": float(price) if objective == "cost" else None, "confirm": int(confirm),
-            "executor": executor}
+            "executor": executor, "dtype": dtype, "stack": stack, "plan_knobs": switches}
 if args and st.button("Run search", type="primary", icon=":material/play_arrow:", key="s.run"):
     st.session_state["search.args"] = args
 
