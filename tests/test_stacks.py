@@ -269,3 +269,26 @@ def test_dispatch_mask_takes_no_gradient_the_combine_mask_does():
     closed = step("analytic", "maxtext", **{**MOE, "model": dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=1.25)})
     assert report.breakdown["moe_dispatch"] > 0
     assert closed.step_time_s == pytest.approx(report.step_time_s, rel=0.05)
+
+
+def test_mask_einsum_experts_run_as_a_batched_dense_gemm_not_the_grouped_kernel():
+    """EBCM,EMH->EBCH is one batched dense GEMM over the padded capacity: priced at the
+    dense GEMM table's efficiency even where the GPU has a grouped-kernel table (MI300X);
+    the dropless path keeps the grouped kernel."""
+    from perfsim.cost.kernels import compute_time
+    from perfsim.lowering.graph import build_graph
+    from perfsim.system.hardware import load_gpu
+
+    gpu = load_gpu("mi300x")
+    bare = dataclasses.replace(gpu, grouped_gemm={})
+    _, steps = _moe_steps("maxtext", 1.25)
+    up = next(s for s in steps if s.name == "expert_up")
+    assert dict(up.meta).get("batched") is True
+    model = dataclasses.replace(api.load_model("deepseek-v2-lite"), capacity_factor=1.25)
+    plan = ParallelPlan(tp=1, dp=8, ep=8, mbs=2, gbs=16, seq=4096, stack=load_stack("maxtext"))
+    op = next(o for o in build_graph(model, plan).ops if o.name == "expert_up")
+    assert compute_time(op, gpu, "bf16") == pytest.approx(compute_time(op, bare, "bf16"), rel=1e-9)
+    grouped = dataclasses.replace(op, meta={k: v for k, v in op.meta.items() if k != "batched"})
+    assert abs(compute_time(grouped, gpu, "bf16") / compute_time(op, gpu, "bf16") - 1) > 1e-3  # the grouped kernel's price
+    _, dropless = _moe_steps("maxtext", 0.0)
+    assert "batched" not in dict(next(s for s in dropless if s.name == "expert_up").meta)

@@ -28,7 +28,7 @@ from perfsim.system.kernel_tables import DTYPE_BYTES, GemmEfficiency
 
 GFLOP = 1e9
 MBYTE = 1e6
-PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal", "host_s", "kernel_speed")  # op.meta keys compute_time reads
+PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal", "host_s", "kernel_speed", "batched")  # op.meta keys compute_time reads
 # the macro tile, its N side halved, its M side down to 1/8 (skinny-M kernels: 16- and
 # 32-row MFMA/WGMMA tiles for small token counts); the library picks the least padded
 _TILE_SPLITS = tuple((dm, dn) for dm in (1, 2, 4, 8) for dn in (1, 2))
@@ -142,18 +142,20 @@ def gemm_backward_time(gemm: Gemm, gpu: GpuSpec, dtype: str, part: str = "both")
 
 
 def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dtype: str,
-                      backward: bool = False) -> float:
+                      backward: bool = False, batched: bool = False) -> float:
     """One grouped kernel over experts with ``groups[i]`` tokens each, priced per expert:
     expert i runs [groups[i], k] @ [k, n] padded to whole tiles (one tile shape for the
     launch, the least padded of ``_TILE_SPLITS``) at the grouped kernel's efficiency for
     groups[i] tokens; all experts' tiles share the CUs (CU fill and wave
     quantization over the total). ``backward``: dgrad + wgrad (twice the FLOPs, the backward table).
-    Empty experts cost only their weight reads."""
+    ``batched``: the experts run as one batched dense GEMM (equal padded groups, e.g. an XLA
+    einsum over the capacity), each at the dense GEMM table's efficiency, not the grouped
+    kernel's. Empty experts cost only their weight reads."""
     tokens = sum(groups)
     out = output_bytes(dtype, gpu)
     passes = 2 if backward else 1
     moved = passes * (tokens * k * DTYPE_BYTES[dtype] + len(groups) * k * n * DTYPE_BYTES[dtype] + tokens * n * out)
-    table, dense = gpu.grouped_table(dtype), gpu.gemm_table(dtype)
+    table, dense = (None if batched else gpu.grouped_table(dtype)), gpu.gemm_table(dtype)
     if tokens == 0:
         return hbm_time(moved, gpu) + gpu.kernel_launch_s
     if table is None:  # no grouped-kernel measurement: each expert as a dense GEMM
@@ -226,10 +228,10 @@ def _gemm_op_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
 
 
 def _grouped_op_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
-    part = op.meta.get("grad")
+    part, batched = op.meta.get("grad"), bool(op.meta.get("batched"))
     if part is None:
-        return grouped_gemm_time(op.grouped, op.gemm.n, op.gemm.k, gpu, dtype) * op.gemm.batch
-    both = grouped_gemm_time(op.grouped, op.gemm.n, op.gemm.k, gpu, dtype, backward=True)
+        return grouped_gemm_time(op.grouped, op.gemm.n, op.gemm.k, gpu, dtype, batched=batched) * op.gemm.batch
+    both = grouped_gemm_time(op.grouped, op.gemm.n, op.gemm.k, gpu, dtype, backward=True, batched=batched)
     return both if part == "both" else both / 2
 
 

@@ -198,6 +198,8 @@ class LayerBuilder(StackSteps):
             tokens = (expert_capacity(m, plan, routed),) * len(tokens)
         loads = tuple(x * plan.etp for x in tokens)
         meta = (("speed", speed),) if speed != 1.0 else ()  # the EP rank's own GPU speed
+        if self._mask_einsums():  # EBCM,EMH->EBCH: one batched dense GEMM over the padded capacity
+            meta += (("batched", True),)
         width = m.expert_ffn_hidden_size // plan.etp
         up = width * (2 if m.gated_mlp else 1)
         received = sum(loads)
