@@ -73,8 +73,11 @@ def command_argv(draw) -> list[str]:
     if kind == "search":
         flag = draw(st.sampled_from(["--max-tp", "--max-pp", "--max-mbs", "--top", "--max-memory", "--usd-per-gpu-hour",
                                      "--tp", "--zero"]))
+        switches = draw(st.lists(st.sampled_from(["--no-overlap", "--no-param-prefetch", "--no-clip-grad",
+                                                  "--dispatch-fp8"]), max_size=2, unique=True))
+        dtype = draw(st.sampled_from([[], ["--dtype", "fp8"]]))
         return ["search", "--model", "llama3.1-8b", "--gpus", draw(st.sampled_from(["8", "4-8", "8,x", "0-8", "9-3"])),
-                "--gbs", "16", "--seq", "1024", "--executor", "serial", "--confirm", "0", flag, value()]
+                "--gbs", "16", "--seq", "1024", "--executor", "serial", "--confirm", "0", flag, value(), *switches, *dtype]
     flag = draw(st.sampled_from(["--active-params", "--total-params", "--batch", "--context", "--align", "--experts"]))
     return ["moe-width", "--active-params", "1e9", "--experts", "8", "--top-k", "2", flag, value()]
 
