@@ -164,6 +164,7 @@ def test_plan_dict_round_trips_with_its_stack():
     ('name = "x"\n[moe]\ndispatch = "sideways"\n', "dispatch"),
     ('name = "x"\n[moe]\nhost_syncs_per_layer = 1.5\n', "host_syncs_per_layer"),
     ('name = "x"\n[moe]\nmask_einsum = "yes"\n', "mask_einsum"),
+    ('name = "x"\n[fp8]\nweights_cast_once = 1\n', "weights_cast_once"),
     ('name = "x"\n[fusion]\nfused = ["layernorm"]\n', "layernorm"),
     ('name = "x"\n[overlap]\ntp_comm = "yes"\n', "tp_comm"),
     ('name = "x"\ncolour = "red"\n', "colour"),
@@ -292,3 +293,20 @@ def test_mask_einsum_experts_run_as_a_batched_dense_gemm_not_the_grouped_kernel(
     assert abs(compute_time(grouped, gpu, "bf16") / compute_time(op, gpu, "bf16") - 1) > 1e-3  # the grouped kernel's price
     _, dropless = _moe_steps("maxtext", 0.0)
     assert "batched" not in dict(next(s for s in dropless if s.name == "expert_up").meta)
+
+
+def test_te_stacks_cast_each_fp8_weight_once_per_step():
+    """Transformer Engine caches the FP8 copy of each weight over a step's microbatches
+    (is_first_microbatch): under megatron-primus the weight casts are paid once per step,
+    so more microbatches cost less cast time per microbatch; ideal (perfsim's default)
+    casts them every microbatch, as before."""
+    case = {**DENSE, "dtype": "fp8", "pp": 1, "tp": 1}
+    few, many = {**case, "gbs": 8}, {**case, "gbs": 64}
+
+    def casts_per_mb(stack, knobs):
+        report = step("analytic", stack, **knobs)
+        return report.breakdown["fp8_cast"] / (knobs["gbs"] // 8)  # 8 GPUs, mbs 1: microbatches per rank
+
+    assert load_stack("megatron-primus").fp8.weights_cast_once and not load_stack("ideal").fp8.weights_cast_once
+    assert casts_per_mb("megatron-primus", many) < 0.8 * casts_per_mb("megatron-primus", few)
+    assert casts_per_mb("ideal", many) == pytest.approx(casts_per_mb("ideal", few), rel=1e-6)

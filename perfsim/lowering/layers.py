@@ -41,12 +41,15 @@ class LayerBuilder(StackSteps):
 
     def _fp8(self, step: Step) -> list[Step]:
         """A GEMM step, behind the casts of its BF16 inputs (activations and weights) when
-        the plan runs FP8; the casts carry the GEMM's meta (an EP rank's speed)."""
+        the plan runs FP8; the casts carry the GEMM's meta (an EP rank's speed). A stack
+        that casts each weight once per step (``fp8.weights_cast_once``) pays its weight
+        casts once over the step's microbatches: spread over them here."""
         if not self.fp8:
             return [step]
         g, groups = step.gemm, len(step.grouped) or 1
         rows = sum(step.grouped) if step.grouped else g.m
-        amax, cast = (b * self.stack.fp8.cast_bytes_factor for b in fp8_cast_bytes(rows * g.k + groups * g.k * g.n))
+        weights = groups * g.k * g.n / (self.plan.num_microbatches if self.stack.fp8.weights_cast_once else 1)
+        amax, cast = (b * self.stack.fp8.cast_bytes_factor for b in fp8_cast_bytes(rows * g.k + weights))
         return [replace(elementwise_step(f"{step.name}_fp8_amax", amax, "fp8_cast"), meta=step.meta),
                 replace(elementwise_step(f"{step.name}_fp8_cast", cast, "fp8_cast"), meta=step.meta), step]
 

@@ -105,10 +105,15 @@ class OverlapPolicy:
 @dataclass(frozen=True, kw_only=True)
 class Fp8Recipe:
     cast_bytes_factor: float = 1.0  # HBM traffic of the recipe's casts relative to current scaling
+    # the FP8 copy of each weight made once per step and reused by the step's microbatches
+    # (Transformer Engine is_first_microbatch); false: every microbatch casts the weights again
+    weights_cast_once: bool = False
     source: str = "assumed"
 
     def __post_init__(self):
         _non_negative("fp8", cast_bytes_factor=self.cast_bytes_factor)
+        if not isinstance(self.weights_cast_once, bool):
+            raise ConfigError(f"stack.fp8.weights_cast_once must be true or false, got {self.weights_cast_once!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
