@@ -247,7 +247,7 @@ def test_mask_einsum_capacity_path_prices_the_one_hot_dispatch_and_combine_gemms
     their work grows with the capacity factor. Other stacks keep the permutes."""
     model, steps = _moe_steps("maxtext", 2.0)
     by_name = {s.name: s for s in steps}
-    slots = model.num_experts * math.ceil(4096 * model.top_k / model.num_experts) * 2.0
+    slots = model.num_experts * int(math.ceil(4096 * model.top_k / model.num_experts) * 2.0)
     for name in ("dispatch_einsum", "combine_einsum"):
         assert by_name[name].category == "moe_dispatch"
         assert by_name[name].flops == pytest.approx(2 * 2 * slots * 4096 * model.hidden_size)  # 2 sequences

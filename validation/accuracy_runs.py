@@ -123,8 +123,9 @@ def section() -> str:
         "per token, `stack.moe.mask_einsum`) were added after these figures were seen; read from MaxText's code, "
         "they bring the DeepSeek-V3 sweep's measured cost per unit of capacity factor (0.35 ms per token) and "
         "its extrapolation to no capacity (0.34 ms) within 3% and 7% in-sample (0.32 and 0.45 ms without them), "
-        "and move the fitted padded speed from 0.39 to 0.53, but the held-out median went from 8.9% to 11.2% "
-        "(one Kimi-K2 speed now prices DeepSeek-V3's capacity factor 4 runs 11-14% slow). Transformer Engine's "
+        "and move the fitted padded speed from 0.39 to 0.52, but the held-out median went from 8.9% to 13.1% "
+        "(one Kimi-K2 speed now prices DeepSeek-V3's capacity factor 4 runs 13-16% slow; the GEMM tile choice "
+        "makes Kimi-K2's dispatch einsum sensitive to its capacity slots' rounding, see validation/runs/SOURCES.md). Transformer Engine's "
         "FP8 weight caching (each weight cast once per step, `stack.fp8.weights_cast_once`, megatron-primus and "
         "nemo) was added from its documentation; it moves the one FP8 run (MLPerf Llama-3.1-8B) from -11.0% to -9.4%.",
         "",

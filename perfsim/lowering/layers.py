@@ -155,8 +155,8 @@ class LayerBuilder(StackSteps):
             return []
         seq = max(self.plan.seq // self.plan.cp, 1)
         sequences = max(round(self.local_tokens / seq), 1)
-        slots = m.num_experts * max(math.ceil(seq * m.top_k / m.num_experts) * m.capacity_factor, m.capacity_factor)
-        slots = int(slots)
+        per_expert = int(max(math.ceil(seq * m.top_k / m.num_experts) * m.capacity_factor, m.capacity_factor))
+        slots = m.num_experts * per_expert  # generate_masks: expert_capacity_per_batch, an int per expert
         bf16 = (("dtype", "bf16"),)
         dispatch = gemm_step("dispatch_einsum", sequences * slots, seq, m.hidden_size, "moe_dispatch")
         combine = gemm_step("combine_einsum", sequences * seq, slots, m.hidden_size, "moe_dispatch")
