@@ -165,6 +165,7 @@ def test_plan_dict_round_trips_with_its_stack():
     ('name = "x"\n[moe]\nhost_syncs_per_layer = 1.5\n', "host_syncs_per_layer"),
     ('name = "x"\n[moe]\nmask_einsum = "yes"\n', "mask_einsum"),
     ('name = "x"\n[fp8]\nweights_cast_once = 1\n', "weights_cast_once"),
+    ('name = "x"\n[fp8]\nnorm_fused_cast = "on"\n', "norm_fused_cast"),
     ('name = "x"\n[fusion]\nfused = ["layernorm"]\n', "layernorm"),
     ('name = "x"\n[overlap]\ntp_comm = "yes"\n', "tp_comm"),
     ('name = "x"\ncolour = "red"\n', "colour"),
@@ -310,3 +311,29 @@ def test_te_stacks_cast_each_fp8_weight_once_per_step():
     assert load_stack("megatron-primus").fp8.weights_cast_once and not load_stack("ideal").fp8.weights_cast_once
     assert casts_per_mb("megatron-primus", many) < 0.8 * casts_per_mb("megatron-primus", few)
     assert casts_per_mb("ideal", many) == pytest.approx(casts_per_mb("ideal", few), rel=1e-6)
+
+
+def test_te_stacks_write_norm_fed_gemm_inputs_in_fp8_from_the_norm():
+    """TELayerNormColumnParallelLinear: the norm in front of the QKV and MLP-up GEMMs
+    writes their FP8 input, so under megatron-primus those inputs take no cast pass; the
+    attention output projection and the MLP down projection keep theirs."""
+    from perfsim.lowering.layers import LayerBuilder
+
+    model = api.load_model("llama3.1-8b")
+
+    def cast_bytes(stack):
+        plan = ParallelPlan(tp=1, dp=1, mbs=1, gbs=1, seq=4096, dtype="fp8", stack=load_stack(stack))
+        b = LayerBuilder(model, plan)
+        return {s.name: s.bytes for s in b.attention_forward() + b.mlp_forward() if s.category == "fp8_cast"}
+
+    te, ideal = cast_bytes("megatron-primus"), cast_bytes("ideal")
+    assert te.keys() == ideal.keys()
+    h, tokens = model.hidden_size, 4096
+    widths = {"qkv": model.q_width + 2 * model.num_kv_heads * model.head_dim, "mlp_up": 2 * model.ffn_hidden_size}
+    for name in te:
+        gemm = name.rsplit("_fp8_", 1)[0]
+        if gemm in widths:  # the norm-fed inputs: only the weight [h, width] is cast
+            share = widths[gemm] / (tokens + widths[gemm])
+            assert te[name] == pytest.approx(share * ideal[name], rel=1e-9), name
+        else:
+            assert te[name] == pytest.approx(ideal[name]), name  # one microbatch: the same weight cast too

@@ -39,17 +39,20 @@ class LayerBuilder(StackSteps):
         self.fp8 = plan.dtype == "fp8"
         self.stack = plan.stack
 
-    def _fp8(self, step: Step) -> list[Step]:
+    def _fp8(self, step: Step, from_norm: bool = False) -> list[Step]:
         """A GEMM step, behind the casts of its BF16 inputs (activations and weights) when
         the plan runs FP8; the casts carry the GEMM's meta (an EP rank's speed). A stack
         that casts each weight once per step (``fp8.weights_cast_once``) pays its weight
-        casts once over the step's microbatches: spread over them here."""
+        casts once over the step's microbatches: spread over them here. ``from_norm``: the
+        GEMM's input is a norm's output, which a ``fp8.norm_fused_cast`` stack writes in FP8
+        directly (no cast pass for it)."""
         if not self.fp8:
             return [step]
+        fp8 = self.stack.fp8
         g, groups = step.gemm, len(step.grouped) or 1
-        rows = sum(step.grouped) if step.grouped else g.m
-        weights = groups * g.k * g.n / (self.plan.num_microbatches if self.stack.fp8.weights_cast_once else 1)
-        amax, cast = (b * self.stack.fp8.cast_bytes_factor for b in fp8_cast_bytes(rows * g.k + weights))
+        rows = 0 if from_norm and fp8.norm_fused_cast else (sum(step.grouped) if step.grouped else g.m)
+        weights = groups * g.k * g.n / (self.plan.num_microbatches if fp8.weights_cast_once else 1)
+        amax, cast = (b * fp8.cast_bytes_factor for b in fp8_cast_bytes(rows * g.k + weights))
         return [replace(elementwise_step(f"{step.name}_fp8_amax", amax, "fp8_cast"), meta=step.meta),
                 replace(elementwise_step(f"{step.name}_fp8_cast", cast, "fp8_cast"), meta=step.meta), step]
 
@@ -74,8 +77,9 @@ class LayerBuilder(StackSteps):
         tp = self.plan.tp
         steps = []
         for lin in linears:
-            if shard_out and lin.name != "attn_out":
-                steps += self._fp8(gemm_step(lin.name, self.tokens, lin.in_features, lin.out_features // tp, category))
+            if shard_out and lin.name != "attn_out":  # the attention's input projections: fed by a norm
+                steps += self._fp8(gemm_step(lin.name, self.tokens, lin.in_features, lin.out_features // tp, category),
+                                   from_norm=True)
             else:
                 steps += self._fp8(gemm_step(lin.name, self.tokens, lin.in_features // tp, lin.out_features, category))
         return steps
@@ -109,7 +113,7 @@ class LayerBuilder(StackSteps):
         width = m.ffn_hidden_size // self.plan.tp
         up_width = width * (2 if m.gated_mlp else 1)
         steps = [*self._norms("mlp_norm"), *self._tp_enter("mlp")]
-        steps += self._fp8(gemm_step("mlp_up", self.tokens, m.hidden_size, up_width, "mlp"))
+        steps += self._fp8(gemm_step("mlp_up", self.tokens, m.hidden_size, up_width, "mlp"), from_norm=True)
         steps.append(elementwise_step("mlp_act", self.tokens * (up_width + width) * ACT_BYTES, "activation"))
         steps += self._unfused_act("mlp_act", self.tokens, width)
         steps += self._fp8(gemm_step("mlp_down", self.tokens, width, m.hidden_size, "mlp"))

@@ -108,12 +108,16 @@ class Fp8Recipe:
     # the FP8 copy of each weight made once per step and reused by the step's microbatches
     # (Transformer Engine is_first_microbatch); false: every microbatch casts the weights again
     weights_cast_once: bool = False
+    # the norm in front of a GEMM writes that GEMM's FP8 input itself (Transformer Engine
+    # LayerNormLinear: norm + quantize in one kernel), so its input takes no cast pass
+    norm_fused_cast: bool = False
     source: str = "assumed"
 
     def __post_init__(self):
         _non_negative("fp8", cast_bytes_factor=self.cast_bytes_factor)
-        if not isinstance(self.weights_cast_once, bool):
-            raise ConfigError(f"stack.fp8.weights_cast_once must be true or false, got {self.weights_cast_once!r}")
+        for key in ("weights_cast_once", "norm_fused_cast"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"stack.fp8.{key} must be true or false, got {getattr(self, key)!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
