@@ -31,7 +31,7 @@ CATEGORY_COLORS = {
     "attention_proj": "#1b9e77", "attention_core": "#66c2a5", "mlp": "#1f78b4", "experts": "#a6cee3",
     "shared_expert": "#6a3d9a", "router": "#cab2d6", "norm": "#b2df8a", "embedding": "#33a02c",
     "lm_head": "#0b6e4f", "head": "#0b6e4f", "loss": "#8dd3c7", "optimizer": "#4b0082", "recompute": "#80b1d3",
-    "moe_permute": "#bebada", "fp8_cast": "#ccebc5", "elementwise": "#9ecae1", "activation": "#c7e9c0",
+    "moe_permute": "#bebada", "moe_dispatch": "#9e9ac8", "fp8_cast": "#ccebc5", "elementwise": "#9ecae1", "activation": "#c7e9c0",
     "tp_comm": "#d62728", "cp_comm": "#ff7f0e", "ep_a2a": "#e6550d", "etp_ag": "#fd8d3c", "etp_rs": "#fdae6b",
     "dp_grad_reduce": "#8c564b", "grad_norm": "#a0522d", "dp_param_gather": "#e377c2", "pp_p2p": "#bcbd22",
     "pipeline_bubble": "#9e9e9e", "idle": "#d0d0d0", "wait": "#707070",
