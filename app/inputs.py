@@ -10,6 +10,7 @@ import json
 
 import perfsim
 from perfsim.model import io as modelio
+from perfsim.plan.parallel import PLAN_SWITCHES
 from perfsim.plan.routing import RoutingSpec
 from perfsim.plan.stragglers import VariabilitySpec
 
@@ -225,9 +226,7 @@ def search_switches(inputs: dict, model) -> dict:
     """The Plan page's plan switches a search applies to every plan (perfsim.search's
     ``plan_knobs``): gradient clip, the overlap choices the user set (unset: the stack's
     policy) and FP8 dispatch where it applies to ``model``."""
-    f = {**DEFAULT["fidelity"], **(inputs.get("fidelity") or {})}
-    knobs = {k: bool(f[k]) for k in ("overlap_grad_reduce", "overlap_param_gather") if f[k] is not None}
-    knobs["clip_grad"] = bool(f["clip_grad"])
+    knobs = {k: v for k, v in fidelity_knobs(inputs).items() if k in PLAN_SWITCHES}
     if dispatch_fp8_choice(inputs, model):
         knobs["dispatch_fp8"] = True
     return knobs

@@ -92,12 +92,7 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
 
 def _plan_knobs(args) -> dict:
     knobs = {k: getattr(args, k) for k in PLAN_INTS + ("dtype", "recompute", "schedule")}
-    if args.no_overlap:
-        knobs["overlap_grad_reduce"] = False
-    if args.no_param_prefetch:
-        knobs["overlap_param_gather"] = False
-    if args.no_clip_grad:
-        knobs["clip_grad"] = False
+    knobs.update(a.switch_knobs(args))
     if args.grad_bucket_size is not None:
         knobs["grad_bucket_bytes"] = int(args.grad_bucket_size)
     knobs["comm_compute_interference"] = args.overlap_cu_share
@@ -107,8 +102,6 @@ def _plan_knobs(args) -> dict:
         knobs["tp_comm_overlap"] = True
     knobs["stack"] = args.stack
     knobs["dispatch"] = args.dispatch
-    if args.dispatch_fp8:
-        knobs["dispatch_fp8"] = True
     knobs["first_stage_layers"], knobs["last_stage_layers"] = args.first_stage_layers, args.last_stage_layers
     knobs["recompute_layers"] = args.recompute_layers
     return {k: v for k, v in knobs.items() if v is not None}

@@ -103,13 +103,6 @@ def _constraints(args) -> tuple[dict, dict]:
     return fixed, _clamp(limits, max(gpu_counts(args.gpus)), args.gbs)
 
 
-def _switches(args) -> dict:
-    """The plan switches the flags set (the others stay at the stack's defaults)."""
-    pairs = (("overlap_grad_reduce", args.no_overlap, False), ("overlap_param_gather", args.no_param_prefetch, False),
-             ("clip_grad", args.no_clip_grad, False), ("dispatch_fp8", args.dispatch_fp8, True))
-    return {key: value for key, flag, value in pairs if flag}
-
-
 def _clamp(limits: dict, most_gpus: int, gbs: int) -> dict:
     """A limit past what any plan can use changes nothing; clamp it so that the space
     stays the size of the answer (mbs and vpp <= gbs, the others <= the GPU count)."""
@@ -163,7 +156,7 @@ def run(args) -> int:
             max_memory_fraction=args.max_memory, objective=args.objective, usd_per_gpu_hour=args.usd_per_gpu_hour,
             top=args.top, confirm=args.confirm, executor=args.executor, workers=args.workers, dtype=args.dtype,
             dominance=not args.all_recompute, progress=bar, confirm_bound=args.confirm_bound,
-            max_confirm=args.max_confirm, stack=args.stack, plan_knobs=_switches(args),
+            max_confirm=args.max_confirm, stack=args.stack, plan_knobs=a.switch_knobs(args),
         )
     except KeyboardInterrupt:
         print("\nperfsim: search cancelled; nothing written", file=sys.stderr)

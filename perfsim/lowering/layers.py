@@ -132,7 +132,7 @@ class LayerBuilder(StackSteps):
         dispatch, combine = self._a2a_steps(routed)
         einsums = self._mask_einsums()
         if einsums:  # the one-hot einsums scatter straight into the expert-major layout
-            steps += [einsums[0], *dispatch, *self._experts(routed), *combine, einsums[1]]
+            steps += [einsums[0], *dispatch, *self._experts(routed, batched=True), *combine, einsums[1]]
         else:
             steps.append(elementwise_step("permute", 2 * routed * h * ACT_BYTES, "moe_permute"))
             steps += dispatch + self._local_regroup("local_sort", dispatch)
@@ -198,14 +198,16 @@ class LayerBuilder(StackSteps):
                                  replace(combine, meta=(("backward_call", dispatch.collective),)))
         return [dispatch], [combine]
 
-    def _experts(self, routed: int) -> list[Step]:
+    def _experts(self, routed: int, batched: bool = False) -> list[Step]:
+        """The routed experts' GEMMs on this rank; ``batched``: run as one batched dense GEMM
+        over the padded capacity (the mask-einsum path's EBCM,EMH->EBCH)."""
         m, plan = self.model, self.plan
         tokens, speed = slowest_expert_rank(m, plan, routed, self.routing, self.ep_speeds)
         if self._pads() and m.capacity_factor > 0:  # dense dispatch computes the padding
             tokens = (expert_capacity(m, plan, routed),) * len(tokens)
         loads = tuple(x * plan.etp for x in tokens)
         meta = (("speed", speed),) if speed != 1.0 else ()  # the EP rank's own GPU speed
-        if self._mask_einsums():  # EBCM,EMH->EBCH: one batched dense GEMM over the padded capacity
+        if batched:
             meta += (("batched", True),)
         width = m.expert_ffn_hidden_size // plan.etp
         up = width * (2 if m.gated_mlp else 1)

@@ -201,6 +201,10 @@ def _plain(value):
     return str(value) if isinstance(value, StrEnum) else value
 
 
+# plan switches a search applies to every plan it sweeps (perfsim.search's plan_knobs)
+PLAN_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "clip_grad", "dispatch_fp8")
+
+
 def dispatch_label(plan: dict) -> str:
     """A plan dict's MoE dispatch implementation as tables show it, or '-' where there is
     no expert parallelism (ep 1: no dispatch all-to-all, nothing for it to price)."""

@@ -23,7 +23,7 @@ from perfsim.errors import ConfigError, InfeasiblePlan
 from perfsim.estimators.analytic import ClosedForm, measured_disagreement
 from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.parallel import PLAN_SWITCHES, ParallelPlan
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.system.stacks import IDEAL, StackSpec, load_stack
 from perfsim.search.executors import make_executor
@@ -152,9 +152,6 @@ def _context(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, gbs: int, se
     key = hashlib.sha1(pickle.dumps((model, sized, routing))).hexdigest()
     return Context(key=key, model=model, cluster=sized, num_gpus=num_gpus, gbs=gbs, seq=seq, dtype=dtype,
                    routing=routing, max_bytes=fraction * sized.gpu.hbm_bytes, stack=stack, plan_knobs=plan_knobs)
-
-
-PLAN_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "clip_grad", "dispatch_fp8")
 
 
 def _plan_switches(knobs: dict | None, dtype: str) -> tuple[tuple[str, bool], ...]:

@@ -61,8 +61,7 @@ class MoeCosts:
 
     def __post_init__(self):
         object.__setattr__(self, "dispatch", _enum(Dispatch, self.dispatch, "moe.dispatch"))
-        if not isinstance(self.mask_einsum, bool):
-            raise ConfigError(f"stack.moe.mask_einsum must be true or false, got {self.mask_einsum!r}")
+        _boolean("moe", mask_einsum=self.mask_einsum)
         for key in ("padded_speed", "dropless_speed"):
             value = getattr(self, key)
             _non_negative("moe", **{key: value})
@@ -96,10 +95,8 @@ class OverlapPolicy:
     source: str = "assumed"
 
     def __post_init__(self):
-        for key in ("tp_comm", "grad_reduce", "param_gather"):
-            value = getattr(self, key)
-            if value is not None and not isinstance(value, bool):
-                raise ConfigError(f"stack.overlap.{key} must be true or false, got {value!r}")
+        _boolean("overlap", **{k: v for k in ("tp_comm", "grad_reduce", "param_gather")
+                               if (v := getattr(self, k)) is not None})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,9 +112,7 @@ class Fp8Recipe:
 
     def __post_init__(self):
         _non_negative("fp8", cast_bytes_factor=self.cast_bytes_factor)
-        for key in ("weights_cast_once", "norm_fused_cast"):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"stack.fp8.{key} must be true or false, got {getattr(self, key)!r}")
+        _boolean("fp8", weights_cast_once=self.weights_cast_once, norm_fused_cast=self.norm_fused_cast)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,6 +192,12 @@ def _non_negative(table: str, **values: float) -> None:
     for key, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
             raise ConfigError(f"stack.{table}.{key} must be a number >= 0, got {value!r}")
+
+
+def _boolean(table: str, **values) -> None:
+    for key, value in values.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"stack.{table}.{key} must be true or false, got {value!r}")
 
 
 def _enum(cls: type, value, key: str):
