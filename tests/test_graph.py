@@ -199,3 +199,27 @@ def test_attention_flops_per_token_independent_of_mbs(mbs, cp):
     fwd = sum(o.flops for o in graph.ops if o.kind is OpKind.ATTENTION and o.phase == FWD)
     tokens = plan.num_microbatches * plan.mbs * plan.seq / cp
     assert fwd / tokens == pytest.approx(model.num_layers * plan.seq * (model.q_width + model.v_width))
+
+
+def test_qk_norm_models_pay_a_norm_pass_over_q_and_k_each_way():
+    from dataclasses import replace
+
+    from perfsim.lowering.graph import build_graph
+    from perfsim.lowering.memory import layer_activation_bytes
+    from perfsim.model.io import load_model
+    from perfsim.plan.parallel import ParallelPlan
+
+    base = replace(load_model("qwen3-30b-a3b"), qk_norm=False)
+    with_norm = replace(base, qk_norm=True)
+    plan = ParallelPlan(seq=1024, mbs=1, gbs=8, dp=8, ep=8)
+    ops = {m.qk_norm: [o for o in build_graph(m, plan).ops if o.name.startswith("qk_norm")] for m in (base, with_norm)}
+    assert not ops[False]
+    width = base.q_width + base.num_kv_heads * base.head_dim  # q and k, read and written
+    fwd = [o for o in ops[True] if not o.name.endswith("_bwd")]
+    bwd = [o for o in ops[True] if o.name.endswith("_bwd")]
+    assert len(fwd) == len(bwd) == base.num_layers * plan.num_microbatches
+    assert {o.bytes for o in fwd} == {2 * 1024 * width * 2} and {o.bytes for o in bwd} == {4 * 1024 * width * 2}
+    assert {o.category for o in ops[True]} == {"norm"}
+    # the norms keep their inputs (q and k) for the backward
+    grown = layer_activation_bytes(with_norm, plan, 0) - layer_activation_bytes(base, plan, 0)
+    assert grown == 1024 * width * 2

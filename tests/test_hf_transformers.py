@@ -89,4 +89,14 @@ def test_a_config_without_model_type_is_recognised_by_its_keys():
     cls, kwargs = CONFIGS["qwen3-30b-a3b"]
     config = getattr(transformers, cls)(**kwargs).to_dict()
     del config["model_type"]
-    assert _structure(from_hf_config(config, "q")) == _structure(load_model("qwen3-30b-a3b"))
+    spec, preset = _structure(from_hf_config(config, "q")), _structure(load_model("qwen3-30b-a3b"))
+    # the q/k norm is a property of the model type (Qwen3Attention), not of any config key
+    assert spec.pop("qk_norm") is False and preset.pop("qk_norm") is True
+    assert spec == preset
+
+
+def test_qk_norm_follows_the_model_type():
+    for name, expected in (("qwen3-30b-a3b", True), ("llama3.1-8b", False), ("mixtral-8x7b", False)):
+        cls, kwargs = CONFIGS[name]
+        assert from_hf_config(getattr(transformers, cls)(**kwargs).to_dict(), name).qk_norm is expected
+        assert load_model(name).qk_norm is expected

@@ -73,6 +73,14 @@ class LayerBuilder(StackSteps):
         # read x and residual, write normed x and the new residual
         return elementwise_step(name, 4 * self.local_tokens * self.model.hidden_size * ACT_BYTES, "norm")
 
+    def _qk_norm(self) -> list[Step]:
+        """The query/key RMSNorm of ``model.qk_norm`` models: read q and k, write them normed."""
+        m = self.model
+        if not m.qk_norm:
+            return []
+        width = (m.q_width + m.num_kv_heads * (m.head_dim + m.qk_rope_head_dim)) / self.plan.tp
+        return [elementwise_step("qk_norm", 2 * self.tokens * width * ACT_BYTES, "norm")]
+
     def _linears(self, linears: list[Linear], category: str, shard_out: bool = True) -> list[Step]:
         tp = self.plan.tp
         steps = []
@@ -89,6 +97,7 @@ class LayerBuilder(StackSteps):
         linears = m.attention_linears()
         steps = [*self._norms("attn_norm"), *self._tp_enter("attn")]
         steps += self._linears(linears[:-1], "attention_proj")
+        steps += self._qk_norm()
         steps += self._rope()
         if plan.cp > 1:
             kv = 2 * m.num_kv_heads * (m.head_dim + m.qk_rope_head_dim) // min(plan.tp, m.num_kv_heads)

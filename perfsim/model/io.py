@@ -2,7 +2,7 @@
 
 Recognised Hugging Face families (by ``model_type``, else by their distinctive keys):
 Llama-style dense, Mixtral, Qwen2-MoE / Qwen3-MoE, DeepSeek V2 / V3 and OLMoE. Small
-tensors ModelSpec has no place for (q/k norms, qkv biases, Qwen2-MoE's shared-expert
+tensors ModelSpec has no place for (q/k norm weights, qkv biases, Qwen2-MoE's shared-expert
 gate, DeepSeek's router bias) are left out; they are < 0.01% of any preset.
 """
 
@@ -272,6 +272,11 @@ FAMILIES: dict[str, Callable[[dict], dict]] = {
 }
 
 
+# model types whose attention normalises q and k (RMSNorm) before rotary: HF Qwen3Attention
+# (q_norm / k_norm over head_dim), OlmoeAttention (q_norm / k_norm over the q and k widths)
+QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "olmoe"})
+
+
 def _family(config: dict) -> Callable[[dict], dict]:
     """By ``model_type`` (an unknown one is an error naming it: gpt_oss is not Mixtral);
     only a config without ``model_type`` is recognised by its distinctive keys."""
@@ -297,6 +302,7 @@ def from_hf_config(config: dict, name: str) -> ModelSpec:
         _check_shape(config)
         family = _family(config)
         _full_attention_only(config)
-        return ModelSpec(**(_common(config, name) | family(config)))
+        qk_norm = {"qk_norm": True} if config.get("model_type") in QK_NORM_TYPES else {}
+        return ModelSpec(**(_common(config, name) | family(config) | qk_norm))
     except ConfigError as exc:
         raise ConfigError(f"Hugging Face config {name!r}: {exc}") from None

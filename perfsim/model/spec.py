@@ -48,6 +48,9 @@ class ModelSpec:
     vocab_size: int
     tied_embeddings: bool = False
     gated_mlp: bool = True
+    # RMSNorm on the queries and keys before rotary (Qwen3, Qwen3-MoE, OLMoE): one more
+    # memory-bound pass over q and k per layer; its weights (head_dim or q/k width) are negligible
+    qk_norm: bool = False
     attention: AttentionKind = AttentionKind.GQA
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
