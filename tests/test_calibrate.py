@@ -139,19 +139,31 @@ def test_held_out_gemm_azure_run_to_maf_points(base):
             assert kernel_fit.predict_kernel(p, gpu) == kernel_fit.predict_kernel(p, start)
 
 
-def test_hbm_fit_recovers_a_known_curve(base, tmp_path):
-    """Synthetic memory sweep priced by a known profile: the fit gets that profile back."""
-    truth = dataclasses.replace(base.gpu, hbm=dataclasses.replace(base.gpu.hbm, efficiency=(0.2, 0.5, 0.7, 0.8)))
+def test_membound_fit_recovers_a_known_curve(base, tmp_path):
+    """Synthetic memory-bound kernel sweep priced by a known ``membound`` curve (plateau x
+    x / (x + x_half)): the fit gets that curve back; the streaming-copy ``hbm`` table is left
+    as it was, and rows below the fit's size floor (launch-bound) are not fitted."""
+    import numpy as np
+
+    from perfsim.calibration.kernel_tables_fit import GRID, MEMORY_FIT_MIN_MBYTES, TableRef
+
+    ref = TableRef("memory")
+    lo, hi, per = GRID["memory"]
+    knots = tuple(float(f"{x:.4g}") for x in np.logspace(lo, hi, int(round((hi - lo) * per)) + 1))
+    truth = ref.apply(base.gpu, knots, np.array([0.45, 2.0]))  # plateau 0.45, half at 100 MB
     path = tmp_path / "mem.csv"
-    sizes = [2 ** k * 1e5 for k in range(0, 14)]
-    rows = [{"kind": "memory", "bytes": b, "kernel": "copy", "device": "MI300X",
-             "time_us": kernel_fit.predict_kernel(_mem(b), truth) * 1e6} for b in sizes]
+    sizes = [2 ** k * 64e6 for k in range(0, 8)] + [1e6, 4e6]  # the last two: under the floor
+    rows = [{"kind": "memory", "bytes": b, "kernel": "rmsnorm", "device": "MI300X",
+             "time_us": kernel_fit.predict_kernel(_mem(b), truth) * 1e6 * (5.0 if b < MEMORY_FIT_MIN_MBYTES * 1e6 else 1.0)}
+            for b in sizes]
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=KERNEL_CSV_COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
     result = perfsim.calibrate(base, kernel_csvs=[path])
-    assert result.cluster.gpu.hbm.efficiency == pytest.approx((0.2, 0.5, 0.7, 0.8), rel=0.02)
+    fitted = result.cluster.gpu
+    assert fitted.membound.efficiency == pytest.approx(truth.membound.efficiency, rel=0.03, abs=0.003)
+    assert fitted.hbm == base.gpu.hbm
     assert result.path is None and result.cluster.name == "mi300x-pollara-calibrated"
 
 

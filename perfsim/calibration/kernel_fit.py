@@ -188,7 +188,7 @@ def derive_backward(gpu: GpuSpec, dtype: str) -> tuple[GpuSpec, str]:
 def restamp(gpu: GpuSpec, name: str, stamp) -> GpuSpec:
     """``gpu`` with the ``source`` of table ``name`` (a ``TableFit.name``) passed through ``stamp``."""
     kind, _, dtype = name.partition("/")
-    if kind in ("hbm", "attention"):
+    if kind in ("hbm", "membound", "attention"):
         spec = getattr(gpu, kind)
         return dataclasses.replace(gpu, **{kind: dataclasses.replace(spec, source=stamp(spec.source))})
     if kind == "gemm" and dtype == "bf16":

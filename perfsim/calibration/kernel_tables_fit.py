@@ -4,14 +4,14 @@ read from and written back into a ``GpuSpec`` (used by ``kernel_fit.fit_table``)
 One ``TableRef`` per table: ``gemm/<dtype>`` (``gpu.gemm`` for BF16, ``gemm_dtypes``
 otherwise), ``grouped_gemm/<dtype>``, ``attention`` (efficiency vs sequence length
 forward and backward, a head-dim factor per measured head dim, two causal factors),
-``hbm``.
+``membound`` (memory-bound kernel rows: the GPU's measured norm / rotary / reduction
+kernels; the streaming-copy ``hbm`` table stays as the profile gives it).
 
-GEMM, grouped-GEMM and attention curves are fitted in a two-parameter family and written
+GEMM, grouped-GEMM, attention and memory-bound curves are fitted in a two-parameter family and written
 out as tables on a fixed wide grid (``GRID``), so they extrapolate the way kernels
 behave instead of clamping at the edge of the data: eff(x) = plateau * x / (x + x_half),
 the shape of a fixed per-call cost (prologue, epilogue, tail wave) beside work that
-grows with x. Parameters per curve: plateau and log10(x_half). ``hbm`` keeps its own
-knots (y values fitted directly, weak pull to the old ones).
+grows with x. Parameters per curve: plateau and log10(x_half).
 """
 
 import dataclasses
@@ -22,20 +22,25 @@ import numpy as np
 from perfsim.calibration.readers import KernelPoint
 from perfsim.cost import kernels as costs
 from perfsim.system.hardware import GpuSpec
-from perfsim.system.kernel_tables import AttentionEfficiency, GemmEfficiency, GroupedGemmEfficiency
+from perfsim.system.kernel_tables import AttentionEfficiency, GemmEfficiency, GroupedGemmEfficiency, HbmEfficiency
 
 EFF_BOUNDS = (0.005, 1.0)
 FACTOR_BOUNDS = (0.3, 1.5)  # head-dim and causal factors
 FRESH_EFFICIENCY = 0.5  # where a fitted plateau starts (the fit moves it; a fit prior, not a measurement)
 FP8_OUTPUT = "bf16"  # FP8 training GEMMs write BF16 (Transformer Engine, Primus-Turbo, aiter a8w8)
 # written-out grid of each parametric curve: (log10 lo, log10 hi, knots per decade)
-GRID = {"gemm": (-4.0, 6.0, 2), "grouped_gemm": (0.0, 5.0, 2), "attention": (2.0, 5.5, 2)}
+GRID = {"gemm": (-4.0, 6.0, 2), "grouped_gemm": (0.0, 5.0, 2), "attention": (2.0, 5.5, 2), "memory": (-2.0, 5.0, 2)}
 PLATEAU_BOUNDS = (0.02, 1.0)
-HALF_BOUNDS = {"gemm": (-5.0, 5.0), "grouped_gemm": (-1.0, 5.0), "attention": (0.0, 6.0)}
+# memory-bound rows below this size time the launch path, not the kernel (AITER's Triton
+# rms_norm on MI355X takes 22 us flat from 1.8 to 29 MB: its host launch), and perfsim prices
+# the per-kernel launch on its own (kernel_launch_us, the stack's kernel gap); the
+# ``membound`` table is fitted to the rows at or above it
+MEMORY_FIT_MIN_MBYTES = 64.0
+HALF_BOUNDS = {"gemm": (-5.0, 5.0), "grouped_gemm": (-1.0, 5.0), "attention": (0.0, 6.0), "memory": (-3.0, 4.0)}
 # where log10(x_half) starts (and, through the weak prior, stays where no point constrains
-# it): 1 GFLOP, 256 tokens per expert, 1024 keys -- fit priors, not measurements; a
+# it): 1 GFLOP, 256 tokens per expert, 1024 keys, 1 MB -- fit priors, not measurements; a
 # refit does not depend on the table it replaces
-HALF_START = {"gemm": 0.0, "grouped_gemm": 2.408, "attention": 3.01}
+HALF_START = {"gemm": 0.0, "grouped_gemm": 2.408, "attention": 3.01, "memory": 0.0}
 
 
 def saturating(xs, plateau: float, log_half: float) -> np.ndarray:
@@ -52,9 +57,11 @@ class TableRef:
 
     @property
     def name(self) -> str:
-        return {"memory": "hbm", "attention": "attention"}.get(self.kind, f"{self.kind}/{self.dtype}")
+        return {"memory": "membound", "attention": "attention"}.get(self.kind, f"{self.kind}/{self.dtype}")
 
     def selects(self, p: KernelPoint) -> bool:
+        if self.kind == "memory" and p.kind == "memory":
+            return p.bytes / costs.MBYTE >= MEMORY_FIT_MIN_MBYTES
         return p.kind == self.kind and (self.dtype is None or p.dtype == self.dtype)
 
     def get(self, gpu: GpuSpec):
@@ -62,7 +69,7 @@ class TableRef:
             return gpu.gemm_table(self.dtype)
         if self.kind == "grouped_gemm":
             return gpu.grouped_gemm.get(self.dtype)
-        return gpu.attention if self.kind == "attention" else gpu.hbm
+        return gpu.attention if self.kind == "attention" else gpu.membound
 
     def new_table(self, gpu: GpuSpec) -> bool:
         """The GPU has no table of its own for this (a fresh one gets knots over the data)."""
@@ -70,6 +77,8 @@ class TableRef:
             return self.dtype != "bf16" and self.dtype not in gpu.gemm_dtypes
         if self.kind == "attention":
             return tuple(gpu.attention.head_dim) != self.head_dims or len(gpu.attention.seq) < 2
+        if self.kind == "memory":
+            return gpu.membound is None
         return self.kind == "grouped_gemm" and self.dtype not in gpu.grouped_gemm
 
     def _fields(self) -> tuple[str, tuple[str, ...]]:
@@ -152,7 +161,10 @@ class TableRef:
                           causal_forward_factor=float(rest[h]), causal_backward_factor=float(rest[h + 1]))
             return dataclasses.replace(gpu, attention=dataclasses.replace(gpu.attention, **values))
         if self.kind == "memory":
-            return dataclasses.replace(gpu, hbm=dataclasses.replace(gpu.hbm, **values))
+            old = gpu.membound
+            table = (dataclasses.replace(old, **values) if old is not None else
+                     HbmEfficiency(source="fitted memory-bound kernel table", **values))
+            return dataclasses.replace(gpu, membound=table)
         if self.kind == "grouped_gemm":
             old = gpu.grouped_gemm.get(self.dtype)
             table = (dataclasses.replace(old, **values) if old is not None else
@@ -171,14 +183,14 @@ class TableRef:
         return dataclasses.replace(gpu, gemm_dtypes={**gpu.gemm_dtypes, self.dtype: table})
 
 
-ORDER = {"memory": 0, "gemm": 1, "grouped_gemm": 2, "attention": 3}  # HBM first: FP8 cast rows lean on it
+ORDER = {"memory": 0, "gemm": 1, "grouped_gemm": 2, "attention": 3}  # memory-bound first: FP8 cast rows lean on it
 
 
 def table_refs(points: list[KernelPoint]) -> list[TableRef]:
     """The tables ``points`` inform, in ``ORDER`` (a table's points may lean on earlier ones)."""
     refs = set()
     for p in points:
-        if p.kind == "attention":
+        if p.kind == "attention" or p.kind == "memory" and p.bytes / costs.MBYTE < MEMORY_FIT_MIN_MBYTES:
             continue
         refs.add(TableRef(p.kind, p.dtype if p.kind in ("gemm", "grouped_gemm") else None))
     heads = tuple(sorted({float(p.head_dim) for p in points if p.kind == "attention"}))

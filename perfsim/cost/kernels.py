@@ -208,7 +208,23 @@ def attention_time(flops: float, num_bytes: float, gpu: GpuSpec, backward: bool,
     return max(compute, hbm_time(num_bytes, gpu)) + gpu.kernel_launch_s
 
 
+def membound_time(num_bytes: float, gpu: GpuSpec) -> float:
+    """HBM time of a memory-bound LLM kernel: the GPU's measured ``membound`` table (norm,
+    rotary, reduction kernels as the libraries ship them), never faster than a streaming
+    copy of the same bytes (``hbm``, which alone prices them where no table is fitted)."""
+    copy = hbm_time(num_bytes, gpu)
+    if gpu.membound is None or num_bytes <= 0:
+        return copy
+    eff = interp_log(num_bytes / MBYTE, gpu.membound.mbytes, gpu.membound.efficiency)
+    return max(copy, num_bytes / (gpu.hbm_Bps * eff))
+
+
 def elementwise_time(num_bytes: float, gpu: GpuSpec) -> float:
+    return membound_time(num_bytes, gpu) + gpu.kernel_launch_s
+
+
+def optimizer_time(num_bytes: float, gpu: GpuSpec) -> float:
+    """The optimizer step's multi-tensor kernels: long streaming passes over the states."""
     return hbm_time(num_bytes, gpu) + gpu.kernel_launch_s
 
 
@@ -252,6 +268,8 @@ def compute_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
     if op.kind is OpKind.ATTENTION:
         return attention_time(op.flops, op.bytes, gpu, backward=op.meta.get("backward", False),
                               seq=op.meta.get("seq"), head_dim=op.meta.get("head_dim"), causal=op.meta.get("causal", False))
-    if op.kind in (OpKind.ELEMENTWISE, OpKind.OPTIMIZER):
+    if op.kind is OpKind.ELEMENTWISE:
         return elementwise_time(op.bytes, gpu)
+    if op.kind is OpKind.OPTIMIZER:
+        return optimizer_time(op.bytes, gpu)
     raise ValueError(f"not a compute op: {op.kind}")

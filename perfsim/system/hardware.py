@@ -72,11 +72,15 @@ class GpuSpec:
     kernel_launch_us: float
     gemm: GemmEfficiency  # the BF16 table (and any dtype without its own)
     attention: AttentionEfficiency
-    hbm: HbmEfficiency
+    hbm: HbmEfficiency  # a streaming copy (BabelStream): GEMM / attention rooflines, the optimizer step
     gemm_dtypes: dict[str, GemmEfficiency] = field(default_factory=dict)  # per input dtype: fp8, fp16, ...
     grouped_gemm: dict[str, GroupedGemmEfficiency] = field(default_factory=dict)  # per input dtype
     clock_source: str = "assumed"  # where clock_under_load_MHz comes from
     kernel_launch_source: str = "assumed"  # where kernel_launch_us comes from
+    # memory-bound LLM kernels (norms, rotary, activations, casts, router, permutes, loss):
+    # achieved fraction of peak HBM bandwidth vs bytes, fitted to measured kernels; None =
+    # priced as the streaming copy (``hbm``)
+    membound: HbmEfficiency | None = None
 
     def __post_init__(self):
         check_positive(

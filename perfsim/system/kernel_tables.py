@@ -121,6 +121,11 @@ def table_provenance(gpu) -> list[tuple[str, str, str]]:
               *((f"grouped_gemm.{d}", t) for d, t in sorted(gpu.grouped_gemm.items())),
               ("attention", gpu.attention), ("hbm", gpu.hbm)]
     rows = [(name, _status(t.source), t.source) for name, t in tables]
+    if gpu.membound is not None:
+        rows.append(("membound", _status(gpu.membound.source), gpu.membound.source))
+    else:  # cost.kernels.membound_time's fallback
+        rows.append(("membound", "assumed", "no memory-bound kernel table fitted for this GPU: norms, casts and other "
+                     "elementwise kernels run at the hbm (streaming copy) table's bandwidth"))
     if not gpu.grouped_gemm:  # cost.kernels.grouped_gemm_time's fallback, said rather than left out
         rows.append(("grouped_gemm", "assumed", "no grouped-kernel table fitted for this GPU: each expert is "
                      "priced as a dense GEMM of its tokens at the gemm table's efficiency"))

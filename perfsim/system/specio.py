@@ -23,6 +23,10 @@ def _hint_origin(hint: Any) -> Any:
 
 
 def _convert(value: Any, hint: Any, where: str) -> Any:
+    if isinstance(hint, types.UnionType):  # ``X | None``: a present key is an X
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and dataclasses.is_dataclass(args[0]):
+            hint = args[0]
     origin = _hint_origin(hint)
     if dataclasses.is_dataclass(origin):
         if not isinstance(value, dict):
@@ -96,7 +100,10 @@ def to_dict(spec: Any) -> dict:
     """Dataclass -> TOML-ready dict (tuples become lists, enums plain strings)."""
     out = {}
     for field in dataclasses.fields(spec):
-        out[field.name] = _plain(getattr(spec, field.name))
+        value = getattr(spec, field.name)
+        if value is None and field.default is None:  # an absent optional table: left out, read back as None
+            continue
+        out[field.name] = _plain(value)
     return out
 
 
