@@ -166,6 +166,7 @@ def test_plan_dict_round_trips_with_its_stack():
     ('name = "x"\n[moe]\nmask_einsum = "yes"\n', "mask_einsum"),
     ('name = "x"\n[fp8]\nweights_cast_once = 1\n', "weights_cast_once"),
     ('name = "x"\n[fp8]\nnorm_fused_cast = "on"\n', "norm_fused_cast"),
+    ('name = "x"\n[fp8]\ndelayed_scaling = 0\n', "delayed_scaling"),
     ('name = "x"\n[fusion]\nfused = ["layernorm"]\n', "layernorm"),
     ('name = "x"\n[overlap]\ntp_comm = "yes"\n', "tp_comm"),
     ('name = "x"\ncolour = "red"\n', "colour"),
@@ -327,6 +328,7 @@ def test_te_stacks_write_norm_fed_gemm_inputs_in_fp8_from_the_norm():
         return {s.name: s.bytes for s in b.attention_forward() + b.mlp_forward() if s.category == "fp8_cast"}
 
     te, ideal = cast_bytes("megatron-primus"), cast_bytes("ideal")
+    ideal = {k: v for k, v in ideal.items() if not k.endswith("_fp8_amax")}  # delayed scaling: no amax pass
     assert te.keys() == ideal.keys()
     h, tokens = model.hidden_size, 4096
     widths = {"qkv": model.q_width + 2 * model.num_kv_heads * model.head_dim, "mlp_up": 2 * model.ffn_hidden_size}
@@ -337,3 +339,27 @@ def test_te_stacks_write_norm_fed_gemm_inputs_in_fp8_from_the_norm():
             assert te[name] == pytest.approx(share * ideal[name], rel=1e-9), name
         else:
             assert te[name] == pytest.approx(ideal[name]), name  # one microbatch: the same weight cast too
+
+
+def test_delayed_scaling_stacks_cast_without_an_amax_pass():
+    """Delayed scaling (Megatron-LM's default --fp8-recipe; megatron-primus and nemo) reads
+    each scale from earlier steps' amax history: the cast kernel records the amax as it
+    casts, so the amax pass that current scaling (ideal, torchtitan) runs first is gone and
+    the cast-transpose itself is unchanged."""
+    from perfsim.lowering.layers import LayerBuilder
+
+    model = api.load_model("llama3.1-8b")
+
+    def casts(stack):
+        plan = ParallelPlan(tp=1, dp=1, mbs=1, gbs=1, seq=4096, dtype="fp8", stack=stack)
+        b = LayerBuilder(model, plan)
+        return {s.name: s.bytes for s in b.attention_forward() + b.mlp_forward() if s.category == "fp8_cast"}
+
+    for name in ("megatron-primus", "nemo"):
+        assert load_stack(name).fp8.delayed_scaling
+    assert not load_stack("ideal").fp8.delayed_scaling and not load_stack("torchtitan").fp8.delayed_scaling
+    current = load_stack("ideal")
+    delayed = dataclasses.replace(current, fp8=dataclasses.replace(current.fp8, delayed_scaling=True))
+    with_amax, without = casts(current), casts(delayed)
+    assert any(k.endswith("_fp8_amax") for k in with_amax) and not any(k.endswith("_fp8_amax") for k in without)
+    assert without == {k: v for k, v in with_amax.items() if k.endswith("_fp8_cast")}

@@ -25,6 +25,7 @@ import numpy as np
 import tomli_w
 
 from perfsim.calibration import kernel_fit
+from perfsim.calibration.kernel_tables_fit import TableRef
 from perfsim.calibration.readers import KernelPoint, read_kernel_csv
 from perfsim.system.hardware import PROFILE_DIR, GpuSpec, load_gpu
 from perfsim.system.kernel_tables import table_provenance
@@ -214,7 +215,8 @@ def held_out(gpu: GpuSpec) -> list[tuple[str, str, str, int, float, float]]:
 def fold_rows(name: str, kind: str, dtype: str, held: str) -> int:
     """Rows of (kind, dtype) the fold that holds out ``held`` fits its table to (``fit_tables``)."""
     base = DERIVED.get(name, name)
-    return sum(1 for p, f in pool(base) if f != held and fittable(p) and _cell(p) == (kind, dtype))
+    return sum(1 for p, f in pool(base) if f != held and fittable(p) and _cell(p) == (kind, dtype)
+               and (kind != "memory" or TableRef("memory").selects(p)))  # memory rows: those the fit takes
 
 
 def summary(gpu: GpuSpec) -> dict[tuple[str, str], tuple[int, float]]:

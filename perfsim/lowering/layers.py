@@ -45,7 +45,8 @@ class LayerBuilder(StackSteps):
         that casts each weight once per step (``fp8.weights_cast_once``) pays its weight
         casts once over the step's microbatches: spread over them here. ``from_norm``: the
         GEMM's input is a norm's output, which a ``fp8.norm_fused_cast`` stack writes in FP8
-        directly (no cast pass for it)."""
+        directly (no cast pass for it). A ``fp8.delayed_scaling`` stack takes its scales from
+        earlier steps' amax history: the cast records the amax, no amax pass reads the input first."""
         if not self.fp8:
             return [step]
         fp8 = self.stack.fp8
@@ -53,8 +54,9 @@ class LayerBuilder(StackSteps):
         rows = 0 if from_norm and fp8.norm_fused_cast else (sum(step.grouped) if step.grouped else g.m)
         weights = groups * g.k * g.n / (self.plan.num_microbatches if fp8.weights_cast_once else 1)
         amax, cast = (b * fp8.cast_bytes_factor for b in fp8_cast_bytes(rows * g.k + weights))
-        return [replace(elementwise_step(f"{step.name}_fp8_amax", amax, "fp8_cast"), meta=step.meta),
-                replace(elementwise_step(f"{step.name}_fp8_cast", cast, "fp8_cast"), meta=step.meta), step]
+        steps = [] if fp8.delayed_scaling else [replace(elementwise_step(f"{step.name}_fp8_amax", amax, "fp8_cast"),
+                                                        meta=step.meta)]
+        return steps + [replace(elementwise_step(f"{step.name}_fp8_cast", cast, "fp8_cast"), meta=step.meta), step]
 
     def _tp_enter(self, name: str) -> list[Step]:
         if not self.sp:

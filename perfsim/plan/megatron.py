@@ -65,7 +65,8 @@ NOT_MODELLED = {
     "recompute_modules": "selective recompute is the attention core only",
     "overlap_param_gather": "parameter all-gathers always overlap the forward under ZeRO",
     "cpu_offloading": "CPU offload is not modelled",
-    "fp8_recipe": "one fp8 recipe (per-tensor scaling) is modelled",
+    "fp8_recipe": "the FP8 recipe is the stack's ([fp8] delayed_scaling: megatron-primus and nemo take "
+                  "Megatron-LM's default, delayed); the flag is not applied",
 }
 
 

@@ -108,11 +108,17 @@ class Fp8Recipe:
     # the norm in front of a GEMM writes that GEMM's FP8 input itself (Transformer Engine
     # LayerNormLinear: norm + quantize in one kernel), so its input takes no cast pass
     norm_fused_cast: bool = False
+    # delayed scaling (Transformer Engine DelayedScaling, Megatron-LM's default --fp8-recipe):
+    # the scale comes from the amax history of earlier steps and the cast kernel records the
+    # tensor's amax as it casts, so no amax pass reads the tensor first; false: current
+    # (per-tensor dynamic) scaling, an amax pass before every cast
+    delayed_scaling: bool = False
     source: str = "assumed"
 
     def __post_init__(self):
         _non_negative("fp8", cast_bytes_factor=self.cast_bytes_factor)
-        _boolean("fp8", weights_cast_once=self.weights_cast_once, norm_fused_cast=self.norm_fused_cast)
+        _boolean("fp8", weights_cast_once=self.weights_cast_once, norm_fused_cast=self.norm_fused_cast,
+                 delayed_scaling=self.delayed_scaling)
 
 
 @dataclass(frozen=True, kw_only=True)
