@@ -116,5 +116,7 @@ def test_calibrate_reads_launch_floors_from_single_process_and_graph_logs(tmp_pa
     tune = result.cluster.collectives
     assert tune.single_process_latency_us == pytest.approx(40.0, abs=3.0)
     assert tune.graph_saving_us == pytest.approx(load_cluster("mi300x-pollara").collectives.graph_saving_us, abs=0.5)
+    # the captured log's 16 B rows run the ring (~16 us), its 32 B rows the one-shot kernel (~6 us)
+    assert 16 < tune.graph_direct_min_bytes <= 32
     assert [f.name for f in result.fits] == ["launch"]
     assert tune.launch_latency_us == load_cluster("mi300x-pollara").collectives.launch_latency_us  # not refit

@@ -182,3 +182,23 @@ def test_mi325x_two_node_ring_beats_one_node_as_measured():
 
 def series_rows(name):
     return [(int(p.size_bytes), p.time_s) for p in accuracy_fabric.series_points(name)]
+
+
+def test_graph_capture_widens_the_one_shot_window_below_1_kib():
+    """Captured, RCCL runs the one-shot kernel from 32 B (the hipGraph log: ~6 us at 32-512 B
+    against ~16 us for the 16 B ring); uncaptured, from direct_min_bytes (1 KiB). A profile
+    without a captured edge keeps the uncaptured window under capture too."""
+    import dataclasses
+
+    cluster = load_cluster("mi300x-pollara")
+    s = GroupShape(size=8, per_node=8, num_nodes=1)
+    tune = cluster.collectives
+    assert tune.graph_direct_min_bytes is not None and tune.graph_direct_min_bytes < tune.direct_min_bytes
+    for size in (64, 256, 512):
+        assert collective_cost(Coll.ALL_REDUCE, size, s, cluster, graph=True).algorithm == "direct"
+        assert collective_cost(Coll.ALL_REDUCE, size, s, cluster).algorithm != "direct"
+    assert collective_cost(Coll.ALL_REDUCE, 8, s, cluster, graph=True).algorithm != "direct"
+    plain = dataclasses.replace(cluster, collectives=dataclasses.replace(tune, graph_direct_min_bytes=None))
+    assert collective_cost(Coll.ALL_REDUCE, 256, s, plain, graph=True).algorithm != "direct"
+    with pytest.raises(ConfigError, match="graph_direct_min_bytes"):
+        dataclasses.replace(tune, graph_direct_min_bytes=-1.0)

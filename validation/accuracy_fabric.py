@@ -114,7 +114,7 @@ def all_reduce_table() -> list[str]:
     lines.append(_row("azure_ndh100v5_1node_8gpu_nccl_nvls", "h100-ib", "fit", nvls_rows(),
                       "NVLS efficiency and latency fitted here (in-place column)"))
     lines.append(_row("mi300x_1node_8gpu_mpi_hipgraph_amdblog (--graph)", "mi300x-pollara", "fit", graph_rows(),
-                      "graph_saving_us fitted here (1-64 KB); below 1 KB hipGraph runs pick the one-shot kernel, perfsim the ring"))
+                      "graph_saving_us fitted here (1-64 KB), and graph_direct_min_bytes (below 1 KB hipGraph runs pick the one-shot kernel from 32 B)"))
     return lines
 
 

@@ -100,6 +100,19 @@ def fit_graph_saving(profile: str = "mi300x-pollara") -> float:
     return float(np.median(gaps))
 
 
+def fit_graph_window(profile: str = "mi300x-pollara") -> float:
+    """The one-shot window's lower edge under graph capture, read off the hipGraph log's rows
+    below direct_min_bytes (calibrate_fabric.graph_window, what perfsim calibrate runs)."""
+    from perfsim.calibration.calibrate_fabric import graph_window
+    from perfsim.calibration.collective_fit import CollectivePoint
+
+    cluster = load_cluster(profile)
+    shape = GroupShape(size=8, per_node=8, num_nodes=1)
+    points = [CollectivePoint(coll=Coll.ALL_REDUCE, size_bytes=s, shape=shape, time_s=t * 1e-6, graph=True)
+              for s, t in read_rccl_log(GRAPH_LOGS[1]).series()]
+    return graph_window(points, cluster)
+
+
 def main() -> int:
     for profile, name, knot, lo, hop in (("mi355x-pollara", POLLARA_FIT, 0.0, 0.0, True),
                                          ("h100-ib", IB_FIT, IB_MIN_KNOT_KB, IB_MIN_BYTES, False)):
@@ -115,6 +128,7 @@ def main() -> int:
     eff, lat, err = fit_nvls()
     print(f"[h100-ib] NVLS on {NVLS_LOG.name}: nvls_efficiency = {eff:.4f}, nvls_latency_us = {lat:.2f} (MAPE {err:.2f}%)")
     print(f"[mi300x-pollara] graph_saving_us = {fit_graph_saving():.2f}")
+    print(f"[mi300x-pollara] graph_direct_min_bytes = {fit_graph_window():g}")
     return 0
 
 

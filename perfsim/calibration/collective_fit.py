@@ -119,7 +119,7 @@ class _Problem:
         proto = np.array([self.protocols.index(collectives.pick_protocol(cluster, p.size_bytes)[0]) for p in self.points])
         allowed = np.zeros(self.basis.shape[:2], dtype=bool)
         for i, p in enumerate(self.points):
-            names = collectives._candidates(p.coll, p.size_bytes, p.shape, cluster, None)
+            names = collectives._candidates(p.coll, p.size_bytes, p.shape, cluster, None, p.graph)
             allowed[i] = [a in names for a in algos]
         return proto, allowed & ~np.isnan(self.basis[:, :, 0])
 

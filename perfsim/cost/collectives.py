@@ -170,7 +170,8 @@ def base_latency_s(cluster: ClusterSpec, proto: ProtocolSpec, launch: str = Laun
     return units.us_to_s(launch_us + proto.latency_us)
 
 
-def _candidates(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec, algorithm: str | None) -> list[str]:
+def _candidates(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec, algorithm: str | None,
+                graph: bool = False) -> list[str]:
     if algorithm is not None:
         if algorithm not in ALGORITHMS:
             raise ConfigError(f"algo: {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
@@ -179,8 +180,9 @@ def _candidates(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec
         return ["direct"]
     tune = cluster.collectives
     names = ["ring", "tree", "hierarchical"]
-    if shape.num_nodes == 1 and tune.direct_min_bytes <= size <= tune.direct_max_bytes:
-        names.append("direct")  # RCCL's one-shot/MSCCL kernels serve only this window
+    lo = tune.graph_direct_min_bytes if graph and tune.graph_direct_min_bytes is not None else tune.direct_min_bytes
+    if shape.num_nodes == 1 and lo <= size <= tune.direct_max_bytes:
+        names.append("direct")  # RCCL's one-shot/MSCCL kernels serve only this window (wider when captured)
     if size >= tune.nvls_min_bytes:
         names.append("nvls")  # empty unless the node has NVLS (nvls() checks)
     return names
@@ -234,7 +236,7 @@ def collective_cost(
         phase = alltoall.all_to_all_phase(size_bytes * (p - 1) / n, size_bytes * (n - p) / n, shape, cluster, spec=spec)
         return alltoall.cost_of(phase, shape, cluster, name, proto, peers, spec, base, phase.intra_bytes + phase.inter_bytes)
     best = None
-    for algo in _candidates(coll, size_bytes, shape, cluster, algorithm):
+    for algo in _candidates(coll, size_bytes, shape, cluster, algorithm, graph):
         phases = ALGORITHMS[algo](coll, size_bytes, shape, cluster)
         if not phases:
             continue

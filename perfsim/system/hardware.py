@@ -256,6 +256,9 @@ class CollectiveTuning:
     # launch, and the per-call cost graph capture removes (0: no measurement, no change)
     single_process_latency_us: float = 0.0
     graph_saving_us: float = 0.0
+    # the one-shot window's lower edge under graph capture (RCCL takes the one-shot kernel
+    # for smaller calls when captured); None: direct_min_bytes, as without capture
+    graph_direct_min_bytes: float | None = None
     # NVLS (NVSwitch multicast/reduce) all-reduce; efficiency 0 = the node has none
     nvls_efficiency: float = 0.0
     nvls_latency_us: float = 0.0
@@ -275,6 +278,9 @@ class CollectiveTuning:
             )
         if not self.protocols:
             raise ConfigError("collectives.protocols: at least one protocol is required")
+        if self.graph_direct_min_bytes is not None and not 0 <= self.graph_direct_min_bytes <= self.direct_max_bytes:
+            raise ConfigError(f"collectives.graph_direct_min_bytes must be in [0, direct_max_bytes="
+                              f"{self.direct_max_bytes:g}], got {self.graph_direct_min_bytes!r}")
         for key in ("single_process_latency_us", "graph_saving_us", "nvls_latency_us", "nvls_min_bytes",
                     "ring_step_floor_us"):
             if getattr(self, key) < 0:
