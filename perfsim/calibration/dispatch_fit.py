@@ -11,7 +11,10 @@ figure the intra-node leg (perfsim.cost.dispatch prices both and takes the busie
   within min(nodes, 4) nodes.
 * MORI-EP (tests/python/ops/test_dispatch_combine_internode.py): RDMA = tokens x nodes
   x hidden x input element size (1 B for FP8); XGMI = copies received x hidden x 1 B;
-  routing uniform, no node limit; combine counted with the input's element size.
+  routing uniform, no node limit; combine counted with the input's element size (the
+  benchmark of ROCm/mori@05bb5f4; the later cross-type benchmark counts the combine in its
+  own dtype, BF16, which moves twice the bytes in about twice the time: with no per-call
+  latency in the model either accounting gives the same GB/s).
 """
 
 import dataclasses
