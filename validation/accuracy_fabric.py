@@ -23,7 +23,7 @@ from perfsim.calibration.collective_fit import CollectivePoint  # noqa: E402
 from perfsim.lowering.ops import Coll  # noqa: E402
 from perfsim.plan.parallel import GroupShape  # noqa: E402
 from perfsim.system.hardware import load_cluster  # noqa: E402
-from validation import dispatch_accuracy  # noqa: E402
+from validation import dispatch_accuracy, fit_fabric  # noqa: E402
 
 DATA = ROOT / "validation" / "data" / "multinode"
 TABLE = DATA / "collectives_multinode.csv"
@@ -89,11 +89,7 @@ def nvls_rows() -> list[tuple[float, float, float]]:
 
 
 def graph_rows() -> list[tuple[float, float, float]]:
-    log = read_rccl_log(DATA / "mi300x_1node_8gpu_mpi_hipgraph_amdblog.log")
-    shape = GroupShape(size=8, per_node=8, num_nodes=1)
-    points = [CollectivePoint(coll=Coll.ALL_REDUCE, size_bytes=s, shape=shape, time_s=t * 1e-6, graph=True)
-              for s, t in log.series()]
-    return errors(points, "mi300x-pollara")
+    return errors(fit_fabric.graph_points(), "mi300x-pollara")
 
 
 def _fmt(x: float | None) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 import tomli_w
 
 from perfsim.calibration import kernel_fit
-from perfsim.calibration.kernel_tables_fit import TableRef
+from perfsim.calibration.kernel_tables_fit import in_fit_range
 from perfsim.calibration.readers import KernelPoint, read_kernel_csv
 from perfsim.system.hardware import PROFILE_DIR, GpuSpec, load_gpu
 from perfsim.system.kernel_tables import table_provenance
@@ -66,14 +66,6 @@ def pool(name: str) -> tuple[tuple[KernelPoint, str], ...]:
     return tuple(out)
 
 
-def fittable(p: KernelPoint) -> bool:
-    """Rows the tables are fitted to: every kernel (memory-bound rows fit the ``membound``
-    table; the streaming-copy ``hbm`` table stays from BabelStream,
-    ``hbm_bandwidth_measured.csv``). FP8 rows timed with their input casts are fitted
-    through the same price (GEMM + modelled casts)."""
-    return True
-
-
 def _cell(p: KernelPoint) -> tuple[str, str]:
     return p.kind, p.dtype
 
@@ -90,7 +82,9 @@ def fit_tables(name: str, held: str | None = None) -> tuple[GpuSpec, set, list]:
         gpu = load_gpu(name)
         return dataclasses.replace(gpu, **{f: getattr(base, f) for f in TABLE_FIELDS}), cells, fits
     gpu = load_gpu(name)
-    train = [p for p, f in pool(name) if f != held and fittable(p)]
+    # every family's rows but the held one's; memory-bound rows fit ``membound`` (the copy
+    # table ``hbm`` stays from BabelStream); FP8 rows timed with their casts are priced with them
+    train = [p for p, f in pool(name) if f != held]
     cells = {_cell(p) for p in train}
     gpu = dataclasses.replace(
         gpu, gemm_dtypes={d: t for d, t in gpu.gemm_dtypes.items() if ("gemm", d) in cells},
@@ -215,8 +209,7 @@ def held_out(gpu: GpuSpec) -> list[tuple[str, str, str, int, float, float]]:
 def fold_rows(name: str, kind: str, dtype: str, held: str) -> int:
     """Rows of (kind, dtype) the fold that holds out ``held`` fits its table to (``fit_tables``)."""
     base = DERIVED.get(name, name)
-    return sum(1 for p, f in pool(base) if f != held and fittable(p) and _cell(p) == (kind, dtype)
-               and (kind != "memory" or TableRef("memory").selects(p)))  # memory rows: those the fit takes
+    return sum(1 for p, f in pool(base) if f != held and _cell(p) == (kind, dtype) and in_fit_range(p))
 
 
 def summary(gpu: GpuSpec) -> dict[tuple[str, str], tuple[int, float]]:

@@ -100,17 +100,21 @@ def fit_graph_saving(profile: str = "mi300x-pollara") -> float:
     return float(np.median(gaps))
 
 
+def graph_points() -> list:
+    """The MI300X 8-GPU hipGraph all_reduce log as captured-launch points."""
+    from perfsim.calibration.collective_fit import CollectivePoint
+
+    shape = GroupShape(size=8, per_node=8, num_nodes=1)
+    return [CollectivePoint(coll=Coll.ALL_REDUCE, size_bytes=s, shape=shape, time_s=t * 1e-6, graph=True)
+            for s, t in read_rccl_log(GRAPH_LOGS[1]).series()]
+
+
 def fit_graph_window(profile: str = "mi300x-pollara") -> float:
     """The one-shot window's lower edge under graph capture, read off the hipGraph log's rows
     below direct_min_bytes (calibrate_fabric.graph_window, what perfsim calibrate runs)."""
     from perfsim.calibration.calibrate_fabric import graph_window
-    from perfsim.calibration.collective_fit import CollectivePoint
 
-    cluster = load_cluster(profile)
-    shape = GroupShape(size=8, per_node=8, num_nodes=1)
-    points = [CollectivePoint(coll=Coll.ALL_REDUCE, size_bytes=s, shape=shape, time_s=t * 1e-6, graph=True)
-              for s, t in read_rccl_log(GRAPH_LOGS[1]).series()]
-    return graph_window(points, cluster)
+    return graph_window(graph_points(), load_cluster(profile))
 
 
 def main() -> int:

@@ -4,11 +4,10 @@ dispatch implementations' efficiencies (dispatch_fit). Each refit table's ``sour
 is stamped with the files and time, and a FitSummary says what moved and by how much."""
 
 import dataclasses
-import math
 import statistics
 
 from perfsim.calibration import dispatch_fit, fabric_fit
-from perfsim.calibration.collective_fit import CollectivePoint
+from perfsim.calibration.collective_fit import CollectivePoint, breakpoints, with_tuning
 from perfsim.calibration.readers_multinode import read_collective_table, read_dispatch_table
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec
@@ -69,10 +68,6 @@ def _floor_gaps(points: list[CollectivePoint], cluster: ClusterSpec) -> list[flo
     return [(p.time_s - fabric_fit.predict(p, cluster)) * 1e6 for p in plain]
 
 
-def _with_collectives(cluster: ClusterSpec, **changes) -> ClusterSpec:
-    return dataclasses.replace(cluster, collectives=dataclasses.replace(cluster.collectives, **changes))
-
-
 def graph_window(points: list[CollectivePoint], cluster: ClusterSpec) -> float | None:
     """The one-shot window's lower edge under graph capture: of the cuts between the
     captured log's sizes below ``direct_min_bytes`` (and that edge itself), the one whose
@@ -82,11 +77,10 @@ def graph_window(points: list[CollectivePoint], cluster: ClusterSpec) -> float |
     small = [p for p in points if p.shape.num_nodes == 1 and p.size_bytes < tune.direct_min_bytes]
     if not small or tune.direct_max_bytes <= 0:
         return None
-    sizes = sorted({p.size_bytes for p in small})
-    cuts = [float(round(math.sqrt(a * b))) for a, b in zip(sizes, sizes[1:])] + [sizes[0], tune.direct_min_bytes]
+    cuts = breakpoints(small) + [min(p.size_bytes for p in small), tune.direct_min_bytes]
 
     def error(cut: float) -> float:
-        trial = _with_collectives(cluster, graph_direct_min_bytes=cut)
+        trial = with_tuning(cluster, graph_direct_min_bytes=cut)
         return statistics.mean(abs(fabric_fit.predict(p, trial) / p.time_s - 1) for p in small)
 
     return min(sorted(set(cuts)), key=error)
@@ -101,13 +95,13 @@ def fit_launch(cluster: ClusterSpec, points: list[CollectivePoint], files: list[
     (``graph_window``)."""
     tune, changes, details = cluster.collectives, {}, []
     single = _floor_gaps([p for p in points if p.launch == "single-process" and not p.graph], cluster)
-    graph = _floor_gaps([p for p in points if p.graph and p.launch == "mpi"], cluster)
+    captured = [p for p in points if p.graph and p.launch == "mpi"]
+    graph = _floor_gaps(captured, cluster)
     if single:
         changes["single_process_latency_us"] = round(max(0.0, statistics.median(single)), 3)
     if graph:
         changes["graph_saving_us"] = round(max(0.0, -statistics.median(graph)), 3)
-        edge = graph_window([p for p in points if p.graph and p.launch == "mpi"],
-                            _with_collectives(cluster, graph_saving_us=changes["graph_saving_us"]))
+        edge = graph_window(captured, with_tuning(cluster, graph_saving_us=changes["graph_saving_us"]))
         if edge is not None:
             changes["graph_direct_min_bytes"] = edge
     if not changes:

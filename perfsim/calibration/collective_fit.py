@@ -80,13 +80,13 @@ def mape(points: list[CollectivePoint], cluster: ClusterSpec) -> float:
     return 100 * float(np.mean([abs(predict(p, cluster) / p.time_s - 1) for p in points]))
 
 
-def _with_tuning(cluster: ClusterSpec, **changes) -> ClusterSpec:
+def with_tuning(cluster: ClusterSpec, **changes) -> ClusterSpec:
     return dataclasses.replace(cluster, collectives=dataclasses.replace(cluster.collectives, **changes))
 
 
 def _unit(cluster: ClusterSpec, intra: float, inter: float) -> ClusterSpec:
     protos = {k: dataclasses.replace(v, latency_us=0.0, bw_efficiency=1.0) for k, v in cluster.collectives.protocols.items()}
-    return _with_tuning(cluster, launch_latency_us=0.0, intra_step_latency_us=intra, inter_step_latency_us=inter,
+    return with_tuning(cluster, launch_latency_us=0.0, intra_step_latency_us=intra, inter_step_latency_us=inter,
                         protocols=protos)
 
 
@@ -182,12 +182,12 @@ def _apply(cluster: ClusterSpec, theta: np.ndarray, protocols: list[str]) -> Clu
     launch = float(min(theta[:k]))
     protos = {n: dataclasses.replace(cluster.collectives.protocols[n], latency_us=round(float(theta[i]) - launch, 4),
                                      bw_efficiency=round(float(theta[k + i]), 5)) for i, n in enumerate(protocols)}
-    return _with_tuning(cluster, launch_latency_us=round(launch, 4), protocols=protos,
+    return with_tuning(cluster, launch_latency_us=round(launch, 4), protocols=protos,
                         intra_step_latency_us=round(float(theta[2 * k]), 4),
                         inter_step_latency_us=round(float(theta[2 * k + 1]), 4))
 
 
-def _breakpoints(points: list[CollectivePoint]) -> list[float]:
+def breakpoints(points: list[CollectivePoint]) -> list[float]:
     sizes = sorted({p.size_bytes for p in points})
     return [float(round(math.sqrt(a * b))) for a, b in zip(sizes, sizes[1:])]
 
@@ -196,15 +196,15 @@ def _set_window(cluster: ClusterSpec, name: str, cut: float) -> ClusterSpec | No
     """``cluster`` with one window edge at ``cut``; None when that breaks the window order."""
     tune = cluster.collectives
     if name == "direct_min_bytes":
-        return _with_tuning(cluster, direct_min_bytes=cut) if cut <= tune.direct_max_bytes else None
+        return with_tuning(cluster, direct_min_bytes=cut) if cut <= tune.direct_max_bytes else None
     if name == "direct_max_bytes":
-        return _with_tuning(cluster, direct_max_bytes=cut) if cut >= tune.direct_min_bytes else None
+        return with_tuning(cluster, direct_max_bytes=cut) if cut >= tune.direct_min_bytes else None
     ordered = sorted(tune.protocols, key=lambda n: tune.protocols[n].max_bytes)
     idx = ordered.index(name)
     below = tune.protocols[ordered[idx - 1]].max_bytes if idx else 0.0
     if not below < cut < tune.protocols[ordered[idx + 1]].max_bytes:
         return None
-    return _with_tuning(cluster, protocols=dict(tune.protocols, **{name: dataclasses.replace(tune.protocols[name], max_bytes=cut)}))
+    return with_tuning(cluster, protocols=dict(tune.protocols, **{name: dataclasses.replace(tune.protocols[name], max_bytes=cut)}))
 
 
 def _window_names(cluster: ClusterSpec, single_node: bool) -> list[str]:
@@ -224,7 +224,7 @@ def fit_collectives(points: list[CollectivePoint], cluster: ClusterSpec, fit_win
                        measured=np.array([p.time_s for p in points]))
     before = mape(points, cluster)
     theta, best, used, _ = _fit_continuous(problem, cluster)
-    moved, cuts = set(), _breakpoints(points)
+    moved, cuts = set(), breakpoints(points)
     for _ in range(max_sweeps if fit_windows else 0):
         improved = False
         for name in _window_names(cluster, any(p.shape.num_nodes == 1 for p in points)):

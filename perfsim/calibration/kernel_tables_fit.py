@@ -36,6 +36,11 @@ PLATEAU_BOUNDS = (0.02, 1.0)
 # the per-kernel launch on its own (kernel_launch_us, the stack's kernel gap); the
 # ``membound`` table is fitted to the rows at or above it
 MEMORY_FIT_MIN_MBYTES = 64.0
+
+
+def in_fit_range(p: KernelPoint) -> bool:
+    """Whether a row can inform its table (memory-bound rows: at least MEMORY_FIT_MIN_MBYTES)."""
+    return p.kind != "memory" or p.bytes / costs.MBYTE >= MEMORY_FIT_MIN_MBYTES
 HALF_BOUNDS = {"gemm": (-5.0, 5.0), "grouped_gemm": (-1.0, 5.0), "attention": (0.0, 6.0), "memory": (-3.0, 4.0)}
 # where log10(x_half) starts (and, through the weak prior, stays where no point constrains
 # it): 1 GFLOP, 256 tokens per expert, 1024 keys, 1 MB -- fit priors, not measurements; a
@@ -60,9 +65,7 @@ class TableRef:
         return {"memory": "membound", "attention": "attention"}.get(self.kind, f"{self.kind}/{self.dtype}")
 
     def selects(self, p: KernelPoint) -> bool:
-        if self.kind == "memory" and p.kind == "memory":
-            return p.bytes / costs.MBYTE >= MEMORY_FIT_MIN_MBYTES
-        return p.kind == self.kind and (self.dtype is None or p.dtype == self.dtype)
+        return p.kind == self.kind and (self.dtype is None or p.dtype == self.dtype) and in_fit_range(p)
 
     def get(self, gpu: GpuSpec):
         if self.kind == "gemm":
@@ -190,7 +193,7 @@ def table_refs(points: list[KernelPoint]) -> list[TableRef]:
     """The tables ``points`` inform, in ``ORDER`` (a table's points may lean on earlier ones)."""
     refs = set()
     for p in points:
-        if p.kind == "attention" or p.kind == "memory" and p.bytes / costs.MBYTE < MEMORY_FIT_MIN_MBYTES:
+        if p.kind == "attention" or not in_fit_range(p):
             continue
         refs.add(TableRef(p.kind, p.dtype if p.kind in ("gemm", "grouped_gemm") else None))
     heads = tuple(sorted({float(p.head_dim) for p in points if p.kind == "attention"}))

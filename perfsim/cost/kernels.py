@@ -89,11 +89,15 @@ def peak(gpu: GpuSpec, dtype: str) -> float:
     return gpu.peak_flops(dtype) * gpu.clock_ratio
 
 
-def hbm_time(num_bytes: float, gpu: GpuSpec) -> float:
+def _bandwidth_time(num_bytes: float, table, gpu: GpuSpec) -> float:
+    """``num_bytes`` at the fraction of peak HBM bandwidth ``table`` gives for that size."""
     if num_bytes <= 0:
         return 0.0
-    eff = interp_log(num_bytes / MBYTE, gpu.hbm.mbytes, gpu.hbm.efficiency)
-    return num_bytes / (gpu.hbm_Bps * eff)
+    return num_bytes / (gpu.hbm_Bps * interp_log(num_bytes / MBYTE, table.mbytes, table.efficiency))
+
+
+def hbm_time(num_bytes: float, gpu: GpuSpec) -> float:
+    return _bandwidth_time(num_bytes, gpu.hbm, gpu)
 
 
 def output_bytes(dtype: str, gpu: GpuSpec) -> int:
@@ -213,10 +217,7 @@ def membound_time(num_bytes: float, gpu: GpuSpec) -> float:
     rotary, reduction kernels as the libraries ship them), never faster than a streaming
     copy of the same bytes (``hbm``, which alone prices them where no table is fitted)."""
     copy = hbm_time(num_bytes, gpu)
-    if gpu.membound is None or num_bytes <= 0:
-        return copy
-    eff = interp_log(num_bytes / MBYTE, gpu.membound.mbytes, gpu.membound.efficiency)
-    return max(copy, num_bytes / (gpu.hbm_Bps * eff))
+    return copy if gpu.membound is None else max(copy, _bandwidth_time(num_bytes, gpu.membound, gpu))
 
 
 def elementwise_time(num_bytes: float, gpu: GpuSpec) -> float:

@@ -80,8 +80,7 @@ class LayerBuilder(StackSteps):
         m = self.model
         if not m.qk_norm:
             return []
-        width = (m.q_width + m.num_kv_heads * (m.head_dim + m.qk_rope_head_dim)) / self.plan.tp
-        return [elementwise_step("qk_norm", 2 * self.tokens * width * ACT_BYTES, "norm")]
+        return [elementwise_step("qk_norm", 2 * self.tokens * (m.qk_width / self.plan.tp) * ACT_BYTES, "norm")]
 
     def _linears(self, linears: list[Linear], category: str, shard_out: bool = True) -> list[Step]:
         tp = self.plan.tp

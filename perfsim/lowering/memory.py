@@ -63,7 +63,7 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> 
     qkv = sum(lin.out_features for lin in model.attention_linears()[:-1])
     attn = 2 * h + qkv + 2 * model.v_width  # norm in, q/k/v, attention out, out-proj in
     if model.qk_norm:  # the q/k norms keep their inputs
-        attn += model.q_width + model.num_kv_heads * (model.head_dim + model.qk_rope_head_dim)
+        attn += model.qk_width
     if recompute == Recompute.SELECTIVE:
         attn -= model.v_width
     per_token = attn / plan.tp + 2 * h / plan.tp  # + residual stream copies (sharded by SP)

@@ -34,9 +34,7 @@ class StackSteps:
         attention kernel or the QKV epilogue, no pass)."""
         if self.stack.fused("rope"):
             return []
-        m = self.model
-        width = (m.q_width + m.num_kv_heads * (m.head_dim + m.qk_rope_head_dim)) / self.plan.tp
-        return [elementwise_step("rope", 2 * self.tokens * width * ACT_BYTES, "rope")]
+        return [elementwise_step("rope", 2 * self.tokens * (self.model.qk_width / self.plan.tp) * ACT_BYTES, "rope")]
 
     def _host_overhead(self, steps: list[Step]) -> list[Step]:
         """The stack's per-layer framework time plus its host gap per compute kernel."""

@@ -150,6 +150,11 @@ class ModelSpec:
         return self.num_shared_experts * self.expert_ffn_hidden_size
 
     @property
+    def qk_width(self) -> int:
+        """Queries plus keys per token (what rotary and the q/k norm read and write)."""
+        return self.q_width + self.num_kv_heads * (self.head_dim + self.qk_rope_head_dim)
+
+    @property
     def q_width(self) -> int:
         """Width of the attention's query (= key) vectors summed over heads."""
         return self.num_heads * (self.head_dim + self.qk_rope_head_dim)
