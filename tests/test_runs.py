@@ -242,8 +242,10 @@ def test_default_free_parameters_follow_the_dispatch_paths_the_runs_use():
 
     cases = read_runs(RUNS)
     maxtext = [c for c in cases if c.stack == "maxtext"]
-    assert params_for(maxtext) == ("moe.padded_speed", "moe.dropless_speed")
-    assert params_for([c for c in maxtext if c.capacity_factor == 0]) == ("moe.dropless_speed",)
+    # MaxText's padded experts are batched dense GEMMs (mask_einsum): the kernels' speed covers them
+    assert params_for(maxtext) == ("kernels.speed", "moe.dropless_speed")
+    assert params_for([c for c in maxtext if c.capacity_factor == 0]) == ("kernels.speed", "moe.dropless_speed")
+    assert params_for([c for c in maxtext if c.capacity_factor]) == DEFAULT_PARAMS
     assert params_for([c for c in cases if c.family == "dense"]) == DEFAULT_PARAMS
 
 

@@ -105,10 +105,24 @@ def test_capacity_dispatch_computes_the_padding_dropless_does_not():
     assert step("analytic", pad, **case).breakdown["experts"] > step("analytic", dropless, **case).breakdown["experts"]
 
 
+def test_padded_exchange_carries_every_capacity_slot():
+    """Padded to capacity, the all-to-all moves the static [experts, capacity, hidden]
+    buffer: its time grows with the capacity factor; dropless, it carries the routed tokens
+    whatever the factor."""
+    def a2a(dispatch: str, factor: float) -> float:
+        model = dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=factor)
+        spec = load_stack("ideal").with_values(**{"moe.dispatch": dispatch})
+        return step("analytic", spec, **{**MOE, "model": model}).comm_by_collective["ep_a2a/all_to_all"]["total_s"]
+
+    assert a2a("capacity", 4.0) > 2.5 * a2a("capacity", 1.25)
+    assert a2a("dropless", 4.0) == pytest.approx(a2a("dropless", 1.25))
+    assert a2a("capacity", 1.25) > a2a("dropless", 1.25)
+
+
 def test_maxtext_and_megatron_differ_by_dispatch_path_and_syncs():
     model = dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=1.25)
     case = {**MOE, "model": model}
-    tuned = load_stack("maxtext").with_values(**{"moe.padded_speed": 1.0})  # the path alone, at tuned speed
+    tuned = load_stack("maxtext").with_values(**{"moe.padded_speed": 1.0, "kernels.speed": 1.0})  # the path alone, at tuned speed
     mx, mg = step("des", tuned, **case), step("des", "megatron-primus", **case)
     assert mx.breakdown["experts"] > mg.breakdown["experts"]  # maxtext pads to capacity
     assert mg.breakdown.get("host_sync", 0) > 0 == mx.breakdown.get("host_sync", 0)

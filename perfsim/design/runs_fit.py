@@ -32,7 +32,7 @@ BOUNDS = {
     "moe.dropless_speed": (0.2, 2.0),
 }
 # the default where the runs are dense: one parameter, identified by every run. MoE runs
-# fit the routed-expert kernels' speed of each dispatch path they use instead
+# also fit the routed-expert kernels' speed of each dispatch path with its own kernels
 # (``params_for``); a per-layer overhead fitted beside them runs to its bound on the
 # MaxText sources (the misfit is not a per-layer constant)
 DEFAULT_PARAMS = ("kernels.speed",)
@@ -65,16 +65,20 @@ def _check(params) -> tuple[str, ...]:
 
 
 def params_for(cases) -> tuple[str, ...]:
-    """The free parameters the runs identify: the routed-expert speed of each MoE dispatch
-    path the runs use (padded to capacity, dropless), else the kernels' speed (dense runs)."""
+    """The free parameters the runs identify: the kernels' speed, which every run's dense
+    GEMMs and attention set, plus the routed-expert speed of each MoE dispatch path with
+    kernels of its own (dropless grouped GEMMs; padded to capacity unless the stack runs
+    the padded experts as batched dense GEMMs, ``moe.mask_einsum``, which are the dense
+    kernels the speed already covers: the two would be one parameter fitted twice)."""
     paths = set()
     for c in cases:
         if not api.load_model(c.model).is_moe:
             continue
         stack = load_stack(c.stack)
         pads = stack.moe.dispatch is Dispatch.CAPACITY and (c.capacity_factor or 0) > 0
-        paths.add("moe.padded_speed" if pads else "moe.dropless_speed")
-    return tuple(sorted(paths, reverse=True)) or DEFAULT_PARAMS
+        if not (pads and stack.moe.mask_einsum):
+            paths.add("moe.padded_speed" if pads else "moe.dropless_speed")
+    return (*DEFAULT_PARAMS, *sorted(paths, reverse=True))
 
 
 def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None) -> StackFit:

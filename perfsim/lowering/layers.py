@@ -178,8 +178,14 @@ class LayerBuilder(StackSteps):
 
     def _a2a_values(self, routed: int) -> float:
         """Hidden values of an all_to_allv as the busiest rank sees it: it receives
-        ``imbalance`` x its share."""
-        return routed * self.model.hidden_size * imbalance(self.model, self.plan, routed, self.routing, self.ep_speeds)
+        ``imbalance`` x its share. Padded to capacity (dense dispatch), the exchange moves
+        the static [experts, capacity, hidden] buffer, empty slots included (MaxText's
+        EBCM einsum output resharded to the expert axis; Megatron's drop-and-pad splits),
+        so the rank receives its experts' full capacity whatever the routing."""
+        m = self.model
+        if self._pads() and m.capacity_factor > 0:
+            return expert_capacity(m, self.plan, routed) * (m.num_experts // self.plan.ep) * m.hidden_size
+        return routed * m.hidden_size * imbalance(m, self.plan, routed, self.routing, self.ep_speeds)
 
     def _local_regroup(self, name: str, a2a: list[Step]) -> list[Step]:
         """The library all-to-all delivers tokens grouped by source rank; with several
