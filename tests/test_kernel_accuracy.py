@@ -303,3 +303,20 @@ def test_memory_bound_steps_run_at_the_measured_kernels_speed_never_above_a_copy
     rows = {name: status for name, status, _ in table_provenance(gpu)}
     assert rows["membound"] == "measured" and rows["hbm"] == "assumed"
     assert {name: status for name, status, _ in table_provenance(bare)}["membound"] == "assumed"
+
+
+
+def test_a_bad_membound_value_is_one_line_naming_the_membound_table(tmp_path):
+    """The [membound] table shares the [hbm] table's curve type; its errors name it."""
+    from perfsim.errors import ConfigError
+
+    from perfsim.system.hardware import PROFILE_DIR
+
+    text = (PROFILE_DIR / "gpus" / "mi300x.toml").read_text()
+    head, _, tail = text.partition("[membound]")
+    bad = tail.replace("efficiency = [", "efficiency = [1.5, ", 1)
+    bad = bad.replace("mbytes = [", "mbytes = [0.001, ", 1)
+    path = tmp_path / "bad.toml"
+    path.write_text(head + "[membound]" + bad)
+    with pytest.raises(ConfigError, match=r"membound: membound\.efficiency must be in \(0, 1\], got 1\.5"):
+        load_gpu(str(path))

@@ -22,7 +22,7 @@ import numpy as np
 from perfsim.calibration.readers import KernelPoint
 from perfsim.cost import kernels as costs
 from perfsim.system.hardware import GpuSpec
-from perfsim.system.kernel_tables import AttentionEfficiency, GemmEfficiency, GroupedGemmEfficiency, HbmEfficiency
+from perfsim.system.kernel_tables import AttentionEfficiency, GemmEfficiency, GroupedGemmEfficiency, MemboundEfficiency
 
 EFF_BOUNDS = (0.005, 1.0)
 FACTOR_BOUNDS = (0.3, 1.5)  # head-dim and causal factors
@@ -166,7 +166,7 @@ class TableRef:
         if self.kind == "memory":
             old = gpu.membound
             table = (dataclasses.replace(old, **values) if old is not None else
-                     HbmEfficiency(source="fitted memory-bound kernel table", **values))
+                     MemboundEfficiency(source="fitted memory-bound kernel table", **values))
             return dataclasses.replace(gpu, membound=table)
         if self.kind == "grouped_gemm":
             old = gpu.grouped_gemm.get(self.dtype)

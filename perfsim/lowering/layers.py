@@ -130,7 +130,7 @@ class LayerBuilder(StackSteps):
         return _casts_before_gather(steps + self._tp_exit("mlp"))
 
     def moe_forward(self) -> list[Step]:
-        m, plan = self.model, self.plan
+        m = self.model
         t, h = self.local_tokens, m.hidden_size
         routed = t * m.top_k
         steps = [*self._norms("moe_norm")]

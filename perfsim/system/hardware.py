@@ -14,7 +14,7 @@ import tomli_w
 from perfsim import units
 from perfsim.errors import ConfigError
 from perfsim.system.kernel_tables import (AttentionEfficiency, GemmEfficiency, GroupedGemmEfficiency,  # noqa: F401
-                                          HbmEfficiency)
+                                          HbmEfficiency, MemboundEfficiency)
 from perfsim.system.specio import (check_finite_output, check_fraction, check_positive, from_dict, read_toml,
                                     resolve_profile, to_dict, write_atomic)
 
@@ -80,7 +80,7 @@ class GpuSpec:
     # memory-bound LLM kernels (norms, rotary, activations, casts, router, permutes, loss):
     # achieved fraction of peak HBM bandwidth vs bytes, fitted to measured kernels; None =
     # priced as the streaming copy (``hbm``)
-    membound: HbmEfficiency | None = None
+    membound: MemboundEfficiency | None = None
 
     def __post_init__(self):
         check_positive(

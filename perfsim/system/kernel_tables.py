@@ -7,6 +7,7 @@ Tables are piecewise linear in log10(x), clamped at both ends.
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from perfsim.errors import ConfigError
 from perfsim.system.specio import check_fraction, check_positive
@@ -107,12 +108,21 @@ class AttentionEfficiency:
 class HbmEfficiency:
     """Achieved fraction of peak HBM bandwidth vs bytes moved by one kernel."""
 
+    label: ClassVar[str] = "hbm"  # the profile table errors name
     source: str
     mbytes: tuple[float, ...]
     efficiency: tuple[float, ...]
 
     def __post_init__(self):
-        check_table("hbm", self.mbytes, self.efficiency, "mbytes", "efficiency")
+        check_table(self.label, self.mbytes, self.efficiency, "mbytes", "efficiency")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemboundEfficiency(HbmEfficiency):
+    """The same curve for memory-bound compute kernels (norms, casts, activations):
+    ``[membound]``, beside the streaming copy's ``[hbm]``."""
+
+    label: ClassVar[str] = "membound"
 
 
 def table_provenance(gpu) -> list[tuple[str, str, str]]:
