@@ -119,6 +119,20 @@ def test_padded_exchange_carries_every_capacity_slot():
     assert a2a("capacity", 1.25) > a2a("dropless", 1.25)
 
 
+def test_maxtext_waits_for_its_fsdp_gathers_in_both_estimators():
+    """MaxText's profile hides neither the FSDP weight gathers nor the gradient reduction
+    (the Kimi-K2 sweep's step grows linearly from one sequence): under ZeRO-3 the gathers
+    are exposed, and the step is longer than with them prefetched."""
+    case = {**MOE, "zero": 3}
+    mx = load_stack("maxtext")
+    ahead = mx.with_values(**{"overlap.param_gather": True})
+    for estimator in ("analytic", "des"):
+        wait, hidden = step(estimator, mx, **case), step(estimator, ahead, **case)
+        gathers = wait.comm_by_collective["dp_param_gather/all_gather"]
+        assert gathers["exposed_s"] == pytest.approx(gathers["total_s"], rel=0.05)
+        assert wait.step_time_s > hidden.step_time_s
+
+
 def test_maxtext_and_megatron_differ_by_dispatch_path_and_syncs():
     model = dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=1.25)
     case = {**MOE, "model": model}
