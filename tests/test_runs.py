@@ -265,3 +265,32 @@ def test_a_run_names_its_moe_dispatch_implementation(tmp_path):
     a, b = read_runs(path)
     assert dict(b.knobs)["dispatch"] == "mori"
     assert predict(a).predicted != predict(b).predicted
+
+
+def _moe_runs(tmp_path: Path, routings: list[str]) -> Path:
+    """One dropless MoE run per routing value (an EP 8 DeepSeek-V2-Lite plan)."""
+    header = "id,source_id,source,stack,model,cluster,nodes,tp,ep,mbs,gbs,seq,recompute,capacity_factor,routing,metric,measured"
+    rows = [f"M{i},a,https://example.org/a,ideal,deepseek-v2-lite,mi300x-pollara,1,1,8,1,8,4096,full,0,{r},"
+            "tokens_per_s_per_gpu,5000" for i, r in enumerate(routings)]
+    path = tmp_path / "moe.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_a_stated_routing_prices_the_busiest_rank(tmp_path):
+    """The ``routing`` column (uniform, zipf[:S], dirichlet[:A] or a histogram file beside
+    the CSV) reaches the prediction: skewed routing loads the busiest EP rank, so the run is
+    predicted slower than under uniform routing; empty = uniform."""
+    (tmp_path / "hot.csv").write_text("tokens\n" + "\n".join(["900"] * 8 + ["100"] * 56) + "\n")
+    cases = read_runs(_moe_runs(tmp_path, ["", "uniform", "zipf:1.2", "hot.csv"]))
+    assert cases[0].routing is None and cases[1].routing.distribution == "uniform"
+    assert cases[2].routing.skew == 1.2 and len(cases[3].routing.histogram) == 64
+    tps = [predict(c).predicted for c in cases]
+    assert tps[0] == pytest.approx(tps[1])
+    assert tps[2] < 0.95 * tps[0] and tps[3] < 0.95 * tps[0]
+
+
+@pytest.mark.parametrize("value", ["zipf:-1", "dirichlet:0", "uniform:3", "zipf:x", "missing.csv"])
+def test_a_bad_routing_value_names_the_row_and_column(tmp_path, value):
+    with pytest.raises(ConfigError, match=r"moe.csv:2: routing"):
+        read_runs(_moe_runs(tmp_path, [value]))

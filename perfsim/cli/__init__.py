@@ -13,7 +13,7 @@ from perfsim.system.hardware import list_profiles, load_gpu
 from perfsim.system.kernel_tables import table_provenance
 from perfsim.model.io import list_models
 from perfsim.report import Report
-from perfsim.plan.routing import RoutingSpec, load_histogram
+from perfsim.plan.routing import MAX_ROUTING_PARAM, RoutingSpec, load_histogram, routing_fields
 from perfsim.plan.stragglers import VariabilitySpec
 from perfsim.system.specio import check_finite_output, check_output, write_atomic
 from perfsim.units import format_bytes
@@ -22,7 +22,6 @@ PLAN_INTS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "gbs", "
 PLAN_TYPES = {"zero": a.ZERO, "gbs": a.GBS, "seq": a.SEQ, "mbs": a.GBS}
 MAX_SIZES = 4096  # rows one collective sweep may print
 MAX_CAPACITY_FACTOR = 1024.0  # past E / top_k no token is dropped; 1024 covers any expert count in use
-MAX_ROUTING_PARAM = 1e6  # Zipf exponent / Dirichlet alpha: far past where the shares stop changing
 
 
 class _Parser(argparse.ArgumentParser):
@@ -155,18 +154,12 @@ def dumps(obj) -> str:
 
 def _routing(args) -> RoutingSpec:
     """--routing uniform | zipf[:S] | dirichlet[:A] | FILE, --routing-histogram, --expert-placement."""
-    kind, _, arg = args.routing.partition(":")
     spec = dict(skew=args.routing_skew, concentration=args.routing_concentration, seed=args.seed)
-    if args.routing_histogram or kind not in ("uniform", "zipf", "dirichlet"):
-        spec.update(distribution="histogram", histogram=load_histogram(args.routing_histogram or args.routing))
+    if args.routing_histogram:
+        spec.update(distribution="histogram", histogram=load_histogram(args.routing_histogram))
     else:
-        spec["distribution"] = kind
-        if arg:
-            parse = a.number(0, MAX_ROUTING_PARAM, lo_open=kind == "dirichlet")
-            try:
-                spec["skew" if kind == "zipf" else "concentration"] = parse(arg)
-            except argparse.ArgumentTypeError as exc:
-                raise ConfigError(f"--routing: {arg!r} in {args.routing!r} {exc}") from None
+        spec.update(routing_fields(args.routing, "--routing", skew=args.routing_skew,
+                                   concentration=args.routing_concentration))
     placement = args.expert_placement
     if placement == "speed":
         spec["speed_aware"] = True

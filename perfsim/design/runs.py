@@ -18,6 +18,7 @@ from pathlib import Path
 
 import perfsim.api as api
 from perfsim.errors import ConfigError, InfeasiblePlan
+from perfsim.plan.routing import RoutingSpec, routing_fields
 from perfsim.system.specio import as_path, read_text
 from perfsim.system.stacks import StackSpec, load_stack
 
@@ -25,7 +26,7 @@ REQUIRED = ("id", "source_id", "source", "stack", "model", "cluster", "nodes", "
             "metric", "measured")
 INT_KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq", "first_stage_layers", "last_stage_layers")
 STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch")  # dispatch: the MoE dispatch implementation (plan.dispatch)
-OPTIONAL = (*INT_KNOBS, *STR_KNOBS, "capacity_factor", "family", "data", "assumed", "measured_peak_GB")
+OPTIONAL = (*INT_KNOBS, *STR_KNOBS, "capacity_factor", "routing", "family", "data", "assumed", "measured_peak_GB")
 METRICS = ("tokens_per_s_per_gpu", "tokens_per_s", "samples_per_s", "step_time_s")
 MAX_RUNS = 10_000  # input bound: rows one runs file may hold
 
@@ -47,6 +48,7 @@ class RunCase:
     data: str = ""
     assumed: str = ""
     measured_peak_bytes: float | None = None  # per-GPU peak memory, where the source prints it
+    routing: RoutingSpec | None = None  # MoE routing the case states (None: uniform)
 
     @property
     def scale(self) -> str:
@@ -145,6 +147,7 @@ def _case(row: dict, where: str, folder: Path) -> RunCase:
         raise ConfigError(f"{where}: measured: must be > 0, got {row['measured']!r}")
     factor = _float(row, "capacity_factor", where) if (row.get("capacity_factor") or "").strip() else None
     peak = _float(row, "measured_peak_GB", where) * 1e9 if (row.get("measured_peak_GB") or "").strip() else None
+    routing = _routing(row, where, folder)
     model, stack = row["model"].strip(), row["stack"].strip()
     if model.endswith((".toml", ".json")):
         model = str(folder / model)
@@ -159,7 +162,19 @@ def _case(row: dict, where: str, folder: Path) -> RunCase:
                    nodes=_int(row, "nodes", where), knobs=tuple(sorted(knobs.items())), capacity_factor=factor,
                    metric=row["metric"], measured=measured, family=(row.get("family") or "").strip(),
                    data=(row.get("data") or "").strip(), assumed=(row.get("assumed") or "").strip(),
-                   measured_peak_bytes=peak)
+                   measured_peak_bytes=peak, routing=routing)
+
+
+def _routing(row: dict, where: str, folder: Path) -> RoutingSpec | None:
+    """The MoE routing the case states (``uniform``, ``zipf[:S]``, ``dirichlet[:A]`` or a
+    histogram file beside the CSV); None when empty (perfsim's uniform default)."""
+    text = (row.get("routing") or "").strip()
+    if not text:
+        return None
+    try:
+        return RoutingSpec(**routing_fields(text, "routing", folder))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _int(row: dict, key: str, where: str) -> int:
@@ -193,7 +208,7 @@ def predict(case: RunCase, stack: StackSpec | None = None, estimator: str = "ana
         model = dataclasses.replace(model, capacity_factor=case.capacity_factor)
     try:
         report = api.simulate(model, case.cluster, nodes=case.nodes, estimator=estimator, check_memory=False,
-                              stack=spec, **dict(case.knobs))
+                              stack=spec, routing=case.routing, **dict(case.knobs))
     except (ConfigError, InfeasiblePlan) as exc:
         raise ConfigError(f"run {case.id}: {exc}") from None
     return RunResult(case=case, stack=spec.name, predicted=_metric(report, case), fits=report.fits,

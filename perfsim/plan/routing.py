@@ -6,6 +6,7 @@ the graph uses that rank's per-expert token counts; all-to-all sizes follow the 
 
 import csv
 import json
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -122,6 +123,36 @@ def load_histogram(path: str | Path) -> tuple[float, ...]:
     if not counts or any(not np.isfinite(c) or c < 0 for c in counts) or not sum(counts) > 0:
         raise ConfigError(f"routing.histogram: {str(path)!r} needs non-negative counts with a positive sum")
     return counts
+
+
+MAX_ROUTING_PARAM = 1e6  # Zipf exponent / Dirichlet alpha: far past where the shares stop changing
+
+
+def routing_fields(text: str, where: str, folder: Path | None = None, skew: float = 1.0,
+                   concentration: float = 1.0) -> dict:
+    """RoutingSpec fields of ``uniform``, ``zipf[:S]``, ``dirichlet[:A]`` or a histogram
+    file (relative to ``folder``); ``skew`` / ``concentration``: the defaults without ``:S``
+    / ``:A``. One ConfigError line naming ``where`` on a bad value."""
+    kind, _, arg = text.strip().partition(":")
+    if kind not in ("uniform", "zipf", "dirichlet"):
+        path = Path(text.strip())
+        try:
+            return dict(distribution="histogram", histogram=load_histogram(folder / path if folder else path))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    fields = dict(distribution=kind, skew=skew, concentration=concentration)
+    if arg:
+        try:
+            value = float(arg)
+        except ValueError:
+            value = math.nan
+        low_ok = value > 0 if kind == "dirichlet" else value >= 0
+        if kind == "uniform" or not (math.isfinite(value) and low_ok and value <= MAX_ROUTING_PARAM):
+            bound = "(0" if kind == "dirichlet" else "[0"
+            raise ConfigError(f"{where}: {arg!r} in {text!r} must be a finite number in {bound}, "
+                              f"{MAX_ROUTING_PARAM:g}]" + (" (uniform takes none)" if kind == "uniform" else ""))
+        fields["skew" if kind == "zipf" else "concentration"] = value
+    return fields
 
 
 def _parse_histogram(text: str, suffix: str) -> list:
