@@ -391,3 +391,29 @@ def test_delayed_scaling_stacks_cast_without_an_amax_pass():
     with_amax, without = casts(current), casts(delayed)
     assert any(k.endswith("_fp8_amax") for k in with_amax) and not any(k.endswith("_fp8_amax") for k in without)
     assert without == {k: v for k, v in with_amax.items() if k.endswith("_fp8_cast")}
+
+
+def test_fp8_backward_casts_the_output_gradient_whatever_the_forward_fused():
+    """Each FP8 GEMM's backward casts its output gradient [tokens, n] (read BF16, write the
+    FP8 values and their transpose) for dgrad and wgrad, under every stack; a norm-written
+    FP8 input adds the transpose the norm did not write (read + write one FP8 copy). The
+    weights' transposes came with their forward cast, so the backward casts no weight."""
+    from perfsim.lowering.layers import LayerBuilder, backward
+    from perfsim.lowering.steps import ACT_BYTES, FP8_BYTES
+
+    model = api.load_model("llama3.1-8b")
+    tokens, h = 4096, model.hidden_size
+    widths = {"qkv": model.q_width + 2 * model.num_kv_heads * model.head_dim, "attn_out": h,
+              "mlp_up": 2 * model.ffn_hidden_size, "mlp_down": h}
+    inputs = {"qkv": h, "attn_out": model.q_width, "mlp_up": h, "mlp_down": model.ffn_hidden_size}
+    for stack in ("ideal", "megatron-primus"):
+        plan = ParallelPlan(tp=1, dp=1, mbs=1, gbs=1, seq=4096, dtype="fp8", stack=load_stack(stack))
+        b = LayerBuilder(model, plan)
+        bwd = {s.name: s.bytes for s in backward(b.attention_forward() + b.mlp_forward())
+               if s.category == "fp8_cast" and s.name.endswith("_fp8_cast_bwd")}
+        fused = load_stack(stack).fp8.norm_fused_cast
+        for gemm, n in widths.items():
+            expected = tokens * n * (ACT_BYTES + 2 * FP8_BYTES)
+            if fused and gemm in ("qkv", "mlp_up"):
+                expected += 2 * FP8_BYTES * tokens * inputs[gemm]
+            assert bwd[f"{gemm}_fp8_cast_bwd"] == pytest.approx(expected), (stack, gemm)

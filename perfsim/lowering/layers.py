@@ -46,17 +46,30 @@ class LayerBuilder(StackSteps):
         casts once over the step's microbatches: spread over them here. ``from_norm``: the
         GEMM's input is a norm's output, which a ``fp8.norm_fused_cast`` stack writes in FP8
         directly (no cast pass for it). A ``fp8.delayed_scaling`` stack takes its scales from
-        earlier steps' amax history: the cast records the amax, no amax pass reads the input first."""
+        earlier steps' amax history: the cast records the amax, no amax pass reads the input first.
+        The backward casts the GEMM's output gradient (rows x n) once, with its transpose, for
+        the dgrad and wgrad GEMMs, whatever the forward fused: the cast steps' ``backward_bytes``
+        (the forward cast-transpose wrote the input's and weights' transposes; a norm that
+        wrote the FP8 input itself wrote no transpose, so the backward transposes it for the
+        wgrad: Transformer Engine's fp8_transpose of LayerNormLinear's ln_out)."""
         if not self.fp8:
             return [step]
         fp8 = self.stack.fp8
         g, groups = step.gemm, len(step.grouped) or 1
-        rows = 0 if from_norm and fp8.norm_fused_cast else (sum(step.grouped) if step.grouped else g.m)
+        tokens = sum(step.grouped) if step.grouped else g.m
+        rows = 0 if from_norm and fp8.norm_fused_cast else tokens
         weights = groups * g.k * g.n / (self.plan.num_microbatches if fp8.weights_cast_once else 1)
         amax, cast = (b * fp8.cast_bytes_factor for b in fp8_cast_bytes(rows * g.k + weights))
-        steps = [] if fp8.delayed_scaling else [replace(elementwise_step(f"{step.name}_fp8_amax", amax, "fp8_cast"),
-                                                        meta=step.meta)]
-        return steps + [replace(elementwise_step(f"{step.name}_fp8_cast", cast, "fp8_cast"), meta=step.meta), step]
+        grad_amax, grad_cast = (b * fp8.cast_bytes_factor for b in fp8_cast_bytes(tokens * g.n))
+        if rows < tokens:  # the norm-written FP8 input, transposed in the backward (read + write)
+            grad_cast += 2 * FP8_BYTES * (tokens - rows) * g.k * fp8.cast_bytes_factor
+
+        def cast_step(name: str, size: float, backward_size: float) -> Step:
+            return replace(elementwise_step(f"{step.name}_{name}", size, "fp8_cast"),
+                           meta=step.meta + (("backward_bytes", backward_size),))
+
+        steps = [] if fp8.delayed_scaling else [cast_step("fp8_amax", amax, grad_amax)]
+        return steps + [cast_step("fp8_cast", cast, grad_cast), step]
 
     def _tp_enter(self, name: str) -> list[Step]:
         if not self.sp:
@@ -364,7 +377,8 @@ def _backward_step(step: Step) -> Step:
         if call.group == "cp":  # ring attention backward sends dK, dV back: a reduce-scatter
             mirrored = replace(call, coll=Coll.REDUCE_SCATTER)
         return replace(step, name=name, collective=mirrored)
-    return replace(step, name=name, bytes=2 * step.bytes)
+    backward_bytes = _meta(step, "backward_bytes")  # an FP8 cast: the output gradient's cast (``_fp8``)
+    return replace(step, name=name, bytes=2 * step.bytes if backward_bytes is None else backward_bytes)
 
 
 def _is_tp_comm(step: Step) -> bool:
