@@ -256,6 +256,18 @@ def test_maxtext_runs_that_ran_on_deepseek_v3_are_predicted_to_fit():
     assert all(r.fits for r in validate_runs(dsv3).results)
 
 
+def test_nemo_runs_that_ran_are_predicted_to_fit_with_bf16_gradients():
+    """Issue 16.5: NeMo's performance recipes reduce gradients in BF16 (grad_reduce_in_fp32
+    off), so the Llama-3 8B FP8 run on 8 H100 fits its 80 GB; with FP32 gradients (perfsim's
+    Megatron default) it would not."""
+    nemo = [c for c in read_runs(RUNS) if c.stack == "nemo"]
+    assert {c.source_id for c in nemo} >= {"nemo-perf-summary-24.12", "mlperf-training-5.1-amd"}
+    assert all(r.fits for r in validate_runs(nemo).results)
+    eight = next(c for c in nemo if c.id == "NEMO2412-L8B-H100")
+    fp32 = load_stack("nemo").with_values(**{"memory.grad_bytes": 4.0})
+    assert not predict(eight, fp32).fits
+
+
 def test_a_run_names_its_moe_dispatch_implementation(tmp_path):
     """The runs CSV's dispatch column is the plan's dispatch knob (issue 15's implementations)."""
     head = "id,source_id,source,stack,model,cluster,nodes,ep,mbs,gbs,seq,recompute,dispatch,metric,measured,family"

@@ -184,7 +184,9 @@ def section() -> str:
         "a norm-written FP8 input, instead of twice the forward cast; no weight recast): structure, no "
         "parameter; shipped MLPerf -20.0% -> -19.7%, NeMo H100 +31.7 / +30.0% -> +31.1 / +27.6%, `ideal` on "
         "them +9.7 / -10.4% -> +22.4 / +0.8% (the unfused down projection's backward cast had been counted "
-        "on its 14k-wide input instead of its 4k-wide output gradient).",
+        "on its 14k-wide input instead of its 4k-wide output gradient). Memory: NVIDIA's performance scripts "
+        "reduce gradients in BF16 (grad_reduce_in_fp32 off; sourced in the `nemo` profile), so the 8B H100 run, "
+        "predicted at 87 GB of 80 with perfsim's FP32-gradient default, is predicted to fit (71 GB), as it ran.",
         "",
         *_summary(held, shipped),
         "",
