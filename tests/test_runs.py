@@ -306,3 +306,14 @@ def test_a_stated_routing_prices_the_busiest_rank(tmp_path):
 def test_a_bad_routing_value_names_the_row_and_column(tmp_path, value):
     with pytest.raises(ConfigError, match=r"moe.csv:2: routing"):
         read_runs(_moe_runs(tmp_path, [value]))
+
+
+def test_validate_says_which_real_data_moe_runs_state_no_routing(tmp_path, capsys):
+    header = "id,source_id,source,stack,model,cluster,nodes,tp,ep,mbs,gbs,seq,recompute,routing,data,metric,measured"
+    rows = [f"M{i},a,https://example.org/a,ideal,deepseek-v2-lite,mi300x-pollara,1,1,8,1,8,4096,full,{r},{d},"
+            "tokens_per_s_per_gpu,5000" for i, (r, d) in enumerate([("", "real"), ("zipf:1", "real"), ("", "synthetic")])]
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    assert main(["validate", "--runs", str(path)]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and notes[0].endswith(": M0")

@@ -27,6 +27,10 @@ def table(result: runs_mod.RunsValidation) -> list[str]:
             lines.append(f"MAPE {err:6.1f}%  {key} {group}")
     lines.append(f"MAPE {result.mape:6.1f}%  overall ({len(result.results)} runs), median |error| "
                  f"{result.median_abs_pct:.1f}%")
+    skewed = runs_mod.unstated_routing([r.case for r in result.results])
+    if skewed:
+        lines.append(f"note: {len(skewed)} MoE run(s) on real data state no routing and are priced with uniform "
+                     f"routing (give a routing column to price their expert skew): {', '.join(skewed)}")
     return lines
 
 

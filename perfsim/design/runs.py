@@ -228,6 +228,12 @@ def validate_runs(cases, stacks: dict[str, StackSpec] | None = None, estimator: 
     return RunsValidation(results=tuple(predict(c, stacks.get(c.id), estimator) for c in cases), label=label)
 
 
+def unstated_routing(cases) -> tuple[str, ...]:
+    """Ids of MoE runs on real data with no stated routing: priced under uniform routing,
+    which real tokens do not follow (the expert load skews), so their error carries it."""
+    return tuple(c.id for c in cases if c.data == "real" and c.routing is None and api.load_model(c.model).is_moe)
+
+
 def read_all(paths) -> tuple[RunCase, ...]:
     if not isinstance(paths, list | tuple) or not paths:
         raise ConfigError(f"--runs: expected one or more runs CSV files, got {paths!r}")
