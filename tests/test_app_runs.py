@@ -35,6 +35,8 @@ def test_shipped_runs_show_the_validate_figures():
     mape = next(m for m in at.metric if m.label == "MAPE")
     assert mape.value == f"{want.mape:.1f}%"
     assert len(at.dataframe[0].value) == len(want.results)
+    notes = [c.value for c in at.caption if "state no routing" in c.value]
+    assert len(notes) == 1 and "DROPLESS-DSV3-23" in notes[0]  # the C4 rows, as perfsim validate says
 
 
 def test_fit_on_the_page_matches_calibrate_runs():

@@ -10,7 +10,7 @@ import streamlit as st
 
 import common
 import fmt
-from perfsim.design.runs import read_all, validate_runs
+from perfsim.design.runs import read_all, unstated_routing, validate_runs
 from perfsim.design.runs_fit import BOUNDS, fit_stack, leave_one_out, params_for
 from perfsim.system.stacks import dump_stack, list_stacks, load_stack
 
@@ -68,6 +68,10 @@ st.dataframe([{"run": r.case.id, "stack": r.stack, "metric": r.case.metric, "mea
              hide_index=True, width="stretch", key="r.table")
 st.dataframe([{"split": key, "group": g, "MAPE %": round(m, 1)} for key in ("stack", "family", "scale", "source_id")
               for g, m in result.by(key).items()], hide_index=True, key="r.groups")
+skewed = unstated_routing(cases)
+if skewed:
+    st.caption(fmt.md(f"{len(skewed)} MoE run(s) on real data state no routing and are priced with uniform routing "
+                      f"(a `routing` column prices their expert skew): {', '.join(skewed)}"))
 
 st.subheader("Fit a stack profile to these runs")
 stacks = sorted({load_stack(c.stack).name for c in cases})
