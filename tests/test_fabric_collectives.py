@@ -202,3 +202,19 @@ def test_graph_capture_widens_the_one_shot_window_below_1_kib():
     assert collective_cost(Coll.ALL_REDUCE, 256, s, plain, graph=True).algorithm != "direct"
     with pytest.raises(ConfigError, match="graph_direct_min_bytes"):
         dataclasses.replace(tune, graph_direct_min_bytes=-1.0)
+
+
+@pytest.mark.parametrize("value", ["[]", '"64"', "true"])
+def test_an_optional_profile_number_of_the_wrong_type_is_one_line(tmp_path, value):
+    """An optional number (``X | None``) given as a list, string or boolean in a profile is
+    refused naming the key (TOML has no null: a present key must be the number)."""
+    from perfsim.system.hardware import PROFILE_DIR
+
+    text = (PROFILE_DIR / "clusters" / "mi300x-pollara.toml").read_text()
+    assert "graph_direct_min_bytes = " in text
+    lines = [f"graph_direct_min_bytes = {value}" if line.startswith("graph_direct_min_bytes = ") else line
+             for line in text.splitlines()]
+    path = tmp_path / "bad.toml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"graph_direct_min_bytes: expected a number"):
+        load_cluster(str(path))

@@ -23,9 +23,9 @@ def _hint_origin(hint: Any) -> Any:
 
 
 def _convert(value: Any, hint: Any, where: str) -> Any:
-    if isinstance(hint, types.UnionType):  # ``X | None``: a present key is an X
+    if isinstance(hint, types.UnionType):  # ``X | None``: a present key is an X (TOML has no null)
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1 and dataclasses.is_dataclass(args[0]):
+        if len(args) == 1:
             hint = args[0]
     origin = _hint_origin(hint)
     if dataclasses.is_dataclass(origin):
