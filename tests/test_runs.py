@@ -317,3 +317,16 @@ def test_validate_says_which_real_data_moe_runs_state_no_routing(tmp_path, capsy
     assert main(["validate", "--runs", str(path)]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and notes[0].endswith(": M0")
+
+
+def test_accuracy_splits_by_data_kind(tmp_path, capsys):
+    """Real-data and synthetic-data runs are reported apart (the data column; - unstated)."""
+    header = "id,source_id,source,stack,model,cluster,nodes,tp,pp,mbs,gbs,seq,recompute,metric,measured,family,data"
+    rows = [r + f",{d}" for r, d in zip(dense_rows(), ("real", "real", "synthetic", ""))]
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    result = validate_runs(read_runs(path))
+    assert set(result.by("data")) == {"real", "synthetic", "-"}
+    assert set(result.to_dict()["mape_by_data_pct"]) == {"real", "synthetic", "-"}
+    assert main(["validate", "--runs", str(path)]) == 0
+    assert "data synthetic" in capsys.readouterr().out

@@ -70,7 +70,7 @@ def _summary(held, shipped) -> list[str]:
 
 def _groups(held) -> list[str]:
     lines = ["| split | group | held-out MAPE |", "| --- | --- | --- |"]
-    for key in ("stack", "family", "scale"):
+    for key in ("stack", "family", "scale", "data"):
         lines += [f"| {key} | {g} | {m:.1f}% |" for g, m in held.by(key).items()]
     return lines
 

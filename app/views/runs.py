@@ -10,7 +10,7 @@ import streamlit as st
 
 import common
 import fmt
-from perfsim.design.runs import read_all, unstated_routing, validate_runs
+from perfsim.design.runs import GROUPS, read_all, unstated_routing, validate_runs
 from perfsim.design.runs_fit import BOUNDS, fit_stack, leave_one_out, params_for
 from perfsim.system.stacks import dump_stack, list_stacks, load_stack
 
@@ -66,7 +66,7 @@ st.dataframe([{"run": r.case.id, "stack": r.stack, "metric": r.case.metric, "mea
                "predicted": round(r.predicted, 4), "error %": round(r.error_pct, 1), "fits": r.fits,
                "source": r.case.source_id, "assumed": r.case.assumed} for r in result.results],
              hide_index=True, width="stretch", key="r.table")
-st.dataframe([{"split": key, "group": g, "MAPE %": round(m, 1)} for key in ("stack", "family", "scale", "source_id")
+st.dataframe([{"split": key, "group": g, "MAPE %": round(m, 1)} for key in GROUPS
               for g, m in result.by(key).items()], hide_index=True, key="r.groups")
 skewed = unstated_routing(cases)
 if skewed:

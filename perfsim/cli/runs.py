@@ -12,7 +12,7 @@ from perfsim.errors import ConfigError
 from perfsim.system.specio import check_finite_output, check_output, write_atomic
 from perfsim.system.stacks import load_stack, write_stack
 
-GROUPS = ("stack", "family", "scale", "source_id")
+GROUPS = runs_mod.GROUPS
 
 
 def table(result: runs_mod.RunsValidation) -> list[str]:

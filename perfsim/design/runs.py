@@ -27,6 +27,7 @@ REQUIRED = ("id", "source_id", "source", "stack", "model", "cluster", "nodes", "
 INT_KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq", "first_stage_layers", "last_stage_layers")
 STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch")  # dispatch: the MoE dispatch implementation (plan.dispatch)
 OPTIONAL = (*INT_KNOBS, *STR_KNOBS, "capacity_factor", "routing", "family", "data", "assumed", "measured_peak_GB")
+GROUPS = ("stack", "family", "scale", "source_id", "data")  # the splits accuracy is reported by
 METRICS = ("tokens_per_s_per_gpu", "tokens_per_s", "samples_per_s", "step_time_s")
 MAX_RUNS = 10_000  # input bound: rows one runs file may hold
 
@@ -88,7 +89,7 @@ class RunsValidation:
         return statistics.median(abs(r.error_pct) for r in self.results) if self.results else math.nan
 
     def by(self, key: str) -> dict[str, float]:
-        """MAPE per ``stack``, ``family``, ``scale`` or ``source_id``."""
+        """MAPE per ``stack``, ``family``, ``scale``, ``source_id`` or ``data`` (real / synthetic; - unstated)."""
         groups: dict[str, list[RunResult]] = {}
         for r in self.results:
             value = r.stack if key == "stack" else getattr(r.case, key)
@@ -97,7 +98,7 @@ class RunsValidation:
 
     def to_dict(self) -> dict:
         return {"label": self.label, "mape_pct": self.mape, "median_abs_error_pct": self.median_abs_pct,
-                **{f"mape_by_{k}_pct": self.by(k) for k in ("stack", "family", "scale", "source_id")},
+                **{f"mape_by_{k}_pct": self.by(k) for k in GROUPS},
                 "runs": [{"id": r.case.id, "source_id": r.case.source_id, "stack": r.stack, "family": r.case.family,
                           "scale": r.case.scale, "metric": r.case.metric, "measured": r.case.measured,
                           "predicted": r.predicted, "error_pct": r.error_pct, "fits": r.fits,
