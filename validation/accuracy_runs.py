@@ -97,10 +97,13 @@ def _fitted_stacks(cases) -> str:
     sources = {}
     for c in cases:
         sources.setdefault(c.stack, set()).add(c.source_id)
-    fitted = " and ".join(f"`{s}`" for s in sorted(sources) if len(sources[s]) > 1) or "No stack"
-    single = " and ".join(f"`{s}`" for s in sorted(sources) if len(sources[s]) == 1)
-    text = f"{fitted}: two or more sources each, refitted leaving one out."
-    return text + (f" {single}: one source each, nothing to hold out, so priced by assumed profile values." if single else "")
+    fitted = [f"`{s}`" for s in sorted(sources) if len(sources[s]) > 1]
+    single = [f"`{s}`" for s in sorted(sources) if len(sources[s]) == 1]
+    text = f"{' and '.join(fitted) or 'No stack'}: two or more sources{' each' if len(fitted) > 1 else ''}, refitted leaving one out."
+    if single:
+        text += (f" {' and '.join(single)}: one source{' each' if len(single) > 1 else ''}, nothing to hold out, "
+                 "so priced by assumed profile values.")
+    return text
 
 
 def section() -> str:
