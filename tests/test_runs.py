@@ -314,9 +314,10 @@ def test_validate_says_which_real_data_moe_runs_state_no_routing(tmp_path, capsy
             "tokens_per_s_per_gpu,5000" for i, (r, d) in enumerate([("", "real"), ("zipf:1", "real"), ("", "synthetic")])]
     path = tmp_path / "runs.csv"
     path.write_text("\n".join([header, *rows]) + "\n")
-    assert main(["validate", "--runs", str(path)]) == 0
+    assert main(["validate", "--runs", str(path), "--html", str(tmp_path / "runs.html")]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and notes[0].endswith(": M0")
+    assert "state no routing" in (tmp_path / "runs.html").read_text()
 
 
 def test_accuracy_splits_by_data_kind(tmp_path, capsys):

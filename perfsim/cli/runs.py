@@ -27,11 +27,17 @@ def table(result: runs_mod.RunsValidation) -> list[str]:
             lines.append(f"MAPE {err:6.1f}%  {key} {group}")
     lines.append(f"MAPE {result.mape:6.1f}%  overall ({len(result.results)} runs), median |error| "
                  f"{result.median_abs_pct:.1f}%")
+    note = _routing_note(result)
+    return lines + ([f"note: {note}"] if note else [])
+
+
+def _routing_note(result: runs_mod.RunsValidation) -> str:
+    """The MoE runs on real data that state no routing (priced uniform), or ''."""
     skewed = runs_mod.unstated_routing([r.case for r in result.results])
-    if skewed:
-        lines.append(f"note: {len(skewed)} MoE run(s) on real data state no routing and are priced with uniform "
-                     f"routing (give a routing column to price their expert skew): {', '.join(skewed)}")
-    return lines
+    if not skewed:
+        return ""
+    return (f"{len(skewed)} MoE run(s) on real data state no routing and are priced with uniform routing "
+            f"(give a routing column to price their expert skew): {', '.join(skewed)}")
 
 
 def cmd_validate(args, dumps) -> int:
@@ -120,8 +126,10 @@ def write_html(result: runs_mod.RunsValidation, path: str) -> Path:
                    f"<td>{r.predicted:.4g}</td><td>{r.error_pct:+.1f}</td><td>{html.escape(r.case.assumed)}</td></tr>"
                    for r in result.results)
     groups = "".join(f"<li>{key} {html.escape(g)}: {m:.1f}%</li>" for key in GROUPS for g, m in result.by(key).items())
+    note = _routing_note(result)
     body = (f"<h1>perfsim validate --runs</h1><p>{html.escape(result.label)}: MAPE {result.mape:.1f}% over "
-            f"{len(result.results)} runs</p><ul>{groups}</ul>{fig.to_html(full_html=False, include_plotlyjs=True)}"
+            f"{len(result.results)} runs</p><ul>{groups}</ul>{f'<p>{html.escape(note)}</p>' if note else ''}"
+            f"{fig.to_html(full_html=False, include_plotlyjs=True)}"
             "<table><tr><th>run</th><th>stack</th><th>measured</th><th>predicted</th><th>error %</th>"
             f"<th>assumed</th></tr>{rows}</table>")
     page = f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>perfsim runs</title></head><body>{body}</body></html>"
