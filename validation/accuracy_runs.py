@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from perfsim.design.runs import read_all, validate_runs  # noqa: E402
-from perfsim.design.runs_fit import held_out_by_stack, params_for  # noqa: E402
+from perfsim.design.runs_fit import held_out_by_stack, params_for, sources_by_stack  # noqa: E402
 from perfsim.system.stacks import IDEAL  # noqa: E402
 
 RUNS = ROOT / "validation" / "runs" / "published.csv"
@@ -94,9 +94,7 @@ def _peak(result) -> str:
 
 def _fitted_stacks(cases) -> str:
     """Which stacks the held-out protocol refits (two or more sources) and which keep assumed values."""
-    sources = {}
-    for c in cases:
-        sources.setdefault(c.stack, set()).add(c.source_id)
+    sources = sources_by_stack(cases)
     fitted = [f"`{s}`" for s in sorted(sources) if len(sources[s]) > 1]
     single = [f"`{s}`" for s in sorted(sources) if len(sources[s]) == 1]
     text = f"{' and '.join(fitted) or 'No stack'}: two or more sources{' each' if len(fitted) > 1 else ''}, refitted leaving one out."

@@ -10,7 +10,7 @@ import streamlit as st
 
 import common
 import fmt
-from perfsim.design.runs import GROUPS, read_all, unstated_routing, validate_runs
+from perfsim.design.runs import GROUPS, read_all, routing_note, validate_runs
 from perfsim.design.runs_fit import BOUNDS, fit_stack, leave_one_out, params_for
 from perfsim.system.stacks import dump_stack, list_stacks, load_stack
 
@@ -68,10 +68,9 @@ st.dataframe([{"run": r.case.id, "stack": r.stack, "metric": r.case.metric, "mea
              hide_index=True, width="stretch", key="r.table")
 st.dataframe([{"split": key, "group": g, "MAPE %": round(m, 1)} for key in GROUPS
               for g, m in result.by(key).items()], hide_index=True, key="r.groups")
-skewed = unstated_routing(cases)
-if skewed:
-    st.caption(fmt.md(f"{len(skewed)} MoE run(s) on real data state no routing and are priced with uniform routing "
-                      f"(a `routing` column prices their expert skew): {', '.join(skewed)}"))
+note = routing_note(cases)
+if note:
+    st.caption(fmt.md(note))
 
 st.subheader("Fit a stack profile to these runs")
 stacks = sorted({load_stack(c.stack).name for c in cases})

@@ -36,16 +36,16 @@ PLATEAU_BOUNDS = (0.02, 1.0)
 # the per-kernel launch on its own (kernel_launch_us, the stack's kernel gap); the
 # ``membound`` table is fitted to the rows at or above it
 MEMORY_FIT_MIN_MBYTES = 64.0
-
-
-def in_fit_range(p: KernelPoint) -> bool:
-    """Whether a row can inform its table (memory-bound rows: at least MEMORY_FIT_MIN_MBYTES)."""
-    return p.kind != "memory" or p.bytes / costs.MBYTE >= MEMORY_FIT_MIN_MBYTES
 HALF_BOUNDS = {"gemm": (-5.0, 5.0), "grouped_gemm": (-1.0, 5.0), "attention": (0.0, 6.0), "memory": (-3.0, 4.0)}
 # where log10(x_half) starts (and, through the weak prior, stays where no point constrains
 # it): 1 GFLOP, 256 tokens per expert, 1024 keys, 1 MB -- fit priors, not measurements; a
 # refit does not depend on the table it replaces
 HALF_START = {"gemm": 0.0, "grouped_gemm": 2.408, "attention": 3.01, "memory": 0.0}
+
+
+def in_fit_range(p: KernelPoint) -> bool:
+    """Whether a row can inform its table (memory-bound rows: at least MEMORY_FIT_MIN_MBYTES)."""
+    return p.kind != "memory" or p.bytes / costs.MBYTE >= MEMORY_FIT_MIN_MBYTES
 
 
 def saturating(xs, plateau: float, log_half: float) -> np.ndarray:

@@ -27,17 +27,8 @@ def table(result: runs_mod.RunsValidation) -> list[str]:
             lines.append(f"MAPE {err:6.1f}%  {key} {group}")
     lines.append(f"MAPE {result.mape:6.1f}%  overall ({len(result.results)} runs), median |error| "
                  f"{result.median_abs_pct:.1f}%")
-    note = _routing_note(result)
+    note = runs_mod.routing_note([r.case for r in result.results])
     return lines + ([f"note: {note}"] if note else [])
-
-
-def _routing_note(result: runs_mod.RunsValidation) -> str:
-    """The MoE runs on real data that state no routing (priced uniform), or ''."""
-    skewed = runs_mod.unstated_routing([r.case for r in result.results])
-    if not skewed:
-        return ""
-    return (f"{len(skewed)} MoE run(s) on real data state no routing and are priced with uniform routing "
-            f"(give a routing column to price their expert skew): {', '.join(skewed)}")
 
 
 def cmd_validate(args, dumps) -> int:
@@ -126,7 +117,7 @@ def write_html(result: runs_mod.RunsValidation, path: str) -> Path:
                    f"<td>{r.predicted:.4g}</td><td>{r.error_pct:+.1f}</td><td>{html.escape(r.case.assumed)}</td></tr>"
                    for r in result.results)
     groups = "".join(f"<li>{key} {html.escape(g)}: {m:.1f}%</li>" for key in GROUPS for g, m in result.by(key).items())
-    note = _routing_note(result)
+    note = runs_mod.routing_note([r.case for r in result.results])
     body = (f"<h1>perfsim validate --runs</h1><p>{html.escape(result.label)}: MAPE {result.mape:.1f}% over "
             f"{len(result.results)} runs</p><ul>{groups}</ul>{f'<p>{html.escape(note)}</p>' if note else ''}"
             f"{fig.to_html(full_html=False, include_plotlyjs=True)}"

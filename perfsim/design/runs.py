@@ -235,6 +235,15 @@ def unstated_routing(cases) -> tuple[str, ...]:
     return tuple(c.id for c in cases if c.data == "real" and c.routing is None and api.load_model(c.model).is_moe)
 
 
+def routing_note(cases) -> str:
+    """What ``validate`` says about ``unstated_routing`` runs ('' when there are none)."""
+    skewed = unstated_routing(cases)
+    if not skewed:
+        return ""
+    return (f"{len(skewed)} MoE run(s) on real data state no routing and are priced with uniform routing "
+            f"(give a routing column to price their expert skew): {', '.join(skewed)}")
+
+
 def read_all(paths) -> tuple[RunCase, ...]:
     if not isinstance(paths, list | tuple) or not paths:
         raise ConfigError(f"--runs: expected one or more runs CSV files, got {paths!r}")

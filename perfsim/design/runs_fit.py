@@ -126,13 +126,21 @@ def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> R
     return validate_runs(kept, stacks, label=label)
 
 
+def sources_by_stack(cases) -> dict[str, set[str]]:
+    """The sources each stack's runs come from (two or more: ``held_out_by_stack`` refits it)."""
+    out: dict[str, set[str]] = {}
+    for c in cases:
+        out.setdefault(c.stack, set()).add(c.source_id)
+    return out
+
+
 def held_out_by_stack(cases: list[RunCase], params=None) -> RunsValidation:
     """Per stack: leave-one-source-out fits where the stack has runs from two or more
     sources; runs of a single-source stack keep the shipped profile (nothing to hold out)."""
     results = []
-    for stack in sorted({c.stack for c in cases}):
+    for stack, sources in sorted(sources_by_stack(cases).items()):
         mine = [c for c in cases if c.stack == stack]
-        if len({c.source_id for c in mine}) > 1:
+        if len(sources) > 1:
             results += leave_one_out(mine, stack, params).results
         else:
             results += validate_runs(mine).results

@@ -178,7 +178,7 @@ class LayerBuilder(StackSteps):
         its backward is the input gradient only; the combine's also reaches the router
         probabilities in the mask (a dgrad and a wgrad)."""
         m = self.model
-        if not (self.stack.moe.mask_einsum and self._pads() and m.capacity_factor > 0):
+        if not (self.stack.moe.mask_einsum and self._pads()):
             return []
         seq = max(self.plan.seq // self.plan.cp, 1)
         sequences = max(round(self.local_tokens / seq), 1)
@@ -196,7 +196,7 @@ class LayerBuilder(StackSteps):
         EBCM einsum output resharded to the expert axis; Megatron's drop-and-pad splits),
         so the rank receives its experts' full capacity whatever the routing."""
         m = self.model
-        if self._pads() and m.capacity_factor > 0:
+        if self._pads():
             return expert_capacity(m, self.plan, routed) * (m.num_experts // self.plan.ep) * m.hidden_size
         return routed * m.hidden_size * imbalance(m, self.plan, routed, self.routing, self.ep_speeds)
 
@@ -232,7 +232,7 @@ class LayerBuilder(StackSteps):
         over the padded capacity (the mask-einsum path's EBCM,EMH->EBCH)."""
         m, plan = self.model, self.plan
         tokens, speed = slowest_expert_rank(m, plan, routed, self.routing, self.ep_speeds)
-        if self._pads() and m.capacity_factor > 0:  # dense dispatch computes the padding
+        if self._pads():  # dense dispatch computes the padding
             tokens = (expert_capacity(m, plan, routed),) * len(tokens)
         loads = tuple(x * plan.etp for x in tokens)
         meta = (("speed", speed),) if speed != 1.0 else ()  # the EP rank's own GPU speed

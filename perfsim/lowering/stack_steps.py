@@ -51,15 +51,17 @@ class StackSteps:
         return [host_step("moe_host_sync", units.us_to_s(moe.host_syncs_per_layer * moe.host_sync_us), "host_sync")]
 
     def _pads(self) -> bool:
-        """Whether experts compute their padded capacity: the stack's dispatch path, or
-        the RoutingSpec's when the stack leaves it to routing."""
+        """Whether experts compute (and the exchange carries) their padded capacity: the
+        stack's dispatch path, or the RoutingSpec's when the stack leaves it to routing,
+        with a capacity factor to pad to."""
         path = self.stack.moe.dispatch
-        return self.routing.pad_to_capacity if path is Dispatch.ROUTING else path is Dispatch.CAPACITY
+        pads = self.routing.pad_to_capacity if path is Dispatch.ROUTING else path is Dispatch.CAPACITY
+        return pads and self.model.capacity_factor > 0
 
     def _expert_speed(self) -> float:
         """The stack's speed of the routed-expert kernels on this layer's dispatch path."""
         moe = self.stack.moe
-        return moe.padded_speed if self._pads() and self.model.capacity_factor > 0 else moe.dropless_speed
+        return moe.padded_speed if self._pads() else moe.dropless_speed
 
     def _kernel_speed(self, steps: list[Step]) -> list[Step]:
         """Compute steps run at the stack's kernel speed (1: the tuned kernels the tables

@@ -141,17 +141,19 @@ def routing_fields(text: str, where: str, folder: Path | None = None, skew: floa
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
     fields = dict(distribution=kind, skew=skew, concentration=concentration)
-    if arg:
-        try:
-            value = float(arg)
-        except ValueError:
-            value = math.nan
-        low_ok = value > 0 if kind == "dirichlet" else value >= 0
-        if kind == "uniform" or not (math.isfinite(value) and low_ok and value <= MAX_ROUTING_PARAM):
-            bound = "(0" if kind == "dirichlet" else "[0"
-            raise ConfigError(f"{where}: {arg!r} in {text!r} must be a finite number in {bound}, "
-                              f"{MAX_ROUTING_PARAM:g}]" + (" (uniform takes none)" if kind == "uniform" else ""))
-        fields["skew" if kind == "zipf" else "concentration"] = value
+    if not arg:
+        return fields
+    if kind == "uniform":
+        raise ConfigError(f"{where}: {text!r}: uniform takes no parameter")
+    try:
+        value = float(arg)
+    except ValueError:
+        value = math.nan
+    low_ok = value > 0 if kind == "dirichlet" else value >= 0
+    if not (math.isfinite(value) and low_ok and value <= MAX_ROUTING_PARAM):
+        bound = "(0" if kind == "dirichlet" else "[0"
+        raise ConfigError(f"{where}: {arg!r} in {text!r} must be a finite number in {bound}, {MAX_ROUTING_PARAM:g}]")
+    fields["skew" if kind == "zipf" else "concentration"] = value
     return fields
 
 
