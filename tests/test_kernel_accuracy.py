@@ -102,13 +102,40 @@ def test_batched_gemm_waves_count_every_gemm_of_the_call():
     assert costs.wave_utilization(Gemm(m=m, n=n, k=1024, batch=2), gpu) == util
 
 
+def test_batched_gemm_below_one_wave_leaves_cus_idle():
+    """A batched call launches one workgroup per output tile (no split-K across its GEMMs):
+    16 GEMMs of 8 macro tiles each fill 128 of MI300X's 304 CUs, so the call is priced at
+    that fill, while one GEMM of the same 128 tiles splits K and is priced as a full wave."""
+    from perfsim.lowering.ops import Gemm
+
+    gpu = load_gpu("mi300x")
+    table = gpu.gemm_table("bf16")
+    m, n = table.tile_m, 8 * table.tile_n
+    assert costs.wave_utilization(Gemm(m=16 * m, n=n, k=8192), gpu) == 1.0
+    tm, tn, util = costs.tile_choice(m, n, table, gpu, batch=16)
+    assert util < 1.0
+    per_gemm = -(-m // tm) * -(-n // tn)
+    tiles, cus = 16 * per_gemm, gpu.num_compute_units
+    fill = tiles / cus if tiles < cus else tiles / (-(-tiles // cus) * cus)  # idle CUs, or wave quantization
+    assert util == pytest.approx(m * n / (per_gemm * tm * tn) * fill)
+    one = costs.gemm_time(Gemm(m=16 * m, n=n, k=8192), gpu, "bf16")
+    batched = costs.gemm_time(Gemm(m=m, n=n, k=8192, batch=16), gpu, "bf16")
+    assert batched > one  # same FLOPs and bytes of output, fewer busy CUs
+
+
 def test_gemm_fixed_cost_is_not_scaled_by_tile_padding():
     """A one-row GEMM pads its tile 32x, but the size fall-off (a fixed per-call cost) is
     paid once: its compute time is that of the padded work, far under 32x the fixed
     cost, so a weight-streaming GEMV stays memory-bound."""
+    import dataclasses
+
     from perfsim.lowering.ops import Gemm
 
     gpu = load_gpu("mi300x")
+    # a size table whose fall-off reaches 1 GFLOP (half the plateau at about 5 GFLOP), so
+    # the test does not hang on where the shipped fit puts it
+    fall = dataclasses.replace(gpu.gemm, gflop=(0.01, 0.1, 1.0, 10.0, 100.0), efficiency=(0.005, 0.02, 0.15, 0.58, 0.8))
+    gpu = dataclasses.replace(gpu, gemm=fall, gemm_dtypes={})
     g = Gemm(m=1, n=8192, k=8192)
     compute = g.flops / (costs.peak(gpu, "bf16") * costs.gemm_efficiency(g, gpu, "bf16"))
     memory = costs.hbm_time(costs.gemm_bytes(g, "bf16", gpu), gpu)

@@ -57,12 +57,16 @@ def _waves(tiles: int, gpu: GpuSpec) -> float:
 def tile_choice(m: int, n: int, table: GemmEfficiency, gpu: GpuSpec, batch: int = 1) -> tuple[int, int, float]:
     """(tile_m, tile_n, utilization) the library would pick among ``_TILE_SPLITS`` of the
     macro tile: whichever keeps most of the CU time on real output elements (the tiles
-    of all ``batch`` GEMMs of one batched call share the CUs)."""
+    of all ``batch`` GEMMs of one batched call share the CUs). A batched call (``batch``
+    > 1) launches one workgroup per output tile of every GEMM, as the grouped kernel
+    does (``_fill``): fewer tiles than CUs leave CUs idle; a single GEMM below one wave
+    splits K instead (its fall-off is in the size table)."""
     best = None
+    occupancy = _fill if batch > 1 else _waves
     for dm, dn in _TILE_SPLITS:
         tm, tn = max(table.tile_m // dm, 1), max(table.tile_n // dn, 1)
         tiles = _tiles(m, n, tm, tn)
-        util = m * n / (tiles * tm * tn) * _waves(tiles * batch, gpu)
+        util = m * n / (tiles * tm * tn) * occupancy(tiles * batch, gpu)
         if best is None or util > best[2] + 1e-12:
             best = (tm, tn, util)
     return best
