@@ -159,6 +159,16 @@ def test_cli_calibrate_runs_writes_a_loadable_fitted_profile(capsys, tmp_path):
     assert main(["calibrate", "--runs", str(path), "--out", str(out), "--fit", "colour.hue"]) == 2
 
 
+def test_cli_calibrate_runs_on_one_run_prints_no_nan(capsys, tmp_path):
+    """One run fits, but holding it out leaves nothing to fit: the line says so."""
+    out = tmp_path / "fitted.toml"
+    path = small_csv(tmp_path, dense_rows((20000,)))
+    assert main(["calibrate", "--runs", str(path), "--out", str(out), "--fit", "kernels.speed"]) == 0
+    text = capsys.readouterr().out
+    assert "nan" not in text.lower() and "not reported (one run" in text
+    assert load_stack(out).kernels.speed != 1.0
+
+
 def test_held_out_errors_do_not_regress_against_the_committed_table():
     committed = {row["id"]: float(row["held_out_error_pct"]) for row in csv.DictReader(COMMITTED.open())}
     held = held_out_by_stack(list(read_all([str(RUNS)])))

@@ -11,7 +11,7 @@ import streamlit as st
 import common
 import fmt
 from perfsim.design.runs import GROUPS, read_all, routing_note, validate_runs
-from perfsim.design.runs_fit import BOUNDS, fit_stack, leave_one_out, params_for
+from perfsim.design.runs_fit import BOUNDS, fit_stack, held_out_summary, leave_one_out, params_for
 from perfsim.system.stacks import dump_stack, list_stacks, load_stack
 
 SHIPPED = common.ROOT / "validation" / "runs" / "published.csv"
@@ -88,7 +88,6 @@ if "r.fit" in st.session_state:
     st.dataframe([{"parameter": k, "value": round(v, 4), "at bound": k in fit.at_bound} for k, v in fit.values.items()],
                  hide_index=True, key="r.fit_values")
     st.write(fmt.md(f"{name}: fitted to {fit.num_runs} runs ({', '.join(fit.fitted_on)}); rms |log error| "
-                    f"{100 * fit.rms_log_error:.1f}%; {held.label}: MAPE {held.mape:.1f}%, median "
-                    f"{held.median_abs_pct:.1f}% over {len(held.results)} runs."))
+                    f"{100 * fit.rms_log_error:.1f}%; {held_out_summary(held)}."))
     st.download_button("Download the fitted stack profile", dump_stack(fit.stack), file_name=f"{name}-fitted.toml",
                        mime="application/toml", key="w.r_download")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from perfsim.design import runs as runs_mod
-from perfsim.design.runs_fit import fit_stack, held_out_by_stack, leave_one_out
+from perfsim.design.runs_fit import fit_stack, held_out_by_stack, held_out_summary, leave_one_out
 from perfsim.errors import ConfigError
 from perfsim.system.specio import check_finite_output, check_output, write_atomic
 from perfsim.system.stacks import load_stack, write_stack
@@ -70,7 +70,7 @@ def cmd_calibrate(args) -> int:
     for p, v in fit.values.items():
         print(f"{p:<28} {v:12.4g}{'  (at its bound)' if p in fit.at_bound else ''}")
     print(f"fit rms |log error| {100 * fit.rms_log_error:.1f}%")
-    print(f"{loo.label}: MAPE {loo.mape:.1f}%, median |error| {loo.median_abs_pct:.1f}% over {len(loo.results)} runs")
+    print(held_out_summary(loo))
     return 0
 
 

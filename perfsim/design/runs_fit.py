@@ -126,6 +126,14 @@ def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> R
     return validate_runs(kept, stacks, label=label)
 
 
+def held_out_summary(loo: RunsValidation) -> str:
+    """One line on a ``leave_one_out`` result for the CLI and the planner; with one run
+    nothing is left to fit when it is held out, so there is no figure (not a NaN)."""
+    if not loo.results:
+        return f"{loo.label}: not reported (one run: nothing is left to fit when it is held out)"
+    return f"{loo.label}: MAPE {loo.mape:.1f}%, median |error| {loo.median_abs_pct:.1f}% over {len(loo.results)} runs"
+
+
 def sources_by_stack(cases) -> dict[str, set[str]]:
     """The sources each stack's runs come from (two or more: ``held_out_by_stack`` refits it)."""
     out: dict[str, set[str]] = {}
