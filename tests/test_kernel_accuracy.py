@@ -182,6 +182,27 @@ def test_fp8_steps_include_cast_overhead():
     assert dict(head.meta)["dtype"] == "bf16"  # FP8 recipes keep the LM head in BF16
 
 
+def test_per_token_activation_quant_is_one_kernel():
+    """A GEMM timed with vLLM's dynamic per-token activation quant (``cast_a``) carries one
+    cast kernel (row amax and cast in one pass: BF16 read, FP8 written), not the
+    current-scaling pair (amax pass, then cast-transpose) a ``cast`` row carries."""
+    from perfsim.calibration.kernel_fit import _cast_time
+    from perfsim.calibration.readers import KernelPoint
+
+    gpu = load_gpu("h100")
+    m, n, k = 128, 12288, 5376
+
+    def point(kernel):
+        return KernelPoint(kind="gemm", dtype="fp8", device="h100", time_s=30e-6, m=m, n=n, k=k,
+                           direction="fwd", kernel=kernel)
+
+    per_token = point("cast_a")
+    one = costs.elementwise_time(m * k * 3, gpu)  # one kernel: 2 B read + 1 B written per element
+    assert _cast_time(per_token, gpu) == pytest.approx(one)
+    assert _cast_time(per_token, gpu) < costs.fp8_cast_time(m * k, gpu)  # fewer launches and bytes
+    assert _cast_time(point("cast"), gpu) == pytest.approx(costs.fp8_cast_time(m * k, gpu) + costs.fp8_cast_time(k * n, gpu))
+
+
 @pytest.mark.parametrize("name", ["mi300x", "mi325x", "mi355x", "h100", "h200"])
 def test_fp8_expert_gemms_are_not_slower_than_bf16(name):
     """FP8 has twice BF16's peak: a shipped table must not price an MoE layer's expert

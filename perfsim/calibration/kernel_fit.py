@@ -53,15 +53,18 @@ def attention_bytes(p: KernelPoint) -> float:
 
 def _cast_time(p: KernelPoint, gpu: GpuSpec) -> float:
     """FP8 casts a measured FP8 GEMM included (``kernel`` column): ``cast`` = both BF16
-    inputs forward, the output gradient backward; ``cast_a`` = the activation only
-    (pre-quantized weights, as vLLM's "incl. act quant")."""
+    inputs forward, the output gradient backward, each a current-scaling cast (amax, then
+    cast-transpose); ``cast_a`` = the activation only, pre-quantized weights, as vLLM's
+    "incl. act quant": its dynamic per-token quantization, one kernel per call
+    (``costs.fp8_rowwise_cast_time``)."""
     if p.kernel not in ("cast", "cast_a"):
         return 0.0
     groups = p.batch if p.kind == "grouped_gemm" else 1
+    if p.kernel == "cast_a":
+        return costs.fp8_rowwise_cast_time(groups * p.m * p.k, gpu)
     if p.direction == "bwd":
         return costs.fp8_cast_time(groups * p.m * p.n, gpu)
-    weights = costs.fp8_cast_time(groups * p.k * p.n, gpu) if p.kernel == "cast" else 0.0
-    return costs.fp8_cast_time(groups * p.m * p.k, gpu) + weights
+    return costs.fp8_cast_time(groups * p.m * p.k, gpu) + costs.fp8_cast_time(groups * p.k * p.n, gpu)
 
 
 def predict_kernel(p: KernelPoint, gpu: GpuSpec) -> float:

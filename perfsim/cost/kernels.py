@@ -23,6 +23,7 @@ import numpy as np
 
 from perfsim.lowering.layers import fp8_cast_bytes
 from perfsim.lowering.ops import Gemm, Op, OpKind
+from perfsim.lowering.steps import fp8_rowwise_cast_bytes
 from perfsim.system.hardware import GpuSpec
 from perfsim.system.kernel_tables import DTYPE_BYTES, GemmEfficiency
 
@@ -237,6 +238,11 @@ def fp8_cast_time(elements: float, gpu: GpuSpec) -> float:
     """The two HBM-bound kernels (amax, cast-transpose) of one FP8 cast of a BF16 tensor
     (bytes from ``layers.fp8_cast_bytes``, the steps FP8 plans contain)."""
     return sum(elementwise_time(b, gpu) for b in fp8_cast_bytes(elements))
+
+
+def fp8_rowwise_cast_time(elements: float, gpu: GpuSpec) -> float:
+    """One dynamic per-token FP8 cast kernel of a BF16 activation (``steps.fp8_rowwise_cast_bytes``)."""
+    return elementwise_time(fp8_rowwise_cast_bytes(elements), gpu)
 
 
 def _gemm_op_time(op: Op, gpu: GpuSpec, dtype: str) -> float:

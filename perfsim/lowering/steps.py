@@ -41,6 +41,14 @@ def fp8_cast_bytes(elements: float) -> tuple[float, float]:
     return elements * ACT_BYTES, elements * (ACT_BYTES + 2 * FP8_BYTES)
 
 
+def fp8_rowwise_cast_bytes(elements: float) -> float:
+    """Bytes of a dynamic per-token (row-wise) FP8 cast of a BF16 activation: one kernel
+    that takes each row's amax and casts the row in the same pass (vLLM's
+    ``dynamic_per_token_scaled_fp8_quant``), reading BF16 once and writing FP8 once
+    (the per-row scales are negligible); no transpose (no wgrad reads it)."""
+    return elements * (ACT_BYTES + FP8_BYTES)
+
+
 def elementwise_step(name: str, num_bytes: float, category: str) -> Step:
     return Step(name=name, kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category=category, bytes=num_bytes)
 
