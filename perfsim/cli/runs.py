@@ -12,8 +12,6 @@ from perfsim.errors import ConfigError
 from perfsim.system.specio import check_finite_output, check_output, write_atomic
 from perfsim.system.stacks import load_stack, write_stack
 
-GROUPS = runs_mod.GROUPS
-
 
 def table(result: runs_mod.RunsValidation) -> list[str]:
     lines = [f"# perfsim validate --runs{' (' + result.label + ')' if result.label else ''}; "
@@ -22,7 +20,7 @@ def table(result: runs_mod.RunsValidation) -> list[str]:
     for r in result.results:
         lines.append(f"{r.case.id[:22]:<22} {r.stack[:16]:<16} {r.case.metric[:22]:<22} {r.case.measured:>10.4g} "
                      f"{r.predicted:>10.4g} {r.error_pct:>+8.1f} {'yes' if r.fits else 'NO':>5}")
-    for key in GROUPS:
+    for key in runs_mod.GROUPS:
         for group, err in result.by(key).items():
             lines.append(f"MAPE {err:6.1f}%  {key} {group}")
     lines.append(f"MAPE {result.mape:6.1f}%  overall ({len(result.results)} runs), median |error| "
@@ -116,7 +114,7 @@ def write_html(result: runs_mod.RunsValidation, path: str) -> Path:
     rows = "".join(f"<tr><td>{html.escape(r.case.id)}</td><td>{html.escape(r.stack)}</td><td>{r.case.measured:.4g}</td>"
                    f"<td>{r.predicted:.4g}</td><td>{r.error_pct:+.1f}</td><td>{html.escape(r.case.assumed)}</td></tr>"
                    for r in result.results)
-    groups = "".join(f"<li>{key} {html.escape(g)}: {m:.1f}%</li>" for key in GROUPS for g, m in result.by(key).items())
+    groups = "".join(f"<li>{key} {html.escape(g)}: {m:.1f}%</li>" for key in runs_mod.GROUPS for g, m in result.by(key).items())
     note = runs_mod.routing_note([r.case for r in result.results])
     body = (f"<h1>perfsim validate --runs</h1><p>{html.escape(result.label)}: MAPE {result.mape:.1f}% over "
             f"{len(result.results)} runs</p><ul>{groups}</ul>{f'<p>{html.escape(note)}</p>' if note else ''}"

@@ -21,9 +21,8 @@ import math
 
 import numpy as np
 
-from perfsim.lowering.layers import fp8_cast_bytes
 from perfsim.lowering.ops import Gemm, Op, OpKind
-from perfsim.lowering.steps import fp8_rowwise_cast_bytes
+from perfsim.lowering.steps import fp8_cast_bytes, fp8_rowwise_cast_bytes
 from perfsim.system.hardware import GpuSpec
 from perfsim.system.kernel_tables import DTYPE_BYTES, GemmEfficiency
 
