@@ -182,6 +182,14 @@ def test_unknown_key_names_file_and_key(tmp_path):
     assert str(path) in str(err.value) and "'turbo_mode'" in str(err.value)
 
 
+@pytest.mark.parametrize("bad", ["0.0", "1.2", "-0.5"])
+def test_split_accumulator_speed_outside_0_1_names_the_field(tmp_path, bad):
+    old = "fp8_split_accumulator_speed = 0.87"
+    path = write_variant(tmp_path, "gpu", "h100", old, f"fp8_split_accumulator_speed = {bad}")
+    with pytest.raises(ConfigError, match="fp8_split_accumulator_speed"):
+        load_gpu(path)
+
+
 def test_unknown_key_in_a_table_names_the_table(tmp_path):
     path = write_variant(tmp_path, "cluster", "h100-ib", 'routing = "ecmp_hash"', 'routing = "ecmp_hash"\nmtu = 4096')
     with pytest.raises(ConfigError) as err:

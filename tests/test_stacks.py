@@ -195,6 +195,7 @@ def test_plan_dict_round_trips_with_its_stack():
     ('name = "x"\n[fp8]\nweights_cast_once = 1\n', "weights_cast_once"),
     ('name = "x"\n[fp8]\nnorm_fused_cast = "on"\n', "norm_fused_cast"),
     ('name = "x"\n[fp8]\ndelayed_scaling = 0\n', "delayed_scaling"),
+    ('name = "x"\n[fp8]\nbackward_split_accumulator = "yes"\n', "backward_split_accumulator"),
     ('name = "x"\n[fusion]\nfused = ["layernorm"]\n', "layernorm"),
     ('name = "x"\n[overlap]\ntp_comm = "yes"\n', "tp_comm"),
     ('name = "x"\ncolour = "red"\n', "colour"),
@@ -417,3 +418,60 @@ def test_fp8_backward_casts_the_output_gradient_whatever_the_forward_fused():
             if fused and gemm in ("qkv", "mlp_up"):
                 expected += 2 * FP8_BYTES * tokens * inputs[gemm]
             assert bwd[f"{gemm}_fp8_cast_bwd"] == pytest.approx(expected), (stack, gemm)
+
+
+def _fp8_gemm_times(stack: str, gpu: str) -> dict[str, float]:
+    """Forward and backward times of one layer's FP8 GEMMs (Llama-3.1-8B, 4096 tokens) under ``stack`` on ``gpu``."""
+    from perfsim.cost.kernels import compute_time
+    from perfsim.estimators.analytic import _ops
+    from perfsim.lowering.layers import LayerBuilder, backward
+    from perfsim.lowering.ops import OpKind
+    from perfsim.system.hardware import load_gpu
+
+    plan = ParallelPlan(tp=1, dp=1, mbs=1, gbs=1, seq=4096, dtype="fp8", stack=load_stack(stack))
+    b = LayerBuilder(api.load_model("llama3.1-8b"), plan)
+    fwd = b.attention_forward() + b.mlp_forward()
+    g = load_gpu(gpu)
+    return {op.name: compute_time(op, g, "fp8") for op in _ops(fwd + backward(fwd), 0) if op.kind is OpKind.GEMM}
+
+
+def test_te_backward_fp8_gemms_run_at_the_split_accumulator_speed_on_hopper():
+    """Transformer Engine runs dgrad and wgrad with a split accumulator and the forward GEMM
+    with the fast one (_2X_ACC_DGRAD / _2X_ACC_WGRAD = True, _2X_ACC_FPROP = False): on
+    H100 the backward FP8 GEMMs take 1 / fp8_split_accumulator_speed longer than under a
+    stack without it, the forward ones are unchanged; on MI300X (FP32 accumulators) nothing moves."""
+    from perfsim.system.hardware import load_gpu
+
+    speed = load_gpu("h100").fp8_split_accumulator_speed
+    assert 0 < speed < 1 and load_gpu("mi300x").fp8_split_accumulator_speed == 1.0
+    assert load_stack("nemo").fp8.backward_split_accumulator and not load_stack("ideal").fp8.backward_split_accumulator
+    nemo = load_stack("nemo")
+    fast = dataclasses.replace(nemo, fp8=dataclasses.replace(nemo.fp8, backward_split_accumulator=False))
+    split, plain = _fp8_gemm_times("nemo", "h100"), _fp8_gemm_times(fast, "h100")
+    assert split.keys() == plain.keys()
+    backward_names = [n for n in split if n.endswith(("_bwd", "_wgrad"))]
+    assert backward_names and len(backward_names) < len(split)
+    for name in split:
+        ratio = 1 / speed if name in backward_names else 1.0
+        assert split[name] == pytest.approx(plain[name] * ratio, rel=1e-9), name
+    assert _fp8_gemm_times("nemo", "mi300x") == pytest.approx(_fp8_gemm_times(fast, "mi300x"), rel=1e-12)
+
+
+def test_split_accumulator_slows_an_fp8_step_on_hopper_only_in_its_backward_gemms():
+    """End to end: an FP8 Llama step on H100 under nemo is slower than the same stack with
+    fast accumulation everywhere, by less than the whole GEMM time would give; a BF16 step
+    does not move at all (the split accumulator is an FP8 matter)."""
+    nemo = load_stack("nemo")
+    fast = dataclasses.replace(nemo, fp8=dataclasses.replace(nemo.fp8, backward_split_accumulator=False))
+    knobs = dict(nodes=1, tp=1, pp=1, mbs=1, gbs=8, seq=4096, estimator="analytic", check_memory=False)
+    split = api.simulate("llama3.1-8b", "h100-ib", dtype="fp8", stack=nemo, **knobs)
+    plain = api.simulate("llama3.1-8b", "h100-ib", dtype="fp8", stack=fast, **knobs)
+    from perfsim.system.hardware import load_gpu
+
+    stretch = 1 / load_gpu("h100").fp8_split_accumulator_speed - 1
+    for k in ("mlp", "attention_proj"):  # dgrad + wgrad are about 2/3 of a linear layer's GEMM time
+        extra = split.breakdown[k] - plain.breakdown[k]
+        assert 0.5 * stretch * plain.breakdown[k] < extra < stretch * plain.breakdown[k], k
+    assert split.breakdown["attention_core"] == pytest.approx(plain.breakdown["attention_core"])
+    bf16 = [api.simulate("llama3.1-8b", "h100-ib", dtype="bf16", stack=s, **knobs).step_time_s for s in (nemo, fast)]
+    assert bf16[0] == pytest.approx(bf16[1], rel=1e-12)

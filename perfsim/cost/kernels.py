@@ -28,7 +28,7 @@ from perfsim.system.kernel_tables import DTYPE_BYTES, GemmEfficiency
 
 GFLOP = 1e9
 MBYTE = 1e6
-PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal", "host_s", "kernel_speed", "batched")  # op.meta keys compute_time reads
+PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal", "host_s", "kernel_speed", "batched", "split_acc")  # op.meta keys compute_time reads
 # the macro tile, its N side halved, its M side down to 1/8 (skinny-M kernels: 16- and
 # 32-row MFMA/WGMMA tiles for small token counts); the library picks the least padded
 _TILE_SPLITS = tuple((dm, dn) for dm in (1, 2, 4, 8) for dn in (1, 2))
@@ -244,13 +244,19 @@ def fp8_rowwise_cast_time(elements: float, gpu: GpuSpec) -> float:
     return elementwise_time(fp8_rowwise_cast_bytes(elements), gpu)
 
 
+def _accumulator_speed(op: Op, gpu: GpuSpec, dtype: str) -> float:
+    """A backward FP8 GEMM the stack runs with a split accumulator (``meta['split_acc']``)
+    at the GPU's speed for it; every other GEMM at the table's."""
+    return gpu.fp8_split_accumulator_speed if dtype == "fp8" and op.meta.get("split_acc") else 1.0
+
+
 def _gemm_op_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
     part = op.meta.get("grad")
     if part is None:
         return gemm_time(op.gemm, gpu, dtype)
     single = Gemm(m=op.gemm.m, n=op.gemm.n, k=op.gemm.k)
     return gemm_backward_time(single, gpu, dtype, part) * (op.gemm.batch if part == "both" else 1) / (
-        2 if part == "both" else 1)
+        2 if part == "both" else 1) / _accumulator_speed(op, gpu, dtype)
 
 
 def _grouped_op_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
@@ -258,7 +264,7 @@ def _grouped_op_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
     if part is None:
         return grouped_gemm_time(op.grouped, op.gemm.n, op.gemm.k, gpu, dtype, batched=batched) * op.gemm.batch
     both = grouped_gemm_time(op.grouped, op.gemm.n, op.gemm.k, gpu, dtype, backward=True, batched=batched)
-    return both if part == "both" else both / 2
+    return (both if part == "both" else both / 2) / _accumulator_speed(op, gpu, dtype)
 
 
 def compute_time(op: Op, gpu: GpuSpec, dtype: str) -> float:

@@ -69,6 +69,8 @@ class LayerBuilder(StackSteps):
                            meta=step.meta + (("backward_bytes", backward_size),))
 
         steps = [] if fp8.delayed_scaling else [cast_step("fp8_amax", amax, grad_amax)]
+        if fp8.backward_split_accumulator:  # its dgrad and wgrad (the backward copies keep the meta)
+            step = replace(step, meta=step.meta + (("split_acc", True),))
         return steps + [cast_step("fp8_cast", cast, grad_cast), step]
 
     def _tp_enter(self, name: str) -> list[Step]:

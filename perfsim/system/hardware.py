@@ -77,6 +77,12 @@ class GpuSpec:
     grouped_gemm: dict[str, GroupedGemmEfficiency] = field(default_factory=dict)  # per input dtype
     clock_source: str = "assumed"  # where clock_under_load_MHz comes from
     kernel_launch_source: str = "assumed"  # where kernel_launch_us comes from
+    # speed of an FP8 GEMM run with a split (periodically promoted, full-precision)
+    # accumulator against the fast-accumulation kernels the FP8 table was fitted on; the
+    # FP8 training recipes run dgrad and wgrad that way (``stack.fp8.backward_split_accumulator``).
+    # 1: the GPU's FP8 matrix instructions accumulate at full precision already (no fast mode)
+    fp8_split_accumulator_speed: float = 1.0
+    fp8_split_accumulator_source: str = "assumed"
     # memory-bound LLM kernels (norms, rotary, activations, casts, router, permutes, loss):
     # achieved fraction of peak HBM bandwidth vs bytes, fitted to measured kernels; None =
     # priced as the streaming copy (``hbm``)
@@ -93,6 +99,9 @@ class GpuSpec:
         )
         if self.kernel_launch_us < 0:
             raise ConfigError(f"gpu.kernel_launch_us must be >= 0, got {self.kernel_launch_us!r}")
+        if not 0 < self.fp8_split_accumulator_speed <= 1:
+            raise ConfigError("gpu.fp8_split_accumulator_speed must be in (0, 1] (a split accumulator is never "
+                              f"faster than the fast one), got {self.fp8_split_accumulator_speed!r}")
         for dtype, tflops in self.peak_tflops.items():
             if dtype not in DTYPES:
                 raise ConfigError(f"gpu.peak_tflops: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")

@@ -140,7 +140,9 @@ def table_provenance(gpu) -> list[tuple[str, str, str]]:
         rows.append(("grouped_gemm", "assumed", "no grouped-kernel table fitted for this GPU: each expert is "
                      "priced as a dense GEMM of its tokens at the gemm table's efficiency"))
     return rows + [("clock_under_load", _status(gpu.clock_source), f"{gpu.clock_under_load_MHz} MHz: {gpu.clock_source}"),
-                   ("kernel_launch", _status(gpu.kernel_launch_source), f"{gpu.kernel_launch_us} us: {gpu.kernel_launch_source}")]
+                   ("kernel_launch", _status(gpu.kernel_launch_source), f"{gpu.kernel_launch_us} us: {gpu.kernel_launch_source}"),
+                   ("fp8_split_accumulator", _status(gpu.fp8_split_accumulator_source),
+                    f"speed {gpu.fp8_split_accumulator_speed}: {gpu.fp8_split_accumulator_source}")]
 
 
 def _status(source: str) -> str:

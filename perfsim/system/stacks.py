@@ -113,12 +113,17 @@ class Fp8Recipe:
     # tensor's amax as it casts, so no amax pass reads the tensor first; false: current
     # (per-tensor dynamic) scaling, an amax pass before every cast
     delayed_scaling: bool = False
+    # dgrad and wgrad GEMMs with a split (full-precision) accumulator, the forward GEMM with
+    # the fast one (Transformer Engine's _2X_ACC_DGRAD / _2X_ACC_WGRAD, torchao's and XLA's
+    # FP8 backward): priced at the GPU's ``fp8_split_accumulator_speed``; false: every FP8
+    # GEMM at the table's (fast-accumulation) speed
+    backward_split_accumulator: bool = False
     source: str = "assumed"
 
     def __post_init__(self):
         _non_negative("fp8", cast_bytes_factor=self.cast_bytes_factor)
         _boolean("fp8", weights_cast_once=self.weights_cast_once, norm_fused_cast=self.norm_fused_cast,
-                 delayed_scaling=self.delayed_scaling)
+                 delayed_scaling=self.delayed_scaling, backward_split_accumulator=self.backward_split_accumulator)
 
 
 @dataclass(frozen=True, kw_only=True)
