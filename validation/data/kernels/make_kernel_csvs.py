@@ -246,6 +246,49 @@ def memory_rows(path: Path) -> list[dict]:
     return out
 
 
+PUBLIC = HERE / "public"  # public measurements found outside ../shared, copied here with their source
+LIGER_SOURCE = ("https://github.com/linkedin/Liger-Kernel/blob/3534d4461ca89319e29c890c1a4c20cb2a615d5f/"
+                "benchmark/data/h100_all_benchmark_data.csv")
+# H100 NVL (94 GB HBM3, 3.9 TB/s) and the h100 profile's H100 SXM5 (80 GB, 3.35 TB/s) are the
+# same GH100 die; a row is carried to SXM5 at the same fraction of peak HBM bandwidth
+# (time x 3.9 / 3.35): derived, as the notes say.
+NVL_TO_SXM = 3.9 / 3.35
+LIGER_KERNELS = {"rms_norm": "rmsnorm", "layer_norm": "layernorm", "rope": "rotary"}
+
+
+def liger_bytes(kernel: str, x_name: str, x: int, cfg: dict) -> float:
+    """HBM bytes of one Liger benchmark forward call (benchmark/scripts/benchmark_<kernel>.py shapes)."""
+    if kernel == "rms_norm":  # x [M, H] in, y out, bf16 (weight ignored, as the other rmsnorm rows count)
+        return 2 * cfg["M"] * x * 2
+    if kernel == "layer_norm":  # x [M, N] in, y out, fp32
+        return 2 * cfg["M"] * x * 4
+    hidden = cfg.get("hidden_size", x if x_name == "H" else None)  # rope: q [T, 32, H/32] and k [T, 8, H/32] in and out
+    seq = cfg.get("seq_len", x if x_name == "T" else None)
+    heads = cfg["num_q_heads"] + cfg["num_kv_heads"]
+    return 2 * seq * heads * (hidden // cfg["num_q_heads"]) * 2
+
+
+def liger_rows(path: Path) -> list[dict]:
+    """Liger-Kernel's published H100 NVL forward timings of its memory-bound kernels (the
+    liger and torch.compile providers; the Hugging Face eager baseline runs several kernels
+    per call, as the pytorch-eager rows dropped above), carried to the h100 profile."""
+    import json
+
+    out = []
+    for r in csv.DictReader(open(path)):
+        if r["kernel_operation_mode"] != "forward" or r["metric_name"] != "speed" or r["kernel_provider"] == "huggingface":
+            continue
+        cfg, x = json.loads(r["extra_benchmark_config_str"]), int(r["x_value"])
+        moved = liger_bytes(r["kernel_name"], r["x_name"], x, cfg)
+        series = f"liger_h100nvl_{r['kernel_name']}_{r['kernel_provider']}"
+        library = (f"Liger-Kernel {r['liger_version']} {r['kernel_name']} ({r['kernel_provider']}); {r['gpu_name']}; "
+                   f"derived: time x 3.9/3.35 TB/s (H100 NVL -> SXM5 at the same fraction of peak HBM bandwidth)")
+        time_us = float(r["y_value_50"]) * 1e3 * NVL_TO_SXM
+        out.append(_row("memory", "", "h100", series, LIGER_SOURCE, library, bytes=f"{moved:.6g}",
+                        kernel=LIGER_KERNELS[r["kernel_name"]], time_us=f"{time_us:.6g}"))
+    return out
+
+
 def drop_fallbacks(rows: list[dict]) -> tuple[list[dict], list[str]]:
     """An FP8 series slower than the same family's BF16 rows on the same shapes (same GPU,
     kernel class, direction; median time ratio over at least ``MIN_MATCHED`` shapes) times
@@ -374,7 +417,8 @@ def main(shared: Path) -> None:
                                  + grouped_rows(kernels / "grouped_gemm.csv"))
     for note in notes:
         print(f"dropped as a fallback path: {note}")
-    rows = cap(fastest(rows + attention_rows(kernels / "attention.csv") + memory_rows(kernels / "membound.csv")))
+    rows = cap(fastest(rows + attention_rows(kernels / "attention.csv") + memory_rows(kernels / "membound.csv")
+                       + liger_rows(PUBLIC / "liger_h100nvl.csv")))
     fit, check = split(rows)
     fit, check = thin(fit), thin(check)
     for gpu in sorted({r["device"] for r in rows}):
