@@ -45,6 +45,7 @@ DEFAULT = {
         # --dispatch-fp8: FP8 (+ scales) in the dispatch direction; only under dtype fp8, on an MoE model
         "dispatch_fp8": False,
         "clip_grad": True,  # --no-clip-grad turns the gradient clip off
+        "real_data": False,  # --real-data: the stack's input pipeline cost per step ([data])
     },
     "model_edit": {},  # ModelSpec fields changed on the Plan page (from the preset's values)
     "hardware_edit": {},  # GPU / link / NIC numbers changed on the Plan page (editing.HARDWARE_FIELDS)
@@ -137,7 +138,8 @@ def fidelity_knobs(inputs: dict) -> dict:
             "comm_compute_interference": float(f["overlap_cu_share"]), "dma_offload": bool(f["dma_offload"]),
             "grad_bucket_bytes": int(float(f["grad_bucket_mb"]) * 1e6),
             "first_stage_layers": int(f["first_stage_layers"]), "last_stage_layers": int(f["last_stage_layers"]),
-            "recompute_layers": int(f["recompute_layers"]), "clip_grad": bool(f["clip_grad"])}
+            "recompute_layers": int(f["recompute_layers"]), "clip_grad": bool(f["clip_grad"]),
+            "real_data": bool(f["real_data"])}
 
 
 def variability_spec(inputs: dict) -> VariabilitySpec:
@@ -225,8 +227,10 @@ def simulate(inputs: dict):
 def search_switches(inputs: dict, model) -> dict:
     """The Plan page's plan switches a search applies to every plan (perfsim.search's
     ``plan_knobs``): gradient clip, the overlap choices the user set (unset: the stack's
-    policy) and FP8 dispatch where it applies to ``model``."""
-    knobs = {k: v for k, v in fidelity_knobs(inputs).items() if k in PLAN_SWITCHES}
+    policy), real data where chosen and FP8 dispatch where it applies to ``model``."""
+    knobs = {k: v for k, v in fidelity_knobs(inputs).items() if k in PLAN_SWITCHES and k != "real_data"}
+    if fidelity_knobs(inputs)["real_data"]:
+        knobs["real_data"] = True
     if dispatch_fp8_choice(inputs, model):
         knobs["dispatch_fp8"] = True
     return knobs

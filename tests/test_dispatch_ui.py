@@ -240,6 +240,24 @@ def test_clip_gradients_toggle_reaches_the_plan():
     assert planner_inputs.simulate(at.session_state["inputs"]).plan["clip_grad"] is False
 
 
+def test_real_data_toggle_reaches_the_plan_and_the_search():
+    """The Plan page's Real data toggle sets plan.real_data (the stack's input pipeline
+    cost, `--real-data`); the Search page carries it only when on."""
+    at = start({"model": "llama3.1-8b", "estimator": "analytic", "stack": "maxtext"})
+    toggle = at.toggle(key="w.real_data")
+    assert toggle.label == "Real data" and toggle.value is False
+    before = planner_inputs.simulate(at.session_state["inputs"])
+    assert before.plan["real_data"] is False and "real_data" not in planner_inputs.search_switches(
+        at.session_state["inputs"], planner_inputs.model_spec(at.session_state["inputs"]))
+    toggle.set_value(True).run()
+    ok(at)
+    inputs = at.session_state["inputs"]
+    after = planner_inputs.simulate(inputs)
+    assert after.plan["real_data"] is True and after.breakdown["data"] > 0
+    assert after.step_time_s > before.step_time_s
+    assert planner_inputs.search_switches(inputs, planner_inputs.model_spec(inputs))["real_data"] is True
+
+
 def test_search_page_runs_under_the_plan_pages_dtype_stack_and_switches():
     """The Search page searches the plans the Plan page would price: its dtype, software
     stack, gradient clip and FP8 dispatch (perfsim.search plan_knobs), and says so."""

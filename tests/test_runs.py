@@ -253,10 +253,15 @@ def test_default_free_parameters_follow_the_dispatch_paths_the_runs_use():
     cases = read_runs(RUNS)
     maxtext = [c for c in cases if c.stack == "maxtext"]
     # MaxText's padded experts are batched dense GEMMs (mask_einsum): the kernels' speed covers them
-    assert params_for(maxtext) == ("kernels.speed", "moe.dropless_speed")
-    assert params_for([c for c in maxtext if c.capacity_factor == 0]) == ("kernels.speed", "moe.dropless_speed")
-    assert params_for([c for c in maxtext if c.capacity_factor]) == DEFAULT_PARAMS
-    assert params_for([c for c in cases if c.family == "dense"]) == DEFAULT_PARAMS
+    # MaxText's real-data (C4) rows beside its synthetic ones add the input pipeline's cost
+    assert params_for(maxtext) == ("kernels.speed", "moe.dropless_speed", "data.host_s_per_mtoken")
+    synthetic = [c for c in maxtext if c.data != "real"]
+    assert params_for(synthetic) == ("kernels.speed", "moe.dropless_speed")
+    assert params_for([c for c in synthetic if c.capacity_factor == 0]) == ("kernels.speed", "moe.dropless_speed")
+    assert params_for([c for c in synthetic if c.capacity_factor]) == DEFAULT_PARAMS
+    assert params_for([c for c in cases if c.family == "dense" and c.data != "real"]) == DEFAULT_PARAMS
+    nemo = [c for c in cases if c.stack == "nemo"]  # MLPerf (real) and NeMo (unstated): no synthetic run to tell apart
+    assert params_for(nemo) == DEFAULT_PARAMS
 
 
 def test_maxtext_runs_that_ran_on_deepseek_v3_are_predicted_to_fit():
@@ -341,3 +346,65 @@ def test_accuracy_splits_by_data_kind(tmp_path, capsys):
     assert set(result.to_dict()["mape_by_data_pct"]) == {"real", "synthetic", "-"}
     assert main(["validate", "--runs", str(path)]) == 0
     assert "data synthetic" in capsys.readouterr().out
+
+
+DATA_HEADER = HEADER + ",data"
+
+
+def _data_rows(kind: str, source: str) -> list[str]:
+    return [f"{r},{kind}" for r in dense_rows(source=source)[:2]]
+
+
+def test_a_real_data_run_is_priced_through_the_stacks_input_pipeline(tmp_path):
+    """``data`` = real sets plan.real_data: under a stack whose input pipeline costs
+    something the run is slower by the global batch's tokens per GPU times the rate;
+    synthetic and unstated runs pay nothing."""
+    path = tmp_path / "runs.csv"
+    rows = [r.replace(",ideal,", ",maxtext,") for r in _data_rows("real", "a") + _data_rows("synthetic", "b")]
+    path.write_text("\n".join([DATA_HEADER, *rows]) + "\n")
+    real, _, synthetic, _ = read_runs(path)
+    assert dict(real.knobs)["real_data"] is True and "real_data" not in dict(synthetic.knobs)
+    stack = load_stack("maxtext").with_values(**{"data.host_s_per_mtoken": 100.0})
+    none = stack.with_values(**{"data.host_s_per_mtoken": 0.0})
+    slow, fast = predict(real, stack), predict(real, none)
+    knobs = dict(real.knobs)
+    tokens_per_gpu = knobs["gbs"] * knobs["seq"] / 8  # one node of 8 GPUs
+    step_fast = knobs["gbs"] * knobs["seq"] / 8 / fast.predicted  # tokens_per_s_per_gpu -> step seconds
+    step_slow = knobs["gbs"] * knobs["seq"] / 8 / slow.predicted
+    assert step_slow - step_fast == pytest.approx(tokens_per_gpu / 1e6 * 100.0, rel=1e-6)
+    assert predict(synthetic, stack).predicted == pytest.approx(predict(synthetic, none).predicted, rel=1e-12)
+
+
+@pytest.mark.parametrize("value", ["mixed", "REAL", "c4"])
+def test_a_bad_data_kind_names_the_row_and_column(tmp_path, value):
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([DATA_HEADER, f"{dense_rows()[0]},{value}"]) + "\n")
+    with pytest.raises(ConfigError, match="runs.csv:2.*data"):
+        read_runs(path)
+
+
+def test_held_out_input_pipeline_cost_is_the_assumed_prior_where_no_other_source_read_real_data(tmp_path, monkeypatch):
+    """Leave one source out: a fold left with one data kind cannot identify the input
+    pipeline's cost, so it starts from (and keeps) the assumed 0 rather than the shipped
+    fit, and fits only the parameters its runs inform; a fold with both kinds fits it."""
+    import perfsim.design.runs_fit as runs_fit
+
+    path = tmp_path / "runs.csv"
+    rows = [r.replace(",ideal,", ",maxtext,") for r in _data_rows("real", "a") + _data_rows("synthetic", "b")
+            + [f"{r},synthetic" for r in dense_rows(source="c")[2:]]]
+    path.write_text("\n".join([DATA_HEADER, *rows]) + "\n")
+    cases = read_runs(path)
+    seen = []
+    real_fit = runs_fit.fit_stack
+
+    def spy(rest, base, params=None):
+        seen.append(({c.source_id for c in rest}, tuple(params), base.data.host_s_per_mtoken))
+        return real_fit(rest, base, params)
+
+    monkeypatch.setattr(runs_fit, "fit_stack", spy)
+    shipped = load_stack("maxtext").with_values(**{"data.host_s_per_mtoken": 500.0})
+    runs_fit.leave_one_out(list(cases), shipped, ("kernels.speed", "data.host_s_per_mtoken"))
+    folds = {frozenset(src): (params, start) for src, params, start in seen}
+    assert folds[frozenset({"b", "c"})] == (("kernels.speed",), 0.0)  # the real-data source held out: the prior
+    assert folds[frozenset({"a", "c"})] == (("kernels.speed", "data.host_s_per_mtoken"), 500.0)
+    assert folds[frozenset({"a", "b"})] == (("kernels.speed", "data.host_s_per_mtoken"), 500.0)

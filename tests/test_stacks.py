@@ -196,6 +196,8 @@ def test_plan_dict_round_trips_with_its_stack():
     ('name = "x"\n[fp8]\nnorm_fused_cast = "on"\n', "norm_fused_cast"),
     ('name = "x"\n[fp8]\ndelayed_scaling = 0\n', "delayed_scaling"),
     ('name = "x"\n[fp8]\nbackward_split_accumulator = "yes"\n', "backward_split_accumulator"),
+    ('name = "x"\n[data]\nhost_s_per_mtoken = -1\n', "host_s_per_mtoken"),
+    ('name = "x"\n[data]\nloader = "grain"\n', "loader"),
     ('name = "x"\n[fusion]\nfused = ["layernorm"]\n', "layernorm"),
     ('name = "x"\n[overlap]\ntp_comm = "yes"\n', "tp_comm"),
     ('name = "x"\ncolour = "red"\n', "colour"),
@@ -475,3 +477,36 @@ def test_split_accumulator_slows_an_fp8_step_on_hopper_only_in_its_backward_gemm
     assert split.breakdown["attention_core"] == pytest.approx(plain.breakdown["attention_core"])
     bf16 = [api.simulate("llama3.1-8b", "h100-ib", dtype="bf16", stack=s, **knobs).step_time_s for s in (nemo, fast)]
     assert bf16[0] == pytest.approx(bf16[1], rel=1e-12)
+
+
+@pytest.mark.parametrize("estimator", ["analytic", "des"])
+def test_real_data_adds_the_stacks_input_pipeline_time_per_step(estimator):
+    """plan.real_data: the stack's [data] host_s_per_mtoken times the global batch's
+    tokens per GPU (here 8 x 4096 over 8 GPUs), once per step, in both estimators and in
+    the breakdown as `data`; synthetic data and a stack whose pipeline costs nothing add none."""
+    stack = load_stack("maxtext").with_values(**{"data.host_s_per_mtoken": 100.0})
+    knobs = dict(nodes=1, tp=1, pp=1, mbs=1, gbs=8, seq=4096, estimator=estimator, check_memory=False)
+    synthetic = api.simulate("llama3.1-8b", "mi300x-pollara", stack=stack, **knobs)
+    real = api.simulate("llama3.1-8b", "mi300x-pollara", stack=stack, real_data=True, **knobs)
+    expected = 8 * 4096 / 8 / 1e6 * 100.0
+    assert real.step_time_s - synthetic.step_time_s == pytest.approx(expected, rel=1e-6)
+    assert real.breakdown["data"] == pytest.approx(expected, rel=1e-6) and "data" not in synthetic.breakdown
+    free = api.simulate("llama3.1-8b", "mi300x-pollara", stack="ideal", real_data=True, **knobs)
+    assert free.step_time_s == pytest.approx(
+        api.simulate("llama3.1-8b", "mi300x-pollara", stack="ideal", **knobs).step_time_s, rel=1e-12)
+
+
+def test_only_maxtext_ships_an_input_pipeline_cost():
+    for name in list_stacks():
+        rate = load_stack(name).data.host_s_per_mtoken
+        assert (rate > 0) == (name == "maxtext"), name
+
+
+def test_cli_real_data_flag_reports_the_input_pipeline(capsys):
+    args = ["simulate", "--model", "llama3.1-8b", "--cluster", "mi300x-pollara", "--nodes", "1", "--gbs", "8",
+            "--seq", "4096", "--stack", "maxtext", "--allow-oom"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main(args + ["--real-data"]) == 0
+    real = capsys.readouterr().out
+    assert "real_data=True" in real and " data " in real and " data " not in plain

@@ -146,6 +146,9 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     fidelity["clip_grad"] = f[1].toggle("Clip gradients", key=common.seed("clip_grad", fidelity.get("clip_grad", True)),
                                         help="gradient clipping by global norm before the optimizer step "
                                              "(off = --no-clip-grad)")
+    fidelity["real_data"] = f[1].toggle("Real data", key=common.seed("real_data", fidelity.get("real_data", False)),
+                                        help="--real-data: the stack's input pipeline adds its unhidden host time "
+                                             "per step ([data] host_s_per_mtoken; 0 in every shipped stack but maxtext)")
     fidelity["overlap_cu_share"] = f[1].number_input("Overlap CU share", min_value=0.0, max_value=0.95, step=0.05,
                                                      key=common.seed("overlap_cu_share", fidelity["overlap_cu_share"]),
                                                      help="--overlap-cu-share: compute lost while comm overlaps it")

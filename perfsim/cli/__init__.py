@@ -49,6 +49,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-clip-grad", action="store_true",
                    help="no gradient clipping (default: clip by global norm, as Megatron --clip-grad 1.0 and MaxText do: "
                         "a norm + scale pass over the gradient shard and, under ZeRO, a scalar all-reduce before the optimizer step)")
+    p.add_argument("--real-data", action="store_true",
+                   help="the run reads real data: the stack's input pipeline adds its unhidden host time per step "
+                        "([data] host_s_per_mtoken; 0 in every shipped stack but maxtext); default: synthetic data, none")
     p.add_argument("--grad-bucket-size", type=a.size(1), default=None,
                    help="gradient bucket in bytes (e.g. 80M; default 40M bf16 params)")
     p.add_argument("--overlap-cu-share", type=a.FRACTION_BELOW_ONE, default=None,

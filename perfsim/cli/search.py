@@ -72,6 +72,8 @@ def add_command(sub) -> None:
     p.add_argument("--no-param-prefetch", action="store_true",
                    help="every plan: ZeRO parameter all-gathers not prefetched (as simulate --no-param-prefetch)")
     p.add_argument("--no-clip-grad", action="store_true", help="every plan: no gradient clipping (as simulate --no-clip-grad)")
+    p.add_argument("--real-data", action="store_true",
+                   help="every plan: real data through the stack's input pipeline (as simulate --real-data)")
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="every MoE plan: FP8 dispatch (needs --dtype fp8; as simulate --dispatch-fp8)")
     p.add_argument("--objective", default="time", choices=["time", "cost"], help="minimize step time or $/token")

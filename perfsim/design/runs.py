@@ -30,6 +30,7 @@ OPTIONAL = (*INT_KNOBS, *STR_KNOBS, "capacity_factor", "routing", "family", "dat
 GROUPS = ("stack", "family", "scale", "source_id", "data")  # the splits accuracy is reported by
 METRICS = ("tokens_per_s_per_gpu", "tokens_per_s", "samples_per_s", "step_time_s")
 MAX_RUNS = 10_000  # input bound: rows one runs file may hold
+DATA_KINDS = ("", "synthetic", "real")  # what the run read (empty: the source does not say; priced as synthetic)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,6 +147,11 @@ def _case(row: dict, where: str, folder: Path) -> RunCase:
     measured = _float(row, "measured", where)
     if not measured > 0:
         raise ConfigError(f"{where}: measured: must be > 0, got {row['measured']!r}")
+    data = (row.get("data") or "").strip()
+    if data not in DATA_KINDS:
+        raise ConfigError(f"{where}: data: {data!r} is not one of synthetic, real (or empty: not stated)")
+    if data == "real":  # priced through the stack's input pipeline (plan.real_data)
+        knobs["real_data"] = True
     factor = _float(row, "capacity_factor", where) if (row.get("capacity_factor") or "").strip() else None
     peak = _float(row, "measured_peak_GB", where) * 1e9 if (row.get("measured_peak_GB") or "").strip() else None
     routing = _routing(row, where, folder)
@@ -162,7 +168,7 @@ def _case(row: dict, where: str, folder: Path) -> RunCase:
                    stack=stack, model=model, cluster=row["cluster"].strip(),
                    nodes=_int(row, "nodes", where), knobs=tuple(sorted(knobs.items())), capacity_factor=factor,
                    metric=row["metric"], measured=measured, family=(row.get("family") or "").strip(),
-                   data=(row.get("data") or "").strip(), assumed=(row.get("assumed") or "").strip(),
+                   data=data, assumed=(row.get("assumed") or "").strip(),
                    measured_peak_bytes=peak, routing=routing)
 
 

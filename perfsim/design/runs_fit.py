@@ -30,7 +30,13 @@ BOUNDS = {
     "moe.host_sync_us": (0.0, 5_000.0),
     "moe.padded_speed": (0.2, 2.0),
     "moe.dropless_speed": (0.2, 2.0),
+    # more than 2000 s per million tokens per GPU (under 500 tokens/s per GPU) would be a
+    # stalled pipeline, not a cost of the step
+    "data.host_s_per_mtoken": (0.0, 2000.0),
 }
+# where no run informs a parameter (the input pipeline without a real-data run), a fit
+# holding those runs out sets it to the profile's assumed value, not the shipped fit
+PRIORS = {"data.host_s_per_mtoken": 0.0}
 # the default where the runs are dense: one parameter, identified by every run. MoE runs
 # also fit the routed-expert kernels' speed of each dispatch path with its own kernels
 # (``params_for``); a per-layer overhead fitted beside them runs to its bound on the
@@ -69,7 +75,8 @@ def params_for(cases) -> tuple[str, ...]:
     GEMMs and attention set, plus the routed-expert speed of each MoE dispatch path with
     kernels of its own (dropless grouped GEMMs; padded to capacity unless the stack runs
     the padded experts as batched dense GEMMs, ``moe.mask_einsum``, which are the dense
-    kernels the speed already covers: the two would be one parameter fitted twice)."""
+    kernels the speed already covers: the two would be one parameter fitted twice), plus
+    the input pipeline's cost where runs on real and on synthetic data are both present."""
     paths = set()
     for c in cases:
         if not api.load_model(c.model).is_moe:
@@ -78,7 +85,18 @@ def params_for(cases) -> tuple[str, ...]:
         pads = stack.moe.dispatch is Dispatch.CAPACITY and (c.capacity_factor or 0) > 0
         if not (pads and stack.moe.mask_einsum):
             paths.add("moe.padded_speed" if pads else "moe.dropless_speed")
-    return (*DEFAULT_PARAMS, *sorted(paths, reverse=True))
+    data = ("data.host_s_per_mtoken",) if identified("data.host_s_per_mtoken", cases) else ()
+    return (*DEFAULT_PARAMS, *sorted(paths, reverse=True), *data)
+
+
+def identified(param: str, cases) -> bool:
+    """Whether ``cases`` inform ``param``. The input pipeline's cost: only runs on real data
+    beside runs on synthetic data (stated as such) tell it apart from the kernels' speed,
+    which stretches both alike."""
+    if param != "data.host_s_per_mtoken":
+        return True
+    kinds = {c.data for c in cases}
+    return {"real", "synthetic"} <= kinds
 
 
 def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None) -> StackFit:
@@ -119,7 +137,10 @@ def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> R
         rest = [c for c in cases if c not in held]
         if not rest:
             continue
-        fitted = fit_stack(rest, base, params).stack
+        fold = [p for p in params if identified(p, rest)]
+        start = load_stack(base).with_values(**{p: PRIORS.get(p, _current(load_stack(base), p))
+                                                for p in params if p not in fold})
+        fitted = fit_stack(rest, start, fold).stack
         stacks.update({c.id: fitted for c in held})
     label = "leave-one-source-out" if by_source else "leave-one-run-out (one source)"
     kept = [c for c in cases if c.id in stacks]

@@ -29,7 +29,7 @@ from perfsim.cost.collectives import collective_cost, local_peers
 from perfsim.cost.pricing import placement_key, price
 from perfsim.estimators.overlap import Window, add_links, background_rate, drain_s, queue_drain_s, window_s
 from perfsim.estimators.pipeline import PassCost, StageCosts, Walked, walk as walk_pipeline
-from perfsim.lowering.graph import OpGraph, block_passes, optimizer_steps
+from perfsim.lowering.graph import OpGraph, block_passes, input_seconds, optimizer_steps
 from perfsim.lowering.layers import LayerBuilder, Step
 from perfsim.lowering.ops import Coll, Op, OpKind, Stream
 from perfsim.model.spec import ModelSpec
@@ -447,7 +447,8 @@ class ClosedForm:
                *placement_key(plan))
 
         def make():
-            graph = OpGraph(model=self.model, plan=plan, ops=_ops(optimizer_steps(self.model, plan, stage), 0))
+            graph = OpGraph(model=self.model, plan=plan,
+                            ops=_ops(optimizer_steps(self.model, plan, stage, with_input=False), 0))
             shared = self._memo.setdefault(("prices", placement_key(plan)), {})
             price(graph, self.cluster, [self.speeds(plan)[0][stage]] * plan.pp, cache=shared)
             return sum(op.duration_s for op in graph.ops)
@@ -736,7 +737,7 @@ class ClosedForm:
         return {"grads_s": grads, "grad_exposed_s": grad_x, "num_buckets": num_buckets, "gathers_s": gathers,
                 "gather_exposed_s": gather_x, "gather_shift_s": shift, "tail_s": tail,
                 "interference_s": plan.interference * max(0.0, hidden),  # FiCCO: hidden comm slows compute
-                "optimizer_s": self.optimizer_s(plan, stage)}
+                "optimizer_s": self.optimizer_s(plan, stage), "input_s": input_seconds(plan)}
 
     def _timeline(self, plan: ParallelPlan) -> dict:
         """1F1B-family pipeline: stage s starts its first forward after the stages before
@@ -765,7 +766,7 @@ class ClosedForm:
 
         def finish(s):
             e = stage_end[s]
-            return last[s] + e["grad_exposed_s"] + e["interference_s"] + e["optimizer_s"] + e["tail_s"]
+            return last[s] + e["grad_exposed_s"] + e["interference_s"] + e["optimizer_s"] + e["input_s"] + e["tail_s"]
         step = max(finish(s) for s in range(plan.pp))
         e = stage_end[crit]  # reported: the stage with the most work
         return {"step_time_s": step, "critical_stage": crit, "bubble_s": max(0.0, last[crit] - m * (st.fwd + st.bwd)),

@@ -51,7 +51,7 @@ def _breakdown(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> tuple[dict, set]
             for cat, seconds in part.categories:
                 out[cat] = out.get(cat, 0.0) + m * n * seconds
     for cat, key in ((GRAD_REDUCE, "grad_exposed_s"), (PARAM_GATHER, "gather_exposed_s"),
-                     (INTERFERENCE, "interference_s"), ("optimizer", "optimizer_s")):
+                     (INTERFERENCE, "interference_s"), ("optimizer", "optimizer_s"), ("data", "input_s")):
         _add(out, cat, tl[key])
     out[BUBBLE] = max(0.0, tl["step_time_s"] - sum(out.values()))
     return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0]))), comm
@@ -151,7 +151,7 @@ def _per_stream(cf: ClosedForm, plan: ParallelPlan, tl: dict, per_coll: dict) ->
     for block, n in cf.stage_parts(plan, tl["critical_stage"]):
         for stream, seconds in block.streams:
             _add(out, stream, m * n * seconds)
-    _add(out, COMPUTE, tl["optimizer_s"])
+    _add(out, COMPUTE, tl["optimizer_s"] + tl["input_s"])
     _add(out, DP, tl["grads_s"] + tl["gathers_s"])
     _add(out, PP, per_coll.get("pp_p2p/send_recv", {}).get("total_s", 0.0))
     return out
@@ -222,7 +222,7 @@ def spans(cf: ClosedForm, plan: ParallelPlan) -> list[Span]:
     crit, m = tl["critical_stage"], plan.num_microbatches
     passes, gathered = cf.stage_passes(plan, crit), cf.windows(plan, crit)["gather_exposed"] if plan.zero == 3 else 0.0
     work = m * (passes.fwd + passes.bwd)
-    tail = tl["grad_exposed_s"] + tl["interference_s"] + tl["optimizer_s"] + tl["tail_s"]
+    tail = tl["grad_exposed_s"] + tl["interference_s"] + tl["optimizer_s"] + tl["input_s"] + tl["tail_s"]
     start = max(0.0, tl["step_time_s"] - tail - work)
     out: list[Span] = []
     t = _one_microbatch(cf, plan, crit, start, out)
@@ -246,7 +246,7 @@ def spans(cf: ClosedForm, plan: ParallelPlan) -> list[Span]:
                                deps=(), bytes=0.0, flops=0.0, coll=""))
             t += (m - 1) * seconds
     t = _comm(out, first, GRAD_REDUCE, "grad_reduce", tl["grads_s"], tl["grad_exposed_s"], t)
-    for cat, key in ((INTERFERENCE, "interference_s"), ("optimizer", "optimizer_s")):
+    for cat, key in ((INTERFERENCE, "interference_s"), ("optimizer", "optimizer_s"), ("data", "input_s")):
         if tl[key] > 0:
             out.append(replace(first, op=cat, category=cat, stream=COMPUTE, kind="elementwise", start_s=t,
                                end_s=t + tl[key], microbatch=-1, layer=-1, phase="optimizer", op_id=-1, deps=(), coll=""))

@@ -19,6 +19,7 @@ from perfsim.lowering.layers import (
 )
 from perfsim.model.spec import ModelSpec
 from perfsim.lowering.ops import Coll, Op, OpKind, Stream
+from perfsim.lowering.steps import host_step
 from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import BWD, FWD, WGT, splits_backward, stage_layers, stage_order
@@ -226,12 +227,31 @@ class _Builder:
                 self.chain(stage, [_barrier()], tuple(gathers), -1, -1)
 
 
-def optimizer_steps(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[Step]:
+def optimizer_steps(model: ModelSpec, plan: ParallelPlan, stage: int, with_input: bool = True) -> list[Step]:
     """The optimizer phase's chain after the last gradient reduction: the gradient clip,
-    then the Adam step (the closed form prices this same chain)."""
+    then the Adam step, then (real data, ``with_input``) the input pipeline's unhidden
+    host time for the next step's batch (the closed form prices this same chain, the
+    input time on its own: ``input_seconds``)."""
     adam = Step(name="optimizer_step", kind=OpKind.OPTIMIZER, stream=Stream.COMPUTE, category="optimizer",
                 bytes=optimizer_bytes(model, plan, stage))
-    return clip_steps(model, plan, stage) + [adam]
+    return clip_steps(model, plan, stage) + [adam] + (input_steps(plan) if with_input else [])
+
+
+def input_steps(plan: ParallelPlan) -> list[Step]:
+    """The input pipeline's host time per step on real data (``stack.data``): the step's
+    global batch tokens per GPU times the stack's seconds per million tokens; none on
+    synthetic data or where the stack's pipeline costs nothing."""
+    if input_seconds(plan) <= 0:
+        return []
+    return [host_step("input_pipeline", input_seconds(plan), "data")]
+
+
+def input_seconds(plan: ParallelPlan) -> float:
+    """Host seconds of the input pipeline per step (0 on synthetic data)."""
+    if not plan.real_data:
+        return 0.0
+    tokens_per_gpu = plan.gbs * plan.seq / (plan.tp * plan.pp * plan.cp * plan.dp)
+    return tokens_per_gpu / 1e6 * plan.stack.data.host_s_per_mtoken
 
 
 def clip_steps(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[Step]:

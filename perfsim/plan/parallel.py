@@ -89,6 +89,9 @@ class ParallelPlan:
     # all-reduce sums it over the data-parallel ranks (ZeRO shards), and the gradients are
     # scaled in place
     clip_grad: bool = True
+    # the step reads real data through the stack's input pipeline ([data] host_s_per_mtoken:
+    # host time the step does not hide); false: synthetic / mock data, no input cost
+    real_data: bool = False
 
     def __post_init__(self):
         if not isinstance(self.stack, StackSpec):
@@ -114,7 +117,7 @@ class ParallelPlan:
             raise ConfigError(f"plan.dispatch must be an implementation name such as alltoall, deepep or mori, "
                               f"got {self.dispatch!r}")
         for key in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "dma_offload", "tp_comm_overlap",
-                    "dispatch_fp8", "clip_grad"):
+                    "dispatch_fp8", "clip_grad", "real_data"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"plan.{key} must be true or false, got {getattr(self, key)!r}")
         if self.zero not in (0, 1, 2, 3):
@@ -189,6 +192,7 @@ class ParallelPlan:
         parts += [f"dispatch-{self.dispatch}"] if self.dispatch != "alltoall" else []
         parts += ["dispatch-fp8"] if self.dispatch_fp8 else []
         parts += ["no-clip"] if not self.clip_grad else []
+        parts += ["real-data"] if self.real_data else []
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -202,7 +206,7 @@ def _plain(value):
 
 
 # plan switches a search applies to every plan it sweeps (perfsim.search's plan_knobs)
-PLAN_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "clip_grad", "dispatch_fp8")
+PLAN_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "clip_grad", "dispatch_fp8", "real_data")
 
 
 def dispatch_label(plan: dict) -> str:

@@ -247,7 +247,7 @@ def search(
     called as chunks finish. ``stack``: the software-stack profile every plan runs under
     (default ideal). ``plan_knobs``: plan switches every plan carries, over the stack's
     defaults (``PLAN_SWITCHES``: overlap_grad_reduce, overlap_param_gather, clip_grad,
-    dispatch_fp8; e.g. ``{"clip_grad": False}``). Raises InfeasiblePlan naming the binding constraint when no
+    dispatch_fp8, real_data; e.g. ``{"clip_grad": False}``). Raises InfeasiblePlan naming the binding constraint when no
     plan is valid and fits, ConfigError for bad input.
     """
     t0 = time.perf_counter()

@@ -141,6 +141,20 @@ class KernelQuality:
 
 
 @dataclass(frozen=True, kw_only=True)
+class InputPipeline:
+    """Host time a run on real data spends in the input pipeline (read, tokenize, pack,
+    shard the batch) that the step does not hide: seconds per million tokens of the step's
+    global batch per GPU (a host feeding g GPUs loads g times that share). A run on
+    synthetic data (``plan.real_data`` false) pays none."""
+
+    host_s_per_mtoken: float = 0.0
+    source: str = "assumed"
+
+    def __post_init__(self):
+        _non_negative("data", host_s_per_mtoken=self.host_s_per_mtoken)
+
+
+@dataclass(frozen=True, kw_only=True)
 class MemoryPolicy:
     """What the framework keeps per parameter and per logit, and how its allocator packs
     transient buffers; unset leaves perfsim's default (``lowering.memory``: BF16 weights,
@@ -175,6 +189,7 @@ class StackSpec:
     fp8: Fp8Recipe = field(default_factory=Fp8Recipe)
     kernels: KernelQuality = field(default_factory=KernelQuality)
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
+    data: InputPipeline = field(default_factory=InputPipeline)
 
     def fused(self, kernel: str) -> bool:
         return kernel in self.fusion.fused
