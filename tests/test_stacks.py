@@ -510,3 +510,31 @@ def test_cli_real_data_flag_reports_the_input_pipeline(capsys):
     assert main(args + ["--real-data"]) == 0
     real = capsys.readouterr().out
     assert "real_data=True" in real and " data " in real and " data " not in plain
+
+
+def test_split_accumulator_also_slows_the_fp8_expert_gemms_backward_on_hopper():
+    """The routed experts' grouped FP8 GEMMs take the same split accumulator in their
+    dgrad / wgrad (Transformer Engine's grouped linear): 1 / speed longer on H100, their
+    forward unchanged."""
+    from perfsim.cost.kernels import compute_time
+    from perfsim.estimators.analytic import _ops
+    from perfsim.lowering.layers import LayerBuilder, backward
+    from perfsim.lowering.ops import OpKind
+    from perfsim.system.hardware import load_gpu
+
+    nemo = load_stack("nemo")
+    fast = dataclasses.replace(nemo, fp8=dataclasses.replace(nemo.fp8, backward_split_accumulator=False))
+    gpu = load_gpu("h100")
+
+    def times(stack):
+        plan = ParallelPlan(tp=1, dp=1, ep=1, mbs=1, gbs=1, seq=4096, dtype="fp8", stack=stack)
+        fwd = LayerBuilder(api.load_model("mixtral-8x7b"), plan).moe_forward()
+        ops = _ops(fwd + backward(fwd), 0)
+        return {op.name: compute_time(op, gpu, "fp8") for op in ops if op.kind is OpKind.GROUPED_GEMM}
+
+    split, plain = times(nemo), times(fast)
+    grads = [n for n in split if n.endswith(("_bwd", "_wgrad"))]
+    assert grads and len(grads) < len(split)
+    for name in split:
+        ratio = 1 / gpu.fp8_split_accumulator_speed if name in grads else 1.0
+        assert split[name] == pytest.approx(plain[name] * ratio, rel=1e-9), name

@@ -384,8 +384,9 @@ def _add_runs_args(p, runs_help: str) -> None:
     p.add_argument("--runs", action="append", default=[], help=runs_help + " (repeatable)")
     p.add_argument("--stack", default=None, help="with --runs: stack profile to use (validate) or fit (calibrate)")
     p.add_argument("--fit", action="append", default=None,
-                   help="with --runs: a free stack parameter to fit (repeatable; default: the routed-expert speed of each MoE dispatch path the runs use, else kernels.speed; also "
-                        "launch.layer_overhead_us, launch.kernel_gap_us, moe.host_sync_us)")
+                   help="with --runs: a free stack parameter to fit (repeatable; default: kernels.speed, the routed-expert "
+                        "speed of each MoE dispatch path the runs use, and data.host_s_per_mtoken where runs on real and "
+                        "synthetic data are both given; also launch.layer_overhead_us, launch.kernel_gap_us, moe.host_sync_us)")
 
 
 def _cmd_list(args) -> int:
