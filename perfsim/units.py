@@ -16,6 +16,7 @@ KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
 TERA = 1e12
+MEGA = 1e6  # a million of a count (tokens)
 US = 1e-6
 NS = 1e-9
 BITS_PER_BYTE = 8

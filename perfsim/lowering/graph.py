@@ -8,6 +8,7 @@ stream, overlapped with compute where Megatron-Core overlaps them.
 
 from dataclasses import dataclass, field, replace
 
+from perfsim import units
 from perfsim.lowering.layers import (
     LayerBuilder,
     Step,
@@ -251,7 +252,7 @@ def input_seconds(plan: ParallelPlan) -> float:
     if not plan.real_data:
         return 0.0
     tokens_per_gpu = plan.gbs * plan.seq / (plan.tp * plan.pp * plan.cp * plan.dp)
-    return tokens_per_gpu / 1e6 * plan.stack.data.host_s_per_mtoken
+    return tokens_per_gpu / units.MEGA * plan.stack.data.host_s_per_mtoken
 
 
 def clip_steps(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[Step]:
