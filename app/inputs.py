@@ -228,9 +228,7 @@ def search_switches(inputs: dict, model) -> dict:
     """The Plan page's plan switches a search applies to every plan (perfsim.search's
     ``plan_knobs``): gradient clip, the overlap choices the user set (unset: the stack's
     policy), real data where chosen and FP8 dispatch where it applies to ``model``."""
-    knobs = {k: v for k, v in fidelity_knobs(inputs).items() if k in PLAN_SWITCHES and k != "real_data"}
-    if fidelity_knobs(inputs)["real_data"]:
-        knobs["real_data"] = True
+    knobs = {k: v for k, v in fidelity_knobs(inputs).items() if k in PLAN_SWITCHES and (v or k != "real_data")}
     if dispatch_fp8_choice(inputs, model):
         knobs["dispatch_fp8"] = True
     return knobs

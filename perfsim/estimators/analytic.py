@@ -186,6 +186,16 @@ def _ops(steps: list[Step], start: int) -> list[Op]:
                microbatch=0, meta=dict(s.meta)) for i, s in enumerate(steps)]
 
 
+# what a stage runs in series after its last backward pass (``ClosedForm._stage_end`` keys):
+# exposed gradient reduction, interference, optimizer, input pipeline, ZeRO-1/2 gathers after it
+SERIAL_TAIL = ("grad_exposed_s", "interference_s", "optimizer_s", "input_s", "tail_s")
+
+
+def serial_tail_s(end: dict) -> float:
+    """Seconds of ``SERIAL_TAIL`` in a stage's end (``ClosedForm._stage_end``)."""
+    return sum(end[key] for key in SERIAL_TAIL)
+
+
 class ClosedForm:
     """Closed-form costing of many plans of one model on one cluster, memoised."""
 
@@ -447,8 +457,7 @@ class ClosedForm:
                *placement_key(plan))
 
         def make():
-            graph = OpGraph(model=self.model, plan=plan,
-                            ops=_ops(optimizer_steps(self.model, plan, stage, with_input=False), 0))
+            graph = OpGraph(model=self.model, plan=plan, ops=_ops(optimizer_steps(self.model, plan, stage), 0))
             shared = self._memo.setdefault(("prices", placement_key(plan)), {})
             price(graph, self.cluster, [self.speeds(plan)[0][stage]] * plan.pp, cache=shared)
             return sum(op.duration_s for op in graph.ops)
@@ -764,10 +773,7 @@ class ClosedForm:
             last = walked.ends
             stage_end = {s: self._walked_end(plan, s, ends[sigs[s]], walked, passes[sigs[s]]) for s in range(plan.pp)}
 
-        def finish(s):
-            e = stage_end[s]
-            return last[s] + e["grad_exposed_s"] + e["interference_s"] + e["optimizer_s"] + e["input_s"] + e["tail_s"]
-        step = max(finish(s) for s in range(plan.pp))
+        step = max(last[s] + serial_tail_s(stage_end[s]) for s in range(plan.pp))
         e = stage_end[crit]  # reported: the stage with the most work
         return {"step_time_s": step, "critical_stage": crit, "bubble_s": max(0.0, last[crit] - m * (st.fwd + st.bwd)),
                 "p2p_s": p2p, "busy_s": m * (st.fwd + st.bwd), **e, "gather_shift_s": shift}

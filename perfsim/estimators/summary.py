@@ -9,7 +9,8 @@ breakdown: the pipeline bubble plus the passes, exposed comm and optimizer in se
 from collections import deque
 from dataclasses import dataclass, replace
 
-from perfsim.estimators.analytic import BUBBLE, GRAD_REDUCE, INTERFERENCE, PARAM_GATHER, ClosedForm, Pass, link_loads
+from perfsim.estimators.analytic import (BUBBLE, GRAD_REDUCE, INTERFERENCE, PARAM_GATHER, ClosedForm, Pass, link_loads,
+                                         serial_tail_s)
 from perfsim.estimators.engine import Span, span_of
 from perfsim.estimators.overlap import link_figures
 from perfsim.lowering.ops import Stream
@@ -38,6 +39,10 @@ class Estimate:
     links: dict[str, dict]
 
 
+# the compute-stream time after the last backward pass, as reported (category, timeline key)
+AFTER_BACKWARD = ((INTERFERENCE, "interference_s"), ("optimizer", "optimizer_s"), ("data", "input_s"))
+
+
 def _add(into: dict, key: str, seconds: float) -> None:
     if seconds > 0:
         into[key] = into.get(key, 0.0) + seconds
@@ -50,8 +55,7 @@ def _breakdown(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> tuple[dict, set]
             comm |= part.comm
             for cat, seconds in part.categories:
                 out[cat] = out.get(cat, 0.0) + m * n * seconds
-    for cat, key in ((GRAD_REDUCE, "grad_exposed_s"), (PARAM_GATHER, "gather_exposed_s"),
-                     (INTERFERENCE, "interference_s"), ("optimizer", "optimizer_s"), ("data", "input_s")):
+    for cat, key in ((GRAD_REDUCE, "grad_exposed_s"), (PARAM_GATHER, "gather_exposed_s"), *AFTER_BACKWARD):
         _add(out, cat, tl[key])
     out[BUBBLE] = max(0.0, tl["step_time_s"] - sum(out.values()))
     return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0]))), comm
@@ -222,8 +226,7 @@ def spans(cf: ClosedForm, plan: ParallelPlan) -> list[Span]:
     crit, m = tl["critical_stage"], plan.num_microbatches
     passes, gathered = cf.stage_passes(plan, crit), cf.windows(plan, crit)["gather_exposed"] if plan.zero == 3 else 0.0
     work = m * (passes.fwd + passes.bwd)
-    tail = tl["grad_exposed_s"] + tl["interference_s"] + tl["optimizer_s"] + tl["input_s"] + tl["tail_s"]
-    start = max(0.0, tl["step_time_s"] - tail - work)
+    start = max(0.0, tl["step_time_s"] - serial_tail_s(tl) - work)
     out: list[Span] = []
     t = _one_microbatch(cf, plan, crit, start, out)
     first = out[0] if out else None
@@ -246,7 +249,7 @@ def spans(cf: ClosedForm, plan: ParallelPlan) -> list[Span]:
                                deps=(), bytes=0.0, flops=0.0, coll=""))
             t += (m - 1) * seconds
     t = _comm(out, first, GRAD_REDUCE, "grad_reduce", tl["grads_s"], tl["grad_exposed_s"], t)
-    for cat, key in ((INTERFERENCE, "interference_s"), ("optimizer", "optimizer_s"), ("data", "input_s")):
+    for cat, key in AFTER_BACKWARD:
         if tl[key] > 0:
             out.append(replace(first, op=cat, category=cat, stream=COMPUTE, kind="elementwise", start_s=t,
                                end_s=t + tl[key], microbatch=-1, layer=-1, phase="optimizer", op_id=-1, deps=(), coll=""))

@@ -216,7 +216,8 @@ class _Builder:
         for layer in self.deferred[stage]:
             self.grad_reduce(stage, layer)
         self.flush_buckets(stage)
-        end = self.chain(stage, optimizer_steps(self.model, self.plan, stage), tuple(self.grad_ops[stage]), -1, -1)
+        steps = optimizer_steps(self.model, self.plan, stage) + input_steps(self.plan)
+        end = self.chain(stage, steps, tuple(self.grad_ops[stage]), -1, -1)
         if self.plan.zero in (1, 2) and not self.plan.weights_gathered_ahead:
             layers = [l for c in range(self.plan.vpp) for l in self._layers(stage, c)]
             gathers = []
@@ -228,27 +229,26 @@ class _Builder:
                 self.chain(stage, [_barrier()], tuple(gathers), -1, -1)
 
 
-def optimizer_steps(model: ModelSpec, plan: ParallelPlan, stage: int, with_input: bool = True) -> list[Step]:
+def optimizer_steps(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[Step]:
     """The optimizer phase's chain after the last gradient reduction: the gradient clip,
-    then the Adam step, then (real data, ``with_input``) the input pipeline's unhidden
-    host time for the next step's batch (the closed form prices this same chain, the
-    input time on its own: ``input_seconds``)."""
+    then the Adam step (the closed form prices this same chain)."""
     adam = Step(name="optimizer_step", kind=OpKind.OPTIMIZER, stream=Stream.COMPUTE, category="optimizer",
                 bytes=optimizer_bytes(model, plan, stage))
-    return clip_steps(model, plan, stage) + [adam] + (input_steps(plan) if with_input else [])
+    return clip_steps(model, plan, stage) + [adam]
 
 
 def input_steps(plan: ParallelPlan) -> list[Step]:
-    """The input pipeline's host time per step on real data (``stack.data``): the step's
-    global batch tokens per GPU times the stack's seconds per million tokens; none on
+    """The input pipeline's unhidden host time for the next step's batch, after the
+    optimizer step (``input_seconds``; the closed form adds the same seconds); none on
     synthetic data or where the stack's pipeline costs nothing."""
-    if input_seconds(plan) <= 0:
-        return []
-    return [host_step("input_pipeline", input_seconds(plan), "data")]
+    seconds = input_seconds(plan)
+    return [host_step("input_pipeline", seconds, "data")] if seconds > 0 else []
 
 
 def input_seconds(plan: ParallelPlan) -> float:
-    """Host seconds of the input pipeline per step (0 on synthetic data)."""
+    """Host seconds of the input pipeline per step on real data (``stack.data``): the step's
+    global batch tokens per GPU times the stack's seconds per million tokens (0 on
+    synthetic data)."""
     if not plan.real_data:
         return 0.0
     tokens_per_gpu = plan.gbs * plan.seq / (plan.tp * plan.pp * plan.cp * plan.dp)

@@ -36,6 +36,7 @@ reference (SOURCES.md, "Held-out protocol now used").
 """
 
 import csv
+import json
 import math
 import re
 import sys
@@ -272,8 +273,6 @@ def liger_rows(path: Path) -> list[dict]:
     """Liger-Kernel's published H100 NVL forward timings of its memory-bound kernels (the
     liger and torch.compile providers; the Hugging Face eager baseline runs several kernels
     per call, as the pytorch-eager rows dropped above), carried to the h100 profile."""
-    import json
-
     out = []
     for r in csv.DictReader(open(path)):
         if r["kernel_operation_mode"] != "forward" or r["metric_name"] != "speed" or r["kernel_provider"] == "huggingface":
