@@ -18,7 +18,7 @@ KNOBS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq"
 CHOICES = {
     "dtype": ("bf16", "fp16", "fp8"),
     "recompute": ("none", "selective", "full"),
-    "schedule": ("1f1b", "interleaved", "gpipe"),
+    "schedule": ("1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "v-half", "v-min"),  # the V-shaped ones need vpp 2
     "distribution": ("uniform", "zipf", "dirichlet"),
     "estimator": ("des", "analytic"),
 }

@@ -219,10 +219,11 @@ def simulate(
     slow = stage_slowdowns(plan, speeds)
     ep_speeds = ep_rank_speeds(plan, speeds) if model.is_moe and plan.ep > 1 else None
     points = fold_points(plan) if fold else None
+    weights = closed_form(model, cluster, routing, variability).pass_weights(plan)  # a V-shape schedule's order
     runs = []
     for m in points or (plan.num_microbatches,):
         short = plan if m == plan.num_microbatches else replace(plan, gbs=plan.mbs * plan.dp * m)
-        graph = price(build_graph(model, short, routing=routing, ep_speeds=ep_speeds), cluster, slow)
+        graph = price(build_graph(model, short, routing=routing, ep_speeds=ep_speeds, weights=weights), cluster, slow)
         runs.append(_engine_figures(graph))
     if points is None:
         return assemble_report(figures=runs[0][0], spans=runs[0][1], straggler_slowdown=max(slow), **common)

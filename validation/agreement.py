@@ -59,6 +59,8 @@ def _knobs(rng: random.Random, model: ModelSpec, num_gpus: int) -> dict | None:
     k["schedule"] = rng.choice(schedules) if k["pp"] > 1 else "1f1b"
     if k["schedule"] == "zb-h1" and k["vpp"] > 1:
         k["schedule"] = "interleaved"
+    if k["schedule"] in ("zbv", "v-half", "v-min") and k["vpp"] != 2:  # V-shaped: two chunks a stage
+        k["schedule"] = "1f1b"
     k["dp"] = num_gpus // (k["tp"] * k["pp"] * k["cp"])
     if model.is_moe:
         ranks = k["tp"] * k["cp"] * k["dp"]

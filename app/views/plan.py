@@ -115,7 +115,7 @@ with st.sidebar:
 # ---- plan knobs ---------------------------------------------------------------------------
 knobs = {}
 with st.expander("Parallel plan", expanded=True, icon=":material/grid_view:"):
-    helps = {"dp": "0 = derive from the GPU count", "vpp": "virtual stages per pp stage (interleaved schedule)",
+    helps = {"dp": "0 = derive from the GPU count", "vpp": "virtual stages per pp stage (interleaved schedule; 2 for the V-shaped zbv / v-half / v-min)",
              "etp": "expert tensor parallel", "zero": "ZeRO stage 0-3", "gbs": "global batch (sequences)"}
     columns = st.columns(len(KNOBS))
     for column, key in zip(columns, KNOBS):

@@ -13,6 +13,7 @@ from perfsim.system.hardware import list_profiles, load_gpu
 from perfsim.system.kernel_tables import table_provenance
 from perfsim.model.io import list_models
 from perfsim.report import Report
+from perfsim.plan.parallel import Schedule
 from perfsim.plan.routing import MAX_ROUTING_PARAM, RoutingSpec, load_histogram, routing_fields
 from perfsim.plan.stragglers import VariabilitySpec
 from perfsim.system.specio import check_finite_output, check_output, write_atomic
@@ -40,8 +41,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp8"])
     p.add_argument("--recompute", default=None, choices=["none", "selective", "full", "auto"],
                    help="activation recompute; auto: the least that fits in memory")
-    p.add_argument("--schedule", default=None, choices=["gpipe", "1f1b", "interleaved", "zb-h1"],
-                   help="pipeline schedule; with --vpp > 1 gpipe loops breadth-first, 1f1b interleaves, zb-h1 splits W")
+    p.add_argument("--schedule", default=None, choices=[s.value for s in Schedule],
+                   help="pipeline schedule; with --vpp > 1 gpipe loops breadth-first, 1f1b interleaves, zb-h1 splits W; "
+                        "zbv / v-half / v-min are V-shaped (--vpp 2; 1F1B's activation memory, half, a third)")
     p.add_argument("--no-overlap", action="store_true", help="do not overlap gradient reduction with backward")
     p.add_argument("--no-param-prefetch", action="store_true",
                    help="ZeRO parameter all-gathers not prefetched: each layer waits for its gather (ZeRO-3), "
@@ -61,9 +63,11 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="overlap TP all-gather/reduce-scatter with the adjacent GEMM (Megatron userbuffers)")
     p.add_argument("--first-stage-layers", type=a.integer(0, 1 << 20), default=None,
                    help="layers on the first pipeline stage, the other stages splitting the rest evenly "
-                        "(Megatron --decoder-first-pipeline-num-layers; vpp 1)")
+                        "(Megatron --decoder-first-pipeline-num-layers; vpp 1; under a V-shape schedule the "
+                        "first virtual stage)")
     p.add_argument("--last-stage-layers", type=a.integer(0, 1 << 20), default=None,
-                   help="layers on the last pipeline stage (Megatron --decoder-last-pipeline-num-layers)")
+                   help="layers on the last pipeline stage (Megatron --decoder-last-pipeline-num-layers; under a "
+                        "V-shape schedule the last virtual stage, also on stage 0)")
     p.add_argument("--recompute-layers", type=a.integer(0, 1 << 20), default=None,
                    help="recompute only the first N layers of each pipeline stage chunk (Megatron --recompute-method "
                         "block --recompute-num-layers N; default every layer)")

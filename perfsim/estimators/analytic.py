@@ -33,9 +33,9 @@ from perfsim.lowering.graph import OpGraph, block_passes, input_seconds, optimiz
 from perfsim.lowering.layers import LayerBuilder, Step
 from perfsim.lowering.ops import Coll, Op, OpKind, Stream
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import ParallelPlan, Recompute, Schedule, group_shape
+from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, group_shape
 from perfsim.plan.routing import UNIFORM, RoutingSpec
-from perfsim.plan.schedules import BWD, FWD, WGT, splits_backward, stage_layers
+from perfsim.plan.schedules import BWD, FWD, UNIT, WGT, head_stage, splits_backward, stage_layers, virtual_stage
 from perfsim.plan.sharding import is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes, stage_layer_ids
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
@@ -135,7 +135,7 @@ def pipeline_bubble(plan: ParallelPlan, stages: dict, crit: int) -> float:
     pipeline and paced by its slowest stage; ZB-H1: the other stages' F + B - W (Qi'23
     sec. 3: W fills the cool-down), over vpp. With vpp > 1 and fewer microbatches than
     stages a chunk waits for its input to come round the ring: (vpp-1)/vpp (pp-m) passes."""
-    if plan.pp == 1:
+    if plan.pp == 1 or plan.schedule in V_SHAPES:  # V-shape: no textbook form, the walk prices it (0 bounds it)
         return 0.0
     m, vpp, c = plan.num_microbatches, plan.vpp, stages[crit]
     others = [s for k, s in stages.items() if k != crit]
@@ -152,6 +152,11 @@ def pipeline_bubble(plan: ParallelPlan, stages: dict, crit: int) -> float:
 
 def _scaled(load: dict[str, float], count: float) -> dict[str, float]:
     return {link: busy * count for link, busy in load.items()}
+
+
+def layout_key(plan: ParallelPlan) -> tuple:
+    """Plan fields that place the layers on the stages (and their chunks)."""
+    return plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, plan.schedule in V_SHAPES
 
 
 def template_key(plan: ParallelPlan) -> tuple:
@@ -379,14 +384,14 @@ class ClosedForm:
             rate = self._grad_rate(plan, stage)
             return tuple((None if done is None else where[ids[done - 1]], seconds, rate(demand))
                          for done, seconds, demand in order)
-        return self._cached(("walked_buckets", *self._bucket_key(plan, stage), plan.vpp, plan.first_stage_layers,
-                             plan.last_stage_layers, *template_key(plan)), make)
+        return self._cached(("walked_buckets", *self._bucket_key(plan, stage), *layout_key(plan),
+                             *template_key(plan)), make)
 
     def _layer_backward_ends(self, plan: ParallelPlan, stage: int) -> list[float]:
         """When the backward of one microbatch on a stage finishes each of its layers
         (highest first, the LM head before them), in chain seconds; the last entry ends the pass."""
         def make():
-            t = self.template(plan, "head", stage).bwd.seconds if stage == plan.pp - 1 else 0.0
+            t = self.template(plan, "head", stage).bwd.seconds if stage == head_stage(plan) else 0.0
             out = []
             for layer in sorted(stage_layer_ids(self.model, plan, stage), reverse=True):
                 block = self.template(plan, self.block_kind(plan, layer), stage)
@@ -415,6 +420,37 @@ class ClosedForm:
         """One pipeline send: graph._Builder.send (bf16 activations of the local tokens)."""
         return self.p2p(plan).time_s if plan.pp > 1 else 0.0
 
+    def pass_weights(self, plan: ParallelPlan) -> tuple:
+        """Relative (F, B, W, send) seconds of a chunk pass, averaged over the stages, to two
+        significant digits: what a V-shape schedule's greedy order is built from (``UNIT``
+        for the other schedules, whose orders are fixed)."""
+        if plan.schedule not in V_SHAPES:
+            return UNIT
+
+        def make():
+            sigs, firsts = self.stage_signatures(plan)
+            passes = [self.stage_passes(plan, firsts[sig]) for sig in sigs]
+            f, b, w = (sum(getattr(p, k) for p in passes) for k in ("fwd", "bwd_in", "wgt"))
+            if f <= 0:
+                return UNIT
+            send = self.walk_p2p_s(plan) * plan.pp * plan.vpp
+            return tuple(float(f"{x / f:.2g}") for x in (f, b, w, send))
+        return self._cached(("weights", plan), make)
+
+    def walk_p2p_s(self, plan: ParallelPlan) -> float:
+        """A pipeline send as the walk prices it: under ZeRO-3 with prefetched gathers the
+        send shares its links with the gather queue, busy for the share of a pass its
+        gathers take (fair sharing: the send runs at half speed while they overlap)."""
+        base = self.p2p_s(plan)
+        if plan.zero != 3 or not plan.overlap_param_gather or base <= 0:
+            return base
+        links = set(self.p2p(plan).demand)
+        if not any(links & set(self.gather_links(plan, k)) for k in self.kinds):
+            return base
+        st = self.stage_passes(plan, 0)
+        busy = 2 * self.stage_gathers(plan, self.layout(plan, 0)) / max(st.fwd + st.bwd, 1e-30)
+        return base * (1 + min(1.0, busy))
+
     def p2p(self, plan: ParallelPlan):
         """One pipeline send's cost (its ``demand``: the links it keeps busy); pp > 1."""
         tokens = plan.mbs * plan.seq // plan.cp
@@ -429,14 +465,15 @@ class ClosedForm:
             ids = stage_layer_ids(self.model, plan, stage)
             moe = sum(1 for layer in ids if is_moe_layer(self.model, layer))
             return len(ids) - moe, moe, min(ids), max(ids)
-        return self._cached(("layout", plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, stage), make)
+        return self._cached(("layout", *layout_key(plan), stage), make)
 
     def signature(self, plan: ParallelPlan, stage: int) -> tuple:
         """What a stage's blocks, their order and its GPUs' speed depend on: stages alike
         in it (the middle ones, mostly) are priced once."""
         nd, nm, lo, _ = self.layout(plan, stage)
         slow, ep_speeds = self.speeds(plan)
-        return (nd, nm, self.kind(lo), stage == 0, stage == plan.pp - 1, slow[stage], ep_speeds,
+        return (nd, nm, self.kind(lo), stage == 0, stage == head_stage(plan), plan.schedule in V_SHAPES, slow[stage],
+                ep_speeds,
                 self.block_counts(plan, stage) if plan.recompute_layers else ())
 
     def stage_signatures(self, plan: ParallelPlan) -> tuple[list, dict]:
@@ -447,7 +484,7 @@ class ClosedForm:
             for s, sig in enumerate(sigs):
                 firsts.setdefault(sig, s)
             return sigs, firsts
-        return self._cached(("sigs", plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers,
+        return self._cached(("sigs", *layout_key(plan),
                              self.speeds(plan)), make)
 
     def optimizer_s(self, plan: ParallelPlan, stage: int) -> float:
@@ -467,7 +504,7 @@ class ClosedForm:
         """(template, count) of a stage's blocks: its layers, the embedding, the LM head."""
         parts = [(self.template(plan, k, stage), n) for k, n in self.block_counts(plan, stage)]
         parts += [(self.template(plan, "embedding", stage), 1)] if stage == 0 else []
-        parts += [(self.template(plan, "head", stage), 1)] if stage == plan.pp - 1 else []
+        parts += [(self.template(plan, "head", stage), 1)] if stage == head_stage(plan) else []
         return parts
 
     def block_counts(self, plan: ParallelPlan, stage: int) -> tuple[tuple[str, int], ...]:
@@ -478,7 +515,7 @@ class ClosedForm:
                 kind = self.block_kind(plan, layer)
                 counts[kind] = counts.get(kind, 0) + 1
             return tuple(counts.items())
-        key = ("counts", plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, plan.recompute_layers,
+        key = ("counts", *layout_key(plan), plan.recompute_layers,
                plan.recompute == Recompute.NONE, stage)
         return self._cached(key, make)
 
@@ -526,7 +563,7 @@ class ClosedForm:
         """(pass index, block kind, layer or -1) of one microbatch on a stage, in order:
         the forward, the backward (input gradients), the weight-gradient pass."""
         layers = [(self.block_kind(plan, layer), layer) for layer in sorted(stage_layer_ids(self.model, plan, stage))]
-        fwd = ([("embedding", -1)] if stage == 0 else []) + layers + ([("head", -1)] if stage == plan.pp - 1 else [])
+        fwd = ([("embedding", -1)] if stage == 0 else []) + layers + ([("head", -1)] if stage == head_stage(plan) else [])
         out = [(0, k, layer) for k, layer in fwd] + [(1, k, layer) for k, layer in fwd[::-1]]
         if splits_backward(plan):
             out += [(2, k, layer) for k, layer in fwd[::-1] if k != "embedding"]
@@ -544,7 +581,7 @@ class ClosedForm:
                 key = (pi, kind, nxt[1] if nxt and nxt[2] >= 0 else None, nxt[0] if nxt else None)
                 counts[key] = counts.get(key, 0) + 1
             return tuple(counts.items())
-        return self._cached(("pairs", plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers,
+        return self._cached(("pairs", *layout_key(plan),
                              plan.recompute_layers, plan.recompute == Recompute.NONE, stage, splits_backward(plan),
                              cyclic), make)
 
@@ -591,12 +628,12 @@ class ClosedForm:
     def _chunk_blocks(self, plan: ParallelPlan, stage: int, chunk: int) -> list[tuple[str, int]]:
         """(block kind, layer or -1) of one virtual stage's forward, in order."""
         def make():
-            vs, last = chunk * plan.pp + stage, plan.pp * plan.vpp - 1
+            vs, last = virtual_stage(plan.schedule, plan.pp, stage, chunk), plan.pp * plan.vpp - 1
             held = stage_layers(self.model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
-                                plan.last_stage_layers)
+                                plan.last_stage_layers, plan.schedule)
             blocks = [(self.block_kind(plan, layer), layer) for layer in held]
             return ([("embedding", -1)] if vs == 0 else []) + blocks + ([("head", -1)] if vs == last else [])
-        return self._cached(("chunk_blocks", plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers,
+        return self._cached(("chunk_blocks", *layout_key(plan),
                              plan.recompute_layers, plan.recompute == Recompute.NONE, stage, chunk), make)
 
     def _stage_costs(self, plan: ParallelPlan, stage: int) -> StageCosts:
@@ -636,7 +673,8 @@ class ClosedForm:
                     body += seconds(seq[-1][0], pi)
                     ends[(phase, chunk)] = (pi, seq[-1][0], seq[0])
                 e2 = spills[0] if spills and plan.overlap_param_gather else 0.0  # unprefetched: waits hide one
-                passes.append(((phase, chunk), PassCost(body=body, e2=e2)))
+                ahead = plan.overlap_param_gather and sum(1 for _, layer in seq if layer >= 0) == 1
+                passes.append(((phase, chunk), PassCost(body=body, e2=e2, ahead=ahead)))
             if chunk == 0 and zero3 and fwd[0][1] >= 0:
                 first = sum(self.layer_gathers(plan, fwd[0][0].removesuffix(NO_RECOMPUTE)))
         table = []
@@ -693,8 +731,8 @@ class ClosedForm:
             stages[crit] = windowed[sigs[crit]]
             return crit, stages[crit], pipeline_bubble(plan, stages, crit)
         gathers = (plan.dp * plan.cp, plan.edp) if plan.zero == 3 else ()  # only ZeRO-3 gathers shape the passes
-        return self._cached(("pipe", *template_key(plan), plan.pp, plan.vpp, plan.first_stage_layers,
-                             plan.last_stage_layers, plan.recompute_layers, plan.schedule, plan.zero == 3, gathers, self.speeds(plan)), make)
+        return self._cached(("pipe", *template_key(plan), *layout_key(plan), plan.recompute_layers, plan.schedule,
+                             plan.zero == 3, gathers, self.speeds(plan)), make)
 
     def timeline(self, plan: ParallelPlan) -> dict:
         """The parts of the step, in seconds (memoised per plan)."""
@@ -784,7 +822,7 @@ class ClosedForm:
             sigs, firsts = self.stage_signatures(plan)
             costs = {sig: self.stage_costs(plan, s) for sig, s in firsts.items()}
             return walk_pipeline(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches,
-                                 tuple(costs[sig] for sig in sigs), self.p2p_s(plan))
+                                 tuple(costs[sig] for sig in sigs), self.walk_p2p_s(plan), self.pass_weights(plan))
         return self._cached(("walk", plan), make)
 
     def _walked_end(self, plan: ParallelPlan, stage: int, e: dict, walked: Walked, st: StagePasses) -> dict:

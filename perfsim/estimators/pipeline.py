@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from perfsim.plan.parallel import Schedule
-from perfsim.plan.schedules import BWD, FWD, WGT, schedule_order
+from perfsim.plan.schedules import BWD, FWD, UNIT, WGT, schedule_order, virtual_stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,7 @@ class PassCost:
 
     body: float
     e2: float = 0.0
+    ahead: bool = False  # one gathering block: a long wait also gathers the next pass's first layer
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +68,16 @@ class Walked:
 
 
 @lru_cache(maxsize=4096)
-def walk(schedule: Schedule, pp: int, vpp: int, m: int, stages: tuple[StageCosts, ...], p2p_s: float) -> Walked:
+def walk(schedule: Schedule, pp: int, vpp: int, m: int, stages: tuple[StageCosts, ...], p2p_s: float,
+         weights: tuple = UNIT) -> Walked:
     """One step's stages laid out (see the module docstring); memoised, since plans that
-    differ in what the stages do not see (dp, the bucket size, ...) walk alike."""
+    differ in what the stages do not see (dp, the bucket size, ...) walk alike. ``weights``:
+    the passes' relative times the V-shape schedules' orders are built from."""
     first, second = fold_points(pp, vpp)
     if m < 2 * second:
-        return _walk(schedule, pp, vpp, m, stages, p2p_s)
-    a, b = _walk(schedule, pp, vpp, first, stages, p2p_s), _walk(schedule, pp, vpp, second, stages, p2p_s)
+        return _walk(schedule, pp, vpp, m, stages, p2p_s, weights)
+    a, b = (_walk(schedule, pp, vpp, first, stages, p2p_s, weights),
+            _walk(schedule, pp, vpp, second, stages, p2p_s, weights))
     scale = (m - second) / (second - first)
 
     def ext(x, y):
@@ -85,12 +89,13 @@ def walk(schedule: Schedule, pp: int, vpp: int, m: int, stages: tuple[StageCosts
 
 
 @lru_cache(maxsize=256)
-def compiled(schedule: Schedule, pp: int, vpp: int, m: int) -> tuple:
+def compiled(schedule: Schedule, pp: int, vpp: int, m: int, weights: tuple = UNIT) -> tuple:
     """The stages' orders flattened into one list in dependency order (as ``graph._emit``
     interleaves them): per pass (stage, slot, input pass or -1, slot of the pass before it
     on the stage or -1, first forward of its chunk, gradient pass of the last
-    microbatch), slot = phase * vpp + chunk. Depends on the schedule only, so cached."""
-    orders = [schedule_order(schedule, pp, vpp, s, m) for s in range(pp)]
+    microbatch, chunk, whether the input comes from the same stage: the V's turn, no
+    send), slot = phase * vpp + chunk. Depends on the schedule only, so cached."""
+    orders = [schedule_order(schedule, pp, vpp, s, m, weights) for s in range(pp)]
     phase_of = {FWD: 0, BWD: 1, WGT: 2}
     grad_phase = WGT if any(p == WGT for p, _, _ in orders[0]) else BWD
     last_vs, index, out = pp * vpp - 1, {}, []
@@ -102,7 +107,7 @@ def compiled(schedule: Schedule, pp: int, vpp: int, m: int) -> tuple:
             order = orders[s]
             while cursor[s] < len(order):
                 phase, mb, chunk = order[cursor[s]]
-                vs = chunk * pp + s
+                vs = virtual_stage(schedule, pp, s, chunk)
                 dep = -1
                 if phase == FWD and vs > 0:
                     dep = index.get((FWD, mb, vs - 1), None)
@@ -113,7 +118,9 @@ def compiled(schedule: Schedule, pp: int, vpp: int, m: int) -> tuple:
                 slot = phase_of[phase] * vpp + chunk
                 if phase != WGT:
                     index[(phase, mb, vs)] = len(out)
-                out.append((s, slot, dep, prev[s], phase == FWD and mb == 0, phase == grad_phase and mb == m - 1, chunk))
+                local = dep >= 0 and out[dep][0] == s  # the V's turn: no send
+                out.append((s, slot, dep, prev[s], phase == FWD and mb == 0, phase == grad_phase and mb == m - 1, chunk,
+                            local))
                 prev[s] = slot
                 cursor[s] += 1
                 left -= 1
@@ -123,27 +130,28 @@ def compiled(schedule: Schedule, pp: int, vpp: int, m: int) -> tuple:
     return tuple(out)
 
 
-def _walk(schedule, pp, vpp, m, stages, p2p_s):
-    steps = compiled(schedule, pp, vpp, m)
+def _walk(schedule, pp, vpp, m, stages, p2p_s, weights=UNIT):
+    steps = compiled(schedule, pp, vpp, m, weights)
     slots = 3 * vpp
     phase_of = {FWD: 0, BWD: 1, WGT: 2}
-    bodies, e2s, spill, first_e1, gathers = [], [], [], [], []
+    bodies, e2s, aheads, spill, first_e1, gathers = [], [], [], [], [], []
     for st in stages:
-        body, e2 = [0.0] * slots, [0.0] * slots
+        body, e2, ahead = [0.0] * slots, [0.0] * slots, [False] * slots
         for (phase, chunk), cost in st.passes:
-            body[phase_of[phase] * vpp + chunk], e2[phase_of[phase] * vpp + chunk] = cost.body, cost.e2
+            k = phase_of[phase] * vpp + chunk
+            body[k], e2[k], ahead[k] = cost.body, cost.e2, cost.ahead
         table = [[0.0] * slots for _ in range(slots)]
         for ((pa, ca), (pb, cb)), seconds in st.spills:
             table[phase_of[pa] * vpp + ca][phase_of[pb] * vpp + cb] = seconds
-        bodies.append(body), e2s.append(e2), spill.append(table), first_e1.append(st.first_e1), gathers.append(st.gathers)
+        bodies.append(body), e2s.append(e2), aheads.append(ahead), spill.append(table), first_e1.append(st.first_e1), gathers.append(st.gathers)
     ends = [0.0] * len(steps)
-    free, hidden = [0.0] * pp, [0.0] * pp
+    free, hidden, credit = [0.0] * pp, [0.0] * pp, [0.0] * pp
     grads = [[(0.0, 0.0)] * vpp for _ in range(pp)]
-    for i, (s, slot, dep, before, first_fwd, grad, chunk) in enumerate(steps):
+    for i, (s, slot, dep, before, first_fwd, grad, chunk, local) in enumerate(steps):
         f = free[s]
         start = f
         if dep >= 0:
-            ready = ends[dep] + p2p_s
+            ready = ends[dep] + (0.0 if local else p2p_s)
             if ready > f:
                 start = ready
         wait = start - f
@@ -151,7 +159,12 @@ def _walk(schedule, pp, vpp, m, stages, p2p_s):
             nominal = out = spill[s][before][slot]
         else:
             nominal, out = 0.0, first_e1[s]
-        head = (out - wait if out > wait else 0.0) - min(e2s[s][slot], wait - out if wait > out else 0.0)
+        if credit[s]:  # gathered in the wait before the pass before (its only gathering block)
+            out, credit[s] = max(0.0, out - credit[s]), 0.0
+        used = min(e2s[s][slot], wait - out if wait > out else 0.0)
+        head = (out - wait if out > wait else 0.0) - used
+        if aheads[s][slot] and wait > out + used:
+            credit[s] = wait - out - used
         hidden[s] += nominal - head
         end = start + bodies[s][slot] + head
         if first_fwd and gathers[s]:  # ZeRO-1/2: the updated weights' gathers

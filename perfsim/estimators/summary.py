@@ -14,7 +14,8 @@ from perfsim.estimators.analytic import (BUBBLE, GRAD_REDUCE, INTERFERENCE, PARA
 from perfsim.estimators.engine import Span, span_of
 from perfsim.estimators.overlap import link_figures
 from perfsim.lowering.ops import Stream
-from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.parallel import V_SHAPES, ParallelPlan
+from perfsim.plan.schedules import head_stage
 from perfsim.plan.sharding import stage_layer_ids
 
 DP = str(Stream.DP_COMM)
@@ -93,8 +94,9 @@ def _link_loads(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict[
 
 
 def _sends(plan: ParallelPlan, stage: int) -> int:
-    """Pipeline sends of ``stage`` in a step: one per microbatch each way it has a neighbour."""
-    m = plan.num_microbatches
+    """Pipeline sends of ``stage`` in a step: one per microbatch each way it has a neighbour
+    (a V-shape schedule's two chunks each: the V's turn on the last stage is local)."""
+    m = plan.num_microbatches * (2 if plan.schedule in V_SHAPES else 1)
     return 2 * m if 0 < stage < plan.pp - 1 else m
 
 
@@ -208,7 +210,7 @@ def _lay(part: Pass, t: float, stage: int, layer: int, phase: str, out: list[Spa
 def _one_microbatch(cf: ClosedForm, plan: ParallelPlan, stage: int, t: float, out: list[Span]) -> float:
     layers = sorted(stage_layer_ids(cf.model, plan, stage))
     blocks = ([("embedding", -1)] if stage == 0 else []) + [(cf.block_kind(plan, layer), layer) for layer in layers]
-    blocks += [("head", -1)] if stage == plan.pp - 1 else []
+    blocks += [("head", -1)] if stage == head_stage(plan) else []
     for index, phase in enumerate(("F", "B", "W")):
         order = blocks if phase == "F" else blocks[::-1]
         for kind, layer in order:

@@ -23,7 +23,7 @@ from perfsim.lowering.ops import Coll, Op, OpKind, Stream
 from perfsim.lowering.steps import host_step
 from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec
-from perfsim.plan.schedules import BWD, FWD, WGT, splits_backward, stage_layers, stage_order
+from perfsim.plan.schedules import BWD, FWD, UNIT, WGT, splits_backward, stage_layers, stage_order, virtual_stage
 from perfsim.plan.sharding import (NORM_BYTES, clip_bytes, is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes,
                                    optimizer_bytes)
 
@@ -95,7 +95,8 @@ class _Builder:
 
     def _layers(self, stage: int, chunk: int) -> range:
         p = self.plan
-        return stage_layers(self.model.num_layers, p.pp, p.vpp, stage, chunk, p.first_stage_layers, p.last_stage_layers)
+        return stage_layers(self.model.num_layers, p.pp, p.vpp, stage, chunk, p.first_stage_layers, p.last_stage_layers,
+                            p.schedule)
 
     def _block(self, layer: int) -> tuple[list[Step], list[Step], list[Step]]:
         key = (is_moe_layer(self.model, layer), recomputes(self.model, self.plan, layer))
@@ -161,6 +162,11 @@ class _Builder:
             ids.append(self.add(stage, step, after, mb, layer))
         return tuple(ids)
 
+    def stage_of(self, vs: int) -> int:
+        """The stage holding virtual stage ``vs``."""
+        pp = self.plan.pp
+        return next(s for s in range(pp) for c in range(self.plan.vpp) if virtual_stage(self.plan.schedule, pp, s, c) == vs)
+
     def send(self, stage: int, phase: str, mb: int, vs: int, after: int) -> None:
         size = self.layers.local_tokens * self.model.hidden_size * 2
         step = coll_step(f"{'act' if phase == FWD else 'grad'}_send", Coll.SEND_RECV, "tp", size, "pp_p2p")
@@ -169,7 +175,7 @@ class _Builder:
 
     def chunk_forward(self, stage: int, mb: int, chunk: int, deps: tuple) -> int:
         self.phase = FWD
-        vs = chunk * self.plan.pp + stage
+        vs = virtual_stage(self.plan.schedule, self.plan.pp, stage, chunk)
         if vs == 0:
             self.chain(stage, self.special("embedding")[0], deps, mb, -1)
             deps = ()
@@ -182,7 +188,7 @@ class _Builder:
 
     def chunk_backward(self, stage: int, mb: int, chunk: int, deps: tuple) -> int:
         self.phase = BWD
-        vs = chunk * self.plan.pp + stage
+        vs = virtual_stage(self.plan.schedule, self.plan.pp, stage, chunk)
         if vs == self.last_vs:
             self.chain(stage, self.special("head")[1], deps, mb, -1)
             deps = ()
@@ -199,7 +205,7 @@ class _Builder:
     def chunk_weights(self, stage: int, mb: int, chunk: int) -> int:
         """The deferred weight-gradient pass W of a split backward (zb-h1)."""
         self.phase = WGT
-        vs = chunk * self.plan.pp + stage
+        vs = virtual_stage(self.plan.schedule, self.plan.pp, stage, chunk)
         if vs == self.last_vs:
             self.chain(stage, self.special("head")[2], (), mb, -1)
         for layer in reversed(self._layers(stage, chunk)):
@@ -313,7 +319,7 @@ def _emit(b: _Builder, orders: dict[int, list]) -> None:
                     cursor[stage] += 1
                     progressed = True
                     continue
-                vs = chunk * b.plan.pp + stage
+                vs = virtual_stage(b.plan.schedule, b.plan.pp, stage, chunk)
                 src = (FWD, mb, vs - 1) if phase == FWD else (BWD, mb, vs + 1)
                 needs = vs > 0 if phase == FWD else vs < b.last_vs
                 if needs and src not in b.p2p:
@@ -322,7 +328,11 @@ def _emit(b: _Builder, orders: dict[int, list]) -> None:
                 emit = b.chunk_forward if phase == FWD else b.chunk_backward
                 end = emit(stage, mb, chunk, deps)
                 if (vs < b.last_vs) if phase == FWD else (vs > 0):
-                    b.send(stage, phase, mb, vs, end)
+                    nxt = vs + 1 if phase == FWD else vs - 1
+                    if b.stage_of(nxt) == stage:  # the V's turn: the next virtual stage is on this one
+                        b.p2p[(phase, mb, vs)] = end
+                    else:
+                        b.send(stage, phase, mb, vs, end)
                 cursor[stage] += 1
                 progressed = True
         if not progressed:
@@ -331,20 +341,22 @@ def _emit(b: _Builder, orders: dict[int, list]) -> None:
 
 def build_graph(
     model: ModelSpec, plan: ParallelPlan, num_microbatches: int | None = None, routing: RoutingSpec = UNIFORM,
-    ep_speeds: tuple[float, ...] | None = None,
+    ep_speeds: tuple[float, ...] | None = None, weights: tuple = UNIT,
 ) -> OpGraph:
     """Lower ``model`` under ``plan`` into the per-stage op graph of one training step.
 
     ``num_microbatches`` lowers only that many microbatches (identical to the rest);
     the closed-form estimator scales them up, the engine needs them all. ``ep_speeds``
     (relative GPU speed per EP rank, see ``stragglers``) picks the EP rank that ends
-    the MoE layer last and, for speed-aware routing, places the experts.
+    the MoE layer last and, for speed-aware routing, places the experts. ``weights``:
+    the passes' relative (F, B, W, send) seconds a V-shape schedule's order is built from
+    (``ClosedForm.pass_weights``, so both estimators run the same order).
     """
     built = plan
     if num_microbatches is not None and num_microbatches < plan.num_microbatches:
         built = replace(plan, gbs=plan.mbs * plan.dp * num_microbatches)
     b = _Builder(model, built, routing, ep_speeds)
-    _emit(b, {s: stage_order(built, s) for s in range(built.pp)})
+    _emit(b, {s: stage_order(built, s, weights) for s in range(built.pp)})
     for stage in range(built.pp):
         b.optimizer(stage)
     b.graph.plan = plan

@@ -8,7 +8,8 @@ tensor/sequence parallelism divide them by tp, context parallelism by cp.
 from dataclasses import dataclass
 
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import ParallelPlan, Recompute, Schedule
+from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule
+from perfsim.plan.schedules import head_stage, v_limit
 from perfsim.plan.sharding import (
     MAIN_GRAD_BYTES,
     OPTIMIZER_STATE_BYTES,
@@ -87,6 +88,8 @@ def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
     m = plan.num_microbatches
     if plan.schedule == Schedule.GPIPE:
         return m
+    if plan.schedule in V_SHAPES:  # the chunks the schedule may hold (F to W), two a stage
+        return min(v_limit(plan.schedule, plan.pp), plan.vpp * m) / plan.vpp
     if plan.vpp > 1:  # Narayanan'21 sec. 2.2: (1 + (pp-1)/(pp*vpp)) x pp for the first stage
         return min(m, (plan.pp - stage) * (1 + (plan.pp - 1) / (plan.pp * plan.vpp)))
     if plan.schedule == Schedule.ZB_H1:  # stage s also keeps s deferred W passes' inputs
@@ -111,7 +114,7 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
     per_mb = sum(layer_activation_bytes(model, plan, l) for l in stage_layer_ids(model, plan, stage))
     acts = per_mb * in_flight_microbatches(plan, stage)
     logits = 0.0
-    if stage == plan.pp - 1:  # logits + their gradient (FP32 each by default)
+    if stage == head_stage(plan):  # logits + their gradient (FP32 each by default)
         logits = plan.mbs * plan.seq / plan.cp * model.vocab_size / plan.tp * _policy(plan, "logit_bytes", 2 * LOGIT_BYTES)
     return MemoryBreakdown(stage=stage, weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
                            activations_bytes=acts, logits_bytes=logits,

@@ -25,8 +25,15 @@ class Schedule(StrEnum):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
     ZB_H1 = "zb-h1"  # zero bubble, backward split into input- and weight-gradient (Qi'23)
+    # V-shape (vpp 2: stage s holds virtual stages s and 2pp-1-s), backward split as in ZB-H1,
+    # at 1F1B's activation memory, half of it, a third of it (Qi'24 ZB-V; Qi'24 "Pipeline
+    # Parallelism with Controllable Memory" V-Half, V-Min; Primus-pipeline zbv / v-half / v-min)
+    ZBV = "zbv"
+    V_HALF = "v-half"
+    V_MIN = "v-min"
 
 
+V_SHAPES = frozenset({Schedule.ZBV, Schedule.V_HALF, Schedule.V_MIN})
 DTYPES = ("bf16", "fp16", "fp8")
 # plan.dispatch names that run the collective library's all-to-all (RCCL / NCCL): tokens
 # arrive grouped by source rank, so a rank holding several experts regroups them by expert
@@ -106,8 +113,9 @@ class ParallelPlan:
                 raise ConfigError(f"plan.{key} must be an integer >= 0, got {value!r}")
             if key == "recompute_layers":
                 continue
-            if value and (self.pp < 2 or self.vpp > 1):
-                raise ConfigError(f"plan.{key} ({value}) needs pp > 1 and vpp 1 (uneven stages are not interleaved)")
+            if value and (self.pp < 2 or (self.vpp > 1 and self.schedule not in V_SHAPES)):
+                raise ConfigError(f"plan.{key} ({value}) needs pp > 1 and vpp 1, or a V-shape schedule (uneven "
+                                  f"stages are not interleaved)")
         if isinstance(self.grad_bucket_bytes, bool) or not isinstance(self.grad_bucket_bytes, int) or self.grad_bucket_bytes < 1:
             raise ConfigError(f"plan.grad_bucket_bytes must be a positive integer, got {self.grad_bucket_bytes!r}")
         share = self.comm_compute_interference
@@ -225,11 +233,13 @@ def _enum(cls: type, value, key: str):
 
 def _check_uneven(plan: ParallelPlan, model: ModelSpec) -> None:
     first, last = plan.first_stage_layers, plan.last_stage_layers
-    middle = plan.pp - bool(first) - bool(last)
+    units = plan.pp * plan.vpp  # V-shape: the first and last virtual stages (both on stage 0)
+    middle = units - bool(first) - bool(last)
     rest = model.num_layers - first - last
+    what = "stages" if plan.vpp == 1 else "virtual stages"
     if rest < 0 or (middle and (rest < middle or rest % middle)) or (not middle and rest):
         raise ConfigError(
-            f"plan.first_stage_layers/last_stage_layers ({first}/{last}): the other {middle} stages must split the "
+            f"plan.first_stage_layers/last_stage_layers ({first}/{last}): the other {middle} {what} must split the "
             f"remaining {rest} of the model's {model.num_layers} layers evenly, at least one each")
 
 
@@ -240,6 +250,9 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
             f"plan: tp*pp*cp*dp = {plan.tp}*{plan.pp}*{plan.cp}*{plan.dp} = {plan.world_size} "
             f"must equal the GPU count {num_gpus}"
         )
+    if plan.schedule in V_SHAPES and (plan.pp < 2 or plan.vpp != 2):
+        raise ConfigError(f"plan.schedule {plan.schedule.value!r} is V-shaped: it needs pp > 1 and vpp 2 "
+                          f"(two chunks per stage), got pp {plan.pp}, vpp {plan.vpp}")
     if model.num_heads % plan.tp:
         raise ConfigError(f"plan.tp ({plan.tp}) must divide the model's heads ({model.num_heads})")
     if model.num_kv_heads % plan.tp and plan.tp % model.num_kv_heads:
@@ -253,7 +266,7 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
     _check_moe(plan, model)
     if plan.schedule == Schedule.INTERLEAVED and plan.vpp == 1:
         raise ConfigError("plan.schedule 'interleaved' needs vpp > 1")
-    if plan.vpp > 1 and plan.num_microbatches % plan.pp:
+    if plan.vpp > 1 and plan.schedule not in V_SHAPES and plan.num_microbatches % plan.pp:
         raise ConfigError(
             f"plan: interleaving needs microbatches ({plan.num_microbatches}) divisible by pp ({plan.pp})"
         )

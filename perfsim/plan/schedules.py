@@ -15,11 +15,27 @@ How ``vpp`` combines with each schedule (every one runs with vpp > 1):
 - ``zb-h1``: the interleaved order with every backward split into B and W, W deferred
   as in ZB-H1: uniform bubble (pp-1)/vpp (F+B-W) (a third of interleaved's at F=B=W;
   an interleaved variant in the spirit of Qi'23, not the paper's ZB-V schedule).
+
+V-shape schedules (``zbv``, ``v-half``, ``v-min``; vpp 2): stage s holds virtual stages s
+and 2pp-1-s, so a microbatch runs down the stages and back up, and stage 0 holds both the
+first layers and the LM head (Qi'24, ZB-V; Qi'24, "Pipeline Parallelism with Controllable
+Memory"). Backward split into B and W as in ZB-H1. The three differ in the activation memory
+a stage may hold: 1F1B's peak (pp microbatches of the whole stage, 2pp chunks), half of it
+and a third of it, rounded up, plus one chunk of headroom for v-half and v-min (assumed: at
+exactly the fraction the greedy order below stalls); a chunk's activations count from its F
+to its B (what its W still needs, the linear layers' inputs, is left out: assumed).
+Orders are built by a greedy list schedule over the passes' relative times (``weights``:
+F, B, W and a send, from the priced stages, as Primus-pipeline's scheduler takes the
+passes' costs): B first, then F -- the chunk nearer the LM head first -- while the memory
+limit admits it, then W. It is not the papers' hand-built repeating blocks; less memory
+leaves more bubble, as in the papers' and Primus-pipeline's measurements.
 """
 
+import math
 from collections import deque
+from functools import lru_cache
 
-from perfsim.plan.parallel import ParallelPlan, Schedule
+from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Schedule
 
 FWD = "F"
 BWD = "B"  # full backward, or the input-gradient half under zb-h1
@@ -84,15 +100,121 @@ def _zb_h1(pp: int, vpp: int, stage: int, m: int) -> Order:
     return split_backward(base, stage)
 
 
-def stage_order(plan: ParallelPlan, stage: int) -> Order:
-    """The compute order of ``stage``: a list of (phase, microbatch, chunk)."""
-    return schedule_order(plan.schedule, plan.pp, plan.vpp, stage, plan.num_microbatches)
+# share of 1F1B's peak activation memory (2pp chunks of a stage) each V-shape schedule may hold
+V_MEMORY = {Schedule.ZBV: 1.0, Schedule.V_HALF: 1 / 2, Schedule.V_MIN: 1 / 3}
 
 
-def schedule_order(schedule: Schedule, pp: int, vpp: int, stage: int, m: int) -> Order:
+UNIT = (1.0, 1.0, 1.0, 0.0)  # relative (F, B, W, send) seconds when no pricing is at hand
+
+
+def v_limit(schedule: Schedule, pp: int) -> int:
+    """Chunk activations a stage may hold under a V-shape schedule (see the module docstring)."""
+    share = V_MEMORY[schedule]
+    return math.ceil(share * 2 * pp - 1e-9) + (share < 1)
+
+
+def virtual_stage(schedule: Schedule, pp: int, stage: int, chunk: int) -> int:
+    """Position of (stage, chunk) along the model: Megatron's round robin, or the V."""
+    if schedule in V_SHAPES:
+        return stage if chunk == 0 else 2 * pp - 1 - stage
+    return chunk * pp + stage
+
+
+def head_stage(plan: ParallelPlan) -> int:
+    """The stage holding the LM head: the last, or under a V-shape schedule the first."""
+    return 0 if plan.schedule in V_SHAPES else plan.pp - 1
+
+
+@lru_cache(maxsize=64)
+def _v_orders(schedule: Schedule, pp: int, m: int, weights: tuple = UNIT) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    """Every stage's order under a V-shape schedule: the greedy list schedule over the
+    passes' relative ``weights`` (F, B, W, send) described in the module docstring
+    (deterministic: the pass that can start first runs)."""
+    cost, send = dict(zip((FWD, BWD, WGT), weights[:3])), weights[3]
+    last, limit = 2 * pp - 1, v_limit(schedule, pp)
+    f_end, b_end = {}, {}  # (microbatch, virtual stage) -> when its F / B ends (relative seconds)
+    orders = [[] for _ in range(pp)]
+    next_f, next_b = [[0, 0] for _ in range(pp)], [[0, 0] for _ in range(pp)]
+    pending = [deque() for _ in range(pp)]  # (ready time, chunk, microbatch) of each W
+    held, free = [0] * pp, [0] * pp  # chunks between their F and B; when the stage is free
+    left = 6 * pp * m
+    while left:
+        picks = [pick for pick in (_v_pick(schedule, pp, m, s, free[s], held[s], limit, next_f, next_b, pending,
+                                           f_end, b_end, send) for s in range(pp)) if pick]
+        if not picks:
+            raise RuntimeError(f"pipeline schedule {schedule} deadlocks (pp {pp}, {m} microbatches)")
+        start, s, phase, chunk, mb = min(picks)  # the pass that can start first runs (stage order on ties)
+        end, vs = start + cost[phase], virtual_stage(schedule, pp, s, chunk)
+        if phase == FWD:
+            f_end[(mb, vs)], held[s] = end, held[s] + 1
+            next_f[s][chunk] += 1
+        elif phase == BWD:
+            b_end[(mb, vs)] = end
+            next_b[s][chunk] += 1
+            pending[s].append((end, chunk, mb))
+            held[s] -= 1
+        else:
+            pending[s].popleft()
+        orders[s].append((phase, mb, chunk))
+        free[s] = end
+        left -= 1
+    return tuple(tuple(o) for o in orders)
+
+
+def _arrival(end, vs: int, stage: int, pp: int, send: float):
+    """When a pass of virtual stage ``vs`` that ended at ``end`` reaches ``stage`` (a send,
+    unless ``vs`` is on that stage: the V's turn)."""
+    if end is None:
+        return None
+    return end if (vs if vs < pp else 2 * pp - 1 - vs) == stage else end + send
+
+
+def _v_pick(schedule, pp, m, s, now, held, limit, next_f, next_b, pending, f_end, b_end, send):
+    """(start, stage, phase, chunk, microbatch) of the pass stage ``s`` runs next, or None:
+    among the passes ready when it is free, B before F (the chunk nearer the LM head first,
+    while the memory limit admits it) before W; if none is ready, the first to be."""
+    last, options = 2 * pp - 1, []  # (ready, priority, tie-break, phase, chunk, microbatch)
+    for chunk in (0, 1):
+        vs, mb = virtual_stage(schedule, pp, s, chunk), next_b[s][chunk]
+        ready = f_end.get((mb, vs)) if vs == last else _arrival(b_end.get((mb, vs + 1)), vs + 1, s, pp, send)
+        if mb < m and ready is not None:  # B, the lower chunk first (its microbatch is done)
+            options.append((ready, 0, chunk, BWD, chunk, mb))
+        mb = next_f[s][chunk]
+        ready = 0 if vs == 0 else _arrival(f_end.get((mb, vs - 1)), vs - 1, s, pp, send)
+        room = held + (2 if chunk == 0 else 1) <= limit  # a chunk-0 F keeps room for its chunk-1 F
+        if mb < m and ready is not None and room:
+            options.append((ready, 1, -chunk, FWD, chunk, mb))
+    if pending[s]:
+        ready, chunk, mb = pending[s][0]
+        options.append((ready, 2, 0, WGT, chunk, mb))
+    if not options:
+        return None
+    waiting = [o for o in options if o[0] <= now]
+    ready, _, _, phase, chunk, mb = min(waiting, key=lambda o: o[1:3]) if waiting else min(options)
+    return max(now, ready), s, phase, chunk, mb
+
+
+def peak_chunks(schedule: Schedule, pp: int, m: int, stage: int, weights: tuple = UNIT) -> int:
+    """Most chunk activations ``stage`` holds at once under a V-shape schedule (F to B)."""
+    held = peak = 0
+    for phase, _, _ in _v_orders(schedule, pp, m, weights)[stage]:
+        held += {FWD: 1, BWD: -1}.get(phase, 0)
+        peak = max(peak, held)
+    return peak
+
+
+def stage_order(plan: ParallelPlan, stage: int, weights: tuple = UNIT) -> Order:
+    """The compute order of ``stage``: a list of (phase, microbatch, chunk); ``weights``
+    (relative F, B, W, send seconds) shape the V-shape schedules' greedy orders only."""
+    return schedule_order(plan.schedule, plan.pp, plan.vpp, stage, plan.num_microbatches, weights)
+
+
+def schedule_order(schedule: Schedule, pp: int, vpp: int, stage: int, m: int, weights: tuple = UNIT) -> Order:
     """``stage_order`` of a schedule over ``m`` microbatches (no plan needed)."""
     if schedule == Schedule.GPIPE:
         return _gpipe(pp, vpp, stage, m)
+    if schedule in V_SHAPES:
+        return list(_v_orders(schedule, pp, m, weights)[stage])
     if schedule == Schedule.ZB_H1:
         return _zb_h1(pp, vpp, stage, m)
     if schedule == Schedule.INTERLEAVED or vpp > 1:
@@ -101,24 +223,27 @@ def schedule_order(schedule: Schedule, pp: int, vpp: int, stage: int, m: int) ->
 
 
 def splits_backward(plan: ParallelPlan) -> bool:
-    return plan.schedule == Schedule.ZB_H1
+    return plan.schedule == Schedule.ZB_H1 or plan.schedule in V_SHAPES
 
 
-def stage_layers(num_layers: int, pp: int, vpp: int, stage: int, chunk: int, first: int = 0, last: int = 0) -> range:
-    """Layers held by virtual stage (stage, chunk): chunk-major round robin (Megatron);
-    with ``first`` / ``last`` set (Megatron's --decoder-first/last-pipeline-num-layers,
-    vpp 1) the first / last stage holds that many and the others split the rest evenly."""
+def stage_layers(num_layers: int, pp: int, vpp: int, stage: int, chunk: int, first: int = 0, last: int = 0,
+                 schedule: Schedule = Schedule.ONE_F_ONE_B) -> range:
+    """Layers held by virtual stage (stage, chunk): chunk-major round robin (Megatron), or
+    under a V-shape schedule the V (``virtual_stage``); with ``first`` / ``last`` set
+    (Megatron's --decoder-first/last-pipeline-num-layers, vpp 1; under a V-shape schedule
+    the first and last virtual stages, both on stage 0) those hold that many and the
+    others split the rest evenly."""
+    vs = virtual_stage(schedule, pp, stage, chunk)
     if first or last:
-        counts = uneven_counts(num_layers, pp, first, last)
-        start = sum(counts[:stage])
-        return range(start, start + counts[stage])
+        counts = uneven_counts(num_layers, pp * vpp, first, last)
+        start = sum(counts[:vs])
+        return range(start, start + counts[vs])
     per_chunk = num_layers // (pp * vpp)
-    start = (chunk * pp + stage) * per_chunk
-    return range(start, start + per_chunk)
+    return range(vs * per_chunk, (vs + 1) * per_chunk)
 
 
 def uneven_counts(num_layers: int, pp: int, first: int, last: int) -> list[int]:
-    """Layers per stage when the first and/or last stage hold a set number (0: even share)."""
+    """Layers per (virtual) stage when the first and/or last hold a set number (0: even share)."""
     middle = pp - bool(first) - bool(last)
     each = (num_layers - first - last) // middle if middle else 0
     counts = [each] * pp

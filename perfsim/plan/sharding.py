@@ -6,7 +6,7 @@ fp32 main gradients (4 B), fp32 master weights + Adam m and v (12 B) per paramet
 
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan, Recompute
-from perfsim.plan.schedules import stage_layers
+from perfsim.plan.schedules import head_stage, stage_layers
 
 WEIGHT_BYTES = 2
 MAIN_GRAD_BYTES = 4
@@ -50,7 +50,8 @@ def layer_param_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple
 
 def stage_layer_ids(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[int]:
     return [l for c in range(plan.vpp) for l in stage_layers(model.num_layers, plan.pp, plan.vpp, stage, c,
-                                                            plan.first_stage_layers, plan.last_stage_layers)]
+                                                            plan.first_stage_layers, plan.last_stage_layers,
+                                                            plan.schedule)]
 
 
 def recomputes(model: ModelSpec, plan: ParallelPlan, layer: int) -> Recompute:
@@ -61,22 +62,24 @@ def recomputes(model: ModelSpec, plan: ParallelPlan, layer: int) -> Recompute:
     for stage in range(plan.pp):
         for chunk in range(plan.vpp):
             held = stage_layers(model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
-                                plan.last_stage_layers)
+                                plan.last_stage_layers, plan.schedule)
             if layer in held:
                 return plan.recompute if layer - held.start < plan.recompute_layers else Recompute.NONE
     return plan.recompute
 
 
 def embedding_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """Vocabulary-parallel embedding on the first stage, LM head on the last (tied
-    embeddings keep a copy on both ends when pp > 1, as Megatron does)."""
+    """Vocabulary-parallel embedding on the first stage, LM head on ``head_stage`` (the
+    last, or the first under a V-shape schedule); tied embeddings keep a copy on both
+    ends when those are different stages, as Megatron does."""
     table = model.vocab_size * model.hidden_size / plan.tp
+    head = head_stage(plan)
     count = 0.0
     if stage == 0:
         count += table
-    if stage == plan.pp - 1 and (not model.tied_embeddings or plan.pp > 1):
+    if stage == head and (not model.tied_embeddings or head != 0):
         count += table
-    return count + (model.hidden_size if stage == plan.pp - 1 else 0)
+    return count + (model.hidden_size if stage == head else 0)
 
 
 def stage_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:

@@ -21,7 +21,7 @@ from perfsim.estimators.analytic import ClosedForm
 from perfsim.estimators.fastmem import MemoryModel
 from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import ParallelPlan, Recompute, Schedule, check_plan
+from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, check_plan
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.system.stacks import IDEAL, StackSpec
 
@@ -129,11 +129,12 @@ def structures(space: Space, num_gpus: int) -> list[tuple[int, ...]]:
 def schedules(space: Space, pp: int, vpp: int) -> list[Schedule]:
     """Schedules that differ for this (pp, vpp): the first without pipelining; 1f1b is
     the interleaved schedule once vpp > 1 and interleaved needs vpp > 1, so only one of
-    the two is kept."""
+    the two is kept; the V-shape schedules only at vpp 2."""
     if pp == 1:
-        return [Schedule.ONE_F_ONE_B] if Schedule.ONE_F_ONE_B in space.schedule else list(space.schedule[:1])
+        usable = [s for s in space.schedule if s not in V_SHAPES]
+        return [Schedule.ONE_F_ONE_B] if Schedule.ONE_F_ONE_B in space.schedule else usable[:1]
     pair = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED)
-    keep = [s for s in space.schedule if s not in pair]
+    keep = [s for s in space.schedule if s not in pair and (vpp == 2 or s not in V_SHAPES)]
     if any(s in space.schedule for s in pair) and (vpp > 1 or Schedule.ONE_F_ONE_B in space.schedule):
         keep.insert(0, Schedule.INTERLEAVED if vpp > 1 else Schedule.ONE_F_ONE_B)
     return keep
