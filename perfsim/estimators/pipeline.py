@@ -143,7 +143,8 @@ def _walk(schedule, pp, vpp, m, stages, p2p_s, weights=UNIT):
         table = [[0.0] * slots for _ in range(slots)]
         for ((pa, ca), (pb, cb)), seconds in st.spills:
             table[phase_of[pa] * vpp + ca][phase_of[pb] * vpp + cb] = seconds
-        bodies.append(body), e2s.append(e2), aheads.append(ahead), spill.append(table), first_e1.append(st.first_e1), gathers.append(st.gathers)
+        bodies.append(body), e2s.append(e2), aheads.append(ahead), spill.append(table)
+        first_e1.append(st.first_e1), gathers.append(st.gathers)
     ends = [0.0] * len(steps)
     free, hidden, credit = [0.0] * pp, [0.0] * pp, [0.0] * pp
     grads = [[(0.0, 0.0)] * vpp for _ in range(pp)]

@@ -165,7 +165,8 @@ class _Builder:
     def stage_of(self, vs: int) -> int:
         """The stage holding virtual stage ``vs``."""
         pp = self.plan.pp
-        return next(s for s in range(pp) for c in range(self.plan.vpp) if virtual_stage(self.plan.schedule, pp, s, c) == vs)
+        return next(s for s in range(pp) for c in range(self.plan.vpp)
+                    if virtual_stage(self.plan.schedule, pp, s, c) == vs)
 
     def send(self, stage: int, phase: str, mb: int, vs: int, after: int) -> None:
         size = self.layers.local_tokens * self.model.hidden_size * 2

@@ -42,6 +42,7 @@ BWD = "B"  # full backward, or the input-gradient half under zb-h1
 WGT = "W"  # weight-gradient half of a split backward (zb-h1)
 
 Order = list[tuple[str, int, int]]
+Orders = tuple[tuple[tuple[str, int, int], ...], ...]  # every stage's order, immutable (cached)
 
 
 def _gpipe(pp: int, vpp: int, stage: int, m: int) -> Order:
@@ -126,72 +127,82 @@ def head_stage(plan: ParallelPlan) -> int:
 
 
 @lru_cache(maxsize=64)
-def _v_orders(schedule: Schedule, pp: int, m: int, weights: tuple = UNIT) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+def _v_orders(schedule: Schedule, pp: int, m: int, weights: tuple = UNIT) -> Orders:
     """Every stage's order under a V-shape schedule: the greedy list schedule over the
     passes' relative ``weights`` (F, B, W, send) described in the module docstring
     (deterministic: the pass that can start first runs)."""
-    cost, send = dict(zip((FWD, BWD, WGT), weights[:3])), weights[3]
-    last, limit = 2 * pp - 1, v_limit(schedule, pp)
-    f_end, b_end = {}, {}  # (microbatch, virtual stage) -> when its F / B ends (relative seconds)
-    orders = [[] for _ in range(pp)]
-    next_f, next_b = [[0, 0] for _ in range(pp)], [[0, 0] for _ in range(pp)]
-    pending = [deque() for _ in range(pp)]  # (ready time, chunk, microbatch) of each W
-    held, free = [0] * pp, [0] * pp  # chunks between their F and B; when the stage is free
-    left = 6 * pp * m
-    while left:
-        picks = [pick for pick in (_v_pick(schedule, pp, m, s, free[s], held[s], limit, next_f, next_b, pending,
-                                           f_end, b_end, send) for s in range(pp)) if pick]
-        if not picks:
-            raise RuntimeError(f"pipeline schedule {schedule} deadlocks (pp {pp}, {m} microbatches)")
-        start, s, phase, chunk, mb = min(picks)  # the pass that can start first runs (stage order on ties)
-        end, vs = start + cost[phase], virtual_stage(schedule, pp, s, chunk)
-        if phase == FWD:
-            f_end[(mb, vs)], held[s] = end, held[s] + 1
-            next_f[s][chunk] += 1
-        elif phase == BWD:
-            b_end[(mb, vs)] = end
-            next_b[s][chunk] += 1
-            pending[s].append((end, chunk, mb))
-            held[s] -= 1
-        else:
-            pending[s].popleft()
-        orders[s].append((phase, mb, chunk))
-        free[s] = end
-        left -= 1
-    return tuple(tuple(o) for o in orders)
+    return _VGreedy(schedule, pp, m, weights).run()
 
 
-def _arrival(end, vs: int, stage: int, pp: int, send: float):
-    """When a pass of virtual stage ``vs`` that ended at ``end`` reaches ``stage`` (a send,
-    unless ``vs`` is on that stage: the V's turn)."""
-    if end is None:
-        return None
-    return end if (vs if vs < pp else 2 * pp - 1 - vs) == stage else end + send
+class _VGreedy:
+    """The state of the greedy V-shape list schedule (``_v_orders``)."""
 
+    def __init__(self, schedule: Schedule, pp: int, m: int, weights: tuple):
+        self.schedule, self.pp, self.m, self.last = schedule, pp, m, 2 * pp - 1
+        self.cost, self.send = dict(zip((FWD, BWD, WGT), weights[:3])), weights[3]
+        self.limit = v_limit(schedule, pp)
+        self.f_end, self.b_end = {}, {}  # (microbatch, virtual stage) -> when its F / B ends (relative seconds)
+        self.next_f, self.next_b = [[0, 0] for _ in range(pp)], [[0, 0] for _ in range(pp)]
+        self.pending = [deque() for _ in range(pp)]  # (ready time, chunk, microbatch) of each W
+        self.held, self.free = [0] * pp, [0] * pp  # chunks between their F and B; when the stage is free
+        self.orders = [[] for _ in range(pp)]
 
-def _v_pick(schedule, pp, m, s, now, held, limit, next_f, next_b, pending, f_end, b_end, send):
-    """(start, stage, phase, chunk, microbatch) of the pass stage ``s`` runs next, or None:
-    among the passes ready when it is free, B before F (the chunk nearer the LM head first,
-    while the memory limit admits it) before W; if none is ready, the first to be."""
-    last, options = 2 * pp - 1, []  # (ready, priority, tie-break, phase, chunk, microbatch)
-    for chunk in (0, 1):
-        vs, mb = virtual_stage(schedule, pp, s, chunk), next_b[s][chunk]
-        ready = f_end.get((mb, vs)) if vs == last else _arrival(b_end.get((mb, vs + 1)), vs + 1, s, pp, send)
-        if mb < m and ready is not None:  # B, the lower chunk first (its microbatch is done)
-            options.append((ready, 0, chunk, BWD, chunk, mb))
-        mb = next_f[s][chunk]
-        ready = 0 if vs == 0 else _arrival(f_end.get((mb, vs - 1)), vs - 1, s, pp, send)
-        room = held + (2 if chunk == 0 else 1) <= limit  # a chunk-0 F keeps room for its chunk-1 F
-        if mb < m and ready is not None and room:
-            options.append((ready, 1, -chunk, FWD, chunk, mb))
-    if pending[s]:
-        ready, chunk, mb = pending[s][0]
-        options.append((ready, 2, 0, WGT, chunk, mb))
-    if not options:
-        return None
-    waiting = [o for o in options if o[0] <= now]
-    ready, _, _, phase, chunk, mb = min(waiting, key=lambda o: o[1:3]) if waiting else min(options)
-    return max(now, ready), s, phase, chunk, mb
+    def run(self) -> Orders:
+        for _ in range(6 * self.pp * self.m):
+            picks = [pick for pick in map(self.pick, range(self.pp)) if pick]
+            if not picks:
+                raise RuntimeError(f"pipeline schedule {self.schedule} deadlocks (pp {self.pp}, {self.m} microbatches)")
+            start, s, phase, chunk, mb = min(picks)  # the pass that can start first runs (stage order on ties)
+            end, vs = start + self.cost[phase], virtual_stage(self.schedule, self.pp, s, chunk)
+            if phase == FWD:
+                self.f_end[(mb, vs)] = end
+                self.held[s] += 1
+                self.next_f[s][chunk] += 1
+            elif phase == BWD:
+                self.b_end[(mb, vs)] = end
+                self.held[s] -= 1
+                self.next_b[s][chunk] += 1
+                self.pending[s].append((end, chunk, mb))
+            else:
+                self.pending[s].popleft()
+            self.orders[s].append((phase, mb, chunk))
+            self.free[s] = end
+        return tuple(tuple(o) for o in self.orders)
+
+    def arrival(self, end, vs: int, stage: int):
+        """When a pass of virtual stage ``vs`` that ended at ``end`` reaches ``stage`` (a send,
+        unless ``vs`` is on that stage: the V's turn)."""
+        if end is None:
+            return None
+        return end if (vs if vs < self.pp else self.last - vs) == stage else end + self.send
+
+    def pick(self, s: int):
+        """(start, stage, phase, chunk, microbatch) of the pass stage ``s`` runs next, or None:
+        among the passes ready when it is free, B before F (the chunk nearer the LM head
+        first, while the memory limit admits it) before W; if none is ready, the first to be."""
+        options = []  # (ready, priority, tie-break, phase, chunk, microbatch)
+        for chunk in (0, 1):
+            vs, mb = virtual_stage(self.schedule, self.pp, s, chunk), self.next_b[s][chunk]
+            if vs == self.last:  # the LM head's B follows its own F
+                ready = self.f_end.get((mb, vs))
+            else:
+                ready = self.arrival(self.b_end.get((mb, vs + 1)), vs + 1, s)
+            if mb < self.m and ready is not None:  # B, the lower chunk first (its microbatch is done)
+                options.append((ready, 0, chunk, BWD, chunk, mb))
+            mb = self.next_f[s][chunk]
+            ready = 0 if vs == 0 else self.arrival(self.f_end.get((mb, vs - 1)), vs - 1, s)
+            room = self.held[s] + (2 if chunk == 0 else 1) <= self.limit  # a chunk-0 F keeps room for its chunk-1 F
+            if mb < self.m and ready is not None and room:
+                options.append((ready, 1, -chunk, FWD, chunk, mb))
+        if self.pending[s]:
+            ready, chunk, mb = self.pending[s][0]
+            options.append((ready, 2, 0, WGT, chunk, mb))
+        if not options:
+            return None
+        now = self.free[s]
+        waiting = [o for o in options if o[0] <= now]
+        ready, _, _, phase, chunk, mb = min(waiting, key=lambda o: o[1:3]) if waiting else min(options)
+        return max(now, ready), s, phase, chunk, mb
 
 
 def peak_chunks(schedule: Schedule, pp: int, m: int, stage: int, weights: tuple = UNIT) -> int:
