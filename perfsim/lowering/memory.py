@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule
-from perfsim.plan.schedules import head_stage, v_limit
+from perfsim.plan.schedules import head_stage, v_chunks_held
 from perfsim.plan.sharding import (
     MAIN_GRAD_BYTES,
     OPTIMIZER_STATE_BYTES,
@@ -89,7 +89,7 @@ def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
     if plan.schedule == Schedule.GPIPE:
         return m
     if plan.schedule in V_SHAPES:  # the chunks the schedule may hold (F to W), two a stage
-        return min(v_limit(plan.schedule, plan.pp), plan.vpp * m) / plan.vpp
+        return v_chunks_held(plan.schedule, plan.pp, m) / plan.vpp
     if plan.vpp > 1:  # Narayanan'21 sec. 2.2: (1 + (pp-1)/(pp*vpp)) x pp for the first stage
         return min(m, (plan.pp - stage) * (1 + (plan.pp - 1) / (plan.pp * plan.vpp)))
     if plan.schedule == Schedule.ZB_H1:  # stage s also keeps s deferred W passes' inputs

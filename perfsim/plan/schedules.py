@@ -20,18 +20,17 @@ V-shape schedules (``zbv``, ``v-half``, ``v-min``; vpp 2): stage s holds virtual
 and 2pp-1-s, so a microbatch runs down the stages and back up, and stage 0 holds both the
 first layers and the LM head (Qi'24, ZB-V; Qi'24, "Pipeline Parallelism with Controllable
 Memory"). Backward split into B and W as in ZB-H1. The three differ in the activation memory
-a stage may hold: 1F1B's peak (pp microbatches of the whole stage, 2pp chunks), half of it
-and a third of it, rounded up, plus one chunk of headroom for v-half and v-min (assumed: at
-exactly the fraction the greedy order below stalls); a chunk's activations count from its F
-to its B (what its W still needs, the linear layers' inputs, is left out: assumed).
-Orders are built by a greedy list schedule over the passes' relative times (``weights``:
-F, B, W and a send, from the priced stages, as Primus-pipeline's scheduler takes the
-passes' costs): B first, then F -- the chunk nearer the LM head first -- while the memory
-limit admits it, then W. It is not the papers' hand-built repeating blocks; less memory
-leaves more bubble, as in the papers' and Primus-pipeline's measurements.
+a stage holds: 1F1B's peak (pp microbatches of the whole stage, 2pp chunks), about half of
+it and about a third of it; a chunk's activations count from its F to its B (what its W
+still needs, the linear layers' inputs, is left out: assumed). As Primus-pipeline's
+zero-bubble scheduler builds them: zbv by a greedy list schedule over the passes' relative
+times (``weights``: F, B, W and a send, from the priced stages) -- B first, then F (the chunk
+nearer the LM head first) while the stage holds fewer than 2pp chunks, then W; v-half and
+v-min from the paper's repeating blocks laid out at equal pass times (``_v_pattern``). Less
+memory leaves more bubble (at equal pass times, pp 8, 64 microbatches: zbv 2%, v-half 7%,
+v-min 7%, 1F1B 11%; more where B outlasts F).
 """
 
-import math
 from collections import deque
 from functools import lru_cache
 
@@ -101,17 +100,21 @@ def _zb_h1(pp: int, vpp: int, stage: int, m: int) -> Order:
     return split_backward(base, stage)
 
 
-# share of 1F1B's peak activation memory (2pp chunks of a stage) each V-shape schedule may hold
-V_MEMORY = {Schedule.ZBV: 1.0, Schedule.V_HALF: 1 / 2, Schedule.V_MIN: 1 / 3}
-
-
 UNIT = (1.0, 1.0, 1.0, 0.0)  # relative (F, B, W, send) seconds when no pricing is at hand
 
 
 def v_limit(schedule: Schedule, pp: int) -> int:
-    """Chunk activations a stage may hold under a V-shape schedule (see the module docstring)."""
-    share = V_MEMORY[schedule]
-    return math.ceil(share * 2 * pp - 1e-9) + (share < 1)
+    """Chunk activations zbv lets a stage hold: 1F1B's peak, pp microbatches of the whole
+    stage (2pp chunks), as ZB-V states."""
+    return 2 * pp
+
+
+def v_chunks_held(schedule: Schedule, pp: int, m: int) -> int:
+    """Most chunk activations a stage holds (F to B) under a V-shape schedule: zbv's limit,
+    or the v-half / v-min block's peak over the stages."""
+    if schedule == Schedule.ZBV:
+        return min(v_limit(schedule, pp), 2 * m)
+    return max(peak_chunks(schedule, pp, m, stage) for stage in range(pp))
 
 
 def virtual_stage(schedule: Schedule, pp: int, stage: int, chunk: int) -> int:
@@ -128,10 +131,50 @@ def head_stage(plan: ParallelPlan) -> int:
 
 @lru_cache(maxsize=64)
 def _v_orders(schedule: Schedule, pp: int, m: int, weights: tuple = UNIT) -> Orders:
-    """Every stage's order under a V-shape schedule: the greedy list schedule over the
-    passes' relative ``weights`` (F, B, W, send) described in the module docstring
-    (deterministic: the pass that can start first runs)."""
-    return _VGreedy(schedule, pp, m, weights).run()
+    """Every stage's order under a V-shape schedule: zbv's greedy list schedule over the
+    passes' relative ``weights`` (F, B, W, send; deterministic: the pass that can start
+    first runs), or v-half's / v-min's repeating block (``_v_pattern``)."""
+    if schedule == Schedule.ZBV:
+        return _VGreedy(schedule, pp, m, weights).run()
+    return _v_pattern(schedule, pp, m)
+
+
+def _block_offsets(schedule: Schedule, pp: int, stage: int) -> tuple[int, int, int, int]:
+    """Unit slots of (F chunk 0, F chunk 1, B chunk 1, B chunk 0) of microbatch 0 on
+    ``stage`` in the repeating 6-slot block of Qi'24 ("Pipeline Parallelism with Controllable
+    Memory", sec. 4: V-Min's and V-Half's building blocks; a gap keeps the blocks of
+    consecutive microbatches from colliding when pp divides by 3 / 2)."""
+    if schedule == Schedule.V_MIN:
+        gap = 2 if pp % 3 == 0 else 0
+        return stage, 2 * pp - 1 - stage, 2 * pp + gap + stage, 4 * pp + gap - 1 - stage
+    gap = 3 if pp % 2 == 0 else 0
+    return 2 * stage, 3 * pp - 2 - stage, 3 * pp + gap + 2 * stage - 1, 6 * pp + gap - 2 - stage
+
+
+def _v_pattern(schedule: Schedule, pp: int, m: int) -> Orders:
+    """v-half / v-min as Primus-pipeline builds them (its zero-bubble scheduler lays these two
+    out from the paper's fixed blocks, at equal pass times): each microbatch's F and B passes
+    at the block's slots, six slots per microbatch later for the next; each W in the first
+    free slot after its B (chunk 1's first), the rest at the end. Walked at the priced
+    passes' lengths, the order keeps its sequence and closes its gaps."""
+    orders = []
+    for stage in range(pp):
+        slots = {}
+        for (phase, chunk), first in zip(((FWD, 0), (FWD, 1), (BWD, 1), (BWD, 0)), _block_offsets(schedule, pp, stage)):
+            for mb in range(m):
+                slots[first + 6 * mb] = (phase, mb, chunk)
+        order, waiting = [], {1: deque(), 0: deque()}
+        for t in range(max(slots) + 1):
+            if t in slots:
+                order.append(slots[t])
+                if slots[t][0] == BWD:
+                    waiting[slots[t][2]].append(slots[t][1])
+            elif waiting[1] or waiting[0]:
+                chunk = 1 if waiting[1] else 0
+                order.append((WGT, waiting[chunk].popleft(), chunk))
+        order += [(WGT, mb, chunk) for chunk in (1, 0) for mb in waiting[chunk]]
+        orders.append(tuple(order))
+    return tuple(orders)
 
 
 class _VGreedy:
