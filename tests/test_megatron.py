@@ -132,3 +132,24 @@ def test_cli_primus_config_file_and_its_errors(tmp_path, capsys):
     path.write_text("modules: [unclosed")
     code, _, err = _run([*base, "--primus-config", str(path)], capsys)
     assert code == 2 and "invalid YAML" in err
+
+
+@pytest.mark.parametrize("flags, schedule, vpp", [
+    ("--patch-zero-bubble", "zb-h1", None),
+    ("--patch-zero-bubble --zero-bubble-v-schedule", "v-half", 2),  # Primus' default memory setup
+    ("--patch-zero-bubble --zero-bubble-v-schedule --zero-bubble-v-schedule-mem-setup zb", "zbv", 2),
+    ("--zero-bubble-v-schedule --zero-bubble-v-schedule-mem-setup min --num-virtual-stages-per-pipeline-rank 2",
+     "v-min", 2),
+])
+def test_primus_zero_bubble_flags_pick_the_schedule(flags, schedule, vpp):
+    plan = megatron.from_args("--pipeline-model-parallel-size 4 " + flags)
+    assert plan.knobs["schedule"] == schedule and plan.knobs.get("vpp") == vpp and not plan.unknown
+
+
+def test_primus_v_schedule_runs_and_bad_mem_setup_names_the_flag():
+    plan = megatron.from_args("--pipeline-model-parallel-size 8 --zero-bubble-v-schedule --micro-batch-size 1 "
+                              "--global-batch-size 16 --seq-length 2048 --zero-bubble-v-schedule-mem-setup zb")
+    report = perfsim.estimate("llama3.1-8b", "mi300x-pollara", nodes=1, **plan.knobs_for(32))
+    assert report.step_time_s > 0 and report.plan["schedule"] == "zbv" and report.plan["vpp"] == 2
+    with pytest.raises(ConfigError, match="--zero-bubble-v-schedule-mem-setup: expected zb, half or min"):
+        megatron.from_args("--zero-bubble-v-schedule-mem-setup quarter")

@@ -38,6 +38,12 @@ BOOL_KNOBS = {  # Megatron switch -> (knob, value when set)
     "overlap_param_gather": ("overlap_param_gather", True),  # off unless set, as in Megatron-Core
 }
 DTYPES = {"bf16": "bf16", "fp16": "fp16"}
+# Primus' zero-bubble switches (primus/configs/modules/megatron/zero_bubble.yaml and its PP
+# strategy table): --patch-zero-bubble (or --enable-zero-bubble) is zero-bubble 1P (zb-h1),
+# with --zero-bubble-v-schedule the V-shape schedule named by --zero-bubble-v-schedule-mem-setup
+# (zb: zbv, half: v-half, min: v-min; Primus' default half), at two chunks per stage
+ZERO_BUBBLE = ("patch_zero_bubble", "enable_zero_bubble")
+V_MEM_SETUP = {"zb": "zbv", "half": "v-half", "min": "v-min"}
 # Known flags that do not change a step's time in perfsim (or only through the model, which
 # comes from --model): reported as ignored, not as unknown.
 IGNORED = frozenset("""
@@ -138,6 +144,7 @@ def from_mapping(args: dict) -> MegatronPlan:
     """Megatron arguments as {underscored name: value} (a switch: True) -> MegatronPlan."""
     knobs, overrides, ignored, not_modelled, unknown = {}, {}, [], [], []
     vpp_layers, method, recompute_num = None, None, None
+    zero_bubble, v_schedule, mem_setup = False, False, "half"
     for raw, value in args.items():
         name = raw.replace("-", "_")
         if value is None or value is False:
@@ -166,6 +173,16 @@ def from_mapping(args: dict) -> MegatronPlan:
             recompute_num = _int(name, value)
         elif name == "num_layers_per_virtual_pipeline_stage":
             vpp_layers = _int(name, value)
+        elif name == "num_virtual_stages_per_pipeline_rank":  # Primus' name for the vpp
+            knobs["vpp"] = _int(name, value)
+        elif name in ZERO_BUBBLE:
+            zero_bubble = zero_bubble or _truthy(value)
+        elif name == "zero_bubble_v_schedule":
+            v_schedule = _truthy(value)
+        elif name == "zero_bubble_v_schedule_mem_setup":
+            if str(value) not in V_MEM_SETUP:
+                raise ConfigError(f"--zero-bubble-v-schedule-mem-setup: expected zb, half or min, got {value!r}")
+            mem_setup = str(value)
         elif name == "ddp_bucket_size":
             knobs["grad_bucket_bytes"] = 2 * _int(name, value)  # elements of bf16 gradients
         elif name == "clip_grad":  # Megatron clips at 1.0 by default; 0 turns clipping off
@@ -178,6 +195,10 @@ def from_mapping(args: dict) -> MegatronPlan:
             ignored.append(name)
         else:
             unknown.append(name)
+    if v_schedule:  # the V-shape schedules: two chunks per stage (Primus sets vpp 2 itself)
+        knobs["schedule"], knobs["vpp"] = V_MEM_SETUP[mem_setup], 2
+    elif zero_bubble:
+        knobs["schedule"] = "zb-h1"
     if knobs.get("pp", 1) == 1 and (knobs.get("vpp", 1) > 1 or vpp_layers):
         raise ConfigError("--virtual-pipeline-model-parallel-size / --num-layers-per-virtual-pipeline-stage "
                           "need --pipeline-model-parallel-size > 1")
