@@ -18,10 +18,11 @@ from perfsim.lowering.memory import plan_memory
 from perfsim.model.spec import ModelSpec
 from perfsim.model.io import load_model as _load_model
 from perfsim.lowering.ops import Coll
-from perfsim.plan.parallel import ParallelPlan, Recompute, check_plan, derive_dp, group_shape
+from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, check_plan, derive_dp, group_shape
 from perfsim.cost.pricing import price
 from perfsim.report import Report, assemble_report, extrapolate_figures, span_figures
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
+from perfsim.plan.schedules import UNIT
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.stacks import load_stack
@@ -219,7 +220,8 @@ def simulate(
     slow = stage_slowdowns(plan, speeds)
     ep_speeds = ep_rank_speeds(plan, speeds) if model.is_moe and plan.ep > 1 else None
     points = fold_points(plan) if fold else None
-    weights = closed_form(model, cluster, routing, variability).pass_weights(plan)  # a V-shape schedule's order
+    weights = (closed_form(model, cluster, routing, variability).pass_weights(plan)  # a V-shape schedule's order
+               if plan.schedule in V_SHAPES else UNIT)
     runs = []
     for m in points or (plan.num_microbatches,):
         short = plan if m == plan.num_microbatches else replace(plan, gbs=plan.mbs * plan.dp * m)

@@ -35,7 +35,8 @@ from perfsim.lowering.ops import Coll, Op, OpKind, Stream
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, group_shape
 from perfsim.plan.routing import UNIFORM, RoutingSpec
-from perfsim.plan.schedules import BWD, FWD, UNIT, WGT, head_stage, splits_backward, stage_layers, virtual_stage
+from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, head_stage, layout_key, splits_backward, stage_layers,
+                                    virtual_stage)
 from perfsim.plan.sharding import is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes, stage_layer_ids
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
@@ -152,11 +153,6 @@ def pipeline_bubble(plan: ParallelPlan, stages: dict, crit: int) -> float:
 
 def _scaled(load: dict[str, float], count: float) -> dict[str, float]:
     return {link: busy * count for link, busy in load.items()}
-
-
-def layout_key(plan: ParallelPlan) -> tuple:
-    """Plan fields that place the layers on the stages (and their chunks)."""
-    return plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, plan.schedule in V_SHAPES
 
 
 def template_key(plan: ParallelPlan) -> tuple:

@@ -10,12 +10,12 @@ microbatches, the stack's memory policy). Plans that share both keys cost two lo
 
 from perfsim.lowering.memory import stage_memory
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import V_SHAPES, ParallelPlan
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.schedules import layout_key
 
 
 def states_key(plan: ParallelPlan) -> tuple:
-    return (plan.tp, plan.ep, plan.etp, plan.pp, plan.vpp, plan.dp * plan.cp, plan.edp, plan.zero,
-            plan.first_stage_layers, plan.last_stage_layers, plan.schedule in V_SHAPES, plan.stack.memory)
+    return (plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.zero, *layout_key(plan), plan.stack.memory)
 
 
 def transient_key(plan: ParallelPlan) -> tuple:

@@ -23,7 +23,8 @@ from perfsim.lowering.ops import Coll, Op, OpKind, Stream
 from perfsim.lowering.steps import host_step
 from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec
-from perfsim.plan.schedules import BWD, FWD, UNIT, WGT, splits_backward, stage_layers, stage_order, virtual_stage
+from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, splits_backward, stage_layers, stage_of, stage_order,
+                                    virtual_stage)
 from perfsim.plan.sharding import (NORM_BYTES, clip_bytes, is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes,
                                    optimizer_bytes)
 
@@ -161,12 +162,6 @@ class _Builder:
             step = _dp_step(f"param_ag_{group}", Coll.ALL_GATHER, group, size, "dp_param_gather")
             ids.append(self.add(stage, step, after, mb, layer))
         return tuple(ids)
-
-    def stage_of(self, vs: int) -> int:
-        """The stage holding virtual stage ``vs``."""
-        pp = self.plan.pp
-        return next(s for s in range(pp) for c in range(self.plan.vpp)
-                    if virtual_stage(self.plan.schedule, pp, s, c) == vs)
 
     def send(self, stage: int, phase: str, mb: int, vs: int, after: int) -> None:
         size = self.layers.local_tokens * self.model.hidden_size * 2
@@ -330,7 +325,7 @@ def _emit(b: _Builder, orders: dict[int, list]) -> None:
                 end = emit(stage, mb, chunk, deps)
                 if (vs < b.last_vs) if phase == FWD else (vs > 0):
                     nxt = vs + 1 if phase == FWD else vs - 1
-                    if b.stage_of(nxt) == stage:  # the V's turn: the next virtual stage is on this one
+                    if stage_of(b.plan.schedule, b.plan.pp, nxt) == stage:  # the V's turn: the next one is here
                         b.p2p[(phase, mb, vs)] = end
                     else:
                         b.send(stage, phase, mb, vs, end)

@@ -109,6 +109,7 @@ def v_limit(schedule: Schedule, pp: int) -> int:
     return 2 * pp
 
 
+@lru_cache(maxsize=256)
 def v_chunks_held(schedule: Schedule, pp: int, m: int) -> int:
     """Most chunk activations a stage holds (F to B) under a V-shape schedule: zbv's limit,
     or the v-half / v-min block's peak over the stages."""
@@ -122,6 +123,18 @@ def virtual_stage(schedule: Schedule, pp: int, stage: int, chunk: int) -> int:
     if schedule in V_SHAPES:
         return stage if chunk == 0 else 2 * pp - 1 - stage
     return chunk * pp + stage
+
+
+def stage_of(schedule: Schedule, pp: int, vs: int) -> int:
+    """The stage holding virtual stage ``vs`` (``virtual_stage`` inverted)."""
+    if schedule in V_SHAPES:
+        return vs if vs < pp else 2 * pp - 1 - vs
+    return vs % pp
+
+
+def layout_key(plan: ParallelPlan) -> tuple:
+    """Plan fields that place the layers on the stages (and their chunks)."""
+    return plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, plan.schedule in V_SHAPES
 
 
 def head_stage(plan: ParallelPlan) -> int:
@@ -217,7 +230,7 @@ class _VGreedy:
         unless ``vs`` is on that stage: the V's turn)."""
         if end is None:
             return None
-        return end if (vs if vs < self.pp else self.last - vs) == stage else end + self.send
+        return end if stage_of(self.schedule, self.pp, vs) == stage else end + self.send
 
     def pick(self, s: int):
         """(start, stage, phase, chunk, microbatch) of the pass stage ``s`` runs next, or None:
