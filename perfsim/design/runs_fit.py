@@ -17,7 +17,7 @@ import perfsim.api as api
 
 from perfsim.design.runs import RunCase, RunsValidation, predict, validate_runs
 from perfsim.errors import ConfigError
-from perfsim.system.stacks import Dispatch, StackSpec, load_stack
+from perfsim.system.stacks import VENDOR_SPEEDS, Dispatch, StackSpec, load_stack
 
 # Physically meaningful ranges (input bounds, not hardware numbers): more than 5 ms of
 # framework time per layer pass or per host sync, or kernels 5x slower or 2x faster than
@@ -25,6 +25,8 @@ from perfsim.system.stacks import Dispatch, StackSpec, load_stack
 # reached says so: ``StackFit.at_bound``).
 BOUNDS = {
     "kernels.speed": (0.2, 2.0),
+    "kernels.speed_amd": (0.2, 2.0),
+    "kernels.speed_nvidia": (0.2, 2.0),
     "launch.layer_overhead_us": (0.0, 5_000.0),
     "launch.kernel_gap_us": (0.0, 500.0),
     "moe.host_sync_us": (0.0, 5_000.0),
@@ -57,7 +59,21 @@ class StackFit:
 
 def _current(stack: StackSpec, param: str) -> float:
     table, _, key = param.partition(".")
-    return float(getattr(getattr(stack, table), key))
+    value = getattr(getattr(stack, table), key)
+    return float(stack.kernels.speed if value is None else value)  # an unset vendor speed is the speed
+
+
+def _vendor(case: RunCase) -> str:
+    return api.load_cluster(case.cluster).gpu.vendor
+
+
+def _speeds(cases) -> tuple[str, ...]:
+    """The kernels' speed the runs identify: one, or one per GPU vendor where the runs span
+    vendors (the stack's kernel libraries differ by vendor: ``KernelQuality.speed_amd``)."""
+    vendors = sorted({_vendor(c) for c in cases})
+    if len(vendors) <= 1:
+        return DEFAULT_PARAMS
+    return tuple(f"kernels.{VENDOR_SPEEDS[v]}" for v in vendors)
 
 
 def _check(params) -> tuple[str, ...]:
@@ -86,13 +102,16 @@ def params_for(cases) -> tuple[str, ...]:
         if not (pads and stack.moe.mask_einsum):
             paths.add("moe.padded_speed" if pads else "moe.dropless_speed")
     data = ("data.host_s_per_mtoken",) if identified("data.host_s_per_mtoken", cases) else ()
-    return (*DEFAULT_PARAMS, *sorted(paths, reverse=True), *data)
+    return (*_speeds(cases), *sorted(paths, reverse=True), *data)
 
 
 def identified(param: str, cases) -> bool:
     """Whether ``cases`` inform ``param``: every parameter without a prior (``PRIORS``) is
     informed by any run. The input pipeline's cost: only runs on real data beside runs on
-    synthetic data (stated as such) tell it apart from the kernels' speed, which stretches both alike."""
+    synthetic data (stated as such) tell it apart from the kernels' speed, which stretches both alike.
+    A GPU vendor's kernels' speed: only runs on that vendor's GPUs."""
+    if param.startswith("kernels.speed_"):  # a vendor's speed: only runs on that vendor's GPUs
+        return any(f"kernels.{VENDOR_SPEEDS[_vendor(c)]}" == param for c in cases)
     return param not in PRIORS or {"real", "synthetic"} <= {c.data for c in cases}
 
 
@@ -135,8 +154,9 @@ def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> R
         if not rest:
             continue
         fold = [p for p in params if identified(p, rest)]
-        start = base.with_values(**{p: PRIORS[p] for p in params if p not in fold})
-        fitted = fit_stack(rest, start, fold).stack
+        # uninformed: the prior, or the profile's own value (a vendor's speed: the stack's speed)
+        start = base.with_values(**{p: PRIORS[p] for p in params if p not in fold and p in PRIORS})
+        fitted = fit_stack(rest, start, fold).stack if fold else start  # nothing the rest informs: as assumed
         stacks.update({c.id: fitted for c in held})
     label = "leave-one-source-out" if by_source else "leave-one-run-out (one source)"
     kept = [c for c in cases if c.id in stacks]

@@ -262,7 +262,7 @@ def search(
     if fixed is not None and not isinstance(fixed, dict):
         raise ConfigError(f"fixed: expected a dict of axis -> value(s), got {fixed!r}")
     space = build_space(model, base.gpus_per_node, fixed, _bounded(limits, max(counts), gbs, model.num_layers))
-    spec = IDEAL if stack is None else load_stack(stack)
+    spec = (IDEAL if stack is None else load_stack(stack)).on_vendor(base.gpu.vendor)
     switches = _plan_switches(plan_knobs, dtype)
     contexts = {w: _context(model, base, w, gbs, seq, dtype, routing, max_memory_fraction, spec, switches)
                 for w in counts}

@@ -126,18 +126,35 @@ class Fp8Recipe:
                  delayed_scaling=self.delayed_scaling, backward_split_accumulator=self.backward_split_accumulator)
 
 
+VENDOR_SPEEDS = {"amd": "speed_amd", "nvidia": "speed_nvidia"}  # GpuSpec.vendor -> KernelQuality field
+
+
 @dataclass(frozen=True, kw_only=True)
 class KernelQuality:
     """Speed of the stack's compute kernels relative to the tuned libraries the GPU's
     kernel tables were fitted on (compiler-generated or untuned kernels run slower)."""
 
     speed: float = 1.0
+    # the speed on one GPU vendor's kernel libraries (cuBLAS / cuDNN / Transformer Engine
+    # CUDA against hipBLASLt / CK / AITER / Transformer Engine ROCm), where set: a stack
+    # runs different kernels on each, so a speed measured on one says nothing of the other
+    speed_amd: float | None = None
+    speed_nvidia: float | None = None
     source: str = "assumed"
 
     def __post_init__(self):
-        _non_negative("kernels", speed=self.speed)
-        if not self.speed > 0:
-            raise ConfigError(f"stack.kernels.speed must be > 0, got {self.speed!r}")
+        for key in ("speed", *VENDOR_SPEEDS.values()):
+            value = getattr(self, key)
+            if value is None and key != "speed":
+                continue
+            _non_negative("kernels", **{key: value})
+            if not value > 0:
+                raise ConfigError(f"stack.kernels.{key} must be > 0, got {value!r}")
+
+    def on(self, vendor: str) -> float:
+        """The speed on ``vendor``'s GPUs: its own where the profile sets one, else ``speed``."""
+        own = getattr(self, VENDOR_SPEEDS[vendor]) if vendor in VENDOR_SPEEDS else None
+        return self.speed if own is None else own
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,6 +216,12 @@ class StackSpec:
         pairs = (("tp_comm_overlap", self.overlap.tp_comm), ("overlap_grad_reduce", self.overlap.grad_reduce),
                  ("overlap_param_gather", self.overlap.param_gather))
         return {k: v for k, v in pairs if v is not None}
+
+    def on_vendor(self, vendor: str) -> "StackSpec":
+        """The profile as it runs on ``vendor``'s GPUs: ``kernels.speed`` set to that
+        vendor's speed (``KernelQuality.on``); where the plan meets the cluster."""
+        speed = self.kernels.on(vendor)
+        return self if speed == self.kernels.speed else self.with_values(**{"kernels.speed": speed})
 
     def with_values(self, **values: float) -> "StackSpec":
         """A copy with ``table.key`` values replaced (calibration), e.g. ``{"launch.layer_overhead_us": 40}``."""
@@ -262,7 +285,7 @@ def _load_file(path: str, stamp: int) -> StackSpec:  # stamp: a rewritten file l
 def dump_stack(spec: StackSpec) -> str:
     """TOML text of ``spec`` (unset overlap keys left out); loads back equal."""
     data = to_dict(spec)
-    for table in ("overlap", "memory"):
+    for table in ("overlap", "memory", "kernels"):
         data[table] = {k: v for k, v in data[table].items() if v is not None}
     return tomli_w.dumps(data)
 
