@@ -195,3 +195,15 @@ def test_cli_dispatch_fp8_needs_fp8_in_one_line(capsys):
                      "--dispatch-fp8", "--executor", "serial"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--dispatch-fp8" in err and "--dtype fp8" in err and "\n" not in err
+
+
+def test_search_prices_plans_at_the_stacks_speed_for_the_clusters_gpu_vendor():
+    from perfsim.system.stacks import load_stack
+    small = {**SMALL, "confirm": 0, "top": 1}
+    slow_nvidia = load_stack("ideal").with_values(**{"kernels.speed_nvidia": 0.5})
+    base = perfsim.search(MOE, "mi300x-pollara", executor="serial", **small)
+    same = perfsim.search(MOE, "mi300x-pollara", executor="serial", stack=slow_nvidia, **small)
+    assert same.rows[0].step_time_s == pytest.approx(base.rows[0].step_time_s, rel=1e-12)  # AMD GPUs: speed 1
+    slow_amd = load_stack("ideal").with_values(**{"kernels.speed_amd": 0.5})
+    slower = perfsim.search(MOE, "mi300x-pollara", executor="serial", stack=slow_amd, **small)
+    assert slower.rows[0].step_time_s > 1.3 * base.rows[0].step_time_s
