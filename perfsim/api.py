@@ -122,7 +122,8 @@ def _inputs(model, cluster, plan, nodes, gpus, knobs) -> tuple[ModelSpec, Cluste
     elif knobs:
         raise ConfigError("plan: pass either a ParallelPlan or knobs, not both")
     check_type("plan", plan, ParallelPlan, "a ParallelPlan (or plan knobs)")
-    plan = replace(plan, stack=plan.stack.on_vendor(cluster.gpu.vendor))  # the stack's kernels on this GPU
+    stack = plan.stack.on_vendor(cluster.gpu.vendor)  # the stack's kernels on this GPU
+    plan = plan if stack is plan.stack else replace(plan, stack=stack)
     check_plan(plan, model, num_gpus)
     return model, cluster, least_recompute(model, cluster, plan) if auto else plan, num_gpus
 

@@ -453,3 +453,10 @@ def test_a_stack_with_vendor_speeds_writes_and_reads_back(tmp_path):
     back = load_stack(write_stack(spec, tmp_path / "s.toml"))
     assert back.kernels.speed_nvidia == 0.8 and back.kernels.speed_amd is None
     assert "speed_amd =" not in (tmp_path / "s.toml").read_text()  # unset: left out
+
+
+def test_a_vendor_without_a_speed_of_its_own_runs_at_the_stacks_speed():
+    from perfsim.system.stacks import speed_param
+    assert speed_param("amd") == "kernels.speed_amd" and speed_param("nvidia") == "kernels.speed_nvidia"
+    assert speed_param("intel") == "kernels.speed"
+    assert load_stack("ideal").with_values(**{"kernels.speed_amd": 0.5}).on_vendor("intel").kernels.speed == 1.0

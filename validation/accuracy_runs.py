@@ -24,9 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import perfsim.api as api  # noqa: E402
 from perfsim.design.runs import read_all, validate_runs  # noqa: E402
-from perfsim.design.runs_fit import held_out_by_stack, params_for, sources_by_stack  # noqa: E402
+from perfsim.design.runs_fit import held_out_by_stack, params_for, sources_by_stack, vendor_of  # noqa: E402
 from perfsim.system.stacks import IDEAL  # noqa: E402
 
 RUNS = ROOT / "validation" / "runs" / "published.csv"
@@ -51,10 +50,6 @@ def _stats(results) -> tuple[float, float, float, int]:
     return (sum(errs) / len(errs), statistics.median(errs), max(errs), sum(e <= TARGET_MAX for e in errs))
 
 
-def _vendor(case) -> str:
-    return api.load_cluster(case.cluster).gpu.vendor
-
-
 def _summary(held, shipped) -> list[str]:
     lines = ["| stack | source (checked on) | runs | fitted on | held-out MAPE | median | max | within 25% | "
              "shipped-profile MAPE |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -64,8 +59,8 @@ def _summary(held, shipped) -> list[str]:
         ship = [r for r in shipped.results if (r.stack, r.case.source_id) == (stack, source)]
         others = sorted({r.case.source_id for r in held.results if r.stack == stack} - {source})
         fitted = ", ".join(others) if others else "nothing (profile values assumed)"
-        mine_vendors = {_vendor(r.case) for r in mine}
-        same = [o for o in others if mine_vendors & {_vendor(r.case) for r in held.results if r.case.source_id == o}]
+        mine_vendors = {vendor_of(r.case) for r in mine}
+        same = [o for o in others if mine_vendors & {vendor_of(r.case) for r in held.results if r.case.source_id == o}]
         if others and not same:  # a kernels' speed per vendor: the other vendor's fit does not apply
             fitted = f"nothing for {'/'.join(sorted(mine_vendors))} GPUs (kernels' speed assumed; {fitted} is another vendor's)"
         mape, med, worst, ok = _stats(mine)

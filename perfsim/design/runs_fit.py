@@ -17,7 +17,7 @@ import perfsim.api as api
 
 from perfsim.design.runs import RunCase, RunsValidation, predict, validate_runs
 from perfsim.errors import ConfigError
-from perfsim.system.stacks import VENDOR_SPEEDS, Dispatch, StackSpec, load_stack
+from perfsim.system.stacks import Dispatch, StackSpec, load_stack, speed_param
 
 # Physically meaningful ranges (input bounds, not hardware numbers): more than 5 ms of
 # framework time per layer pass or per host sync, or kernels 5x slower or 2x faster than
@@ -63,17 +63,16 @@ def _current(stack: StackSpec, param: str) -> float:
     return float(stack.kernels.speed if value is None else value)  # an unset vendor speed is the speed
 
 
-def _vendor(case: RunCase) -> str:
+def vendor_of(case: RunCase) -> str:
+    """The GPU vendor a run ran on (its cluster profile's GPU)."""
     return api.load_cluster(case.cluster).gpu.vendor
 
 
 def _speeds(cases) -> tuple[str, ...]:
     """The kernels' speed the runs identify: one, or one per GPU vendor where the runs span
     vendors (the stack's kernel libraries differ by vendor: ``KernelQuality.speed_amd``)."""
-    vendors = sorted({_vendor(c) for c in cases})
-    if len(vendors) <= 1:
-        return DEFAULT_PARAMS
-    return tuple(f"kernels.{VENDOR_SPEEDS[v]}" for v in vendors)
+    vendors = {vendor_of(c) for c in cases}
+    return DEFAULT_PARAMS if len(vendors) <= 1 else tuple(sorted({speed_param(v) for v in vendors}))
 
 
 def _check(params) -> tuple[str, ...]:
@@ -110,8 +109,8 @@ def identified(param: str, cases) -> bool:
     informed by any run. The input pipeline's cost: only runs on real data beside runs on
     synthetic data (stated as such) tell it apart from the kernels' speed, which stretches both alike.
     A GPU vendor's kernels' speed: only runs on that vendor's GPUs."""
-    if param.startswith("kernels.speed_"):  # a vendor's speed: only runs on that vendor's GPUs
-        return any(f"kernels.{VENDOR_SPEEDS[_vendor(c)]}" == param for c in cases)
+    if param.startswith("kernels.speed_"):
+        return any(speed_param(vendor_of(c)) == param for c in cases)
     return param not in PRIORS or {"real", "synthetic"} <= {c.data for c in cases}
 
 

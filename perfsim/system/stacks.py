@@ -129,6 +129,12 @@ class Fp8Recipe:
 VENDOR_SPEEDS = {"amd": "speed_amd", "nvidia": "speed_nvidia"}  # GpuSpec.vendor -> KernelQuality field
 
 
+def speed_param(vendor: str) -> str:
+    """The stack parameter a GPU vendor's kernels run at: its own speed where perfsim
+    knows the vendor (``VENDOR_SPEEDS``), else the stack's ``kernels.speed``."""
+    return f"kernels.{VENDOR_SPEEDS[vendor]}" if vendor in VENDOR_SPEEDS else "kernels.speed"
+
+
 @dataclass(frozen=True, kw_only=True)
 class KernelQuality:
     """Speed of the stack's compute kernels relative to the tuned libraries the GPU's
