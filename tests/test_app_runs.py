@@ -48,5 +48,6 @@ def test_fit_on_the_page_matches_calibrate_runs():
     want = fit_stack(cases, "nemo")
     shown = at.dataframe[-1].value
     # nemo's runs span two GPU vendors: a kernels' speed each, in the order calibrate fits them
-    assert list(want.values) == ["kernels.speed_amd", "kernels.speed_nvidia"]
+    # (and one MoE run: the dropless experts' speed)
+    assert list(want.values) == ["kernels.speed_amd", "kernels.speed_nvidia", "moe.dropless_speed"]
     assert list(shown["value"]) == pytest.approx([round(v, 4) for v in want.values.values()])

@@ -263,7 +263,10 @@ def test_default_free_parameters_follow_the_dispatch_paths_the_runs_use():
     assert params_for(primus) == DEFAULT_PARAMS
     # MLPerf (real, MI355X) and NeMo (unstated, H100): no synthetic run to tell apart; a speed per vendor
     nemo = [c for c in cases if c.stack == "nemo"]
-    assert params_for(nemo) == ("kernels.speed_amd", "kernels.speed_nvidia")
+    dense = [c for c in nemo if c.family == "dense"]
+    assert params_for(dense) == ("kernels.speed_amd", "kernels.speed_nvidia")
+    # the Megatron-Bridge Qwen3-30B-A3B run adds the dropless experts' speed
+    assert params_for(nemo) == ("kernels.speed_amd", "kernels.speed_nvidia", "moe.dropless_speed")
 
 
 def test_maxtext_runs_that_ran_on_deepseek_v3_are_predicted_to_fit():

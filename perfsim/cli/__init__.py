@@ -13,7 +13,7 @@ from perfsim.system.hardware import list_profiles, load_gpu
 from perfsim.system.kernel_tables import table_provenance
 from perfsim.model.io import list_models
 from perfsim.report import Report
-from perfsim.plan.parallel import Schedule
+from perfsim.plan.parallel import FP8_RECIPES, Schedule
 from perfsim.plan.routing import MAX_ROUTING_PARAM, RoutingSpec, load_histogram, routing_fields
 from perfsim.plan.stragglers import VariabilitySpec
 from perfsim.system.specio import check_finite_output, check_output, write_atomic
@@ -94,6 +94,10 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="FP8 dispatch (needs --dtype fp8): tokens go to their experts as FP8 plus one FP32 scale per "
                         "128 values, as DeepEP and DeepSeek-V3 do; the combine stays BF16")
+    p.add_argument("--fp8-recipe", default=None, choices=list(FP8_RECIPES),
+                   help="FP8 scaling recipe (needs --dtype fp8): delayed (scales from earlier steps' amax history, "
+                        "Megatron-LM's default) or current (an amax pass before each cast: --fp8-recipe tensorwise, "
+                        "NVIDIA's FP8-CS); default: the stack's")
 
 
 def _plan_knobs(args) -> dict:
@@ -108,6 +112,7 @@ def _plan_knobs(args) -> dict:
         knobs["tp_comm_overlap"] = True
     knobs["stack"] = args.stack
     knobs["dispatch"] = args.dispatch
+    knobs["fp8_recipe"] = args.fp8_recipe
     knobs["first_stage_layers"], knobs["last_stage_layers"] = args.first_stage_layers, args.last_stage_layers
     knobs["recompute_layers"] = args.recompute_layers
     return {k: v for k, v in knobs.items() if v is not None}

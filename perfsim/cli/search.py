@@ -8,6 +8,7 @@ import tempfile
 
 from perfsim.cli import args as a
 from perfsim.errors import ConfigError
+from perfsim.plan.parallel import FP8_RECIPES
 from perfsim.system.specio import check_finite_output, check_output
 from perfsim.system.specio import write_atomic as _write_atomic
 from perfsim.search import DEFAULT_MAX_MEMORY_FRACTION, search
@@ -76,6 +77,8 @@ def add_command(sub) -> None:
                    help="every plan: real data through the stack's input pipeline (as simulate --real-data)")
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="every MoE plan: FP8 dispatch (needs --dtype fp8; as simulate --dispatch-fp8)")
+    p.add_argument("--fp8-recipe", default=None, choices=list(FP8_RECIPES),
+                   help="every plan: the FP8 scaling recipe (needs --dtype fp8; as simulate --fp8-recipe)")
     p.add_argument("--objective", default="time", choices=["time", "cost"], help="minimize step time or $/token")
     p.add_argument("--usd-per-gpu-hour", type=a.number(0, 1e6, lo_open=True),
                    help="GPU price for --objective cost and the $/Mtoken column")
@@ -147,6 +150,9 @@ def write_atomic(path: str, text: str) -> None:
 def run(args) -> int:
     if args.dispatch_fp8 and args.dtype != "fp8":
         raise ConfigError(f"--dispatch-fp8: FP8 dispatch needs --dtype fp8 (got {args.dtype})")
+    if args.fp8_recipe and args.dtype != "fp8":
+        raise ConfigError(f"--fp8-recipe: an FP8 scaling recipe needs --dtype fp8 (got {args.dtype})")
+    knobs = a.switch_knobs(args) | ({"fp8_recipe": args.fp8_recipe} if args.fp8_recipe else {})
     counts = gpu_counts(args.gpus)
     fixed, limits = _constraints(args)
     if args.csv:
@@ -158,7 +164,7 @@ def run(args) -> int:
             max_memory_fraction=args.max_memory, objective=args.objective, usd_per_gpu_hour=args.usd_per_gpu_hour,
             top=args.top, confirm=args.confirm, executor=args.executor, workers=args.workers, dtype=args.dtype,
             dominance=not args.all_recompute, progress=bar, confirm_bound=args.confirm_bound,
-            max_confirm=args.max_confirm, stack=args.stack, plan_knobs=a.switch_knobs(args),
+            max_confirm=args.max_confirm, stack=args.stack, plan_knobs=knobs,
         )
     except KeyboardInterrupt:
         print("\nperfsim: search cancelled; nothing written", file=sys.stderr)

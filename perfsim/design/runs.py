@@ -25,7 +25,7 @@ from perfsim.system.stacks import StackSpec, load_stack
 REQUIRED = ("id", "source_id", "source", "stack", "model", "cluster", "nodes", "mbs", "gbs", "seq",
             "metric", "measured")
 INT_KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq", "first_stage_layers", "last_stage_layers")
-STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch")  # dispatch: the MoE dispatch implementation (plan.dispatch)
+STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch", "fp8_recipe")  # dispatch: plan.dispatch; fp8_recipe: plan.fp8_recipe
 OPTIONAL = (*INT_KNOBS, *STR_KNOBS, "capacity_factor", "routing", "family", "data", "assumed", "measured_peak_GB")
 GROUPS = ("stack", "family", "scale", "source_id", "data")  # the splits accuracy is reported by
 METRICS = ("tokens_per_s_per_gpu", "tokens_per_s", "samples_per_s", "step_time_s")

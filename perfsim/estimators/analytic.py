@@ -157,11 +157,13 @@ def _scaled(load: dict[str, float], count: float) -> dict[str, float]:
 
 def template_key(plan: ParallelPlan) -> tuple:
     """Plan fields a block template depends on (not dp, pp, vpp, zero or the batch -- but
-    the microbatch count where FP8 weight casts are spread over a step's microbatches)."""
-    cast_once = plan.dtype == "fp8" and plan.stack.fp8.weights_cast_once
+    the microbatch count where FP8 weight casts are spread over a step's microbatches, and
+    the FP8 scaling recipe, the plan's or the stack's)."""
+    fp8 = plan.dtype == "fp8"
+    cast_once = fp8 and plan.stack.fp8.weights_cast_once
     return (plan.tp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.seq, plan.dtype, plan.recompute,
             plan.sequence_parallel, plan.tp_comm_overlap, splits_backward(plan), plan.stack, plan.dispatch, plan.dispatch_fp8,
-            plan.overlap_param_gather, plan.num_microbatches if cast_once else 0)
+            plan.overlap_param_gather, plan.num_microbatches if cast_once else 0, fp8 and plan.fp8_delayed_scaling)
 
 
 def _template(fwd: Pass, bwd: Pass, wgt: Pass) -> Template:

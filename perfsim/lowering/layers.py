@@ -45,8 +45,9 @@ class LayerBuilder(StackSteps):
         that casts each weight once per step (``fp8.weights_cast_once``) pays its weight
         casts once over the step's microbatches: spread over them here. ``from_norm``: the
         GEMM's input is a norm's output, which a ``fp8.norm_fused_cast`` stack writes in FP8
-        directly (no cast pass for it). A ``fp8.delayed_scaling`` stack takes its scales from
-        earlier steps' amax history: the cast records the amax, no amax pass reads the input first.
+        directly (no cast pass for it). Under delayed scaling (the plan's ``fp8_recipe``, else
+        the stack's ``fp8.delayed_scaling``) the scales come from earlier steps' amax history:
+        the cast records the amax, no amax pass reads the input first.
         The backward casts the GEMM's output gradient (rows x n) once, with its transpose, for
         the dgrad and wgrad GEMMs, whatever the forward fused: the cast steps' ``backward_bytes``
         (the forward cast-transpose wrote the input's and weights' transposes; a norm that
@@ -68,7 +69,7 @@ class LayerBuilder(StackSteps):
             return replace(elementwise_step(f"{step.name}_{name}", size, "fp8_cast"),
                            meta=step.meta + (("backward_bytes", backward_size),))
 
-        steps = [] if fp8.delayed_scaling else [cast_step("fp8_amax", amax, grad_amax)]
+        steps = [] if self.plan.fp8_delayed_scaling else [cast_step("fp8_amax", amax, grad_amax)]
         if fp8.backward_split_accumulator:  # its dgrad and wgrad (the backward copies keep the meta)
             step = replace(step, meta=step.meta + (("split_acc", True),))
         return steps + [cast_step("fp8_cast", cast, grad_cast), step]

@@ -22,6 +22,7 @@ from perfsim.plan.sharding import (
 )
 
 ACT_BYTES = 2
+FP8_BYTES = 1
 LOGIT_BYTES = 4
 # Caching-allocator fragmentation of the transient (activation + logits) allocations:
 # blocks freed between microbatches cannot always be reused for differently sized
@@ -69,7 +70,27 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> 
         attn -= model.v_width
     per_token = attn / plan.tp + 2 * h / plan.tp  # + residual stream copies (sharded by SP)
     per_token += _mlp_per_token(model, plan, layer)
-    return tokens * per_token * ACT_BYTES
+    saved = tokens * per_token * ACT_BYTES
+    if plan.dtype == "fp8" and plan.stack.fp8.saves_fp8_inputs:
+        saved -= tokens * _fp8_inputs_per_token(model, plan, layer) * (ACT_BYTES - FP8_BYTES)
+    return saved
+
+
+def _fp8_inputs_per_token(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
+    """Values per token (on one rank) among a layer's kept activations that are the inputs
+    of its FP8 linear layers, which a ``fp8.saves_fp8_inputs`` stack keeps in FP8: the
+    QKV projection's input (the norm's output) and the output projection's (the attention
+    output); the MLP's up projection input and down projection input (the activation's
+    output), per routed copy and for the shared experts in an MoE layer. The norms' inputs,
+    q / k / v and the activation's input stay BF16 (attention runs in BF16)."""
+    h = model.hidden_size
+    attn = h + model.v_width
+    if not is_moe_layer(model, layer):
+        mlp = h + model.ffn_hidden_size
+    else:
+        w = model.expert_ffn_hidden_size
+        mlp = model.top_k * (h + w) + model.shared_ffn_hidden_size
+    return (attn + mlp) / plan.tp
 
 
 def _mlp_per_token(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:

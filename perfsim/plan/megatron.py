@@ -62,6 +62,8 @@ moe_layer_freq moe_permute_fusion moe_router_pre_softmax q_lora_rank kv_lora_ran
 v_head_dim multi_latent_attention hidden_dropout attention_dropout exit_interval exit_duration_in_mins
 manual_gc manual_gc_interval use_torch_fsdp2 ckpt_format dataloader_type num_workers mock_data
 """.split())
+# Megatron-LM --fp8-recipe -> plan.fp8_recipe (the others are in NOT_MODELLED)
+MEGATRON_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current"}
 # Known flags with a step-time effect perfsim cannot represent: reported (with why), not used.
 NOT_MODELLED = {
     "account_for_embedding_in_pipeline_split": "uneven pipeline stages are not modelled",
@@ -71,8 +73,8 @@ NOT_MODELLED = {
     "recompute_modules": "selective recompute is the attention core only",
     "overlap_param_gather": "parameter all-gathers always overlap the forward under ZeRO",
     "cpu_offloading": "CPU offload is not modelled",
-    "fp8_recipe": "the FP8 recipe is the stack's ([fp8] delayed_scaling: megatron-primus and nemo take "
-                  "Megatron-LM's default, delayed); the flag is not applied",
+    "fp8_recipe": "perfsim prices the delayed and tensorwise (current) recipes; blockwise and mxfp8 scale "
+                  "per block, which is not modelled (the stack's recipe is used)",
 }
 
 
@@ -145,6 +147,7 @@ def from_mapping(args: dict) -> MegatronPlan:
     knobs, overrides, ignored, not_modelled, unknown = {}, {}, [], [], []
     vpp_layers, method, recompute_num = None, None, None
     zero_bubble, v_schedule, mem_setup = False, False, "half"
+    fp8_recipe = None
     for raw, value in args.items():
         name = raw.replace("-", "_")
         if value is None or value is False:
@@ -159,6 +162,8 @@ def from_mapping(args: dict) -> MegatronPlan:
             knobs.setdefault("dtype", DTYPES[name])
         elif name in ("fp8", "fp8_format"):
             knobs["dtype"] = "fp8"
+        elif name == "fp8_recipe" and str(value) in MEGATRON_FP8_RECIPES:
+            fp8_recipe = MEGATRON_FP8_RECIPES[str(value)]
         elif name == "use_distributed_optimizer":
             knobs["zero"] = 1 if _truthy(value) else 0
         elif name == "recompute_granularity":
@@ -206,6 +211,10 @@ def from_mapping(args: dict) -> MegatronPlan:
         knobs["recompute_layers"] = recompute_num
     elif recompute_num is not None:
         not_modelled.append(("recompute_num_layers", NOT_MODELLED["recompute_num_layers"]))
+    if fp8_recipe and knobs.get("dtype") == "fp8":  # the recipe matters only to an FP8 run
+        knobs["fp8_recipe"] = fp8_recipe
+    elif fp8_recipe:
+        ignored.append("fp8_recipe")
     knobs.setdefault("zero", 0)  # Megatron's defaults: optimizer not distributed, switches off
     for knob, _ in BOOL_KNOBS.values():
         knobs.setdefault(knob, False)

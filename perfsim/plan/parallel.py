@@ -35,6 +35,11 @@ class Schedule(StrEnum):
 
 V_SHAPES = frozenset({Schedule.ZBV, Schedule.V_HALF, Schedule.V_MIN})
 DTYPES = ("bf16", "fp16", "fp8")
+# FP8 scaling recipes a plan may name (plan.fp8_recipe; "" = the stack's [fp8] delayed_scaling):
+# "delayed" takes each tensor's scale from the amax history of earlier steps (Transformer
+# Engine DelayedScaling, Megatron-LM --fp8-recipe delayed), "current" from the tensor itself,
+# an amax pass before each cast (Float8CurrentScaling, --fp8-recipe tensorwise, NVIDIA's "FP8-CS")
+FP8_RECIPES = ("delayed", "current")
 # plan.dispatch names that run the collective library's all-to-all (RCCL / NCCL): tokens
 # arrive grouped by source rank, so a rank holding several experts regroups them by expert
 # (Megatron-Core MoEAlltoAllTokenDispatcher.sort_chunks_by_idxs); the dedicated dispatch
@@ -99,6 +104,8 @@ class ParallelPlan:
     # the step reads real data through the stack's input pipeline ([data] host_s_per_mtoken:
     # host time the step does not hide); false: synthetic / mock data, no input cost
     real_data: bool = False
+    # the FP8 scaling recipe (FP8_RECIPES); "" = the stack's ([fp8] delayed_scaling). Needs dtype fp8.
+    fp8_recipe: str = ""
 
     def __post_init__(self):
         if not isinstance(self.stack, StackSpec):
@@ -135,6 +142,10 @@ class ParallelPlan:
         if self.dispatch_fp8 and self.dtype != "fp8":
             raise ConfigError(f"plan.dispatch_fp8: FP8 dispatch feeds FP8 expert GEMMs, so it needs dtype fp8 "
                               f"(got dtype {self.dtype})")
+        if self.fp8_recipe not in ("", *FP8_RECIPES):
+            raise ConfigError(f"plan.fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
+        if self.fp8_recipe and self.dtype != "fp8":
+            raise ConfigError(f"plan.fp8_recipe: an FP8 scaling recipe needs dtype fp8 (got dtype {self.dtype})")
         object.__setattr__(self, "recompute", _enum(Recompute, self.recompute, "recompute"))
         object.__setattr__(self, "schedule", _enum(Schedule, self.schedule, "schedule"))
         if self.recompute_layers and self.recompute == Recompute.NONE:
@@ -159,6 +170,12 @@ class ParallelPlan:
         (gradient reduction and parameter gathers both overlapped); otherwise it gathers
         them after the optimizer step, exposed."""
         return self.zero in (1, 2) and self.overlap_grad_reduce and self.overlap_param_gather
+
+    @property
+    def fp8_delayed_scaling(self) -> bool:
+        """Whether FP8 casts take their scales from earlier steps (no amax pass): the plan's
+        recipe where it names one, else the stack's ``[fp8] delayed_scaling``."""
+        return self.fp8_recipe == "delayed" if self.fp8_recipe else self.stack.fp8.delayed_scaling
 
     @property
     def interference(self) -> float:
@@ -201,6 +218,7 @@ class ParallelPlan:
         parts += ["dispatch-fp8"] if self.dispatch_fp8 else []
         parts += ["no-clip"] if not self.clip_grad else []
         parts += ["real-data"] if self.real_data else []
+        parts += [f"fp8-{self.fp8_recipe}"] if self.fp8_recipe else []
         return " ".join(parts)
 
     def to_dict(self) -> dict:

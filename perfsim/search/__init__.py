@@ -23,7 +23,7 @@ from perfsim.errors import ConfigError, InfeasiblePlan
 from perfsim.estimators.analytic import ClosedForm, measured_disagreement
 from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import PLAN_SWITCHES, ParallelPlan
+from perfsim.plan.parallel import FP8_RECIPES, PLAN_SWITCHES, ParallelPlan
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.system.stacks import IDEAL, StackSpec, load_stack
 from perfsim.search.executors import make_executor
@@ -154,15 +154,20 @@ def _context(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, gbs: int, se
                    routing=routing, max_bytes=fraction * sized.gpu.hbm_bytes, stack=stack, plan_knobs=plan_knobs)
 
 
-def _plan_switches(knobs: dict | None, dtype: str) -> tuple[tuple[str, bool], ...]:
+def _plan_switches(knobs: dict | None, dtype: str) -> tuple[tuple[str, bool | str], ...]:
     """``plan_knobs`` checked: known switches, booleans, FP8 dispatch only under FP8."""
     if knobs is None:
         return ()
     if not isinstance(knobs, dict):
         raise ConfigError(f"plan_knobs: expected a dict of switch -> bool, got {knobs!r}")
     for key, value in knobs.items():
+        if key == "fp8_recipe":  # the one string knob: an FP8 scaling recipe, FP8 plans only
+            if value not in FP8_RECIPES or dtype != "fp8":
+                raise ConfigError(f"plan_knobs.fp8_recipe: expected one of {', '.join(FP8_RECIPES)} under dtype fp8, "
+                                  f"got {value!r} (dtype {dtype!r})")
+            continue
         if key not in PLAN_SWITCHES:
-            raise ConfigError(f"plan_knobs: unknown switch {key!r} (known: {', '.join(PLAN_SWITCHES)})")
+            raise ConfigError(f"plan_knobs: unknown switch {key!r} (known: {', '.join(PLAN_SWITCHES)}, fp8_recipe)")
         if not isinstance(value, bool):
             raise ConfigError(f"plan_knobs.{key}: expected true or false, got {value!r}")
     if knobs.get("dispatch_fp8") and dtype != "fp8":
@@ -247,7 +252,8 @@ def search(
     called as chunks finish. ``stack``: the software-stack profile every plan runs under
     (default ideal). ``plan_knobs``: plan switches every plan carries, over the stack's
     defaults (``PLAN_SWITCHES``: overlap_grad_reduce, overlap_param_gather, clip_grad,
-    dispatch_fp8, real_data; e.g. ``{"clip_grad": False}``). Raises InfeasiblePlan naming the binding constraint when no
+    dispatch_fp8, real_data; e.g. ``{"clip_grad": False}``; and ``fp8_recipe``, delayed or
+    current, under dtype fp8). Raises InfeasiblePlan naming the binding constraint when no
     plan is valid and fits, ConfigError for bad input.
     """
     t0 = time.perf_counter()

@@ -118,12 +118,18 @@ class Fp8Recipe:
     # FP8 backward): priced at the GPU's ``fp8_split_accumulator_speed``; false: every FP8
     # GEMM at the table's (fast-accumulation) speed
     backward_split_accumulator: bool = False
+    # the tensors an FP8 GEMM keeps for its backward are its FP8 inputs (1 B a value; the
+    # activation input of each linear layer, quantized for the forward GEMM, kept in the one
+    # layout its wgrad reads: Transformer Engine Linear / LayerNormLinear / GroupedLinear
+    # save the quantized input); false: the layer inputs are kept in BF16
+    saves_fp8_inputs: bool = False
     source: str = "assumed"
 
     def __post_init__(self):
         _non_negative("fp8", cast_bytes_factor=self.cast_bytes_factor)
         _boolean("fp8", weights_cast_once=self.weights_cast_once, norm_fused_cast=self.norm_fused_cast,
-                 delayed_scaling=self.delayed_scaling, backward_split_accumulator=self.backward_split_accumulator)
+                 delayed_scaling=self.delayed_scaling, backward_split_accumulator=self.backward_split_accumulator,
+                 saves_fp8_inputs=self.saves_fp8_inputs)
 
 
 VENDOR_SPEEDS = {"amd": "speed_amd", "nvidia": "speed_nvidia"}  # GpuSpec.vendor -> KernelQuality field

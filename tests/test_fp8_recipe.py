@@ -1,0 +1,162 @@
+"""The FP8 scaling recipe as a plan input (``plan.fp8_recipe``: delayed or current, over
+the stack's ``[fp8] delayed_scaling``) and FP8 linear layers keeping their quantized inputs
+for the backward (``[fp8] saves_fp8_inputs``, Transformer Engine stacks)."""
+
+import csv
+import dataclasses
+
+import pytest
+
+import perfsim.api as api
+from perfsim.cli import main
+from perfsim.design.runs import read_runs
+from perfsim.errors import ConfigError
+from perfsim.lowering.layers import LayerBuilder
+from perfsim.lowering.memory import layer_activation_bytes
+from perfsim.plan.megatron import from_mapping
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.search import search
+from perfsim.system.stacks import load_stack
+
+CASE = dict(model="llama3.1-8b", cluster="h100-ib", nodes=1, tp=1, mbs=1, gbs=16, seq=4096, dtype="fp8")
+
+
+def _casts(stack, recipe=""):
+    model = api.load_model("llama3.1-8b")
+    plan = ParallelPlan(tp=1, dp=1, mbs=1, gbs=1, seq=4096, dtype="fp8", stack=stack, fp8_recipe=recipe)
+    b = LayerBuilder(model, plan)
+    return {s.name: s.bytes for s in b.attention_forward() + b.mlp_forward() if s.category == "fp8_cast"}
+
+
+def test_the_plans_recipe_overrides_the_stacks_both_ways():
+    """nemo defaults to delayed scaling (no amax pass); ``current`` adds one before every
+    cast, and ``delayed`` takes it away from a current-scaling stack; the casts themselves
+    do not change."""
+    assert load_stack("nemo").fp8.delayed_scaling and not load_stack("ideal").fp8.delayed_scaling
+    nemo, nemo_current = _casts("nemo"), _casts("nemo", "current")
+    assert not any(k.endswith("_fp8_amax") for k in nemo)
+    assert any(k.endswith("_fp8_amax") for k in nemo_current)
+    assert {k: v for k, v in nemo_current.items() if k.endswith("_fp8_cast")} == nemo
+    ideal, ideal_delayed = _casts("ideal"), _casts("ideal", "delayed")
+    assert any(k.endswith("_fp8_amax") for k in ideal) and not any(k.endswith("_fp8_amax") for k in ideal_delayed)
+    assert _casts("ideal", "current") == ideal and _casts("nemo", "delayed") == nemo
+
+
+@pytest.mark.parametrize("estimator", ["analytic", "des"])
+def test_current_scaling_is_slower_than_delayed_by_its_amax_passes(estimator):
+    def t(recipe):
+        return api.simulate(estimator=estimator, check_memory=False, stack="nemo", fp8_recipe=recipe,
+                            **CASE).step_time_s
+    delayed, current = t("delayed"), t("current")
+    assert delayed == pytest.approx(t(""), rel=1e-12)  # nemo's own recipe is delayed
+    assert 1.0 < current / delayed < 1.2
+
+
+@pytest.mark.parametrize("knobs, field", [
+    (dict(dtype="bf16", fp8_recipe="current"), "needs dtype fp8"),
+    (dict(dtype="fp8", fp8_recipe="mxfp8"), "must be one of delayed, current"),
+])
+def test_a_bad_recipe_names_the_field(knobs, field):
+    with pytest.raises(ConfigError, match=f"plan.fp8_recipe.*{field}|{field}"):
+        ParallelPlan(mbs=1, gbs=1, seq=4096, **knobs)
+
+
+def test_cli_fp8_recipe_flag_prices_and_reports_it(capsys):
+    args = ["simulate", "--model", "llama3.1-8b", "--cluster", "h100-ib", "--gpus", "8", "--gbs", "16",
+            "--seq", "4096", "--dtype", "fp8", "--stack", "nemo", "--engine", "analytic", "--json"]
+    assert main(args) == 0
+    delayed = capsys.readouterr().out
+    assert main(args + ["--fp8-recipe", "current"]) == 0
+    current = capsys.readouterr().out
+    import json
+    d, c = json.loads(delayed), json.loads(current)
+    assert c["plan"]["fp8_recipe"] == "current" and d["plan"]["fp8_recipe"] == ""
+    assert c["step_time_s"] > d["step_time_s"]
+
+
+def test_cli_recipe_without_fp8_is_one_line_exit_2(capsys):
+    code = main(["simulate", "--model", "llama3.1-8b", "--cluster", "h100-ib", "--gpus", "8", "--gbs", "16",
+                 "--seq", "4096", "--fp8-recipe", "current"])
+    err = capsys.readouterr().err
+    assert code == 2 and "fp8_recipe" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_megatron_fp8_recipe_flag_maps_to_the_plan():
+    assert from_mapping({"fp8_format": "hybrid", "fp8_recipe": "tensorwise"}).knobs["fp8_recipe"] == "current"
+    assert from_mapping({"fp8_format": "hybrid", "fp8_recipe": "delayed"}).knobs["fp8_recipe"] == "delayed"
+    block = from_mapping({"fp8_format": "hybrid", "fp8_recipe": "blockwise"})
+    assert "fp8_recipe" not in block.knobs and "fp8_recipe" in dict(block.not_modelled)
+    bf16 = from_mapping({"bf16": True, "fp8_recipe": "tensorwise"})  # no FP8: the recipe does nothing
+    assert "fp8_recipe" not in bf16.knobs and "fp8_recipe" in bf16.ignored
+
+
+def test_runs_csv_takes_an_fp8_recipe_column(tmp_path):
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as handle:
+        w = csv.writer(handle)
+        w.writerow(["id", "source_id", "source", "stack", "model", "cluster", "nodes", "mbs", "gbs", "seq", "dtype",
+                    "fp8_recipe", "metric", "measured"])
+        w.writerow(["a", "s", "u", "nemo", "llama3.1-8b", "h100-ib", "1", "1", "16", "4096", "fp8", "current",
+                    "tokens_per_s_per_gpu", "1000"])
+        w.writerow(["b", "s", "u", "nemo", "llama3.1-8b", "h100-ib", "1", "1", "16", "4096", "fp8", "",
+                    "tokens_per_s_per_gpu", "1000"])
+    a, b = read_runs(path)
+    assert dict(a.knobs)["fp8_recipe"] == "current" and "fp8_recipe" not in dict(b.knobs)
+
+
+def test_search_carries_the_recipe_into_every_plan():
+    common = dict(gpus=[8], gbs=16, seq=4096, dtype="fp8", stack="nemo", top=1, confirm=0,
+                  fixed={"tp": [1], "pp": [1], "cp": [1]})
+    delayed = search("llama3.1-8b", "h100-ib", **common)
+    current = search("llama3.1-8b", "h100-ib", plan_knobs={"fp8_recipe": "current"}, **common)
+    assert current.rows[0].plan["fp8_recipe"] == "current"
+    assert current.rows[0].step_time_s > delayed.rows[0].step_time_s
+    with pytest.raises(ConfigError, match="fp8_recipe"):
+        search("llama3.1-8b", "h100-ib", **{**common, "dtype": "bf16"}, plan_knobs={"fp8_recipe": "current"})
+
+
+# ---- FP8 inputs kept for the backward --------------------------------------------------------
+
+
+def test_te_stacks_keep_fp8_linear_inputs_in_one_byte():
+    """Under FP8 a Transformer Engine stack keeps the QKV, output-projection, up- and
+    down-projection inputs at 1 B each instead of 2: exactly those values' bytes less;
+    BF16 plans and stacks that keep BF16 inputs are unchanged."""
+    model = api.load_model("llama3.1-8b")
+    assert load_stack("nemo").fp8.saves_fp8_inputs and load_stack("megatron-primus").fp8.saves_fp8_inputs
+    assert not load_stack("ideal").fp8.saves_fp8_inputs
+
+    def acts(stack, dtype):
+        plan = ParallelPlan(tp=2, dp=1, mbs=1, gbs=1, seq=4096, dtype=dtype, stack=stack)
+        return layer_activation_bytes(model, plan, 0)
+
+    h, w, v = model.hidden_size, model.ffn_hidden_size, model.v_width
+    fp8_values = 4096 * (h + v + h + w) / 2  # tokens x (QKV in, out-proj in, up in, down in) / tp
+    assert acts("nemo", "fp8") == pytest.approx(acts("ideal", "fp8") - fp8_values)
+    assert acts("nemo", "bf16") == acts("ideal", "bf16") == acts("ideal", "fp8")
+
+
+def test_moe_layers_keep_each_routed_copys_expert_inputs_in_fp8():
+    model = api.load_model("qwen3-30b-a3b")
+    plan = dict(tp=1, dp=8, ep=8, mbs=1, gbs=8, seq=4096, dtype="fp8")
+    te, bf = (layer_activation_bytes(model, ParallelPlan(stack=s, **plan), 0) for s in ("nemo", "ideal"))
+    h, w = model.hidden_size, model.expert_ffn_hidden_size
+    expected = 4096 * (h + model.v_width + model.top_k * (h + w) + model.shared_ffn_hidden_size)
+    assert bf - te == pytest.approx(expected)
+
+
+def test_fp8_inputs_lower_the_peak_in_the_search_memory_model_too():
+    """The search's memoised memory model keys the kept inputs' dtype: a BF16 and an FP8
+    plan that share every other field get their own (exact) peaks from one model."""
+    from perfsim.estimators.fastmem import MemoryModel
+    from perfsim.lowering.memory import plan_memory
+
+    model = api.load_model("llama3.1-70b")
+    fast = MemoryModel(model)
+    peaks = {}
+    for dtype in ("bf16", "fp8"):
+        plan = ParallelPlan(tp=4, pp=4, vpp=5, dp=2, mbs=1, gbs=64, seq=8192, dtype=dtype, stack="nemo",
+                            schedule="interleaved")
+        peaks[dtype] = fast.peak(plan)[0]
+        assert peaks[dtype] == pytest.approx(max(m.total_bytes for m in plan_memory(model, plan)))
+    assert peaks["fp8"] < peaks["bf16"]
