@@ -10,7 +10,7 @@ import json
 
 import perfsim
 from perfsim.model import io as modelio
-from perfsim.plan.parallel import PLAN_SWITCHES
+from perfsim.plan.parallel import FP8_RECIPES, PLAN_SWITCHES
 from perfsim.plan.routing import RoutingSpec
 from perfsim.plan.stragglers import VariabilitySpec
 
@@ -44,6 +44,8 @@ DEFAULT = {
         "dispatch": "alltoall",
         # --dispatch-fp8: FP8 (+ scales) in the dispatch direction; only under dtype fp8, on an MoE model
         "dispatch_fp8": False,
+        # --fp8-recipe: "" (the stack's), delayed or current; only under dtype fp8
+        "fp8_recipe": "",
         "clip_grad": True,  # --no-clip-grad turns the gradient clip off
         "real_data": False,  # --real-data: the stack's input pipeline cost per step ([data])
     },
@@ -220,7 +222,7 @@ def simulate(inputs: dict):
         model, cluster, estimator=inputs.get("estimator", "des"), check_memory=False, routing=routing_spec(inputs),
         variability=variability_spec(inputs), trace=True, stack=inputs.get("stack") or "ideal", **plan_knobs(inputs),
         **fidelity_knobs(inputs), dispatch=dispatch_choice(inputs, cluster, model),
-        dispatch_fp8=dispatch_fp8_choice(inputs, model),
+        dispatch_fp8=dispatch_fp8_choice(inputs, model), fp8_recipe=fp8_recipe_choice(inputs),
     )
 
 
@@ -231,7 +233,16 @@ def search_switches(inputs: dict, model) -> dict:
     knobs = {k: v for k, v in fidelity_knobs(inputs).items() if k in PLAN_SWITCHES and (v or k != "real_data")}
     if dispatch_fp8_choice(inputs, model):
         knobs["dispatch_fp8"] = True
+    if fp8_recipe_choice(inputs):
+        knobs["fp8_recipe"] = fp8_recipe_choice(inputs)
     return knobs
+
+
+def fp8_recipe_choice(inputs: dict) -> str:
+    """``fp8_recipe``: the stored recipe (delayed, current) under dtype fp8; "" (the stack's)
+    otherwise, so a BF16 plan never carries one."""
+    chosen = str((inputs.get("fidelity") or {}).get("fp8_recipe") or "")
+    return chosen if chosen in FP8_RECIPES and inputs["knobs"].get("dtype") == "fp8" else ""
 
 
 def dispatch_fp8_choice(inputs: dict, model=None) -> bool:

@@ -160,3 +160,43 @@ def test_fp8_inputs_lower_the_peak_in_the_search_memory_model_too():
         peaks[dtype] = fast.peak(plan)[0]
         assert peaks[dtype] == pytest.approx(max(m.total_bytes for m in plan_memory(model, plan)))
     assert peaks["fp8"] < peaks["bf16"]
+
+
+# ---- the planner --------------------------------------------------------------------------
+
+
+def test_planner_fp8_recipe_selector_reaches_the_plan_and_the_search():
+    """The Plan page's "FP8 recipe" (enabled under fp8; default the stack's) sets
+    plan.fp8_recipe, moves the step under a delayed-scaling stack, and the Search page
+    carries it into every plan; back under BF16 no plan carries it."""
+    import sys
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "app"))
+    import inputs as planner_inputs
+
+    at = AppTest.from_file(str(root / "app" / "planner.py"), default_timeout=90)
+    at.session_state["inputs"] = planner_inputs.normalize(
+        {"model": "llama3.1-8b", "cluster": "h100-ib", "nodes": 1, "estimator": "analytic", "stack": "nemo",
+         "knobs": {"dtype": "bf16", "gbs": 16, "dp": 8}})
+    at.run()
+    assert not at.exception and not at.error
+    box = at.selectbox(key="w.fp8_recipe")
+    assert box.label == "FP8 recipe" and box.disabled and box.value == ""
+    at.selectbox(key="w.dtype").set_value("fp8").run()
+    assert not at.selectbox(key="w.fp8_recipe").disabled
+    before = planner_inputs.simulate(at.session_state["inputs"])
+    at.selectbox(key="w.fp8_recipe").set_value("current").run()
+    assert not at.exception and not at.error
+    state = at.session_state["inputs"]
+    after = planner_inputs.simulate(state)
+    assert after.plan["fp8_recipe"] == "current" and before.plan["fp8_recipe"] == ""
+    assert after.step_time_s > before.step_time_s
+    assert planner_inputs.search_switches(state, planner_inputs.model_spec(state))["fp8_recipe"] == "current"
+    at.selectbox(key="w.dtype").set_value("bf16").run()
+    state = at.session_state["inputs"]
+    assert planner_inputs.simulate(state).plan["fp8_recipe"] == ""
+    assert "fp8_recipe" not in planner_inputs.search_switches(state, planner_inputs.model_spec(state))

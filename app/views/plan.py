@@ -65,6 +65,21 @@ def _dispatch_fp8(column, experts: bool, dtype: str, fidelity: dict) -> bool:
     return bool(on) and dtype == "fp8"
 
 
+RECIPE_LABELS = {"": "the stack's", "delayed": "delayed", "current": "current"}
+
+
+def _fp8_recipe(column, dtype: str, fidelity: dict) -> str:
+    """The "FP8 recipe" choice (--fp8-recipe): enabled under dtype fp8; "" = the stack's."""
+    stored = fidelity.get("fp8_recipe") or ""
+    chosen = column.selectbox("FP8 recipe", list(RECIPE_LABELS), format_func=RECIPE_LABELS.get,
+                              key=common.seed("fp8_recipe", stored if stored in RECIPE_LABELS else ""),
+                              disabled=dtype != "fp8",
+                              help="--fp8-recipe (dtype fp8): delayed scaling (scales from earlier steps' amax "
+                                   "history, Megatron-LM's default) or current scaling (an amax pass before each "
+                                   "cast: Megatron --fp8-recipe tensorwise, NVIDIA's FP8-CS); default: the stack's")
+    return chosen if dtype == "fp8" else ""
+
+
 st.title("Plan")
 current = common.get_inputs()
 
@@ -165,6 +180,7 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     experts = _has_experts(model, model_config)
     fidelity["dispatch"] = _dispatch(f[3], experts, cluster, fidelity)
     fidelity["dispatch_fp8"] = _dispatch_fp8(f[3], experts, knobs["dtype"], fidelity)
+    fidelity["fp8_recipe"] = _fp8_recipe(f[2], knobs["dtype"], fidelity)
     fidelity["gpu_variability"] = f[4].number_input("GPU variability (cv)", min_value=0.0, max_value=0.5, step=0.01,
                                                     key=common.seed("gpu_variability", fidelity["gpu_variability"]),
                                                     help="--gpu-variability: std-dev of per-GPU speed")
