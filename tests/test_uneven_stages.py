@@ -54,11 +54,64 @@ def test_impossible_splits_name_the_fields(extra, match):
         perfsim.estimate(MODEL, "mi300x-pollara", plan(**extra), gpus=32)
 
 
-def test_needs_a_pipeline_without_interleaving():
+def test_needs_a_pipeline_and_an_interleaved_or_v_schedule_under_vpp():
     with pytest.raises(ConfigError, match="first_stage_layers"):
         perfsim.make_plan(8, gbs=8, seq=1024, first_stage_layers=4)
-    with pytest.raises(ConfigError, match="vpp 1"):
-        perfsim.make_plan(8, gbs=8, seq=1024, pp=2, vpp=2, last_stage_layers=4)
+    for schedule in ("gpipe", "zb-h1"):  # their chunked orders assume even chunks
+        with pytest.raises(ConfigError, match="interleaved or a V-shape"):
+            perfsim.make_plan(8, gbs=8, seq=1024, pp=2, vpp=2, last_stage_layers=4, schedule=schedule)
+    assert perfsim.make_plan(8, gbs=8, seq=1024, pp=2, vpp=2, last_stage_layers=4).last_stage_layers == 4
+
+
+# ---- uneven virtual stages under the interleaved schedule (Megatron --decoder-first/last-
+# pipeline-num-layers, or --account-for-embedding/loss-in-pipeline-split, with a virtual pipeline)
+
+
+def test_interleaved_first_and_last_virtual_stages_hold_their_counts():
+    """Chunk-major round robin: virtual stage c*pp + s on stage s; the first virtual stage
+    (stage 0, chunk 0) and the last (stage pp-1, chunk vpp-1) hold the set counts."""
+    from perfsim.plan.schedules import stage_layers
+
+    uneven = perfsim.make_plan(32, gbs=64, seq=4096, tp=2, pp=4, vpp=3, first_stage_layers=1, last_stage_layers=1)
+    chunks = [[len(stage_layers(32, 4, 3, s, c, 1, 1, uneven.schedule)) for c in range(3)] for s in range(4)]
+    assert chunks == [[1, 3, 3], [3, 3, 3], [3, 3, 3], [3, 3, 1]]
+    ids = sorted(sum((stage_layer_ids(MODEL, uneven, s) for s in range(4)), []))
+    assert ids == list(range(32))
+
+
+@pytest.mark.parametrize("cluster", ["h100-ib", "mi300x-pollara"])
+def test_interleaved_uneven_stages_agree_in_both_estimators(cluster):
+    """Both estimators price uneven chunks alike; a 10-layer first chunk beside 2-layer ones
+    paces the pipeline and is slower than 1-layer end chunks beside 3-layer ones."""
+    knobs = dict(gbs=32, seq=2048, tp=1, pp=4, vpp=3, mbs=1, schedule="interleaved")
+    times = {}
+    for name, extra in (("ends", dict(first_stage_layers=1, last_stage_layers=1)),
+                        ("heavy", dict(first_stage_layers=10))):
+        plan = perfsim.make_plan(16, **knobs, **extra)
+        closed = perfsim.estimate(MODEL, cluster, plan, gpus=16, check_memory=False)
+        engine = perfsim.simulate(MODEL, cluster, plan, gpus=16, check_memory=False)
+        assert closed.step_time_s == pytest.approx(engine.step_time_s, rel=0.01)
+        times[name] = closed.step_time_s
+    assert times["heavy"] > times["ends"]
+
+
+def test_megatron_accounting_of_embedding_and_loss_sets_the_end_virtual_stages():
+    """Megatron's --account-for-embedding/loss-in-pipeline-split split layers + embedding +
+    loss evenly, so the first and last virtual stages hold one layer fewer: Llama-3.1-405B's
+    126 layers over PP 8 x VP 8 -> 1 + 62 x 2 + 1."""
+    from perfsim.plan import megatron
+
+    plan = megatron.from_args("--pipeline-model-parallel-size 8 --virtual-pipeline-model-parallel-size 8 "
+                              "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split")
+    knobs = plan.knobs_for(126)
+    assert (knobs["first_stage_layers"], knobs["last_stage_layers"]) == (1, 1)
+    assert not plan.not_modelled
+    with pytest.raises(ConfigError, match="account-for"):
+        plan.knobs_for(32)
+    explicit = megatron.from_args("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 6 "
+                                  "--account-for-loss-in-pipeline-split")
+    assert "last_stage_layers" not in explicit.knobs_for(32)
+    assert "account_for_loss_in_pipeline_split" in dict(explicit.not_modelled)
 
 
 def test_cli_flags(capsys):

@@ -249,15 +249,17 @@ def section() -> str:
         "-0.6 / +11.1%.",
         "",
         "Eleventh session, with `nemo`'s H100 gap in view: a second NVIDIA source for `nemo`, the NeMo 25.11 "
-        "container's DGX-H100 pretraining rows (Megatron-Bridge's performance summary: Llama-3 8B, 70B and "
-        "Qwen3-30B-A3B, FP8-CS), so that each NVIDIA source is held out against a kernels' speed fitted on "
-        "the other. Two changes were made with its rows' figures seen (validation/runs/SOURCES.md): the FP8 "
-        "scaling recipe as a plan input (`fp8_recipe` current for FP8-CS, where the profile's recipe is "
-        "delayed) and Transformer Engine's FP8 linear layers keeping their quantized inputs for the backward "
-        "(`[fp8] saves_fp8_inputs`, read from TE's modules), after which the 70B row fits in 80 GB without "
-        "recompute as it ran (before: 89 GB, so `recompute auto` chose full recompute). Held out: NeMo 24.12 "
-        "+17.6..+24.7% -> +8.5..+15.0%; the 25.11 dense rows -11.4 / -9.3% and its MoE row +52.8% (predicted "
-        "too fast; unexplained). The MLPerf MI355X run stays the one AMD source of `nemo` (-19.7%).",
+        "container's DGX-H100 pretraining rows (Megatron-Bridge's performance summary: Llama-3 8B and 70B, "
+        "Llama-3.1-405B on 1,024 GPUs and Qwen3-30B-A3B, FP8-CS), so that each NVIDIA source is held out "
+        "against a kernels' speed fitted on the other. Two changes were made with its first three rows' figures "
+        "seen (validation/runs/SOURCES.md): the FP8 scaling recipe as a plan input (`fp8_recipe` current for "
+        "FP8-CS, where the profile's recipe is delayed) and Transformer Engine's FP8 linear layers keeping their "
+        "quantized inputs for the backward (`[fp8] saves_fp8_inputs`, read from TE's modules), after which the "
+        "70B row fits in 80 GB without recompute as it ran (before: 89 GB, so `recompute auto` chose full "
+        "recompute). The 405B row joined once perfsim could place uneven virtual stages under the interleaved "
+        "schedule (its 126 layers over PP8 x VP8 as 1 + 62 x 2 + 1). Held out: NeMo 24.12 +17.6..+24.7% -> "
+        "+3.0..+9.2%; the 25.11 dense rows -11.4 / -9.3 / +5.4% and its MoE row +52.8% (predicted too fast; "
+        "unexplained). The MLPerf MI355X run stays the one AMD source of `nemo` (-19.7%).",
         "",
         *_summary(held, shipped),
         "",

@@ -63,11 +63,11 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="overlap TP all-gather/reduce-scatter with the adjacent GEMM (Megatron userbuffers)")
     p.add_argument("--first-stage-layers", type=a.integer(0, 1 << 20), default=None,
                    help="layers on the first pipeline stage, the other stages splitting the rest evenly "
-                        "(Megatron --decoder-first-pipeline-num-layers; vpp 1; under a V-shape schedule the "
-                        "first virtual stage)")
+                        "(Megatron --decoder-first-pipeline-num-layers; with vpp > 1 the first virtual stage, "
+                        "under the interleaved or a V-shape schedule)")
     p.add_argument("--last-stage-layers", type=a.integer(0, 1 << 20), default=None,
-                   help="layers on the last pipeline stage (Megatron --decoder-last-pipeline-num-layers; under a "
-                        "V-shape schedule the last virtual stage, also on stage 0)")
+                   help="layers on the last pipeline stage (Megatron --decoder-last-pipeline-num-layers; with vpp > 1 "
+                        "the last virtual stage: on the last stage when interleaved, on stage 0 under a V shape)")
     p.add_argument("--recompute-layers", type=a.integer(0, 1 << 20), default=None,
                    help="recompute only the first N layers of each pipeline stage chunk (Megatron --recompute-method "
                         "block --recompute-num-layers N; default every layer)")

@@ -62,12 +62,16 @@ moe_layer_freq moe_permute_fusion moe_router_pre_softmax q_lora_rank kv_lora_ran
 v_head_dim multi_latent_attention hidden_dropout attention_dropout exit_interval exit_duration_in_mins
 manual_gc manual_gc_interval use_torch_fsdp2 ckpt_format dataloader_type num_workers mock_data
 """.split())
+# Megatron-LM's switches that count the embedding / the loss as a pipeline layer
+ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "embedding", "account_for_loss_in_pipeline_split": "loss"}
 # Megatron-LM --fp8-recipe -> plan.fp8_recipe (the others are in NOT_MODELLED)
 MEGATRON_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current"}
 # Known flags with a step-time effect perfsim cannot represent: reported (with why), not used.
 NOT_MODELLED = {
-    "account_for_embedding_in_pipeline_split": "uneven pipeline stages are not modelled",
-    "account_for_loss_in_pipeline_split": "uneven pipeline stages are not modelled",
+    "account_for_embedding_in_pipeline_split": "uneven pipeline stages are set by --decoder-first/last-pipeline-"
+                                               "num-layers here; with those, the embedding's accounting is not applied",
+    "account_for_loss_in_pipeline_split": "uneven pipeline stages are set by --decoder-first/last-pipeline-"
+                                          "num-layers here; with those, the loss's accounting is not applied",
     "recompute_num_layers": "with --recompute-method uniform every layer recomputes (the checkpoint grouping "
                             "is not modelled)",
     "recompute_modules": "selective recompute is the attention core only",
@@ -86,6 +90,9 @@ class MegatronPlan:
     ignored: tuple[str, ...] = ()
     not_modelled: tuple[tuple[str, str], ...] = ()
     unknown: tuple[str, ...] = ()
+    # --account-for-embedding/loss-in-pipeline-split: "embedding" / "loss" count as a layer of
+    # the first / last virtual stage, which then holds one layer fewer (knobs_for)
+    account_for: tuple[str, ...] = ()
 
     def knobs_for(self, num_layers: int) -> dict:
         """The knobs, with vpp derived from --num-layers-per-virtual-pipeline-stage for a
@@ -97,6 +104,18 @@ class MegatronPlan:
                 raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {per_stage}: {num_layers} layers do not "
                                   f"split into pp={pp} stages of chunks of {per_stage}")
             knobs["vpp"] = num_layers // (pp * per_stage)
+        if self.account_for:  # Megatron splits layers + embedding / loss evenly over the virtual stages
+            units = knobs.get("pp", 1) * knobs.get("vpp", 1)
+            total = num_layers + len(self.account_for)
+            flags = " and ".join(f"--account-for-{k}-in-pipeline-split" for k in self.account_for)
+            if total % units or total // units < 2:
+                raise ConfigError(f"{flags}: {num_layers} layers + {len(self.account_for)} do not split evenly into "
+                                  f"pp x vpp = {units} virtual stages of at least 2")
+            per = total // units
+            if "embedding" in self.account_for:
+                knobs["first_stage_layers"] = per - 1
+            if "loss" in self.account_for:
+                knobs["last_stage_layers"] = per - 1
         return knobs
 
     def notes(self) -> list[str]:
@@ -104,6 +123,9 @@ class MegatronPlan:
         used = " ".join(f"{k}={v}" for k, v in sorted({**self.knobs, **self.model_overrides}.items()))
         if self.layers_per_virtual_stage:
             used += f" vpp=layers/(pp*{self.layers_per_virtual_stage})"
+        for end, knob in (("embedding", "first"), ("loss", "last")):
+            if end in self.account_for:
+                used += f" {knob}_stage_layers=(layers+{len(self.account_for)})/(pp*vpp)-1"
         out = [f"mapped: {used or 'nothing'}"]
         out += [f"not modelled: --{_dash(k)} ({why})" for k, why in self.not_modelled]
         if self.unknown:
@@ -148,6 +170,7 @@ def from_mapping(args: dict) -> MegatronPlan:
     vpp_layers, method, recompute_num = None, None, None
     zero_bubble, v_schedule, mem_setup = False, False, "half"
     fp8_recipe = None
+    account = []
     for raw, value in args.items():
         name = raw.replace("-", "_")
         if value is None or value is False:
@@ -164,6 +187,9 @@ def from_mapping(args: dict) -> MegatronPlan:
             knobs["dtype"] = "fp8"
         elif name == "fp8_recipe" and str(value) in MEGATRON_FP8_RECIPES:
             fp8_recipe = MEGATRON_FP8_RECIPES[str(value)]
+        elif name in ACCOUNT_FLAGS:
+            if _truthy(value):
+                account.append(ACCOUNT_FLAGS[name])
         elif name == "use_distributed_optimizer":
             knobs["zero"] = 1 if _truthy(value) else 0
         elif name == "recompute_granularity":
@@ -211,6 +237,10 @@ def from_mapping(args: dict) -> MegatronPlan:
         knobs["recompute_layers"] = recompute_num
     elif recompute_num is not None:
         not_modelled.append(("recompute_num_layers", NOT_MODELLED["recompute_num_layers"]))
+    if account and ("first_stage_layers" in knobs or "last_stage_layers" in knobs):
+        not_modelled += [(f"account_for_{end}_in_pipeline_split", NOT_MODELLED[f"account_for_{end}_in_pipeline_split"])
+                         for end in account]
+        account = []
     if fp8_recipe and knobs.get("dtype") == "fp8":  # the recipe matters only to an FP8 run
         knobs["fp8_recipe"] = fp8_recipe
     elif fp8_recipe:
@@ -219,7 +249,8 @@ def from_mapping(args: dict) -> MegatronPlan:
     for knob, _ in BOOL_KNOBS.values():
         knobs.setdefault(knob, False)
     return MegatronPlan(knobs=knobs, model_overrides=overrides, layers_per_virtual_stage=vpp_layers,
-                        ignored=tuple(sorted(ignored)), not_modelled=tuple(not_modelled), unknown=tuple(unknown))
+                        ignored=tuple(sorted(ignored)), not_modelled=tuple(not_modelled), unknown=tuple(unknown),
+                        account_for=tuple(sorted(account)))
 
 
 def parse_args(text: str) -> dict:

@@ -34,6 +34,11 @@ class Schedule(StrEnum):
 
 
 V_SHAPES = frozenset({Schedule.ZBV, Schedule.V_HALF, Schedule.V_MIN})
+# schedules whose chunks may hold uneven layer counts (first_stage_layers / last_stage_layers
+# with vpp > 1: the first and last virtual stages): interleaved 1F1B (Megatron's
+# --decoder-first/last-pipeline-num-layers and account_for_embedding/loss_in_pipeline_split
+# under a virtual pipeline) and the V shapes
+UNEVEN_CHUNKED = V_SHAPES | {Schedule.INTERLEAVED, Schedule.ONE_F_ONE_B}
 DTYPES = ("bf16", "fp16", "fp8")
 # FP8 scaling recipes a plan may name (plan.fp8_recipe; "" = the stack's [fp8] delayed_scaling):
 # "delayed" takes each tensor's scale from the amax history of earlier steps (Transformer
@@ -120,9 +125,9 @@ class ParallelPlan:
                 raise ConfigError(f"plan.{key} must be an integer >= 0, got {value!r}")
             if key == "recompute_layers":
                 continue
-            if value and (self.pp < 2 or (self.vpp > 1 and self.schedule not in V_SHAPES)):
-                raise ConfigError(f"plan.{key} ({value}) needs pp > 1 and vpp 1, or a V-shape schedule (uneven "
-                                  f"stages are not interleaved)")
+            if value and (self.pp < 2 or (self.vpp > 1 and self.schedule not in UNEVEN_CHUNKED)):
+                raise ConfigError(f"plan.{key} ({value}) needs pp > 1, and with vpp > 1 the interleaved or a V-shape "
+                                  f"schedule (got {self.schedule})")
         if isinstance(self.grad_bucket_bytes, bool) or not isinstance(self.grad_bucket_bytes, int) or self.grad_bucket_bytes < 1:
             raise ConfigError(f"plan.grad_bucket_bytes must be a positive integer, got {self.grad_bucket_bytes!r}")
         share = self.comm_compute_interference
