@@ -23,6 +23,8 @@ SIM_FLAGS = ("--tp", "--pp", "--vpp", "--dp", "--ep", "--etp", "--cp", "--zero",
              "--routing-skew", "--routing-concentration", "--grad-bucket-size")
 SIM_CHOICES = {"--dtype": ["bf16", "fp8", "fp32", ""], "--recompute": ["none", "full", "x"],
                "--schedule": ["1f1b", "gpipe", "interleaved", "zb-h1", "?"],
+               "--fp8-recipe": ["delayed", "current", "mxfp8", ""],
+               "--first-stage-layers": ["1", "0", "40", "-1", "x"],
                "--routing": ["uniform", "zipf", "zipf:1.5", "zipf:nan", "dirichlet:0.3", "dirichlet:-1", "nope"],
                "--model": ["llama3.1-8b", "olmoe-1b-7b", "mixtral-8x7b", "nope"],
                "--cluster": ["mi300x-pollara", "h100-ib", "nope"]}
@@ -44,7 +46,8 @@ def simulate_argv(draw) -> list[str]:
 
 MEGATRON_FLAGS = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "micro-batch-size",
                   "global-batch-size", "seq-length", "moe-expert-capacity-factor", "ddp-bucket-size",
-                  "num-layers-per-virtual-pipeline-stage", "context-parallel-size", "expert-model-parallel-size")
+                  "num-layers-per-virtual-pipeline-stage", "context-parallel-size", "expert-model-parallel-size",
+                  "fp8-recipe", "account-for-loss-in-pipeline-split")
 
 
 @st.composite
@@ -74,7 +77,7 @@ def command_argv(draw) -> list[str]:
         flag = draw(st.sampled_from(["--max-tp", "--max-pp", "--max-mbs", "--top", "--max-memory", "--usd-per-gpu-hour",
                                      "--tp", "--zero"]))
         switches = draw(st.lists(st.sampled_from(["--no-overlap", "--no-param-prefetch", "--no-clip-grad",
-                                                  "--dispatch-fp8"]), max_size=2, unique=True))
+                                                  "--dispatch-fp8", "--fp8-recipe=current"]), max_size=2, unique=True))
         dtype = draw(st.sampled_from([[], ["--dtype", "fp8"]]))
         return ["search", "--model", "llama3.1-8b", "--gpus", draw(st.sampled_from(["8", "4-8", "8,x", "0-8", "9-3"])),
                 "--gbs", "16", "--seq", "1024", "--executor", "serial", "--confirm", "0", flag, value(), *switches, *dtype]
