@@ -61,8 +61,13 @@ def _summary(held, shipped) -> list[str]:
         fitted = ", ".join(others) if others else "nothing (profile values assumed)"
         mine_vendors = {vendor_of(r.case) for r in mine}
         same = [o for o in others if mine_vendors & {vendor_of(r.case) for r in held.results if r.case.source_id == o}]
+        foreign = [o for o in others if o not in same]
+        verb = "is" if len(foreign) == 1 else "are"
         if others and not same:  # a kernels' speed per vendor: the other vendor's fit does not apply
-            fitted = f"nothing for {'/'.join(sorted(mine_vendors))} GPUs (kernels' speed assumed; {fitted} is another vendor's)"
+            fitted = (f"nothing for {'/'.join(sorted(mine_vendors))} GPUs (kernels' speed assumed; "
+                      f"{', '.join(foreign)} {verb} another vendor's)")
+        elif foreign:
+            fitted = f"{', '.join(same)} ({', '.join(foreign)} {verb} another vendor's)"
         mape, med, worst, ok = _stats(mine)
         lines.append(f"| {stack} | {source} | {len(mine)} | {fitted} | {mape:.1f}% | {med:.1f}% | {worst:.1f}% | "
                      f"{ok}/{len(mine)} | {_stats(ship)[0]:.1f}% |")
