@@ -463,3 +463,35 @@ def test_a_vendor_without_a_speed_of_its_own_runs_at_the_stacks_speed():
     assert speed_param("amd") == "kernels.speed_amd" and speed_param("nvidia") == "kernels.speed_nvidia"
     assert speed_param("intel") == "kernels.speed"
     assert load_stack("ideal").with_values(**{"kernels.speed_amd": 0.5}).on_vendor("intel").kernels.speed == 1.0
+
+
+def test_a_profile_with_a_vendor_speed_fits_that_speed_on_one_vendors_runs(tmp_path, capsys):
+    """A calibrated profile that sets kernels.speed_nvidia prices H100 runs at it, so
+    projecting (or calibrating on) H100 runs alone fits that speed, not kernels.speed (which
+    would leave the prediction where it was); naming kernels.speed explicitly is one clear
+    error, exit 2."""
+    from perfsim.design.projection import project
+    from perfsim.system.stacks import write_stack
+
+    spec = dataclasses.replace(load_stack("nemo"), name="nemo-calibrated",
+                               kernels=dataclasses.replace(load_stack("nemo").kernels, speed_nvidia=0.8))
+    profile = write_stack(spec, tmp_path / "nemo-calibrated.toml")
+    rows = list(csv.DictReader(open(RUNS)))
+    row = next(r for r in rows if r["id"] == "NEMO2412-L8B-H100")  # a preset model: no file beside the CSV
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as handle:
+        w = csv.DictWriter(handle, fieldnames=list(row))
+        w.writeheader()
+        w.writerow({**row, "stack": str(profile)})
+    (case,) = read_runs(path)
+    fit = fit_stack([case], str(profile))
+    assert list(fit.values) == ["kernels.speed_nvidia"]
+    assert predict(case, fit.stack).predicted == pytest.approx(case.measured, rel=0.01)
+    assert project(case, 2).fitted.keys() == {"kernels.speed_nvidia"}
+    with pytest.raises(ConfigError, match="kernels.speed prices none of these runs"):
+        fit_stack([case], str(profile), ["kernels.speed"])
+    code = main(["calibrate", "--runs", str(path), "--stack", str(profile), "--fit", "kernels.speed",
+                 "--out", str(tmp_path / "out.toml")])
+    err = capsys.readouterr().err
+    assert code == 2 and "kernels.speed prices none" in err and "Traceback" not in err
+    assert not (tmp_path / "out.toml").exists()

@@ -17,7 +17,7 @@ import perfsim.api as api
 
 from perfsim.design.runs import RunCase, RunsValidation, predict, validate_runs
 from perfsim.errors import ConfigError
-from perfsim.system.stacks import Dispatch, StackSpec, load_stack, speed_param
+from perfsim.system.stacks import VENDOR_SPEEDS, Dispatch, StackSpec, load_stack, speed_param
 
 # Physically meaningful ranges (input bounds, not hardware numbers): more than 5 ms of
 # framework time per layer pass or per host sync, or kernels 5x slower or 2x faster than
@@ -68,11 +68,31 @@ def vendor_of(case: RunCase) -> str:
     return api.load_cluster(case.cluster).gpu.vendor
 
 
-def _speeds(cases) -> tuple[str, ...]:
+def _speeds(cases, base: StackSpec | None = None) -> tuple[str, ...]:
     """The kernels' speed the runs identify: one, or one per GPU vendor where the runs span
     vendors (the stack's kernel libraries differ by vendor: ``KernelQuality.speed_amd``)."""
     vendors = {vendor_of(c) for c in cases}
-    return DEFAULT_PARAMS if len(vendors) <= 1 else tuple(sorted({speed_param(v) for v in vendors}))
+    if len(vendors) > 1:
+        return tuple(sorted({speed_param(v) for v in vendors}))
+    # one vendor: its own speed where a run's stack sets one (that speed, not kernels.speed,
+    # prices the run), else the stack's kernels.speed
+    (vendor,) = vendors or {""}
+    field = VENDOR_SPEEDS.get(vendor)
+    stacks = [base] if base is not None else [load_stack(c.stack) for c in cases]
+    if field and any(getattr(s.kernels, field) is not None for s in stacks):
+        return (speed_param(vendor),)
+    return DEFAULT_PARAMS
+
+
+def _prices(param: str, cases, base: StackSpec) -> bool:
+    """Whether ``param`` of ``base`` prices any of ``cases``: a vendor's kernels' speed only
+    that vendor's runs, ``kernels.speed`` only runs whose vendor has no speed of its own set."""
+    if param == "kernels.speed":
+        return any(speed_param(vendor_of(c)) == param or getattr(base.kernels, VENDOR_SPEEDS[vendor_of(c)]) is None
+                   for c in cases)
+    if param.startswith("kernels.speed_"):
+        return any(speed_param(vendor_of(c)) == param for c in cases)
+    return True
 
 
 def _check(params) -> tuple[str, ...]:
@@ -85,7 +105,7 @@ def _check(params) -> tuple[str, ...]:
     return params
 
 
-def params_for(cases) -> tuple[str, ...]:
+def params_for(cases, base: StackSpec | None = None) -> tuple[str, ...]:
     """The free parameters the runs identify: the kernels' speed, which every run's dense
     GEMMs and attention set, plus the routed-expert speed of each MoE dispatch path with
     kernels of its own (dropless grouped GEMMs; padded to capacity unless the stack runs
@@ -101,7 +121,7 @@ def params_for(cases) -> tuple[str, ...]:
         if not (pads and stack.moe.mask_einsum):
             paths.add("moe.padded_speed" if pads else "moe.dropless_speed")
     data = ("data.host_s_per_mtoken",) if identified("data.host_s_per_mtoken", cases) else ()
-    return (*_speeds(cases), *sorted(paths, reverse=True), *data)
+    return (*_speeds(cases, base), *sorted(paths, reverse=True), *data)
 
 
 def identified(param: str, cases) -> bool:
@@ -118,7 +138,12 @@ def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None) -> Stack
     """``base`` with ``params`` (default: those the runs identify) fitted to ``cases`` (all priced under it)."""
     if not cases:
         raise ConfigError("calibrate --runs: no runs to fit")
-    params, base = _check(params_for(cases) if params is None else params), load_stack(base)
+    base = load_stack(base)
+    params = _check(params_for(cases, base) if params is None else params)
+    flat = [p for p in params if not _prices(p, cases, base)]
+    if flat:
+        raise ConfigError(f"--fit: {flat[0]} prices none of these runs (a GPU vendor's kernels' speed prices only "
+                          f"its runs; kernels.speed only runs whose vendor has no speed of its own in {base.name})")
     lo = np.array([BOUNDS[p][0] for p in params])
     hi = np.array([BOUNDS[p][1] for p in params])
     start = np.clip([_current(base, p) for p in params], lo, hi)
@@ -142,7 +167,8 @@ def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None) -> Stack
 def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> RunsValidation:
     """Each held-out group (a source; a run when there is one source) priced by a fit to the
     rest (``params``: default those the runs identify, ``params_for``)."""
-    params, base = params_for(cases) if params is None else params, load_stack(base)
+    base = load_stack(base)
+    params = params_for(cases, base) if params is None else params
     sources = sorted({c.source_id for c in cases})
     by_source = len(sources) > 1
     groups = sources if by_source else [c.id for c in cases]
@@ -152,7 +178,7 @@ def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> R
         rest = [c for c in cases if c not in held]
         if not rest:
             continue
-        fold = [p for p in params if identified(p, rest)]
+        fold = [p for p in params if identified(p, rest) and _prices(p, rest, base)]
         # uninformed: the prior, or the profile's own value (a vendor's speed: the stack's speed)
         start = base.with_values(**{p: PRIORS[p] for p in params if p not in fold and p in PRIORS})
         fitted = fit_stack(rest, start, fold).stack if fold else start  # nothing the rest informs: as assumed
