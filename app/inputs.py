@@ -46,6 +46,8 @@ DEFAULT = {
         "dispatch_fp8": False,
         # --fp8-recipe: "" (the stack's), delayed or current; only under dtype fp8
         "fp8_recipe": "",
+        # --fp8-params: FP8 primary weights; only under dtype fp8
+        "fp8_params": False,
         "clip_grad": True,  # --no-clip-grad turns the gradient clip off
         "real_data": False,  # --real-data: the stack's input pipeline cost per step ([data])
     },
@@ -141,7 +143,8 @@ def fidelity_knobs(inputs: dict) -> dict:
             "grad_bucket_bytes": int(float(f["grad_bucket_mb"]) * 1e6),
             "first_stage_layers": int(f["first_stage_layers"]), "last_stage_layers": int(f["last_stage_layers"]),
             "recompute_layers": int(f["recompute_layers"]), "clip_grad": bool(f["clip_grad"]),
-            "real_data": bool(f["real_data"])}
+            "real_data": bool(f["real_data"]),
+            "fp8_params": bool(f["fp8_params"]) and (inputs.get("knobs") or {}).get("dtype") == "fp8"}
 
 
 def variability_spec(inputs: dict) -> VariabilitySpec:
@@ -230,7 +233,8 @@ def search_switches(inputs: dict, model) -> dict:
     """The Plan page's plan switches a search applies to every plan (perfsim.search's
     ``plan_knobs``): gradient clip, the overlap choices the user set (unset: the stack's
     policy), real data where chosen and FP8 dispatch where it applies to ``model``."""
-    knobs = {k: v for k, v in fidelity_knobs(inputs).items() if k in PLAN_SWITCHES and (v or k != "real_data")}
+    knobs = {k: v for k, v in fidelity_knobs(inputs).items()
+             if k in PLAN_SWITCHES and (v or k not in ("real_data", "fp8_params"))}
     if dispatch_fp8_choice(inputs, model):
         knobs["dispatch_fp8"] = True
     if fp8_recipe_choice(inputs):

@@ -200,3 +200,108 @@ def test_planner_fp8_recipe_selector_reaches_the_plan_and_the_search():
     state = at.session_state["inputs"]
     assert planner_inputs.simulate(state).plan["fp8_recipe"] == ""
     assert "fp8_recipe" not in planner_inputs.search_switches(state, planner_inputs.model_spec(state))
+
+
+# ---- FP8 primary weights (plan.fp8_params) --------------------------------------------------
+
+
+def test_fp8_params_halve_the_weights_and_their_zero3_gathers():
+    from perfsim.lowering.memory import plan_memory
+    from perfsim.plan.sharding import layer_param_bytes
+
+    model = api.load_model("llama3.1-8b")
+    plan = ParallelPlan(tp=1, dp=8, zero=3, mbs=1, gbs=16, seq=4096, dtype="fp8", stack="nemo")
+    fp8w = dataclasses.replace(plan, fp8_params=True)
+    assert layer_param_bytes(model, fp8w, 0) == tuple(b / 2 for b in layer_param_bytes(model, plan, 0))
+    (m,), (f,) = plan_memory(model, plan), plan_memory(model, fp8w)
+    assert f.weights_bytes == pytest.approx(m.weights_bytes / 2)
+    assert f.optimizer_bytes == m.optimizer_bytes  # the FP32 master and Adam moments stay
+    knobs = dict(CASE, zero=3, stack="nemo")
+    for estimator in ("analytic", "des"):
+        bf = api.simulate(estimator=estimator, check_memory=False, **knobs)
+        f8 = api.simulate(estimator=estimator, check_memory=False, fp8_params=True, **knobs)
+        assert f8.step_time_s < bf.step_time_s
+        assert f8.plan["fp8_params"] is True
+    a = api.simulate(estimator="analytic", check_memory=False, fp8_params=True, **knobs)
+    d = api.simulate(estimator="des", check_memory=False, fp8_params=True, **knobs)
+    assert a.step_time_s == pytest.approx(d.step_time_s, rel=0.01)
+
+
+def test_fp8_params_cast_no_weight_and_transpose_it_once_a_step():
+    model = api.load_model("llama3.1-8b")
+
+    def cast_bytes(fp8_params):
+        plan = ParallelPlan(tp=1, dp=1, mbs=1, gbs=4, seq=4096, dtype="fp8", stack="ideal", fp8_params=fp8_params)
+        steps = LayerBuilder(model, plan).mlp_forward()
+        return {s.name: s.bytes for s in steps if s.category == "fp8_cast"}
+
+    plain, primary = cast_bytes(False), cast_bytes(True)
+    h, w = model.hidden_size, model.ffn_hidden_size
+    # the down projection's w x h weights: their amax read (2 B) and cast-transpose (2 + 1 + 1 B)
+    # leave; a 2-byte transpose of the FP8 copy, spread over the step's 4 microbatches, comes in
+    down = next(k for k in plain if k.startswith("mlp_down") and k.endswith("_fp8_cast"))
+    amax = next(k for k in plain if k.startswith("mlp_down") and k.endswith("_fp8_amax"))
+    assert plain[amax] - primary[amax] == pytest.approx(2 * w * h)
+    assert plain[down] - primary[down] == pytest.approx(4 * w * h - 2 * w * h / 4)
+    assert set(primary) == set(plain)
+
+
+def test_fp8_params_needs_fp8_and_maps_from_megatron_and_the_cli(capsys):
+    from perfsim.plan import megatron
+
+    with pytest.raises(ConfigError, match="plan.fp8_params"):
+        ParallelPlan(mbs=1, gbs=1, seq=4096, fp8_params=True)
+    assert megatron.from_mapping({"fp8_format": "hybrid", "fp8_param_gather": True}).knobs["fp8_params"] is True
+    bf16 = megatron.from_mapping({"bf16": True, "fp8_param_gather": True})
+    assert "fp8_params" not in bf16.knobs and "fp8_param_gather" in bf16.ignored
+    code = main(["search", "--model", "llama3.1-8b", "--gpus", "8", "--gbs", "16", "--seq", "1024", "--fp8-params"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--fp8-params" in err and "Traceback" not in err
+
+
+def test_runs_csv_and_search_take_fp8_params(tmp_path):
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as handle:
+        w = csv.writer(handle)
+        w.writerow(["id", "source_id", "source", "stack", "model", "cluster", "nodes", "mbs", "gbs", "seq", "dtype",
+                    "fp8_params", "metric", "measured"])
+        w.writerow(["a", "s", "u", "nemo", "llama3.1-8b", "h100-ib", "1", "1", "16", "4096", "fp8", "true",
+                    "tokens_per_s_per_gpu", "1000"])
+        w.writerow(["b", "s", "u", "nemo", "llama3.1-8b", "h100-ib", "1", "1", "16", "4096", "fp8", "maybe",
+                    "tokens_per_s_per_gpu", "1000"])
+    with pytest.raises(ConfigError, match="runs.csv:3: fp8_params: expected true or false"):
+        read_runs(path)
+    common = dict(gpus=[8], gbs=16, seq=4096, dtype="fp8", top=1, confirm=0, fixed={"tp": [1], "pp": [1], "cp": [1],
+                                                                                 "zero": [3]})
+    row = search("llama3.1-8b", "h100-ib", plan_knobs={"fp8_params": True}, **common).rows[0]
+    assert row.plan["fp8_params"] is True
+
+
+def test_planner_fp8_weights_toggle_reaches_the_plan_and_the_search():
+    import sys
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "app"))
+    import inputs as planner_inputs
+
+    at = AppTest.from_file(str(root / "app" / "planner.py"), default_timeout=90)
+    at.session_state["inputs"] = planner_inputs.normalize(
+        {"model": "llama3.1-8b", "cluster": "h100-ib", "nodes": 1, "estimator": "analytic",
+         "knobs": {"dtype": "fp8", "gbs": 16, "dp": 8, "zero": 3}})
+    at.run()
+    toggle = at.toggle(key="w.fp8_params")
+    assert toggle.label == "FP8 weights" and not toggle.disabled and toggle.value is False
+    before = planner_inputs.simulate(at.session_state["inputs"])
+    toggle.set_value(True).run()
+    assert not at.exception and not at.error
+    state = at.session_state["inputs"]
+    after = planner_inputs.simulate(state)
+    assert after.plan["fp8_params"] is True and after.peak_memory_bytes < before.peak_memory_bytes
+    assert planner_inputs.search_switches(state, planner_inputs.model_spec(state))["fp8_params"] is True
+    at.selectbox(key="w.dtype").set_value("bf16").run()
+    assert not at.exception and not at.error
+    assert at.toggle(key="w.fp8_params").disabled
+    assert planner_inputs.simulate(at.session_state["inputs"]).plan["fp8_params"] is False

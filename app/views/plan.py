@@ -181,6 +181,10 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     fidelity["dispatch"] = _dispatch(f[3], experts, cluster, fidelity)
     fidelity["dispatch_fp8"] = _dispatch_fp8(f[3], experts, knobs["dtype"], fidelity)
     fidelity["fp8_recipe"] = _fp8_recipe(f[2], knobs["dtype"], fidelity)
+    fidelity["fp8_params"] = bool(f[2].toggle(
+        "FP8 weights", key=common.seed("fp8_params", bool(fidelity.get("fp8_params"))), disabled=knobs["dtype"] != "fp8",
+        help="--fp8-params (dtype fp8): FP8 primary weights (Transformer Engine fp8_model_init, Megatron "
+             "--fp8-param-gather): 1 B a weight, no weight cast, ZeRO gathers in FP8")) and knobs["dtype"] == "fp8"
     fidelity["gpu_variability"] = f[4].number_input("GPU variability (cv)", min_value=0.0, max_value=0.5, step=0.01,
                                                     key=common.seed("gpu_variability", fidelity["gpu_variability"]),
                                                     help="--gpu-variability: std-dev of per-GPU speed")

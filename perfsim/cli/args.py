@@ -82,7 +82,7 @@ FRACTION_BELOW_ONE = number(0.0, 1.0, hi_open=True)  # [0, 1)
 # plan switches set by a flag (attribute, ParallelPlan field, value when given): simulate and search
 SWITCH_FLAGS = (("no_overlap", "overlap_grad_reduce", False), ("no_param_prefetch", "overlap_param_gather", False),
                 ("no_clip_grad", "clip_grad", False), ("dispatch_fp8", "dispatch_fp8", True),
-                ("real_data", "real_data", True))
+                ("real_data", "real_data", True), ("fp8_params", "fp8_params", True))
 
 
 def switch_knobs(args) -> dict:

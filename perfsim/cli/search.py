@@ -77,6 +77,8 @@ def add_command(sub) -> None:
                    help="every plan: real data through the stack's input pipeline (as simulate --real-data)")
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="every MoE plan: FP8 dispatch (needs --dtype fp8; as simulate --dispatch-fp8)")
+    p.add_argument("--fp8-params", action="store_true",
+                   help="every plan: FP8 primary weights (needs --dtype fp8; as simulate --fp8-params)")
     p.add_argument("--fp8-recipe", default=None, choices=list(FP8_RECIPES),
                    help="every plan: the FP8 scaling recipe (needs --dtype fp8; as simulate --fp8-recipe)")
     p.add_argument("--objective", default="time", choices=["time", "cost"], help="minimize step time or $/token")
@@ -150,6 +152,8 @@ def write_atomic(path: str, text: str) -> None:
 def run(args) -> int:
     if args.dispatch_fp8 and args.dtype != "fp8":
         raise ConfigError(f"--dispatch-fp8: FP8 dispatch needs --dtype fp8 (got {args.dtype})")
+    if args.fp8_params and args.dtype != "fp8":
+        raise ConfigError(f"--fp8-params: FP8 primary weights need --dtype fp8 (got {args.dtype})")
     if args.fp8_recipe and args.dtype != "fp8":
         raise ConfigError(f"--fp8-recipe: an FP8 scaling recipe needs --dtype fp8 (got {args.dtype})")
     knobs = a.switch_knobs(args) | ({"fp8_recipe": args.fp8_recipe} if args.fp8_recipe else {})

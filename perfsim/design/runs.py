@@ -26,7 +26,8 @@ REQUIRED = ("id", "source_id", "source", "stack", "model", "cluster", "nodes", "
             "metric", "measured")
 INT_KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq", "first_stage_layers", "last_stage_layers")
 STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch", "fp8_recipe")  # dispatch: plan.dispatch; fp8_recipe: plan.fp8_recipe
-OPTIONAL = (*INT_KNOBS, *STR_KNOBS, "capacity_factor", "routing", "family", "data", "assumed", "measured_peak_GB")
+BOOL_KNOBS = ("fp8_params",)  # true / false (empty: the plan default, false)
+OPTIONAL = (*INT_KNOBS, *STR_KNOBS, *BOOL_KNOBS, "capacity_factor", "routing", "family", "data", "assumed", "measured_peak_GB")
 GROUPS = ("stack", "family", "scale", "source_id", "data")  # the splits accuracy is reported by
 METRICS = ("tokens_per_s_per_gpu", "tokens_per_s", "samples_per_s", "step_time_s")
 MAX_RUNS = 10_000  # input bound: rows one runs file may hold
@@ -142,6 +143,12 @@ def _case(row: dict, where: str, folder: Path) -> RunCase:
             raise ConfigError(f"{where}: {key}: empty")
     knobs = {k: _int(row, k, where) for k in INT_KNOBS if (row.get(k) or "").strip()}
     knobs.update({k: row[k].strip() for k in STR_KNOBS if (row.get(k) or "").strip()})
+    for key in BOOL_KNOBS:
+        text = (row.get(key) or "").strip().lower()
+        if text not in ("", "true", "false", "1", "0", "yes", "no"):
+            raise ConfigError(f"{where}: {key}: expected true or false, got {row[key]!r}")
+        if text in ("true", "1", "yes"):
+            knobs[key] = True
     if row["metric"] not in METRICS:
         raise ConfigError(f"{where}: metric: {row['metric']!r} is not one of {', '.join(METRICS)}")
     measured = _float(row, "measured", where)

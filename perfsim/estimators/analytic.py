@@ -163,7 +163,8 @@ def template_key(plan: ParallelPlan) -> tuple:
     cast_once = fp8 and plan.stack.fp8.weights_cast_once
     return (plan.tp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.seq, plan.dtype, plan.recompute,
             plan.sequence_parallel, plan.tp_comm_overlap, splits_backward(plan), plan.stack, plan.dispatch, plan.dispatch_fp8,
-            plan.overlap_param_gather, plan.num_microbatches if cast_once else 0, fp8 and plan.fp8_delayed_scaling)
+            plan.overlap_param_gather, plan.num_microbatches if cast_once else 0, fp8 and plan.fp8_delayed_scaling,
+            plan.fp8_params)
 
 
 def _template(fwd: Pass, bwd: Pass, wgt: Pass) -> Template:
@@ -402,14 +403,14 @@ class ClosedForm:
 
     def layer_gathers(self, plan: ParallelPlan, kind: str) -> tuple[float, ...]:
         """ZeRO all-gather seconds of one layer's parameters, per group."""
-        key = ("gather", kind, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp)
+        key = ("gather", kind, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.param_bytes)
         groups = self._groups(plan)
         return self._cached(key, lambda: tuple(self.coll_s(Coll.ALL_GATHER, s, *groups[g])
                                                for g, s in self._sizes(plan, kind, layer_param_bytes)))
 
     def gather_links(self, plan: ParallelPlan, kind: str) -> dict[str, float]:
         """Link busy seconds of one layer's parameter all-gathers."""
-        key = ("gather_links", kind, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp)
+        key = ("gather_links", kind, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.param_bytes)
         groups = self._groups(plan)
         return self._cached(key, lambda: add_links(*(self.coll(Coll.ALL_GATHER, s, *groups[g]).demand
                                                      for g, s in self._sizes(plan, kind, layer_param_bytes))))
@@ -488,7 +489,7 @@ class ClosedForm:
     def optimizer_s(self, plan: ParallelPlan, stage: int) -> float:
         """The optimizer phase's chain (``graph.optimizer_steps``: gradient clip, Adam step)
         priced as the engine prices it, in line after the last gradient reduction."""
-        key = ("opt", self.signature(plan, stage), plan.zero, plan.clip_grad, self.speeds(plan)[0][stage],
+        key = ("opt", self.signature(plan, stage), plan.zero, plan.clip_grad, plan.param_bytes, self.speeds(plan)[0][stage],
                *placement_key(plan))
 
         def make():

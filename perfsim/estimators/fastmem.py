@@ -15,7 +15,8 @@ from perfsim.plan.schedules import layout_key
 
 
 def states_key(plan: ParallelPlan) -> tuple:
-    return (plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.zero, *layout_key(plan), plan.stack.memory)
+    return (plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.zero, *layout_key(plan), plan.stack.memory,
+            plan.fp8_params)
 
 
 def transient_key(plan: ParallelPlan) -> tuple:

@@ -52,7 +52,9 @@ class LayerBuilder(StackSteps):
         the dgrad and wgrad GEMMs, whatever the forward fused: the cast steps' ``backward_bytes``
         (the forward cast-transpose wrote the input's and weights' transposes; a norm that
         wrote the FP8 input itself wrote no transpose, so the backward transposes it for the
-        wgrad: Transformer Engine's fp8_transpose of LayerNormLinear's ln_out)."""
+        wgrad: Transformer Engine's fp8_transpose of LayerNormLinear's ln_out). Under FP8 primary
+        weights (``plan.fp8_params``) no weight is cast: the FP8 copy the optimizer wrote is
+        transposed once per step for the dgrad GEMMs (read + write, one byte each)."""
         if not self.fp8:
             return [step]
         fp8 = self.stack.fp8
@@ -60,7 +62,12 @@ class LayerBuilder(StackSteps):
         tokens = sum(step.grouped) if step.grouped else g.m
         rows = 0 if from_norm and fp8.norm_fused_cast else tokens
         weights = groups * g.k * g.n / (self.plan.num_microbatches if fp8.weights_cast_once else 1)
+        transpose = 0.0
+        if self.plan.fp8_params:  # FP8 primary weights: no cast; their FP8 copy transposed once a step
+            transpose = 2 * FP8_BYTES * groups * g.k * g.n / self.plan.num_microbatches
+            weights = 0
         amax, cast = (b * fp8.cast_bytes_factor for b in fp8_cast_bytes(rows * g.k + weights))
+        cast += transpose
         grad_amax, grad_cast = (b * fp8.cast_bytes_factor for b in fp8_cast_bytes(tokens * g.n))
         if rows < tokens:  # the norm-written FP8 input, transposed in the backward (read + write)
             grad_cast += 2 * FP8_BYTES * (tokens - rows) * g.k * fp8.cast_bytes_factor

@@ -129,7 +129,8 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
     d_shard, e_shard = shard_degrees(plan)
     params = dense + expert
     sharded = dense / d_shard + expert / e_shard
-    weights = (sharded if plan.zero == 3 else params) * _policy(plan, "weight_bytes", WEIGHT_BYTES)
+    weight_bytes = plan.param_bytes if plan.fp8_params else _policy(plan, "weight_bytes", WEIGHT_BYTES)
+    weights = (sharded if plan.zero == 3 else params) * weight_bytes
     grads = (sharded if plan.zero >= 2 else params) * _policy(plan, "grad_bytes", MAIN_GRAD_BYTES)
     opt = (sharded if plan.zero >= 1 else params) * _policy(plan, "optimizer_bytes", OPTIMIZER_STATE_BYTES)
     per_mb = sum(layer_activation_bytes(model, plan, l) for l in stage_layer_ids(model, plan, stage))

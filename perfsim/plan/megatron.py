@@ -170,6 +170,7 @@ def from_mapping(args: dict) -> MegatronPlan:
     vpp_layers, method, recompute_num = None, None, None
     zero_bubble, v_schedule, mem_setup = False, False, "half"
     fp8_recipe = None
+    fp8_param_gather = False
     account = []
     for raw, value in args.items():
         name = raw.replace("-", "_")
@@ -187,6 +188,8 @@ def from_mapping(args: dict) -> MegatronPlan:
             knobs["dtype"] = "fp8"
         elif name == "fp8_recipe" and str(value) in MEGATRON_FP8_RECIPES:
             fp8_recipe = MEGATRON_FP8_RECIPES[str(value)]
+        elif name == "fp8_param_gather":  # FP8 primary weights, gathered in FP8 (plan.fp8_params)
+            fp8_param_gather = _truthy(value)
         elif name in ACCOUNT_FLAGS:
             if _truthy(value):
                 account.append(ACCOUNT_FLAGS[name])
@@ -241,6 +244,10 @@ def from_mapping(args: dict) -> MegatronPlan:
         not_modelled += [(f"account_for_{end}_in_pipeline_split", NOT_MODELLED[f"account_for_{end}_in_pipeline_split"])
                          for end in account]
         account = []
+    if fp8_param_gather and knobs.get("dtype") == "fp8":
+        knobs["fp8_params"] = True
+    elif fp8_param_gather:
+        ignored.append("fp8_param_gather")
     if fp8_recipe and knobs.get("dtype") == "fp8":  # the recipe matters only to an FP8 run
         knobs["fp8_recipe"] = fp8_recipe
     elif fp8_recipe:

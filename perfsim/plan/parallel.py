@@ -111,6 +111,12 @@ class ParallelPlan:
     real_data: bool = False
     # the FP8 scaling recipe (FP8_RECIPES); "" = the stack's ([fp8] delayed_scaling). Needs dtype fp8.
     fp8_recipe: str = ""
+    # FP8 primary weights (Transformer Engine fp8_model_init, Megatron --fp8-param-gather,
+    # torchao's FP8 all-gather under FSDP): the working weights are FP8 (1 B a parameter,
+    # written by the optimizer step from the FP32 master copy), so the step casts no weight
+    # (it transposes the FP8 copy once for the dgrad GEMMs) and ZeRO gathers them in FP8.
+    # Needs dtype fp8.
+    fp8_params: bool = False
 
     def __post_init__(self):
         if not isinstance(self.stack, StackSpec):
@@ -137,7 +143,7 @@ class ParallelPlan:
             raise ConfigError(f"plan.dispatch must be an implementation name such as alltoall, deepep or mori, "
                               f"got {self.dispatch!r}")
         for key in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "dma_offload", "tp_comm_overlap",
-                    "dispatch_fp8", "clip_grad", "real_data"):
+                    "dispatch_fp8", "clip_grad", "real_data", "fp8_params"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"plan.{key} must be true or false, got {getattr(self, key)!r}")
         if self.zero not in (0, 1, 2, 3):
@@ -149,6 +155,9 @@ class ParallelPlan:
                               f"(got dtype {self.dtype})")
         if self.fp8_recipe not in ("", *FP8_RECIPES):
             raise ConfigError(f"plan.fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
+        if self.fp8_params and self.dtype != "fp8":
+            raise ConfigError(f"plan.fp8_params: FP8 primary weights feed FP8 GEMMs, so they need dtype fp8 "
+                              f"(got dtype {self.dtype})")
         if self.fp8_recipe and self.dtype != "fp8":
             raise ConfigError(f"plan.fp8_recipe: an FP8 scaling recipe needs dtype fp8 (got dtype {self.dtype})")
         object.__setattr__(self, "recompute", _enum(Recompute, self.recompute, "recompute"))
@@ -181,6 +190,11 @@ class ParallelPlan:
         """Whether FP8 casts take their scales from earlier steps (no amax pass): the plan's
         recipe where it names one, else the stack's ``[fp8] delayed_scaling``."""
         return self.fp8_recipe == "delayed" if self.fp8_recipe else self.stack.fp8.delayed_scaling
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of one working-copy parameter: FP8 primary weights 1, else BF16's 2."""
+        return 1 if self.fp8_params else 2
 
     @property
     def interference(self) -> float:
@@ -224,6 +238,7 @@ class ParallelPlan:
         parts += ["no-clip"] if not self.clip_grad else []
         parts += ["real-data"] if self.real_data else []
         parts += [f"fp8-{self.fp8_recipe}"] if self.fp8_recipe else []
+        parts += ["fp8-params"] if self.fp8_params else []
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -237,7 +252,7 @@ def _plain(value):
 
 
 # plan switches a search applies to every plan it sweeps (perfsim.search's plan_knobs)
-PLAN_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "clip_grad", "dispatch_fp8", "real_data")
+PLAN_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "clip_grad", "dispatch_fp8", "real_data", "fp8_params")
 
 
 def dispatch_label(plan: dict) -> str:

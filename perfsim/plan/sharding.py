@@ -44,8 +44,10 @@ def layer_grad_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[
 
 
 def layer_param_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple[float, float]:
+    """(dense, expert) bytes of one layer's working weights on a rank: what ZeRO gathers
+    (BF16, or FP8 under ``plan.fp8_params``)."""
     dense, expert = layer_rank_params(model, plan, layer)
-    return dense * WEIGHT_BYTES, expert * WEIGHT_BYTES
+    return dense * plan.param_bytes, expert * plan.param_bytes
 
 
 def stage_layer_ids(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[int]:
@@ -111,4 +113,5 @@ def clip_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
 
 def optimizer_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """HBM traffic of one Adam step on this rank's parameter shard."""
-    return local_optimizer_params(model, plan, stage) * OPTIMIZER_TRAFFIC_BYTES
+    # the step writes the working copy in its own width (BF16, or FP8 primary weights)
+    return local_optimizer_params(model, plan, stage) * (OPTIMIZER_TRAFFIC_BYTES - WEIGHT_BYTES + plan.param_bytes)

@@ -170,6 +170,8 @@ def _plan_switches(knobs: dict | None, dtype: str) -> tuple[tuple[str, bool | st
             raise ConfigError(f"plan_knobs: unknown switch {key!r} (known: {', '.join(PLAN_SWITCHES)}, fp8_recipe)")
         if not isinstance(value, bool):
             raise ConfigError(f"plan_knobs.{key}: expected true or false, got {value!r}")
+    if knobs.get("fp8_params") and dtype != "fp8":
+        raise ConfigError(f"plan_knobs.fp8_params: FP8 primary weights need dtype fp8 (got {dtype!r})")
     if knobs.get("dispatch_fp8") and dtype != "fp8":
         raise ConfigError(f"plan_knobs.dispatch_fp8: FP8 dispatch needs dtype fp8 (got {dtype!r})")
     return tuple(sorted(knobs.items()))
