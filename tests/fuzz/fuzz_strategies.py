@@ -47,7 +47,7 @@ def simulate_argv(draw) -> list[str]:
 MEGATRON_FLAGS = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "micro-batch-size",
                   "global-batch-size", "seq-length", "moe-expert-capacity-factor", "ddp-bucket-size",
                   "num-layers-per-virtual-pipeline-stage", "context-parallel-size", "expert-model-parallel-size",
-                  "fp8-recipe", "account-for-loss-in-pipeline-split")
+                  "fp8-recipe", "account-for-loss-in-pipeline-split", "fp8-param-gather")
 
 
 @st.composite
@@ -77,7 +77,8 @@ def command_argv(draw) -> list[str]:
         flag = draw(st.sampled_from(["--max-tp", "--max-pp", "--max-mbs", "--top", "--max-memory", "--usd-per-gpu-hour",
                                      "--tp", "--zero"]))
         switches = draw(st.lists(st.sampled_from(["--no-overlap", "--no-param-prefetch", "--no-clip-grad",
-                                                  "--dispatch-fp8", "--fp8-recipe=current"]), max_size=2, unique=True))
+                                                  "--dispatch-fp8", "--fp8-recipe=current", "--fp8-params"]),
+                                  max_size=2, unique=True))
         dtype = draw(st.sampled_from([[], ["--dtype", "fp8"]]))
         return ["search", "--model", "llama3.1-8b", "--gpus", draw(st.sampled_from(["8", "4-8", "8,x", "0-8", "9-3"])),
                 "--gbs", "16", "--seq", "1024", "--executor", "serial", "--confirm", "0", flag, value(), *switches, *dtype]
