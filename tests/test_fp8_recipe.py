@@ -90,17 +90,20 @@ def test_megatron_fp8_recipe_flag_maps_to_the_plan():
     assert "fp8_recipe" not in bf16.knobs and "fp8_recipe" in bf16.ignored
 
 
-def test_runs_csv_takes_an_fp8_recipe_column(tmp_path):
-    path = tmp_path / "runs.csv"
+def _runs_csv(path, column: str, values: tuple[str, str]):
+    """Two one-node H100 FP8 runs differing only in ``column``."""
     with open(path, "w", newline="") as handle:
         w = csv.writer(handle)
         w.writerow(["id", "source_id", "source", "stack", "model", "cluster", "nodes", "mbs", "gbs", "seq", "dtype",
-                    "fp8_recipe", "metric", "measured"])
-        w.writerow(["a", "s", "u", "nemo", "llama3.1-8b", "h100-ib", "1", "1", "16", "4096", "fp8", "current",
-                    "tokens_per_s_per_gpu", "1000"])
-        w.writerow(["b", "s", "u", "nemo", "llama3.1-8b", "h100-ib", "1", "1", "16", "4096", "fp8", "",
-                    "tokens_per_s_per_gpu", "1000"])
-    a, b = read_runs(path)
+                    column, "metric", "measured"])
+        for run, value in zip("ab", values):
+            w.writerow([run, "s", "u", "nemo", "llama3.1-8b", "h100-ib", "1", "1", "16", "4096", "fp8", value,
+                        "tokens_per_s_per_gpu", "1000"])
+    return path
+
+
+def test_runs_csv_takes_an_fp8_recipe_column(tmp_path):
+    a, b = read_runs(_runs_csv(tmp_path / "runs.csv", "fp8_recipe", ("current", "")))
     assert dict(a.knobs)["fp8_recipe"] == "current" and "fp8_recipe" not in dict(b.knobs)
 
 
@@ -260,17 +263,10 @@ def test_fp8_params_needs_fp8_and_maps_from_megatron_and_the_cli(capsys):
 
 
 def test_runs_csv_and_search_take_fp8_params(tmp_path):
-    path = tmp_path / "runs.csv"
-    with open(path, "w", newline="") as handle:
-        w = csv.writer(handle)
-        w.writerow(["id", "source_id", "source", "stack", "model", "cluster", "nodes", "mbs", "gbs", "seq", "dtype",
-                    "fp8_params", "metric", "measured"])
-        w.writerow(["a", "s", "u", "nemo", "llama3.1-8b", "h100-ib", "1", "1", "16", "4096", "fp8", "true",
-                    "tokens_per_s_per_gpu", "1000"])
-        w.writerow(["b", "s", "u", "nemo", "llama3.1-8b", "h100-ib", "1", "1", "16", "4096", "fp8", "maybe",
-                    "tokens_per_s_per_gpu", "1000"])
+    (a,) = read_runs(_runs_csv(tmp_path / "ok.csv", "fp8_params", ("true", "false")))[:1]
+    assert dict(a.knobs)["fp8_params"] is True
     with pytest.raises(ConfigError, match="runs.csv:3: fp8_params: expected true or false"):
-        read_runs(path)
+        read_runs(_runs_csv(tmp_path / "runs.csv", "fp8_params", ("true", "maybe")))
     common = dict(gpus=[8], gbs=16, seq=4096, dtype="fp8", top=1, confirm=0, fixed={"tp": [1], "pp": [1], "cp": [1],
                                                                                  "zero": [3]})
     row = search("llama3.1-8b", "h100-ib", plan_knobs={"fp8_params": True}, **common).rows[0]
