@@ -7,6 +7,7 @@ tensor/sequence parallelism divide them by tp, context parallelism by cp.
 
 from dataclasses import dataclass
 
+from perfsim.lowering.steps import FP8_BYTES
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule
 from perfsim.plan.schedules import head_stage, v_chunks_held
@@ -22,7 +23,6 @@ from perfsim.plan.sharding import (
 )
 
 ACT_BYTES = 2
-FP8_BYTES = 1
 LOGIT_BYTES = 4
 # Caching-allocator fragmentation of the transient (activation + logits) allocations:
 # blocks freed between microbatches cannot always be reused for differently sized

@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from perfsim.errors import ConfigError
 from perfsim.model.spec import ModelSpec
+from perfsim.system.kernel_tables import DTYPE_BYTES
 from perfsim.system.stacks import IDEAL, StackSpec, load_stack
 
 
@@ -193,8 +194,8 @@ class ParallelPlan:
 
     @property
     def param_bytes(self) -> int:
-        """Bytes of one working-copy parameter: FP8 primary weights 1, else BF16's 2."""
-        return 1 if self.fp8_params else 2
+        """Bytes of one working-copy parameter: FP8 primary weights, else BF16."""
+        return DTYPE_BYTES["fp8" if self.fp8_params else "bf16"]
 
     @property
     def interference(self) -> float:
