@@ -34,7 +34,13 @@ from perfsim.system.specio import to_dict
 DATA = Path(__file__).resolve().parent / "data" / "kernels"
 GPUS = ("mi300x", "mi325x", "mi355x", "h100", "h200")
 DERIVED = {"mi325x": "mi300x", "h200": "h100"}  # same die: tables copied, own peak/clock/HBM
-TABLE_FIELDS = ("gemm", "gemm_dtypes", "grouped_gemm", "attention", "membound")
+TABLE_FIELDS = ("gemm", "gemm_dtypes", "grouped_gemm", "attention", "membound", "attention_libraries")
+# per-library attention tables (GpuSpec.attention_libraries): the rows of one kernel library,
+# by the CSV's library column and head dim. aiter_v3: AITER's asm fmha v3 kernels (bf16, head
+# dim 128 / 192; the other head dims fall back to its CK kernels), which Transformer Engine
+# ROCm's CK fused attention runs under NVTE_CK_USES_FWD_V3 / NVTE_CK_USES_BWD_V3
+ATTENTION_LIBRARIES = {"aiter_v3": lambda row, p: "AITER" in row["library"] and p.head_dim in (128, 192)}
+MIN_LIBRARY_ROWS = 20  # fewer rows of one library leave its table to the pooled one (an input bound)
 TARGETS = {"gemm": 10.0, "attention": 15.0, "grouped_gemm": 15.0}  # issue 14 "done when", held-out MAPE %
 SPLITS = ("fit", "check")  # the files make_kernel_csvs.py writes; pooled here (the folds are by family)
 
@@ -66,6 +72,38 @@ def pool(name: str) -> tuple[tuple[KernelPoint, str], ...]:
     return tuple(out)
 
 
+def library_rows(name: str) -> dict[tuple[str, int], dict]:
+    """(split, CSV line) -> the CSV row of GPU ``name``'s rows (library, source columns)."""
+    import csv
+
+    out = {}
+    for split in SPLITS:
+        path = DATA / split / f"{name}.csv"
+        if path.exists():
+            out.update({(split, i): r for i, r in enumerate(csv.DictReader(open(path)), 2)})
+    return out
+
+
+def library_tables(name: str, gpu: GpuSpec) -> dict:
+    """``ATTENTION_LIBRARIES`` tables fitted (``kernel_fit.fit_kernels``) to each library's
+    attention rows of GPU ``name``, all families; in-sample only (docs/accuracy.md)."""
+    rows = library_rows(name)
+    tables = {}
+    for library, selects in ATTENTION_LIBRARIES.items():
+        mine = [p for split in SPLITS for p in points(gpu, split)
+                if p.kind == "attention" and (split, p.line) in rows and selects(rows[(split, p.line)], p)]
+        if len(mine) < MIN_LIBRARY_ROWS:
+            continue
+        fitted, fits = kernel_fit.fit_kernels(mine, dataclasses.replace(gpu, attention_libraries={}))
+        (fit,) = [f for f in fits if f.name == "attention"]
+        text = (f"fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels) to the {library} rows of "
+                f"validation/data/kernels/{{fit,check}}/{name}.csv (library column, head dim; {fit.num_points} points; "
+                f"MAPE on them {fit.mape_after:.1f}%, the pooled table's {kernel_fit.mape(mine, gpu):.1f}%): in-sample, "
+                f"no held-out figure")
+        tables[library] = dataclasses.replace(fitted.attention, source=text)
+    return tables
+
+
 def _cell(p: KernelPoint) -> tuple[str, str]:
     return p.kind, p.dtype
 
@@ -89,7 +127,8 @@ def fit_tables(name: str, held: str | None = None) -> tuple[GpuSpec, set, list]:
     gpu = dataclasses.replace(
         gpu, gemm_dtypes={d: t for d, t in gpu.gemm_dtypes.items() if ("gemm", d) in cells},
         grouped_gemm={d: t for d, t in gpu.grouped_gemm.items() if ("grouped_gemm", d) in cells},
-        membound=None)  # refit from the fold's memory-bound rows, else the streaming copy prices them
+        membound=None,  # refit from the fold's memory-bound rows, else the streaming copy prices them
+        attention_libraries={})  # per-library tables are in-sample fits: no fold carries them
     fitted, fits = kernel_fit.fit_kernels(train, gpu, regenerate_gemm=True)
     return fitted, cells, fits
 
@@ -107,7 +146,7 @@ def refit(name: str) -> GpuSpec:
                 f"MAPE on them {f.mape_after:.1f}%; {f.note or 'no tile choice'}); held-out MAPE (leave one family "
                 f"out) and sources in docs/accuracy.md, validation/data/kernels/SOURCES.md")
         fitted = kernel_fit.restamp(fitted, f.name, lambda _old, t=text: t)
-    return fitted
+    return dataclasses.replace(fitted, attention_libraries=library_tables(name, fitted))
 
 
 def _derived(table, base: str):
@@ -152,7 +191,7 @@ def with_comments(text: str, previous: str) -> str:
 
 
 def toml_text(data: dict, prefix: str = "") -> str:
-    data = {k: v for k, v in data.items() if v is not None}  # an absent optional table
+    data = {k: v for k, v in data.items() if v is not None and v != {}}  # an absent or empty optional table
     plain = {k: v for k, v in data.items() if not isinstance(v, dict)}
     lines = [f"{k} = {tomli_w.dumps({'x': v}).split(' = ', 1)[1].strip()}" if not isinstance(v, list)
              else f"{k} = [{', '.join(repr(float(x)) if isinstance(x, float) else str(x) for x in v)}]"
@@ -162,7 +201,7 @@ def toml_text(data: dict, prefix: str = "") -> str:
         if isinstance(v, dict):
             name = f"{prefix}{k}"
             sub = toml_text(v, f"{name}.")
-            text += f"\n[{name}]\n{sub}" if any(not isinstance(x, dict) for x in v.values()) or not v else "\n" + sub
+            text += f"\n[{name}]\n{sub}" if any(not isinstance(x, dict) for x in v.values()) else sub
     return text
 
 

@@ -283,7 +283,9 @@ def section() -> str:
         "schedule (its 126 layers over PP8 x VP8 as 1 + 62 x 2 + 1). Held out: NeMo 24.12 +17.6..+24.7% -> "
         "+3.0..+9.2%; the 25.11 dense rows -11.4 / -9.3 / +5.4% and its MoE row +52.8% (predicted too fast; "
         "unexplained). The MLPerf MI355X run stays the one AMD source of `nemo` (-19.7%; -19.4% with the FP8 primary "
-        "weights its submission config sets, `fp8_params`, a plan input added then).",
+        "weights its submission config sets, `fp8_params`, a plan input added then; -18.1% once `nemo` and "
+        "`megatron-primus` price attention at AITER's asm v3 kernels' own table, which Transformer Engine ROCm's "
+        "CK fused attention runs: `[kernels] attention_amd`, GPU `attention_libraries`, in-sample tables).",
         "",
         *_summary(held, shipped),
         "",

@@ -28,7 +28,8 @@ from perfsim.system.kernel_tables import DTYPE_BYTES, GemmEfficiency
 
 GFLOP = 1e9
 MBYTE = 1e6
-PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal", "host_s", "kernel_speed", "batched", "split_acc")  # op.meta keys compute_time reads
+PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal", "host_s", "kernel_speed", "batched", "split_acc",
+              "attention_library")  # op.meta keys compute_time reads
 # the macro tile, its N side halved, its M side down to 1/8 (skinny-M kernels: 16- and
 # 32-row MFMA/WGMMA tiles for small token counts); the library picks the least padded
 _TILE_SPLITS = tuple((dm, dn) for dm in (1, 2, 4, 8) for dn in (1, 2))
@@ -196,10 +197,11 @@ def _fill(tiles: int, gpu: GpuSpec) -> float:
 
 
 def attention_efficiency(gpu: GpuSpec, backward: bool, seq: float | None = None, head_dim: float | None = None,
-                         causal: bool = False) -> float:
+                         causal: bool = False, library: str | None = None) -> float:
     """Achieved fraction of the clock-scaled BF16 peak; an unknown ``seq`` takes the
-    table's longest sequence (the plateau), an unknown head dim the factor 1."""
-    a = gpu.attention
+    table's longest sequence (the plateau), an unknown head dim the factor 1; ``library``:
+    the kernel library's own table where the GPU has one (``GpuSpec.attention_table``)."""
+    a = gpu.attention_table(library)
     table = a.backward_efficiency if backward else a.forward_efficiency
     eff = interp_log(seq if seq else a.seq[-1], a.seq, table)
     if head_dim:
@@ -210,9 +212,9 @@ def attention_efficiency(gpu: GpuSpec, backward: bool, seq: float | None = None,
 
 
 def attention_time(flops: float, num_bytes: float, gpu: GpuSpec, backward: bool, seq: float | None = None,
-                   head_dim: float | None = None, causal: bool = False) -> float:
+                   head_dim: float | None = None, causal: bool = False, library: str | None = None) -> float:
     """Flash attention (kept in BF16 under FP8 recipes); ``flops`` already halved when causal."""
-    compute = flops / (peak(gpu, "bf16") * attention_efficiency(gpu, backward, seq, head_dim, causal))
+    compute = flops / (peak(gpu, "bf16") * attention_efficiency(gpu, backward, seq, head_dim, causal, library))
     return max(compute, hbm_time(num_bytes, gpu)) + gpu.kernel_launch_s
 
 
@@ -283,7 +285,8 @@ def compute_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
         return _grouped_op_time(op, gpu, dtype)
     if op.kind is OpKind.ATTENTION:
         return attention_time(op.flops, op.bytes, gpu, backward=op.meta.get("backward", False),
-                              seq=op.meta.get("seq"), head_dim=op.meta.get("head_dim"), causal=op.meta.get("causal", False))
+                              seq=op.meta.get("seq"), head_dim=op.meta.get("head_dim"), causal=op.meta.get("causal", False),
+                              library=op.meta.get("attention_library"))
     if op.kind is OpKind.ELEMENTWISE:
         return elementwise_time(op.bytes, gpu)
     if op.kind is OpKind.OPTIMIZER:

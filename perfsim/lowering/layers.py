@@ -138,6 +138,8 @@ class LayerBuilder(StackSteps):
         flops = 2.0 * self.tokens * keys * width * 0.5  # QK^T and AV, causal half
         moved = self.tokens * (m.q_width + 2 * m.v_width) / plan.tp * ACT_BYTES
         shape = (("seq", plan.seq), ("head_dim", m.head_dim + m.qk_rope_head_dim), ("causal", True))
+        if plan.stack.kernels.attention:  # the stack's attention kernel library (its GPU table where fitted)
+            shape += (("attention_library", plan.stack.kernels.attention),)
         return Step(name="attn_core", kind=OpKind.ATTENTION, stream=Stream.COMPUTE, category="attention_core",
                     flops=flops, bytes=moved, meta=shape)
 

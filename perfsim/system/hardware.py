@@ -87,6 +87,11 @@ class GpuSpec:
     # achieved fraction of peak HBM bandwidth vs bytes, fitted to measured kernels; None =
     # priced as the streaming copy (``hbm``)
     membound: MemboundEfficiency | None = None
+    # flash attention as one kernel library ships it (e.g. ``aiter_v3``: AITER's asm fmha v3
+    # kernels, which Transformer Engine ROCm's CK backend runs with NVTE_CK_USES_FWD/BWD_V3),
+    # fitted to that library's rows alone; a stack names the library it runs
+    # (``[kernels] attention_amd`` / ``attention_nvidia``); any other: the pooled ``attention``
+    attention_libraries: dict[str, AttentionEfficiency] = field(default_factory=dict)
 
     def __post_init__(self):
         check_positive(
@@ -116,6 +121,11 @@ class GpuSpec:
     def gemm_table(self, dtype: str) -> GemmEfficiency:
         """The GEMM table for input ``dtype`` (``gemm`` where the profile has none)."""
         return self.gemm_dtypes.get(dtype, self.gemm)
+
+    def attention_table(self, library: str | None = None) -> AttentionEfficiency:
+        """The flash-attention table of kernel ``library`` where the profile has one, else
+        the pooled table (every library's rows)."""
+        return self.attention_libraries.get(library or "", self.attention)
 
     def grouped_table(self, dtype: str) -> GroupedGemmEfficiency | None:
         return self.grouped_gemm.get(dtype) or self.grouped_gemm.get("bf16")

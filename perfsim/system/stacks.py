@@ -11,6 +11,7 @@ steps, so the engine and the closed form price the same thing.
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -133,6 +134,7 @@ class Fp8Recipe:
 
 
 VENDOR_SPEEDS = {"amd": "speed_amd", "nvidia": "speed_nvidia"}  # GpuSpec.vendor -> KernelQuality field
+VENDOR_ATTENTION = {"amd": "attention_amd", "nvidia": "attention_nvidia"}  # ... and its attention library
 
 
 def speed_param(vendor: str) -> str:
@@ -152,9 +154,19 @@ class KernelQuality:
     # runs different kernels on each, so a speed measured on one says nothing of the other
     speed_amd: float | None = None
     speed_nvidia: float | None = None
+    # the flash-attention kernel library the stack runs on each GPU vendor (a GPU profile's
+    # ``attention_libraries`` key, e.g. aiter_v3); "" or a library the GPU has no table for:
+    # the GPU's pooled attention table. ``attention``: the one in force (``StackSpec.on_vendor``)
+    attention: str = ""
+    attention_amd: str = ""
+    attention_nvidia: str = ""
     source: str = "assumed"
 
     def __post_init__(self):
+        for key in ("attention", *VENDOR_ATTENTION.values()):
+            value = getattr(self, key)
+            if not isinstance(value, str) or (value and not re.fullmatch(r"[a-z0-9_]+", value)):
+                raise ConfigError(f"stack.kernels.{key} must be a kernel library name such as aiter_v3, got {value!r}")
         for key in ("speed", *VENDOR_SPEEDS.values()):
             value = getattr(self, key)
             if value is None and key != "speed":
@@ -231,9 +243,14 @@ class StackSpec:
 
     def on_vendor(self, vendor: str) -> "StackSpec":
         """The profile as it runs on ``vendor``'s GPUs: ``kernels.speed`` set to that
-        vendor's speed (``KernelQuality.on``); where the plan meets the cluster."""
+        vendor's speed (``KernelQuality.on``) and ``kernels.attention`` to its attention
+        library, where the profile sets them; where the plan meets the cluster."""
         speed = self.kernels.on(vendor)
-        return self if speed == self.kernels.speed else self.with_values(**{"kernels.speed": speed})
+        library = getattr(self.kernels, VENDOR_ATTENTION[vendor]) if vendor in VENDOR_ATTENTION else ""
+        library = library or self.kernels.attention
+        if speed == self.kernels.speed and library == self.kernels.attention:
+            return self
+        return self.with_values(**{"kernels.speed": speed, "kernels.attention": library})
 
     def with_values(self, **values: float) -> "StackSpec":
         """A copy with ``table.key`` values replaced (calibration), e.g. ``{"launch.layer_overhead_us": 40}``."""
@@ -298,7 +315,7 @@ def dump_stack(spec: StackSpec) -> str:
     """TOML text of ``spec`` (unset overlap keys left out); loads back equal."""
     data = to_dict(spec)
     for table in ("overlap", "memory", "kernels"):
-        data[table] = {k: v for k, v in data[table].items() if v is not None}
+        data[table] = {k: v for k, v in data[table].items() if v is not None and v != ""}
     return tomli_w.dumps(data)
 
 

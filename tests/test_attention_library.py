@@ -1,0 +1,80 @@
+"""A stack's attention kernel library (issue 16, "attention kernel family"): GPU profiles
+carry per-library flash-attention tables fitted to that library's rows alone
+(``attention_libraries``), a stack names the library it runs on each GPU vendor
+(``[kernels] attention_amd`` / ``attention_nvidia``), and the attention ops are priced at
+that table where the GPU has it, else at the pooled one."""
+
+import dataclasses
+
+import pytest
+
+import perfsim.api as api
+from perfsim.cost.kernels import attention_efficiency
+from perfsim.errors import ConfigError
+from perfsim.system.hardware import load_gpu
+from perfsim.system.kernel_tables import table_provenance
+from perfsim.system.stacks import load_stack
+
+CASE = dict(model="llama3.1-8b", nodes=1, mbs=1, gbs=16, seq=8192, check_memory=False)
+
+
+@pytest.mark.parametrize("gpu", ["mi300x", "mi325x", "mi355x"])
+def test_instinct_profiles_carry_a_measured_or_derived_aiter_v3_table(gpu):
+    spec = load_gpu(gpu)
+    table = spec.attention_table("aiter_v3")
+    assert table is spec.attention_libraries["aiter_v3"] and table is not spec.attention
+    assert spec.attention_table("no-such-library") is spec.attention and spec.attention_table("") is spec.attention
+    rows = {name: status for name, status, _ in table_provenance(spec)}
+    assert rows["attention.aiter_v3"] == ("derived" if gpu == "mi325x" else "measured")
+
+
+def test_te_stacks_run_aiter_v3_on_amd_and_the_pooled_table_on_nvidia():
+    for name in ("nemo", "megatron-primus"):
+        stack = load_stack(name)
+        assert stack.kernels.attention_amd == "aiter_v3" and not stack.kernels.attention_nvidia
+        assert stack.on_vendor("amd").kernels.attention == "aiter_v3"
+        assert stack.on_vendor("nvidia").kernels.attention == ""
+    assert load_stack("maxtext").on_vendor("amd").kernels.attention == ""
+
+
+@pytest.mark.parametrize("estimator", ["analytic", "des"])
+def test_the_stacks_library_prices_the_attention_core(estimator):
+    """On MI355X nemo's attention runs at the aiter_v3 table (faster than the pooled one
+    the same stack without a library gets); on H100 the library changes nothing."""
+    nemo = load_stack("nemo")
+    pooled = dataclasses.replace(nemo, kernels=dataclasses.replace(nemo.kernels, attention_amd=""))
+
+    def core(cluster, stack):
+        r = api.simulate(cluster=cluster, estimator=estimator, stack=stack, **CASE)
+        return r.breakdown["attention_core"]
+
+    assert core("mi355x-pollara", nemo) < core("mi355x-pollara", pooled)
+    assert core("h100-ib", nemo) == pytest.approx(core("h100-ib", pooled), rel=1e-12)
+    from perfsim.cost.kernels import interp_log
+
+    gpu = load_gpu("mi355x")
+    t = gpu.attention_libraries["aiter_v3"]
+    expected = (interp_log(8192, t.seq, t.forward_efficiency) * interp_log(128, t.head_dim, t.head_dim_factor)
+                * t.causal_forward_factor)
+    assert attention_efficiency(gpu, False, 8192, 128, True, "aiter_v3") == pytest.approx(min(expected, 1.0))
+    assert attention_efficiency(gpu, False, 8192, 128, True, "aiter_v3") != attention_efficiency(gpu, False, 8192, 128, True)
+
+
+def test_a_bad_library_name_is_one_clear_error(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('name = "s"\n[kernels]\nattention_amd = "Bad Name"\n')
+    with pytest.raises(ConfigError, match="stack.kernels.attention_amd"):
+        load_stack(str(path))
+
+
+def test_the_library_table_is_fitted_to_that_librarys_rows_alone():
+    """validation/accuracy_kernels.library_tables refits the shipped aiter_v3 table from the
+    AITER v3 rows (head dim 128 / 192) of the kernel data."""
+    from validation import accuracy_kernels as ak
+
+    gpu = load_gpu("mi300x")
+    (table,) = ak.library_tables("mi300x", gpu).values()
+    shipped = gpu.attention_libraries["aiter_v3"]
+    assert table.forward_efficiency == pytest.approx(shipped.forward_efficiency, rel=1e-3)
+    assert table.backward_efficiency == pytest.approx(shipped.backward_efficiency, rel=1e-3)
+    assert "aiter_v3 rows" in table.source and "in-sample" in table.source
