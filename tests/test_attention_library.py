@@ -78,3 +78,20 @@ def test_the_library_table_is_fitted_to_that_librarys_rows_alone():
     assert table.forward_efficiency == pytest.approx(shipped.forward_efficiency, rel=1e-3)
     assert table.backward_efficiency == pytest.approx(shipped.backward_efficiency, rel=1e-3)
     assert "aiter_v3 rows" in table.source and "in-sample" in table.source
+
+
+def test_calibrating_attention_drops_the_profiles_library_tables():
+    """perfsim calibrate's kernel fit (kernel_fit.fit_kernels) refits the pooled attention
+    table to the user's rows; the shipped per-library tables, fitted to other measurements,
+    are dropped so a stack naming a library prices attention at the user's table."""
+    from perfsim.calibration import kernel_fit
+    from validation import accuracy_kernels as ak
+
+    gpu = load_gpu("mi300x")
+    rows = [p for p in ak.points(gpu, "fit") + ak.points(gpu, "check") if p.kind == "attention"]
+    fitted, fits = kernel_fit.fit_kernels(rows, gpu)
+    assert any(f.name == "attention" for f in fits) and fitted.attention_libraries == {}
+    assert fitted.attention_table("aiter_v3") is fitted.attention
+    gemm_only = [p for p in ak.points(gpu, "fit") if p.kind == "gemm"][:20]
+    kept, _ = kernel_fit.fit_kernels(gemm_only, gpu)
+    assert kept.attention_libraries == gpu.attention_libraries

@@ -169,6 +169,10 @@ def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool =
             note = "; ".join(x for x in (note, derived) if x)
         fits.append(TableFit(name=ref.name, xs=ref.xs(gpu), ys=ref.ys(gpu), mape_before=before, mape_after=after,
                              num_points=len(mine), note=note))
+    if any(f.name == "attention" for f in fits) and gpu.attention_libraries:
+        # the profile's per-library attention tables were fitted to other measurements than
+        # these: dropped, so a stack naming a library prices attention at the table just fitted
+        gpu = dataclasses.replace(gpu, attention_libraries={})
     return gpu, fits
 
 
