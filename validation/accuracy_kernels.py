@@ -51,14 +51,21 @@ def points(gpu: GpuSpec, split: str):
     return kernel_fit.usable(rows, gpu)[0]
 
 
-def families(split: str, name: str) -> dict[int, str]:
-    """CSV line -> source family of the rows in ``split/name.csv``."""
+@functools.lru_cache(maxsize=None)
+def csv_rows(split: str, name: str) -> dict[int, dict]:
+    """CSV line -> row of ``split/name.csv`` (its metadata columns: family, library, source)."""
     import csv
 
     path = DATA / split / f"{name}.csv"
     if not path.exists():
         return {}
-    return {i: r["meta_family"] for i, r in enumerate(csv.DictReader(open(path)), 2)}
+    with open(path) as handle:
+        return {i: r for i, r in enumerate(csv.DictReader(handle), 2)}
+
+
+def families(split: str, name: str) -> dict[int, str]:
+    """CSV line -> source family of the rows in ``split/name.csv``."""
+    return {i: r["meta_family"] for i, r in csv_rows(split, name).items()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,26 +79,13 @@ def pool(name: str) -> tuple[tuple[KernelPoint, str], ...]:
     return tuple(out)
 
 
-def library_rows(name: str) -> dict[tuple[str, int], dict]:
-    """(split, CSV line) -> the CSV row of GPU ``name``'s rows (library, source columns)."""
-    import csv
-
-    out = {}
-    for split in SPLITS:
-        path = DATA / split / f"{name}.csv"
-        if path.exists():
-            out.update({(split, i): r for i, r in enumerate(csv.DictReader(open(path)), 2)})
-    return out
-
-
 def library_tables(name: str, gpu: GpuSpec) -> dict:
     """``ATTENTION_LIBRARIES`` tables fitted (``kernel_fit.fit_kernels``) to each library's
     attention rows of GPU ``name``, all families; in-sample only (docs/accuracy.md)."""
-    rows = library_rows(name)
     tables = {}
     for library, selects in ATTENTION_LIBRARIES.items():
         mine = [p for split in SPLITS for p in points(gpu, split)
-                if p.kind == "attention" and (split, p.line) in rows and selects(rows[(split, p.line)], p)]
+                if p.kind == "attention" and p.line in csv_rows(split, name) and selects(csv_rows(split, name)[p.line], p)]
         if len(mine) < MIN_LIBRARY_ROWS:
             continue
         fitted, fits = kernel_fit.fit_kernels(mine, dataclasses.replace(gpu, attention_libraries={}))

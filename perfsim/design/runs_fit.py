@@ -87,12 +87,12 @@ def _speeds(cases, base: StackSpec | None = None) -> tuple[str, ...]:
 def _prices(param: str, cases, base: StackSpec) -> bool:
     """Whether ``param`` of ``base`` prices any of ``cases``: a vendor's kernels' speed only
     that vendor's runs, ``kernels.speed`` only runs whose vendor has no speed of its own set."""
+    if not param.startswith("kernels.speed"):
+        return True
+    vendors = {vendor_of(c) for c in cases}
     if param == "kernels.speed":
-        return any(speed_param(vendor_of(c)) == param or getattr(base.kernels, VENDOR_SPEEDS[vendor_of(c)]) is None
-                   for c in cases)
-    if param.startswith("kernels.speed_"):
-        return any(speed_param(vendor_of(c)) == param for c in cases)
-    return True
+        return any(v not in VENDOR_SPEEDS or getattr(base.kernels, VENDOR_SPEEDS[v]) is None for v in vendors)
+    return any(speed_param(v) == param for v in vendors)
 
 
 def _check(params) -> tuple[str, ...]:

@@ -169,8 +169,7 @@ def from_mapping(args: dict) -> MegatronPlan:
     knobs, overrides, ignored, not_modelled, unknown = {}, {}, [], [], []
     vpp_layers, method, recompute_num = None, None, None
     zero_bubble, v_schedule, mem_setup = False, False, "half"
-    fp8_recipe = None
-    fp8_param_gather = False
+    fp8_only = {}  # Megatron flag -> (plan knob, value): knobs that apply only to an FP8 run
     account = []
     for raw, value in args.items():
         name = raw.replace("-", "_")
@@ -187,9 +186,10 @@ def from_mapping(args: dict) -> MegatronPlan:
         elif name in ("fp8", "fp8_format"):
             knobs["dtype"] = "fp8"
         elif name == "fp8_recipe" and str(value) in MEGATRON_FP8_RECIPES:
-            fp8_recipe = MEGATRON_FP8_RECIPES[str(value)]
+            fp8_only[name] = ("fp8_recipe", MEGATRON_FP8_RECIPES[str(value)])
         elif name == "fp8_param_gather":  # FP8 primary weights, gathered in FP8 (plan.fp8_params)
-            fp8_param_gather = _truthy(value)
+            if _truthy(value):
+                fp8_only[name] = ("fp8_params", True)
         elif name in ACCOUNT_FLAGS:
             if _truthy(value):
                 account.append(ACCOUNT_FLAGS[name])
@@ -244,14 +244,10 @@ def from_mapping(args: dict) -> MegatronPlan:
         not_modelled += [(f"account_for_{end}_in_pipeline_split", NOT_MODELLED[f"account_for_{end}_in_pipeline_split"])
                          for end in account]
         account = []
-    if fp8_param_gather and knobs.get("dtype") == "fp8":
-        knobs["fp8_params"] = True
-    elif fp8_param_gather:
-        ignored.append("fp8_param_gather")
-    if fp8_recipe and knobs.get("dtype") == "fp8":  # the recipe matters only to an FP8 run
-        knobs["fp8_recipe"] = fp8_recipe
-    elif fp8_recipe:
-        ignored.append("fp8_recipe")
+    if knobs.get("dtype") == "fp8":  # the FP8 recipe and FP8 weights matter only to an FP8 run
+        knobs.update(fp8_only.values())
+    else:
+        ignored += list(fp8_only)
     knobs.setdefault("zero", 0)  # Megatron's defaults: optimizer not distributed, switches off
     for knob, _ in BOOL_KNOBS.values():
         knobs.setdefault(knob, False)

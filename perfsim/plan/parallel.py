@@ -46,6 +46,10 @@ DTYPES = ("bf16", "fp16", "fp8")
 # Engine DelayedScaling, Megatron-LM --fp8-recipe delayed), "current" from the tensor itself,
 # an amax pass before each cast (Float8CurrentScaling, --fp8-recipe tensorwise, NVIDIA's "FP8-CS")
 FP8_RECIPES = ("delayed", "current")
+# plan knobs that need dtype fp8 -> why (the error says it)
+FP8_ONLY = {"dispatch_fp8": "FP8 dispatch feeds FP8 expert GEMMs, so it needs",
+            "fp8_params": "FP8 primary weights feed FP8 GEMMs, so they need",
+            "fp8_recipe": "an FP8 scaling recipe needs"}
 # plan.dispatch names that run the collective library's all-to-all (RCCL / NCCL): tokens
 # arrive grouped by source rank, so a rank holding several experts regroups them by expert
 # (Megatron-Core MoEAlltoAllTokenDispatcher.sort_chunks_by_idxs); the dedicated dispatch
@@ -151,16 +155,11 @@ class ParallelPlan:
             raise ConfigError(f"plan.zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"plan.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.dispatch_fp8 and self.dtype != "fp8":
-            raise ConfigError(f"plan.dispatch_fp8: FP8 dispatch feeds FP8 expert GEMMs, so it needs dtype fp8 "
-                              f"(got dtype {self.dtype})")
         if self.fp8_recipe not in ("", *FP8_RECIPES):
             raise ConfigError(f"plan.fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
-        if self.fp8_params and self.dtype != "fp8":
-            raise ConfigError(f"plan.fp8_params: FP8 primary weights feed FP8 GEMMs, so they need dtype fp8 "
-                              f"(got dtype {self.dtype})")
-        if self.fp8_recipe and self.dtype != "fp8":
-            raise ConfigError(f"plan.fp8_recipe: an FP8 scaling recipe needs dtype fp8 (got dtype {self.dtype})")
+        for key, why in FP8_ONLY.items():
+            if getattr(self, key) and self.dtype != "fp8":
+                raise ConfigError(f"plan.{key}: {why} dtype fp8 (got dtype {self.dtype})")
         object.__setattr__(self, "recompute", _enum(Recompute, self.recompute, "recompute"))
         object.__setattr__(self, "schedule", _enum(Schedule, self.schedule, "schedule"))
         if self.recompute_layers and self.recompute == Recompute.NONE:
