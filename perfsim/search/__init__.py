@@ -23,7 +23,7 @@ from perfsim.errors import ConfigError, InfeasiblePlan
 from perfsim.estimators.analytic import ClosedForm, measured_disagreement
 from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import FP8_RECIPES, PLAN_SWITCHES, ParallelPlan
+from perfsim.plan.parallel import FP8_ONLY, FP8_RECIPES, PLAN_SWITCHES, ParallelPlan
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.system.stacks import IDEAL, StackSpec, load_stack
 from perfsim.search.executors import make_executor
@@ -155,25 +155,23 @@ def _context(model: ModelSpec, cluster: ClusterSpec, num_gpus: int, gbs: int, se
 
 
 def _plan_switches(knobs: dict | None, dtype: str) -> tuple[tuple[str, bool | str], ...]:
-    """``plan_knobs`` checked: known switches, booleans, FP8 dispatch only under FP8."""
+    """``plan_knobs`` checked: known switches, booleans, the FP8-only knobs only under FP8."""
     if knobs is None:
         return ()
     if not isinstance(knobs, dict):
         raise ConfigError(f"plan_knobs: expected a dict of switch -> bool, got {knobs!r}")
     for key, value in knobs.items():
-        if key == "fp8_recipe":  # the one string knob: an FP8 scaling recipe, FP8 plans only
-            if value not in FP8_RECIPES or dtype != "fp8":
-                raise ConfigError(f"plan_knobs.fp8_recipe: expected one of {', '.join(FP8_RECIPES)} under dtype fp8, "
-                                  f"got {value!r} (dtype {dtype!r})")
+        if key == "fp8_recipe":  # the one string knob: an FP8 scaling recipe
+            if value not in FP8_RECIPES:
+                raise ConfigError(f"plan_knobs.fp8_recipe: expected one of {', '.join(FP8_RECIPES)}, got {value!r}")
             continue
         if key not in PLAN_SWITCHES:
             raise ConfigError(f"plan_knobs: unknown switch {key!r} (known: {', '.join(PLAN_SWITCHES)}, fp8_recipe)")
         if not isinstance(value, bool):
             raise ConfigError(f"plan_knobs.{key}: expected true or false, got {value!r}")
-    if knobs.get("fp8_params") and dtype != "fp8":
-        raise ConfigError(f"plan_knobs.fp8_params: FP8 primary weights need dtype fp8 (got {dtype!r})")
-    if knobs.get("dispatch_fp8") and dtype != "fp8":
-        raise ConfigError(f"plan_knobs.dispatch_fp8: FP8 dispatch needs dtype fp8 (got {dtype!r})")
+    for key, why in FP8_ONLY.items():  # the plan's own rule, said before any plan is enumerated
+        if knobs.get(key) and dtype != "fp8":
+            raise ConfigError(f"plan_knobs.{key}: {why} dtype fp8 (got dtype {dtype!r})")
     return tuple(sorted(knobs.items()))
 
 
