@@ -76,17 +76,24 @@ def test_list(capsys):
 
 
 def test_list_provenance_says_where_a_grouped_table_is_missing(capsys):
-    """MI355X has no grouped-kernel table (its experts are priced as dense GEMMs): the
-    provenance listing says so as an assumption instead of leaving the table out; MI300X's
-    measured grouped tables are listed as measured."""
+    """A GPU with no grouped-kernel table (its experts priced as one launch at the dense
+    table) is listed with that assumption instead of leaving the table out; the shipped
+    MI300X, MI355X and H100 grouped tables are listed as measured, MI325X's and H200's as
+    derived from their base GPUs'."""
+    import dataclasses
+
     from perfsim.system.hardware import load_gpu
     from perfsim.system.kernel_tables import table_provenance
 
-    rows = {name: {t: status for t, status, _ in table_provenance(load_gpu(name))} for name in ("mi355x", "mi300x")}
-    assert rows["mi355x"]["grouped_gemm"] == "assumed"
-    assert rows["mi300x"]["grouped_gemm.bf16"] == "measured" and "grouped_gemm" not in rows["mi300x"]
+    rows = {name: {t: status for t, status, _ in table_provenance(load_gpu(name))}
+            for name in ("mi300x", "mi355x", "h100", "mi325x", "h200")}
+    for name in ("mi300x", "mi355x", "h100"):
+        assert rows[name]["grouped_gemm.bf16"] == "measured" and "grouped_gemm" not in rows[name]
+    assert rows["mi325x"]["grouped_gemm.bf16"] == rows["h200"]["grouped_gemm.bf16"] == "derived"
+    bare = {t: (status, why) for t, status, why in table_provenance(dataclasses.replace(load_gpu("h100"), grouped_gemm={}))}
+    assert bare["grouped_gemm"][0] == "assumed" and "one launch at the dense gemm table" in bare["grouped_gemm"][1]
     assert main(["list", "--provenance"]) == 0
-    assert "each expert is priced as a dense GEMM" in capsys.readouterr().out
+    assert "grouped_gemm.bf16" in capsys.readouterr().out
 
 
 BAD = {

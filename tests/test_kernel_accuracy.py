@@ -23,7 +23,9 @@ GATES = {  # (gpu, class, dtype): held-out MAPE %; memory rows read dtype bf16 (
     ("mi300x", "attention", "bf16"): 21.0,
     ("mi300x", "gemm", "bf16"): 10.5,
     ("mi300x", "gemm", "fp8"): 24.4,
-    ("mi300x", "grouped_gemm", "bf16"): 11.2,
+    # 196 rows of two families since the AITER two-stage rows joined (was 11.2 on Primus-Turbo's
+    # 148, split by backend); Primus-Turbo's rows alone, priced from AITER's: 10.2
+    ("mi300x", "grouped_gemm", "bf16"): 15.8,
     ("mi300x", "grouped_gemm", "fp8"): 10.7,
     ("mi300x", "memory", "bf16"): 36.7,
     ("mi325x", "gemm", "bf16"): 14.5,
@@ -31,6 +33,9 @@ GATES = {  # (gpu, class, dtype): held-out MAPE %; memory rows read dtype bf16 (
     ("mi355x", "gemm", "bf16"): 24.2,
     ("mi355x", "gemm", "fp8"): 13.4,
     ("mi355x", "memory", "bf16"): 34.0,
+    ("mi355x", "grouped_gemm", "bf16"): 24.5,  # one family: stage 1 checked by stage 2 and back
+    ("mi355x", "grouped_gemm", "fp8"): 56.1,
+    ("h100", "grouped_gemm", "bf16"): 61.0,  # tgale96 and VeOmni disagree by about 3x
     ("h100", "attention", "bf16"): 5.9,
     ("h100", "gemm", "fp8"): 11.8,
     ("h100", "memory", "bf16"): 33.3,
@@ -154,12 +159,38 @@ def test_64_tokens_per_expert_is_slower_per_flop_than_4096():
     assert per_flop_small > 1.5 * per_flop_big
 
 
+def test_grouped_gemm_is_one_launch_at_the_dense_table_times_the_kernels_speed():
+    """A grouped kernel is priced as the library runs it: one launch over every expert's
+    tile-padded GEMM (the dense table's price of that launch: CU fill over all the
+    experts' tiles, the size fall-off at the launch's work), its compute at the GPU's
+    grouped speed. Uniform experts with no grouped table cost what the same experts as one
+    batched dense call cost; a slower grouped kernel is slower in proportion, up to the
+    HBM floor (the weights' reads do not slow with the kernel)."""
+    from perfsim.lowering.ops import Gemm
+
+    gpu = dataclasses.replace(load_gpu("mi300x"), grouped_gemm={})
+    batched = costs.gemm_time(Gemm(m=2048, n=2816, k=2048, batch=16), gpu, "bf16")
+    assert costs.grouped_gemm_time((2048,) * 16, 2816, 2048, gpu, "bf16") == pytest.approx(batched)
+    assert costs.grouped_gemm_time((2048,) * 16, 2816, 2048, gpu, "bf16", batched=True) == pytest.approx(batched)
+    shipped = load_gpu("mi300x")
+    speed = costs.grouped_speed((2048,) * 16, shipped, "bf16")
+    assert 0 < speed < 1  # the measured grouped kernels run below the dense table's price
+    slow = costs.grouped_gemm_time((2048,) * 16, 2816, 2048, shipped, "bf16")
+    assert batched < slow <= (batched - gpu.kernel_launch_s) / speed + gpu.kernel_launch_s + 1e-12
+    # a grouped wgrad's GEMMs walk each expert's own tokens as K: in one wave the longest K
+    # bounds the launch, with more waves the tiles' mean K per wave
+    table = gpu.gemm_table("bf16")
+    one_wave = ((64, 64, 8192), (64, 64, 64))
+    assert costs._launch_k_loop(one_wave, gpu, "bf16") == pytest.approx(8192 * table.k_step_ns * 1e-9)
+
+
 def test_grouped_gemm_prices_each_experts_tokens():
-    """Skewed routing (same total) costs more than balanced: the padded tiles and the
-    per-expert efficiency follow each expert's own M, not the summed work."""
+    """Each expert's GEMM is tile-padded on its own M, not the summed work: routing that
+    leaves experts a few tokens each (same total) pads a tile row per expert and costs
+    more than balanced routing."""
     gpu = load_gpu("mi300x")
     balanced = costs.grouped_gemm_time((512,) * 8, 4096, 7168, gpu, "bf16")
-    skewed = costs.grouped_gemm_time((2048, 1024, 448, 300, 100, 70, 50, 54), 4096, 7168, gpu, "bf16")
+    skewed = costs.grouped_gemm_time((4089, 1, 1, 1, 1, 1, 1, 1), 4096, 7168, gpu, "bf16")
     assert skewed > balanced
     assert costs.grouped_gemm_time((512,) * 8, 4096, 7168, gpu, "bf16", backward=True) > balanced
 
@@ -209,7 +240,7 @@ def test_fp8_expert_gemms_are_not_slower_than_bf16(name):
     GEMMs (forward or backward) slower in FP8 than in BF16 at training token counts. (A
     series that times a fallback path once made MI300X's FP8 grouped backward 5x slower.)"""
     gpu = load_gpu(name)
-    for tokens in (1024, 4096):  # (H100 / H200 price experts as dense GEMMs; their FP8 table's small-M fall-off is its own)
+    for tokens in (1024, 4096):  # (H100 / H200 have no FP8 grouped rows: their BF16 grouped speed at the FP8 dense table)
         for backward in (False, True):
             bf16 = costs.grouped_gemm_time((tokens,) * 16, 2 * 1408, 2048, gpu, "bf16", backward=backward)
             fp8 = costs.grouped_gemm_time((tokens,) * 16, 2 * 1408, 2048, gpu, "fp8", backward=backward)
@@ -224,8 +255,8 @@ def test_a_grouped_table_without_backward_rows_derives_its_backward():
     assert fp8 and all(p.direction == "fwd" for p in fp8)
     fitted, fits = acc.kernel_fit.fit_kernels(fp8, gpu)
     table, ref = fitted.grouped_gemm["fp8"], fitted.grouped_gemm["bf16"]
-    for t, f, b in zip(table.tokens, table.forward_efficiency, table.backward_efficiency):
-        ratio = costs.interp_log(t, ref.tokens, ref.backward_efficiency) / costs.interp_log(t, ref.tokens, ref.forward_efficiency)
+    for t, f, b in zip(table.tokens, table.forward_speed, table.backward_speed):
+        ratio = costs.interp_log(t, ref.tokens, ref.backward_speed) / costs.interp_log(t, ref.tokens, ref.forward_speed)
         assert b == pytest.approx(f * ratio, rel=1e-3)
     assert "backward derived" in next(f.note for f in fits if f.name == "grouped_gemm/fp8")
 
@@ -368,3 +399,55 @@ def test_a_bad_membound_value_is_one_line_naming_the_membound_table(tmp_path):
     path.write_text(head + "[membound]" + bad)
     with pytest.raises(ConfigError, match=r"membound: membound\.efficiency must be in \(0, 1\], got 1\.5"):
         load_gpu(str(path))
+
+
+def test_grouped_rows_read_tokens_per_expert_from_every_stated_form():
+    """The shared grouped sweeps state tokens three ways; each becomes tokens per expert,
+    and a count the source leaves unstated (skewed routing of unknown shape) or under one
+    token per expert (decode calls leaving most experts empty) is not a row."""
+    from validation.data.kernels import make_kernel_csvs as make
+
+    assert make.tokens_per_expert("4096 per expert", 8) == 4096
+    assert make.tokens_per_expert("65536 tokens total (uniform routing)", 128) == 512
+    assert make.tokens_per_expert("65536 tokens total (mild skew routing)", 128) is None
+    assert make.tokens_per_expert("32768 tokens, topk=8", 128) == 2048
+    assert make.tokens_per_expert("1024 tokens total, topk=8", 40) == 205  # the mean, rounded
+    assert make.tokens_per_expert("8 tokens total, topk=8", 128) is None
+
+
+def test_a_two_stage_fused_moe_row_becomes_its_two_grouped_gemms():
+    """AITER's CK two-stage fused MoE prints each stage's time: gate_up [m, hidden] x
+    [hidden, 2 width] and down [m, width] x [width, hidden], one grouped_gemm row each,
+    the stage named in the library (the backend split sees it); a one-stage kernel (no
+    split printed) gives no row; a VeOmni MoE forward timed whole is one moe_mlp row."""
+    from validation.data.kernels import make_kernel_csvs as make
+
+    base = {"series": "aiter_tuned_fmoe_x", "source_url": "src", "hidden": "4096", "expert_width": "384",
+            "layout(fwd/wgrad/dgrad)": "fwd (inference fused gate_up+act+down)"}
+    two = dict(base, library="AITER fused_moe (tuner log; 2-stage)", note="unit=us (total); us1=25.5 us2=9.25")
+    up, down = make.fused_moe_rows(two, "mi355x", "bf16", 128, 64)
+    assert (up["m"], up["n"], up["k"], up["batch"], up["time_us"]) == ("64", "768", "4096", "128", "25.5")
+    assert (down["n"], down["k"], down["time_us"]) == ("4096", "384", "9.25")
+    assert up["library"].startswith("AITER fused_moe stage 1") and down["library"].startswith("AITER fused_moe stage 2")
+    one = dict(base, library="AITER fused_moe (tuner log; 1-stage asm)", note="unit=us (total); us1=30.0")
+    assert make.fused_moe_rows(one, "mi355x", "bf16", 128, 64) == []
+    whole = dict(base, library="Torch Fused MoE", note="unit=TFLOPS; latency 10.218 ms",
+                 **{"layout(fwd/wgrad/dgrad)": "fwd fused MoE (gate_up + act + down)"})
+    (row,) = make.fused_moe_rows(whole, "h100", "bf16", 128, 2048)
+    assert (row["kernel"], row["n"], row["k"], row["time_us"]) == ("moe_mlp", "384", "4096", "10218")
+
+
+def test_a_moe_mlp_row_is_priced_as_its_layers_steps():
+    """A MoE MLP forward timed whole: permute, gate_up and down grouped GEMMs, SwiGLU
+    (unfused), unpermute -- more than its two grouped GEMMs, and its FLOPs count both."""
+    from perfsim.calibration.kernel_fit import predict_kernel
+    from perfsim.calibration.readers import KernelPoint
+
+    gpu = load_gpu("h100")
+    p = KernelPoint(kind="grouped_gemm", dtype="bf16", device="h100", time_s=1e-2, m=2048, n=768, k=2048,
+                    batch=128, direction="fwd", kernel="moe_mlp")
+    groups = (2048,) * 128
+    gemms = (costs.grouped_gemm_time(groups, 2 * 768, 2048, gpu, "bf16")
+             + costs.grouped_gemm_time(groups, 2048, 768, gpu, "bf16"))
+    assert predict_kernel(p, gpu) > gemms
+    assert p.flops == pytest.approx(2 * 128 * 2048 * (2048 * 2 * 768 + 768 * 2048))

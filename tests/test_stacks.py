@@ -134,7 +134,10 @@ def test_maxtext_waits_for_its_fsdp_gathers_in_both_estimators():
 
 
 def test_maxtext_and_megatron_differ_by_dispatch_path_and_syncs():
-    model = dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=1.25)
+    # capacity factor 2: maxtext's batched einsums compute twice the routed tokens at the dense
+    # price, megatron's grouped kernels the routed ones at their measured speed (MI300X: 0.72
+    # to 0.91 of the dense price, so a 1.25 padding and that speed roughly cancel)
+    model = dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=2.0)
     case = {**MOE, "model": model}
     tuned = load_stack("maxtext").with_values(**{"moe.padded_speed": 1.0, "kernels.speed": 1.0})  # the path alone, at tuned speed
     mx, mg = step("des", tuned, **case), step("des", "megatron-primus", **case)

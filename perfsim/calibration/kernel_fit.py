@@ -27,6 +27,7 @@ from perfsim.calibration.readers import KernelPoint, P2pPoint
 from perfsim.cost import kernels as costs
 from perfsim.errors import ConfigError
 from perfsim.lowering.ops import Gemm
+from perfsim.lowering.steps import ACT_BYTES
 from perfsim.system.hardware import ClusterSpec, GpuSpec
 
 PRIOR = 1e-3
@@ -67,9 +68,26 @@ def _cast_time(p: KernelPoint, gpu: GpuSpec) -> float:
     return costs.fp8_cast_time(groups * p.m * p.k, gpu) + costs.fp8_cast_time(groups * p.k * p.n, gpu)
 
 
+def _moe_mlp_time(p: KernelPoint, gpu: GpuSpec) -> float:
+    """A MoE MLP forward timed whole (``kernel = moe_mlp``: ``batch`` experts with ``m``
+    tokens each, hidden ``k``, expert width ``n``, gated), priced as the steps perfsim's
+    MoE layer lowers it to (``lowering.layers.moe_forward`` without the dispatch): the
+    permute of the routed tokens, the gate_up grouped GEMM, the SwiGLU (unfused, as eager
+    PyTorch runs it: silu written and read back), the down grouped GEMM, the unpermute."""
+    routed, hidden, width = p.m * p.batch, p.k, p.n
+    groups = (p.m,) * p.batch
+    permutes = 2 * costs.elementwise_time(2 * routed * hidden * ACT_BYTES, gpu)
+    act = costs.elementwise_time(routed * 3 * width * ACT_BYTES, gpu) + costs.elementwise_time(2 * routed * width * ACT_BYTES, gpu)
+    gemms = (costs.grouped_gemm_time(groups, 2 * width, hidden, gpu, p.dtype)
+             + costs.grouped_gemm_time(groups, hidden, width, gpu, p.dtype))
+    return permutes + gemms + act
+
+
 def predict_kernel(p: KernelPoint, gpu: GpuSpec) -> float:
     """Seconds perfsim predicts for one measured kernel call."""
     backward = p.direction == "bwd"
+    if p.kind == "grouped_gemm" and p.kernel == "moe_mlp":
+        return _moe_mlp_time(p, gpu)
     if p.kind == "gemm":
         if backward:
             return costs.gemm_backward_time(Gemm(m=p.m, n=p.n, k=p.k), gpu, p.dtype) * p.batch + _cast_time(p, gpu)
@@ -177,18 +195,18 @@ def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool =
 
 
 def derive_backward(gpu: GpuSpec, dtype: str) -> tuple[GpuSpec, str]:
-    """A grouped table fitted to forward rows only: its backward (dgrad + wgrad) is its
-    forward times the BF16 grouped table's backward / forward ratio at the same tokens per
-    expert (the same kernel family's measured backward penalty, which the fit could not
-    see); with no BF16 grouped table to read it from, the forward itself."""
+    """A grouped table fitted to forward rows only: its backward (dgrad + wgrad) speed is
+    its forward speed times the BF16 grouped table's backward / forward ratio at the same
+    tokens per expert (the same kernel family's measured backward penalty, which the fit
+    could not see); with no BF16 grouped table to read it from, the forward itself."""
     table, ref = gpu.grouped_gemm[dtype], gpu.grouped_gemm.get("bf16")
     if ref is None or dtype == "bf16":
-        back, how = table.forward_efficiency, "backward = forward (no backward rows, no bf16 grouped table: assumed)"
+        back, how = table.forward_speed, "backward = forward (no backward rows, no bf16 grouped table: assumed)"
     else:
-        back = tuple(float(f"{f * costs.interp_log(t, ref.tokens, ref.backward_efficiency) / costs.interp_log(t, ref.tokens, ref.forward_efficiency):.5g}")
-                     for t, f in zip(table.tokens, table.forward_efficiency))
+        back = tuple(float(f"{f * costs.interp_log(t, ref.tokens, ref.backward_speed) / costs.interp_log(t, ref.tokens, ref.forward_speed):.5g}")
+                     for t, f in zip(table.tokens, table.forward_speed))
         how = "backward derived: no backward rows; forward x the bf16 grouped table's backward/forward ratio"
-    tables = {**gpu.grouped_gemm, dtype: dataclasses.replace(table, backward_efficiency=back)}
+    tables = {**gpu.grouped_gemm, dtype: dataclasses.replace(table, backward_speed=back)}
     return dataclasses.replace(gpu, grouped_gemm=tables), how
 
 

@@ -7,11 +7,14 @@ forward and backward, a head-dim factor per measured head dim, two causal factor
 ``membound`` (memory-bound kernel rows: the GPU's measured norm / rotary / reduction
 kernels; the streaming-copy ``hbm`` table stays as the profile gives it).
 
-GEMM, grouped-GEMM, attention and memory-bound curves are fitted in a two-parameter family and written
+GEMM, attention and memory-bound curves are fitted in a two-parameter family and written
 out as tables on a fixed wide grid (``GRID``), so they extrapolate the way kernels
 behave instead of clamping at the edge of the data: eff(x) = plateau * x / (x + x_half),
 the shape of a fixed per-call cost (prologue, epilogue, tail wave) beside work that
-grows with x. Parameters per curve: plateau and log10(x_half).
+grows with x. Parameters per curve: plateau and log10(x_half). A grouped-GEMM table is a
+speed against the dense GEMM table's price of the same launch (``costs.grouped_speed``),
+whose size fall-off is already in that price: one speed per direction, written at the
+median measured tokens per expert (flat beyond it), fitted from 1 (the dense price).
 """
 
 import dataclasses
@@ -29,18 +32,22 @@ FACTOR_BOUNDS = (0.3, 1.5)  # head-dim and causal factors
 FRESH_EFFICIENCY = 0.5  # where a fitted plateau starts (the fit moves it; a fit prior, not a measurement)
 FP8_OUTPUT = "bf16"  # FP8 training GEMMs write BF16 (Transformer Engine, Primus-Turbo, aiter a8w8)
 # written-out grid of each parametric curve: (log10 lo, log10 hi, knots per decade)
-GRID = {"gemm": (-4.0, 6.0, 2), "grouped_gemm": (0.0, 5.0, 2), "attention": (2.0, 5.5, 2), "memory": (-2.0, 5.0, 2)}
+GRID = {"gemm": (-4.0, 6.0, 2), "attention": (2.0, 5.5, 2), "memory": (-2.0, 5.0, 2)}
+# a grouped kernel's speed against the dense table's price of the same launch: where a fit
+# starts (the dense price itself) and the range it may take (fit bounds, not measurements)
+SPEED_START = 1.0
+SPEED_BOUNDS = (0.05, 2.0)
 PLATEAU_BOUNDS = (0.02, 1.0)
 # memory-bound rows below this size time the launch path, not the kernel (AITER's Triton
 # rms_norm on MI355X takes 22 us flat from 1.8 to 29 MB: its host launch), and perfsim prices
 # the per-kernel launch on its own (kernel_launch_us, the stack's kernel gap); the
 # ``membound`` table is fitted to the rows at or above it
 MEMORY_FIT_MIN_MBYTES = 64.0
-HALF_BOUNDS = {"gemm": (-5.0, 5.0), "grouped_gemm": (-1.0, 5.0), "attention": (0.0, 6.0), "memory": (-3.0, 4.0)}
+HALF_BOUNDS = {"gemm": (-5.0, 5.0), "attention": (0.0, 6.0), "memory": (-3.0, 4.0)}
 # where log10(x_half) starts (and, through the weak prior, stays where no point constrains
-# it): 1 GFLOP, 256 tokens per expert, 1024 keys, 1 MB -- fit priors, not measurements; a
-# refit does not depend on the table it replaces
-HALF_START = {"gemm": 0.0, "grouped_gemm": 2.408, "attention": 3.01, "memory": 0.0}
+# it): 1 GFLOP, 1024 keys, 1 MB -- fit priors, not measurements; a refit does not depend on
+# the table it replaces
+HALF_START = {"gemm": 0.0, "attention": 3.01, "memory": 0.0}
 
 
 def in_fit_range(p: KernelPoint) -> bool:
@@ -86,7 +93,7 @@ class TableRef:
 
     def _fields(self) -> tuple[str, tuple[str, ...]]:
         return {"gemm": ("gflop", ("efficiency",)), "memory": ("mbytes", ("efficiency",)),
-                "grouped_gemm": ("tokens", ("forward_efficiency", "backward_efficiency")),
+                "grouped_gemm": ("tokens", ("forward_speed", "backward_speed")),
                 "attention": ("seq", ("forward_efficiency", "backward_efficiency"))}[self.kind]
 
     def xs(self, gpu: GpuSpec) -> tuple[float, ...]:
@@ -106,8 +113,10 @@ class TableRef:
         if self.parametric:
             lo, hi, per = GRID[self.kind]
             return tuple(float(f"{x:.4g}") for x in np.logspace(lo, hi, int(round((hi - lo) * per)) + 1))
-        x = {"gemm": lambda p: p.flops / costs.GFLOP, "grouped_gemm": lambda p: p.m,
-             "attention": lambda p: p.seq, "memory": lambda p: p.bytes / costs.MBYTE}[self.kind]
+        if self.kind == "grouped_gemm":  # one speed per direction (the dense price carries the size fall-off)
+            return (float(f"{np.median([p.m for p in points]):.4g}"),)
+        x = {"gemm": lambda p: p.flops / costs.GFLOP, "attention": lambda p: p.seq,
+             "memory": lambda p: p.bytes / costs.MBYTE}[self.kind]
         return log_knots([x(p) for p in points], per_decade=3 if self.kind != "gemm" else 2)
 
     def initial(self, gpu: GpuSpec, xs: tuple) -> np.ndarray:
@@ -116,7 +125,7 @@ class TableRef:
         if self.parametric:
             return self._initial_params(table, x_field, y_fields)
         if table is None:
-            return np.full(len(xs) * len(y_fields), FRESH_EFFICIENCY)
+            return np.full(len(xs) * len(y_fields), SPEED_START if self.kind == "grouped_gemm" else FRESH_EFFICIENCY)
         ys = [[costs.interp_log(x, getattr(table, x_field), getattr(table, f)) for x in xs] for f in y_fields]
         if self.kind == "attention":
             ys.append([costs.interp_log(h, table.head_dim, table.head_dim_factor) for h in self.head_dims])
@@ -138,7 +147,8 @@ class TableRef:
             half = HALF_BOUNDS[self.kind]
             lo, hi = [PLATEAU_BOUNDS[0], half[0]] * len(y_fields), [PLATEAU_BOUNDS[1], half[1]] * len(y_fields)
         else:
-            lo, hi = [EFF_BOUNDS[0]] * (n * len(y_fields)), [EFF_BOUNDS[1]] * (n * len(y_fields))
+            y_lo, y_hi = SPEED_BOUNDS if self.kind == "grouped_gemm" else EFF_BOUNDS
+            lo, hi = [y_lo] * (n * len(y_fields)), [y_hi] * (n * len(y_fields))
         if self.kind == "attention":
             extra = len(self.head_dims) + 2
             lo, hi = lo + [FACTOR_BOUNDS[0]] * extra, hi + [FACTOR_BOUNDS[1]] * extra

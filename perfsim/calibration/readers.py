@@ -30,7 +30,10 @@ batch                 GEMM: batched count; grouped_gemm: number of groups;
 seq, heads, kv_heads  attention: sequence length, query heads, key/value heads
 head_dim, causal      attention: head dimension, 1/0 (or true/false)
 direction             attention: fwd | bwd | fwd_bwd
-bytes, kernel         memory: bytes moved (read + written), copy | mul | add | triad | dot
+bytes, kernel         memory: bytes moved (read + written), copy | mul | add | triad | dot;
+                      FP8 GEMMs: cast | cast_a (timed with their input casts);
+                      grouped_gemm: moe_mlp (a gated MoE MLP forward timed whole: m tokens
+                      per expert, n = expert width, k = hidden, batch = experts)
 time_us               measured time of one kernel call (microseconds)
 tflops                GEMM/attention achieved TFLOPS (used when time_us is empty)
 TBps                  memory achieved TB/s (used when time_us is empty)
@@ -39,7 +42,7 @@ library, clock_MHz    metadata: kernel library/version, median clock under load
 source, note          metadata: where the number comes from (URL, script), free text
 ====================  ==========================================================
 
-FLOP conventions: GEMM ``2*m*n*k*batch``; attention forward ``4*batch*heads*seq^2*head_dim``
+FLOP conventions: GEMM ``2*m*n*k*batch`` (a ``moe_mlp`` row ``6*m*n*k*batch``); attention forward ``4*batch*heads*seq^2*head_dim``
 (halved when causal), backward 2.5x forward (Dao'23), fwd_bwd 3.5x. Extra columns must
 start with ``meta_``; anything else unknown is an error (typos should not pass silently).
 """
@@ -290,6 +293,8 @@ class KernelPoint:
 
     @property
     def flops(self) -> float:
+        if self.kind == "grouped_gemm" and self.kernel == "moe_mlp":  # gate_up (2n wide) + down
+            return 6.0 * self.m * self.n * self.k * self.batch
         if self.kind in ("gemm", "grouped_gemm"):
             return 2.0 * self.m * self.n * self.k * self.batch
         if self.kind == "attention":

@@ -8,8 +8,11 @@ and at least the output tiles' serial K loop, ``k_loop_time``)
   tile-padded output area; the library's macro tile, or a narrower one when that wastes
   less) x wave quantization over the CUs/SMs (all GEMMs of a batched call) x size
   fall-off read at the padded work of the call; bytes with the output dtype written. Backward = dgrad [m,n]@[n,k] + wgrad [k,m]@[m,n].
-* Grouped (MoE expert) GEMM: each expert's GEMM on the tokens routed to it, tile-padded,
-  at the grouped kernel's efficiency for that many tokens (forward, or dgrad + wgrad).
+* Grouped (MoE expert) GEMM: one launch over each expert's GEMM on the tokens routed to
+  it, priced at the dense table as one call (tile-padded per expert, CU fill over all
+  experts' tiles, size fall-off at the launch's work, K loop), its compute at the grouped
+  kernel's own speed against that (the GPU's grouped table vs tokens per expert; forward,
+  or the dgrad and wgrad launches).
 * Attention: efficiency vs sequence length, head-dim factor, causal factor, fwd / bwd.
 * Memory-bound kernels (norms, casts, permutes, optimizer): bytes at the HBM table.
 
@@ -55,22 +58,38 @@ def _waves(tiles: int, gpu: GpuSpec) -> float:
     return tiles / (waves * gpu.num_compute_units)
 
 
-def tile_choice(m: int, n: int, table: GemmEfficiency, gpu: GpuSpec, batch: int = 1) -> tuple[int, int, float]:
+def _launch_tiles(shapes: tuple[tuple[int, int, int], ...], tm: int, tn: int) -> tuple[int, float]:
+    """(output tiles, tile-padded multiply-adds) of one launch over GEMMs [m, k] @ [k, n]."""
+    tiles = [_tiles(m, n, tm, tn) for m, n, _ in shapes]
+    return sum(tiles), sum(t * tm * tn * k for t, (_, _, k) in zip(tiles, shapes))
+
+
+def _launch_choice(shapes: tuple[tuple[int, int, int], ...], table: GemmEfficiency, gpu: GpuSpec) -> tuple[int, int, float]:
     """(tile_m, tile_n, utilization) the library would pick among ``_TILE_SPLITS`` of the
-    macro tile: whichever keeps most of the CU time on real output elements (the tiles
-    of all ``batch`` GEMMs of one batched call share the CUs). A batched call (``batch``
-    > 1) launches one workgroup per output tile of every GEMM, as the grouped kernel
-    does (``_fill``): fewer tiles than CUs leave CUs idle; a single GEMM below one wave
-    splits K instead (its fall-off is in the size table)."""
+    macro tile for one launch over ``shapes``: whichever keeps most of the CU time on real
+    multiply-adds. A launch of several GEMMs (a batched call, a grouped kernel) runs one
+    workgroup per output tile of every GEMM (``_fill``): fewer tiles than CUs leave CUs
+    idle; a single GEMM below one wave splits K instead (its fall-off is in the size table)."""
     best = None
-    occupancy = _fill if batch > 1 else _waves
+    occupancy = _fill if len(shapes) > 1 else _waves
+    real = sum(m * n * k for m, n, k in shapes)
     for dm, dn in _TILE_SPLITS:
         tm, tn = max(table.tile_m // dm, 1), max(table.tile_n // dn, 1)
-        tiles = _tiles(m, n, tm, tn)
-        util = m * n / (tiles * tm * tn) * occupancy(tiles * batch, gpu)
+        tiles, padded = _launch_tiles(shapes, tm, tn)
+        util = real / padded * occupancy(tiles, gpu)
         if best is None or util > best[2] + 1e-12:
             best = (tm, tn, util)
     return best
+
+
+def _shapes(gemm: Gemm) -> tuple[tuple[int, int, int], ...]:
+    return ((gemm.m, gemm.n, gemm.k),) * gemm.batch
+
+
+def tile_choice(m: int, n: int, table: GemmEfficiency, gpu: GpuSpec, batch: int = 1) -> tuple[int, int, float]:
+    """(tile_m, tile_n, utilization) of a (batched) call of ``batch`` [m, n] outputs
+    (``_launch_choice``: the tiles of all GEMMs of one call share the CUs)."""
+    return _launch_choice(((m, n, 1),) * batch, table, gpu)
 
 
 def wave_utilization(gemm: Gemm, gpu: GpuSpec, dtype: str = "bf16") -> float:
@@ -78,15 +97,19 @@ def wave_utilization(gemm: Gemm, gpu: GpuSpec, dtype: str = "bf16") -> float:
     return tile_choice(gemm.m, gemm.n, gpu.gemm_table(dtype), gpu, gemm.batch)[2]
 
 
+def _launch_efficiency(shapes: tuple[tuple[int, int, int], ...], gpu: GpuSpec, dtype: str) -> float:
+    table = gpu.gemm_table(dtype)
+    util = _launch_choice(shapes, table, gpu)[2]
+    flops = 2.0 * sum(m * n * k for m, n, k in shapes)
+    return interp_log(flops / util / GFLOP, table.gflop, table.efficiency) * util
+
+
 def gemm_efficiency(gemm: Gemm, gpu: GpuSpec, dtype: str = "bf16") -> float:
     """Real FLOPs / (clock-scaled peak x time). The size table is read at the work the CUs
     actually do -- the tile- and wave-padded FLOPs of the whole call -- so its fall-off (a
     fixed per-call cost beside work that grows) is paid once per call, not scaled up by
     the padding."""
-    table = gpu.gemm_table(dtype)
-    util = tile_choice(gemm.m, gemm.n, table, gpu, gemm.batch)[2]
-    size_eff = interp_log(gemm.flops / util / GFLOP, table.gflop, table.efficiency)
-    return size_eff * util
+    return _launch_efficiency(_shapes(gemm), gpu, dtype)
 
 
 def peak(gpu: GpuSpec, dtype: str) -> float:
@@ -110,9 +133,13 @@ def output_bytes(dtype: str, gpu: GpuSpec) -> int:
     return DTYPE_BYTES[out or dtype]
 
 
+def _launch_bytes(shapes: tuple[tuple[int, int, int], ...], dtype: str, out: int) -> float:
+    return sum((m * k + k * n) * DTYPE_BYTES[dtype] + m * n * out for m, n, k in shapes)
+
+
 def gemm_bytes(gemm: Gemm, dtype: str, gpu: GpuSpec | None = None) -> float:
     out = output_bytes(dtype, gpu) if gpu is not None else DTYPE_BYTES[dtype]
-    return ((gemm.m * gemm.k + gemm.k * gemm.n) * DTYPE_BYTES[dtype] + gemm.m * gemm.n * out) * gemm.batch
+    return _launch_bytes(_shapes(gemm), dtype, out)
 
 
 def roofline(compute_s: float, memory_s: float, exponent: float) -> float:
@@ -123,24 +150,42 @@ def roofline(compute_s: float, memory_s: float, exponent: float) -> float:
     return hi * ((compute_s / hi) ** exponent + (memory_s / hi) ** exponent) ** (1.0 / exponent)
 
 
-def k_loop_time(gemm: Gemm, gpu: GpuSpec, dtype: str) -> float:
+def _launch_k_loop(shapes: tuple[tuple[int, int, int], ...], gpu: GpuSpec, dtype: str) -> float:
     """Lower bound from the serial K loop of each output tile: every wave of tiles (the
-    chosen tile, all GEMMs of the call) walks the whole K at the table's ``k_step_ns``."""
+    chosen tile, all GEMMs of the launch) walks K at the table's ``k_step_ns`` -- the
+    tiles' mean K where the GEMMs of a grouped wgrad differ in it, and never less than
+    the longest K (the tile that walks it ends the launch)."""
     table = gpu.gemm_table(dtype)
     if table.k_step_ns <= 0.0:
         return 0.0
-    tm, tn, _ = tile_choice(gemm.m, gemm.n, table, gpu, gemm.batch)
-    waves = math.ceil(_tiles(gemm.m, gemm.n, tm, tn) * gemm.batch / gpu.num_compute_units)
-    return waves * gemm.k * table.k_step_ns * 1e-9
+    tm, tn, _ = _launch_choice(shapes, table, gpu)
+    tiles = [_tiles(m, n, tm, tn) for m, n, _ in shapes]
+    waves = math.ceil(sum(tiles) / gpu.num_compute_units)
+    mean_k = sum(t * k for t, (_, _, k) in zip(tiles, shapes)) / sum(tiles)
+    return max(waves * mean_k, max(k for _, _, k in shapes)) * table.k_step_ns * 1e-9
+
+
+def k_loop_time(gemm: Gemm, gpu: GpuSpec, dtype: str) -> float:
+    """``_launch_k_loop`` of one (batched) GEMM call."""
+    return _launch_k_loop(_shapes(gemm), gpu, dtype)
+
+
+def launch_time(shapes: tuple[tuple[int, int, int], ...], gpu: GpuSpec, dtype: str, speed: float = 1.0) -> float:
+    """One kernel launch over GEMMs [m, k] @ [k, n] (a GEMM, a batched call, a grouped
+    kernel's experts), launch gap included, at the input dtype's dense GEMM table: tile
+    padding and CU fill over all the launch's tiles (``_launch_choice``), the size
+    fall-off read at the launch's padded work, compute and HBM time joined by the table's
+    roofline exponent, at least the tiles' serial K loop (``_launch_k_loop``). ``speed``
+    scales the compute term (a grouped kernel's own speed against the dense table's)."""
+    compute = 2.0 * sum(m * n * k for m, n, k in shapes) / (peak(gpu, dtype) * _launch_efficiency(shapes, gpu, dtype))
+    memory = hbm_time(_launch_bytes(shapes, dtype, output_bytes(dtype, gpu)), gpu)
+    body = roofline(compute / speed, memory, gpu.gemm_table(dtype).roofline_exponent)
+    return max(body, _launch_k_loop(shapes, gpu, dtype)) + gpu.kernel_launch_s
 
 
 def gemm_time(gemm: Gemm, gpu: GpuSpec, dtype: str) -> float:
-    """One (batched) GEMM call, launch gap included: compute and HBM time joined by the
-    table's roofline exponent, at least the tiles' serial K loop (``k_loop_time``)."""
-    compute = gemm.flops / (peak(gpu, dtype) * gemm_efficiency(gemm, gpu, dtype))
-    memory = hbm_time(gemm_bytes(gemm, dtype, gpu), gpu)
-    body = roofline(compute, memory, gpu.gemm_table(dtype).roofline_exponent)
-    return max(body, k_loop_time(gemm, gpu, dtype)) + gpu.kernel_launch_s
+    """One (batched) GEMM call (``launch_time``)."""
+    return launch_time(_shapes(gemm), gpu, dtype)
 
 
 def gemm_backward_time(gemm: Gemm, gpu: GpuSpec, dtype: str, part: str = "both") -> float:
@@ -150,44 +195,38 @@ def gemm_backward_time(gemm: Gemm, gpu: GpuSpec, dtype: str, part: str = "both")
     return {"dgrad": dgrad, "wgrad": wgrad, "both": dgrad + wgrad}[part]
 
 
+def grouped_speed(groups: tuple[int, ...], gpu: GpuSpec, dtype: str, backward: bool = False) -> float:
+    """The grouped kernel's compute speed against the dense GEMM table's price of the same
+    launch, at the launch's mean tokens per active expert (the GPU's grouped table; 1
+    where it has none)."""
+    table = gpu.grouped_table(dtype)
+    active = [m for m in groups if m]
+    if table is None or not active:
+        return 1.0
+    return interp_log(sum(active) / len(active), table.tokens, table.backward_speed if backward else table.forward_speed)
+
+
 def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dtype: str,
                       backward: bool = False, batched: bool = False) -> float:
-    """One grouped kernel over experts with ``groups[i]`` tokens each, priced per expert:
-    expert i runs [groups[i], k] @ [k, n] padded to whole tiles (one tile shape for the
-    launch, the least padded of ``_TILE_SPLITS``) at the grouped kernel's efficiency for
-    groups[i] tokens; all experts' tiles share the CUs (CU fill and wave
-    quantization over the total). ``backward``: dgrad + wgrad (twice the FLOPs, the backward table).
-    ``batched``: the experts run as one batched dense GEMM (equal padded groups, e.g. an XLA
-    einsum over the capacity), each at the dense GEMM table's efficiency, not the grouped
-    kernel's. Empty experts cost only their weight reads."""
-    tokens = sum(groups)
-    out = output_bytes(dtype, gpu)
-    passes = 2 if backward else 1
-    moved = passes * (tokens * k * DTYPE_BYTES[dtype] + len(groups) * k * n * DTYPE_BYTES[dtype] + tokens * n * out)
-    table, dense = (None if batched else gpu.grouped_table(dtype)), gpu.gemm_table(dtype)
-    if tokens == 0:
-        return hbm_time(moved, gpu) + gpu.kernel_launch_s
-    if table is None:  # no grouped-kernel measurement: each expert as a dense GEMM
-        one = gemm_backward_time if backward else gemm_time
-        return max(sum(one(Gemm(m=m, n=n, k=k), gpu, dtype) - gpu.kernel_launch_s * passes for m in groups if m),
-                   hbm_time(moved, gpu)) + gpu.kernel_launch_s
-    effs = table.backward_efficiency if backward else table.forward_efficiency
-    rates = {m: interp_log(m, table.tokens, effs) for m in set(groups) if m}
-    work = min(_grouped_work(groups, n, k, dense.tile_m // dm, dense.tile_n // dn, rates, gpu)
-               for dm, dn in _TILE_SPLITS)  # one tile shape for the whole launch: the least padded
-    compute = 2.0 * passes * work / peak(gpu, dtype)
-    return max(compute, hbm_time(moved, gpu)) + gpu.kernel_launch_s
-
-
-def _grouped_work(groups: tuple[int, ...], n: int, k: int, tm: int, tn: int, rates: dict, gpu: GpuSpec) -> float:
-    """Tile-padded multiply-adds of all experts at their efficiency, over the CU fill."""
-    tm, tn = max(tm, 1), max(tn, 1)
-    work, tiles = 0.0, 0
-    for m in groups:
-        if m:
-            work += math.ceil(m / tm) * tm * math.ceil(n / tn) * tn * k / rates[m]
-            tiles += _tiles(m, n, tm, tn)
-    return work / _fill(tiles, gpu)
+    """One grouped kernel over experts with ``groups[i]`` tokens each, priced as the
+    library runs it: one launch over every active expert's output tiles
+    (``launch_time``: expert i's [groups[i], k] @ [k, n] tile-padded, all experts' tiles
+    sharing the CUs, the size fall-off read at the whole launch's work, the K loop, HBM
+    for every active expert's weights), its compute at the grouped kernel's own speed
+    against that dense price (``grouped_speed``). ``backward``: the dgrad launch
+    ([groups[i], n] @ [n, k]) and the wgrad launch ([k, groups[i]] @ [groups[i], n]).
+    ``batched``: the experts run as one batched dense GEMM (equal padded groups, e.g. an
+    XLA einsum over the capacity): the dense price itself. Empty experts cost only their
+    weight reads when no expert has tokens."""
+    active = [m for m in groups if m]
+    if not active:
+        passes = 2 if backward else 1
+        return hbm_time(passes * len(groups) * k * n * DTYPE_BYTES[dtype], gpu) + gpu.kernel_launch_s
+    speed = 1.0 if batched else grouped_speed(groups, gpu, dtype, backward)
+    if not backward:
+        return launch_time(tuple((m, n, k) for m in active), gpu, dtype, speed)
+    return (launch_time(tuple((m, k, n) for m in active), gpu, dtype, speed)
+            + launch_time(tuple((k, n, m) for m in active), gpu, dtype, speed))
 
 
 def _fill(tiles: int, gpu: GpuSpec) -> float:

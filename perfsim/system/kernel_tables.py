@@ -67,18 +67,20 @@ class GemmEfficiency:
 
 @dataclass(frozen=True, kw_only=True)
 class GroupedGemmEfficiency:
-    """A grouped (MoE expert) GEMM kernel: achieved fraction of the clock-scaled peak vs
-    the tokens routed to one expert, forward and backward (dgrad + wgrad), on the
-    tile-padded work; wave quantization over all experts' tiles on top."""
+    """A grouped (MoE expert) GEMM kernel's compute speed against perfsim's dense GEMM
+    table's price of the same launch (``costs.launch_time``: every expert's tile-padded
+    GEMM in one launch, the size fall-off at the launch's work, the K loop, HBM), vs the
+    mean tokens routed to one active expert, forward and backward (dgrad and wgrad
+    launches): 1 = as fast as the dense table prices it, below 1 slower."""
 
     source: str
     tokens: tuple[float, ...]
-    forward_efficiency: tuple[float, ...]
-    backward_efficiency: tuple[float, ...]
+    forward_speed: tuple[float, ...]
+    backward_speed: tuple[float, ...]
 
     def __post_init__(self):
-        check_table("grouped_gemm", self.tokens, self.forward_efficiency, "tokens", "forward_efficiency")
-        check_table("grouped_gemm", self.tokens, self.backward_efficiency, "tokens", "backward_efficiency")
+        check_table("grouped_gemm", self.tokens, self.forward_speed, "tokens", "forward_speed", fraction=False)
+        check_table("grouped_gemm", self.tokens, self.backward_speed, "tokens", "backward_speed", fraction=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,8 +141,8 @@ def table_provenance(gpu) -> list[tuple[str, str, str]]:
         rows.append(("membound", "assumed", "no memory-bound kernel table fitted for this GPU: norms, casts and other "
                      "elementwise kernels run at the hbm (streaming copy) table's bandwidth"))
     if not gpu.grouped_gemm:  # cost.kernels.grouped_gemm_time's fallback, said rather than left out
-        rows.append(("grouped_gemm", "assumed", "no grouped-kernel table fitted for this GPU: each expert is "
-                     "priced as a dense GEMM of its tokens at the gemm table's efficiency"))
+        rows.append(("grouped_gemm", "assumed", "no grouped-kernel table fitted for this GPU: the experts' GEMMs "
+                     "are priced as one launch at the dense gemm table (grouped kernel speed 1)"))
     return rows + [("clock_under_load", _status(gpu.clock_source), f"{gpu.clock_under_load_MHz} MHz: {gpu.clock_source}"),
                    ("kernel_launch", _status(gpu.kernel_launch_source), f"{gpu.kernel_launch_us} us: {gpu.kernel_launch_source}"),
                    ("fp8_split_accumulator", _status(gpu.fp8_split_accumulator_source),

@@ -72,7 +72,7 @@ def gpu_of(label: str) -> str | None:
     return None
 
 
-BLOCK_SCALED = ("blockscale", "blockwise", "block-w", "1x128", "abquant")
+BLOCK_SCALED = ("blockscale", "blockwise", "block-w", "1x128", "per_1x32", "abquant")  # per_1x32: MX scaling
 
 
 def dtype_of(label: str) -> str | None:
@@ -82,7 +82,7 @@ def dtype_of(label: str) -> str | None:
     low = label.lower()
     if "mxfp8" in low or "fp4" in low or "int8" in low or any(tag in low for tag in BLOCK_SCALED):
         return None
-    if "fp8" in low or "a8w8" in low or "f8" in low:
+    if "fp8" in low or "a8w8" in low or "f8" in low or "float8" in low:
         return "fp8"
     if low.startswith("bf16") or "bfloat16" in low:
         return "bf16"
@@ -151,7 +151,61 @@ def maf_rows(path: Path) -> list[dict]:
     return out
 
 
-_NK = re.compile(r"N=(\d+)\s*K=(\d+)")
+_NK = re.compile(r"N=(\d+)[,\s]*K=(\d+)")
+_UNIFORM_TOTAL = re.compile(r"^(\d+) tokens total \(uniform routing\)$")
+_ROUTED = re.compile(r"^(\d+) tokens(?: total)?, topk=(\d+)$")
+_STAGES = re.compile(r"us1=([\d.]+)\s+us2=([\d.]+)")
+_LATENCY_MS = re.compile(r"latency ([\d.]+) ms")
+
+
+def tokens_per_expert(tokens: str, experts: int) -> int | None:
+    """Tokens each expert computes on, from the source's token column: ``N per expert`` /
+    ``N per group`` as printed; ``N tokens total (uniform routing)`` as N / experts;
+    ``N tokens[ total], topk=K`` as the mean N * K / experts, rounded (the routing the
+    benchmark draws spreads the N * K routed rows over the experts). None where the
+    per-expert count is not stated (skewed routing of unstated shape) or is under one
+    token (a decode-size call that leaves most experts empty)."""
+    if tokens.endswith(("per expert", "per group")):
+        return int(tokens.split()[0])
+    uniform = _UNIFORM_TOTAL.match(tokens)
+    if uniform:
+        total = int(uniform.group(1))
+        return total // experts if total % experts == 0 else None
+    routed = _ROUTED.match(tokens)
+    if routed:
+        rows = int(routed.group(1)) * int(routed.group(2))
+        return round(rows / experts) if rows >= experts else None
+    return None
+
+
+def fused_moe_rows(r: dict, gpu: str, dtype: str, experts: int, m: int) -> list[dict]:
+    """Two kinds of MoE-MLP measurement (gate_up GEMM, SwiGLU, down GEMM) in one row:
+
+    * a two-stage tuner row (AITER fused_moe, CK 2-stage): its two printed stage times
+      (``us1``: the gate_up grouped GEMM with the activation in its epilogue; ``us2``: the
+      down grouped GEMM) become two grouped_gemm rows, [m, hidden] @ [hidden, 2 * width]
+      and [m, width] @ [width, hidden] per expert. One-stage kernels (a single asm kernel
+      for the whole MLP) print no split and are dropped.
+    * a training MoE forward timed whole (VeOmni: gather, gate_up, SwiGLU, down, scatter):
+      one grouped_gemm row with ``kernel = moe_mlp`` (m tokens per expert, n = width,
+      k = hidden), priced by perfsim as the permute, the two grouped GEMMs, the SwiGLU
+      and the unpermute of its MoE layer (``kernel_fit.predict_kernel``)."""
+    hidden, width = int(r["hidden"]), int(r["expert_width"])
+    common = dict(m=m, batch=experts, direction="fwd")
+    stages = _STAGES.search(r["note"])
+    if stages and "2-stage" in r["library"]:
+        if not all(float(t) > 0 for t in stages.groups()):
+            return []
+        lib, _, how = r["library"].partition(" (")  # the stage named before the "(": the backend split sees it
+        return [_row("grouped_gemm", dtype, gpu, r["series"], r["source_url"], f"{lib} {name} ({how}",
+                     n=n, k=k, time_us=t, **common)
+                for name, n, k, t in (("stage 1 gate_up", 2 * width, hidden, stages.group(1)),
+                                      ("stage 2 down", hidden, width, stages.group(2)))]
+    latency = _LATENCY_MS.search(r["note"])
+    if latency and r["layout(fwd/wgrad/dgrad)"].startswith("fwd fused MoE (gate_up + act + down)"):
+        return [_row("grouped_gemm", dtype, gpu, r["series"], r["source_url"], r["library"], n=width, k=hidden,
+                     kernel="moe_mlp", time_us=f"{float(latency.group(1)) * 1e3:.6g}", **common)]
+    return []
 
 
 def grouped_rows(path: Path) -> list[dict]:
@@ -160,15 +214,19 @@ def grouped_rows(path: Path) -> list[dict]:
         gpu = gpu_of(r["gpu"])
         dtype = dtype_of(r["dtype"].replace("bf16 (not stated; grouped_gemm default)", "bf16") + " " + r["library"])
         layout = r["layout(fwd/wgrad/dgrad)"]
-        if not (gpu and dtype) or experimental(r["library"]) or "fused" in layout or "masked" in layout:
+        if not (gpu and dtype) or experimental(r["library"]) or "masked" in layout:
             continue
-        tokens = r["tokens_per_expert_or_total"]
-        if not (tokens.endswith("per expert") or tokens.endswith("per group")):
+        e = int(r["num_experts"])
+        m = tokens_per_expert(r["tokens_per_expert_or_total"], e)
+        if m is None:
+            continue
+        if "fused" in layout:
+            out += fused_moe_rows(r, gpu, dtype, e, m)
             continue
         nk = _NK.search(r["note"]) or _NK.search(layout)
         if not nk or not r["note"].startswith("unit=TFLOPS") or not float(r["tflops_or_time_us"]) > 0:
             continue
-        e, m, (n, k) = int(r["num_experts"]), int(tokens.split()[0]), map(int, nk.groups())
+        n, k = map(int, nk.groups())
         bwd = layout.startswith("bwd")
         flops = (4 if bwd else 2) * e * m * n * k
         out.append(_row("grouped_gemm", dtype, gpu, r["series"], r["source_url"], r["library"], m=m, n=n, k=k, batch=e,
