@@ -451,3 +451,15 @@ def test_a_moe_mlp_row_is_priced_as_its_layers_steps():
              + costs.grouped_gemm_time(groups, 2048, 768, gpu, "bf16"))
     assert predict_kernel(p, gpu) > gemms
     assert p.flops == pytest.approx(2 * 128 * 2048 * (2048 * 2 * 768 + 768 * 2048))
+
+
+def test_a_pricing_label_on_the_wrong_kind_of_row_is_one_clear_error(tmp_path):
+    from perfsim.calibration.readers import KERNEL_CSV_COLUMNS, read_kernel_csv
+    from perfsim.errors import ConfigError
+
+    path = tmp_path / "k.csv"
+    row = dict.fromkeys(KERNEL_CSV_COLUMNS, "")
+    row.update(kind="gemm", dtype="bf16", m="64", n="64", k="64", kernel="moe_mlp", time_us="5")
+    path.write_text(",".join(KERNEL_CSV_COLUMNS) + "\n" + ",".join(row[c] for c in KERNEL_CSV_COLUMNS) + "\n")
+    with pytest.raises(ConfigError, match=r"k.csv:2: kernel 'moe_mlp' is for kind grouped_gemm rows, got kind gemm"):
+        read_kernel_csv(path)

@@ -64,6 +64,8 @@ KERNEL_CSV_COLUMNS = (
     "bytes", "kernel", "time_us", "tflops", "TBps", "device", "library", "clock_MHz", "source", "note",
 )
 KERNEL_KINDS = ("gemm", "grouped_gemm", "attention", "memory")
+# ``kernel`` labels that change how a row is priced, and the kinds they apply to
+KERNEL_LABEL_KINDS = {"cast": ("gemm", "grouped_gemm"), "cast_a": ("gemm", "grouped_gemm"), "moe_mlp": ("grouped_gemm",)}
 ATTENTION_DIRECTIONS = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # x forward FLOPs (Dao'23)
 _REQUIRED = {
     "gemm": ("m", "n", "k"),
@@ -334,6 +336,9 @@ def _kernel_point(row: dict, where: str, lineno: int) -> KernelPoint:
         if not (row.get(key) or "").strip():
             raise ConfigError(f"{where}: column {key!r} is required for kind {kind}")
     direction = (row.get("direction") or "").strip()
+    label = (row.get("kernel") or "").strip()
+    if label in KERNEL_LABEL_KINDS and kind not in KERNEL_LABEL_KINDS[label]:
+        raise ConfigError(f"{where}: kernel {label!r} is for kind {' or '.join(KERNEL_LABEL_KINDS[label])} rows, got kind {kind}")
     if kind == "attention" and direction not in ATTENTION_DIRECTIONS:
         raise ConfigError(f"{where}: direction {direction!r} is not one of {', '.join(ATTENTION_DIRECTIONS)}")
     causal = (row.get("causal") or "0").strip().lower()
