@@ -180,7 +180,7 @@ def test_grouped_gemm_is_one_launch_at_the_dense_table_times_the_kernels_speed()
     # a grouped wgrad's GEMMs walk each expert's own tokens as K: in one wave the longest K
     # bounds the launch, with more waves the tiles' mean K per wave
     table = gpu.gemm_table("bf16")
-    one_wave = ((64, 64, 8192), (64, 64, 64))
+    one_wave = ((64, 64, 8192, 1), (64, 64, 64, 1))
     assert costs._launch_k_loop(one_wave, gpu, "bf16") == pytest.approx(8192 * table.k_step_ns * 1e-9)
 
 

@@ -19,6 +19,7 @@ and at least the output tiles' serial K loop, ``k_loop_time``)
 Efficiencies come from the profile's tables; nothing here is a hardware constant.
 """
 
+import collections
 import dataclasses
 import math
 
@@ -58,21 +59,30 @@ def _waves(tiles: int, gpu: GpuSpec) -> float:
     return tiles / (waves * gpu.num_compute_units)
 
 
-def _launch_tiles(shapes: tuple[tuple[int, int, int], ...], tm: int, tn: int) -> tuple[int, float]:
-    """(output tiles, tile-padded multiply-adds) of one launch over GEMMs [m, k] @ [k, n]."""
-    tiles = [_tiles(m, n, tm, tn) for m, n, _ in shapes]
-    return sum(tiles), sum(t * tm * tn * k for t, (_, _, k) in zip(tiles, shapes))
+# one launch's GEMMs as (m, n, k, count): ``count`` GEMMs [m, k] @ [k, n] (a batched call is
+# one entry, a grouped kernel one entry per distinct token count)
+Launch = tuple[tuple[int, int, int, int], ...]
 
 
-def _launch_choice(shapes: tuple[tuple[int, int, int], ...], table: GemmEfficiency, gpu: GpuSpec) -> tuple[int, int, float]:
+def _launch_tiles(shapes: Launch, tm: int, tn: int) -> tuple[int, float]:
+    """(output tiles, tile-padded multiply-adds) of one launch."""
+    tiles = [c * _tiles(m, n, tm, tn) for m, n, _, c in shapes]
+    return sum(tiles), sum(t * tm * tn * k for t, (_, _, k, _) in zip(tiles, shapes))
+
+
+def _macs(shapes: Launch) -> float:
+    return float(sum(m * n * k * c for m, n, k, c in shapes))
+
+
+def _launch_choice(shapes: Launch, table: GemmEfficiency, gpu: GpuSpec) -> tuple[int, int, float]:
     """(tile_m, tile_n, utilization) the library would pick among ``_TILE_SPLITS`` of the
     macro tile for one launch over ``shapes``: whichever keeps most of the CU time on real
     multiply-adds. A launch of several GEMMs (a batched call, a grouped kernel) runs one
     workgroup per output tile of every GEMM (``_fill``): fewer tiles than CUs leave CUs
     idle; a single GEMM below one wave splits K instead (its fall-off is in the size table)."""
     best = None
-    occupancy = _fill if len(shapes) > 1 else _waves
-    real = sum(m * n * k for m, n, k in shapes)
+    occupancy = _fill if sum(c for *_, c in shapes) > 1 else _waves
+    real = _macs(shapes)
     for dm, dn in _TILE_SPLITS:
         tm, tn = max(table.tile_m // dm, 1), max(table.tile_n // dn, 1)
         tiles, padded = _launch_tiles(shapes, tm, tn)
@@ -82,14 +92,14 @@ def _launch_choice(shapes: tuple[tuple[int, int, int], ...], table: GemmEfficien
     return best
 
 
-def _shapes(gemm: Gemm) -> tuple[tuple[int, int, int], ...]:
-    return ((gemm.m, gemm.n, gemm.k),) * gemm.batch
+def _shapes(gemm: Gemm) -> Launch:
+    return ((gemm.m, gemm.n, gemm.k, gemm.batch),)
 
 
 def tile_choice(m: int, n: int, table: GemmEfficiency, gpu: GpuSpec, batch: int = 1) -> tuple[int, int, float]:
     """(tile_m, tile_n, utilization) of a (batched) call of ``batch`` [m, n] outputs
     (``_launch_choice``: the tiles of all GEMMs of one call share the CUs)."""
-    return _launch_choice(((m, n, 1),) * batch, table, gpu)
+    return _launch_choice(((m, n, 1, batch),), table, gpu)
 
 
 def wave_utilization(gemm: Gemm, gpu: GpuSpec, dtype: str = "bf16") -> float:
@@ -97,11 +107,10 @@ def wave_utilization(gemm: Gemm, gpu: GpuSpec, dtype: str = "bf16") -> float:
     return tile_choice(gemm.m, gemm.n, gpu.gemm_table(dtype), gpu, gemm.batch)[2]
 
 
-def _launch_efficiency(shapes: tuple[tuple[int, int, int], ...], gpu: GpuSpec, dtype: str) -> float:
+def _launch_efficiency(shapes: Launch, gpu: GpuSpec, dtype: str) -> float:
     table = gpu.gemm_table(dtype)
     util = _launch_choice(shapes, table, gpu)[2]
-    flops = 2.0 * sum(m * n * k for m, n, k in shapes)
-    return interp_log(flops / util / GFLOP, table.gflop, table.efficiency) * util
+    return interp_log(2.0 * _macs(shapes) / util / GFLOP, table.gflop, table.efficiency) * util
 
 
 def gemm_efficiency(gemm: Gemm, gpu: GpuSpec, dtype: str = "bf16") -> float:
@@ -133,8 +142,8 @@ def output_bytes(dtype: str, gpu: GpuSpec) -> int:
     return DTYPE_BYTES[out or dtype]
 
 
-def _launch_bytes(shapes: tuple[tuple[int, int, int], ...], dtype: str, out: int) -> float:
-    return sum((m * k + k * n) * DTYPE_BYTES[dtype] + m * n * out for m, n, k in shapes)
+def _launch_bytes(shapes: Launch, dtype: str, out: int) -> float:
+    return sum(((m * k + k * n) * DTYPE_BYTES[dtype] + m * n * out) * c for m, n, k, c in shapes)
 
 
 def gemm_bytes(gemm: Gemm, dtype: str, gpu: GpuSpec | None = None) -> float:
@@ -150,7 +159,7 @@ def roofline(compute_s: float, memory_s: float, exponent: float) -> float:
     return hi * ((compute_s / hi) ** exponent + (memory_s / hi) ** exponent) ** (1.0 / exponent)
 
 
-def _launch_k_loop(shapes: tuple[tuple[int, int, int], ...], gpu: GpuSpec, dtype: str) -> float:
+def _launch_k_loop(shapes: Launch, gpu: GpuSpec, dtype: str) -> float:
     """Lower bound from the serial K loop of each output tile: every wave of tiles (the
     chosen tile, all GEMMs of the launch) walks K at the table's ``k_step_ns`` -- the
     tiles' mean K where the GEMMs of a grouped wgrad differ in it, and never less than
@@ -159,10 +168,10 @@ def _launch_k_loop(shapes: tuple[tuple[int, int, int], ...], gpu: GpuSpec, dtype
     if table.k_step_ns <= 0.0:
         return 0.0
     tm, tn, _ = _launch_choice(shapes, table, gpu)
-    tiles = [_tiles(m, n, tm, tn) for m, n, _ in shapes]
+    tiles = [c * _tiles(m, n, tm, tn) for m, n, _, c in shapes]
     waves = math.ceil(sum(tiles) / gpu.num_compute_units)
-    mean_k = sum(t * k for t, (_, _, k) in zip(tiles, shapes)) / sum(tiles)
-    return max(waves * mean_k, max(k for _, _, k in shapes)) * table.k_step_ns * 1e-9
+    mean_k = sum(t * k for t, (_, _, k, _) in zip(tiles, shapes)) / sum(tiles)
+    return max(waves * mean_k, max(k for _, _, k, _ in shapes)) * table.k_step_ns * 1e-9
 
 
 def k_loop_time(gemm: Gemm, gpu: GpuSpec, dtype: str) -> float:
@@ -170,14 +179,14 @@ def k_loop_time(gemm: Gemm, gpu: GpuSpec, dtype: str) -> float:
     return _launch_k_loop(_shapes(gemm), gpu, dtype)
 
 
-def launch_time(shapes: tuple[tuple[int, int, int], ...], gpu: GpuSpec, dtype: str, speed: float = 1.0) -> float:
-    """One kernel launch over GEMMs [m, k] @ [k, n] (a GEMM, a batched call, a grouped
-    kernel's experts), launch gap included, at the input dtype's dense GEMM table: tile
+def launch_time(shapes: Launch, gpu: GpuSpec, dtype: str, speed: float = 1.0) -> float:
+    """One kernel launch over ``shapes`` (a GEMM, a batched call, a grouped kernel's
+    experts: ``Launch``), launch gap included, at the input dtype's dense GEMM table: tile
     padding and CU fill over all the launch's tiles (``_launch_choice``), the size
     fall-off read at the launch's padded work, compute and HBM time joined by the table's
     roofline exponent, at least the tiles' serial K loop (``_launch_k_loop``). ``speed``
     scales the compute term (a grouped kernel's own speed against the dense table's)."""
-    compute = 2.0 * sum(m * n * k for m, n, k in shapes) / (peak(gpu, dtype) * _launch_efficiency(shapes, gpu, dtype))
+    compute = 2.0 * _macs(shapes) / (peak(gpu, dtype) * _launch_efficiency(shapes, gpu, dtype))
     memory = hbm_time(_launch_bytes(shapes, dtype, output_bytes(dtype, gpu)), gpu)
     body = roofline(compute / speed, memory, gpu.gemm_table(dtype).roofline_exponent)
     return max(body, _launch_k_loop(shapes, gpu, dtype)) + gpu.kernel_launch_s
@@ -223,10 +232,11 @@ def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dty
         passes = 2 if backward else 1
         return hbm_time(passes * len(groups) * k * n * DTYPE_BYTES[dtype], gpu) + gpu.kernel_launch_s
     speed = 1.0 if batched else grouped_speed(groups, gpu, dtype, backward)
+    counts = sorted(collections.Counter(active).items())
     if not backward:
-        return launch_time(tuple((m, n, k) for m in active), gpu, dtype, speed)
-    return (launch_time(tuple((m, k, n) for m in active), gpu, dtype, speed)
-            + launch_time(tuple((k, n, m) for m in active), gpu, dtype, speed))
+        return launch_time(tuple((m, n, k, c) for m, c in counts), gpu, dtype, speed)
+    return (launch_time(tuple((m, k, n, c) for m, c in counts), gpu, dtype, speed)
+            + launch_time(tuple((k, n, m, c) for m, c in counts), gpu, dtype, speed))
 
 
 def _fill(tiles: int, gpu: GpuSpec) -> float:
