@@ -99,8 +99,10 @@ def test_overlap_never_slower_than_no_overlap(seed):
 
 
 def test_zero3_traffic_cannot_hide_beyond_the_nic():
-    """The issue's DeepSeek-V3 plan: 9 s of ZeRO-3 gathers, gradient reduce-scatters and
-    all-to-all on one NIC cannot hide behind 4.7 s of compute; both estimators agree."""
+    """The issue's DeepSeek-V3 plan: nearly 10 s of ZeRO-3 gathers, gradient reduce-scatters
+    and all-to-all on one NIC cannot hide behind the 7.3 s of compute (4.7 s before MI355X's
+    experts were priced at its measured grouped-kernel speed): the step is the NIC's busy
+    time, well over the compute; both estimators agree."""
     knobs = dict(dp=64, ep=8, zero=3, mbs=4, gbs=256, seq=4096, recompute="full", check_memory=False)
     model = replace(perfsim.load_model("deepseek-v3"), capacity_factor=1.25)
     closed = perfsim.estimate(model, "mi355x-pollara", nodes=8, **knobs)
@@ -109,7 +111,8 @@ def test_zero3_traffic_cannot_hide_beyond_the_nic():
     assert closed.step_time_s == pytest.approx(engine.step_time_s, rel=0.10)
     assert engine.step_time_s <= serial.step_time_s
     compute = sum(v for k, v in engine.breakdown.items() if k not in engine.overlapped_comm_s and k != "pipeline_bubble")
-    assert closed.step_time_s > compute * 1.5
+    assert closed.step_time_s > compute * 1.3
+    assert closed.step_time_s >= closed.links["nic"]["busy_s"] > compute
     for r in (closed, engine):  # the report shows why: the NIC is saturated, and what was exposed on it
         nic = r.links["nic"]
         assert 0.9 < nic["utilization"] <= 1.0 + 1e-6 and nic["exposed_s"] > 0

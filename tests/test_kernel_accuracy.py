@@ -463,3 +463,17 @@ def test_a_pricing_label_on_the_wrong_kind_of_row_is_one_clear_error(tmp_path):
     path.write_text(",".join(KERNEL_CSV_COLUMNS) + "\n" + ",".join(row[c] for c in KERNEL_CSV_COLUMNS) + "\n")
     with pytest.raises(ConfigError, match=r"k.csv:2: kernel 'moe_mlp' is for kind grouped_gemm rows, got kind gemm"):
         read_kernel_csv(path)
+
+
+def test_a_grouped_table_written_before_speeds_is_refused_with_what_to_do(tmp_path):
+    """A GPU profile whose grouped table still holds the old fraction-of-peak keys is one
+    clear error naming the key and saying how to refit, not a silent misprice."""
+    from perfsim.errors import ConfigError
+    from perfsim.system.hardware import PROFILE_DIR
+
+    text = (PROFILE_DIR / "gpus" / "mi355x.toml").read_text()
+    old = text.replace("forward_speed", "forward_efficiency").replace("backward_speed", "backward_efficiency")
+    path = tmp_path / "old.toml"
+    path.write_text(old)
+    with pytest.raises(ConfigError, match=r"unknown key 'backward_efficiency'.*refit it with perfsim calibrate"):
+        load_gpu(str(path))

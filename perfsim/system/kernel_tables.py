@@ -73,6 +73,13 @@ class GroupedGemmEfficiency:
     mean tokens routed to one active expert, forward and backward (dgrad and wgrad
     launches): 1 = as fast as the dense table prices it, below 1 slower."""
 
+    # keys of the grouped tables perfsim wrote before they were speeds against the dense price
+    RETIRED_KEYS: ClassVar[dict[str, str]] = dict.fromkeys(
+        ("forward_efficiency", "backward_efficiency"),
+        ": grouped tables no longer hold a fraction of peak but the grouped kernel's speed against the dense "
+        "GEMM table's price of the same launch (forward_speed / backward_speed); refit it with perfsim calibrate "
+        "--gemm-csv, or drop the table to price the experts at the dense table")
+
     source: str
     tokens: tuple[float, ...]
     forward_speed: tuple[float, ...]

@@ -80,7 +80,8 @@ def from_dict(cls: type, data: dict, where: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(fields))})")
+        hint = getattr(cls, "RETIRED_KEYS", {}).get(unknown[0], "")
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(fields))}){hint}")
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for name, field in fields.items():
