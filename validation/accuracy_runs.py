@@ -290,19 +290,19 @@ def section() -> str:
         "held-out median 3.4 -> 3.6%).",
         "",
         "Twelfth session, with the MB2511-Q30B-H100 row's +52.8% in view (the search for H100 grouped-kernel "
-        "measurements started from it): MI355X and H100 had no grouped-GEMM table, so their experts were priced as "
-        "dense GEMMs, unchecked. Public grouped-kernel measurements in the shared kernel data that an earlier rule "
-        "had dropped became rows (tgale96/grouped_gemm PR #37 on H100 at Qwen3-30B-A3B's up_proj shape, VeOmni PR "
-        "#460's H100 MoE forward, AITER's CK two-stage fused-MoE stage times on MI355X and MI300X), and a grouped "
-        "GEMM is now priced as one launch at the dense GEMM table with the grouped kernel's fitted speed against "
-        "that price (the tokens-only efficiency table could not carry the experts' N and K: validation/data/kernels/"
-        "SOURCES.md, round 10). Nothing was fitted to a run: the speeds come from kernel rows (H100 0.209 of the dense "
-        "price, MI355X 0.604 BF16 / 0.868 FP8, MI300X 0.907 forward / 0.721 backward), and `maxtext` was refitted "
-        "as before (kernels 1.254 -> 1.245, dropless 0.3636 -> 0.4955, now against MI355X's grouped price). Held out: "
-        "MB2511-Q30B-H100 +52.8 -> +9.2% (the two H100 sources disagree: a speed from VeOmni's rows alone gives "
-        "+27.3%, from tgale96's alone -1.6%); the Qwen3-235B MI355X runs +14.2 / +3.4 / +0.7 / +11.9 / +8.1 -> "
-        "+2.7 / -5.4 / -6.7 / +1.1 / -2.4% (`megatron-primus` median 10.7 -> 6.6%); `maxtext`'s dropless real-data "
-        "rows +32.9 / +36.4 -> +29.2 / +29.8%.",
+        "measurements started from it): H100 had no grouped-GEMM table, so its experts were priced as dense GEMMs, "
+        "unchecked. Two public H100 grouped-kernel measurements in the shared kernel data that an earlier rule had "
+        "dropped became rows (tgale96/grouped_gemm PR #37 at Qwen3-30B-A3B's up_proj shape, VeOmni PR #460's MoE "
+        "forward), and a grouped GEMM is now priced as one launch at the dense GEMM table with the grouped kernel's "
+        "fitted speed against that price (the tokens-only efficiency table could not carry the experts' N and K: "
+        "validation/data/kernels/SOURCES.md, round 10). Nothing was fitted to a run: the speeds come from kernel rows "
+        "(H100 0.209 of the dense price, MI300X 0.910 forward / 0.721 backward; MI355X has no training grouped-kernel "
+        "measurement, speed 1), and `maxtext` was refitted as before (kernels 1.254 -> 1.244, dropless 0.3636 -> "
+        "0.3619). Held out: MB2511-Q30B-H100 +52.8 -> +9.2% (the two H100 sources disagree: a speed from VeOmni's rows "
+        "alone gives +27.3%, from tgale96's alone -1.6%); `maxtext`'s dropless real-data rows +32.9 / +36.4 -> +29.4 / "
+        "+33.1%. AITER's inference fused-MoE stage times were tried as MI355X's grouped speed and not kept (on MI300X "
+        "they run at about half the training grouped GEMM's speed against the same dense price): with them the "
+        "Qwen3-235B MI355X runs came to +2.7 / -5.4 / -6.7 / +1.1 / -2.4% and `megatron-primus`' median to 6.6%.",
         "",
         *_summary(held, shipped),
         "",
@@ -314,8 +314,8 @@ def section() -> str:
         f"{hi:+.0f}% (positive: predicted too fast); the stack's capacity padding and (inferred) unoverlapped "
         "gradient reduction "
         "and parameter gathers explain most of it; the dense GEMMs run faster than the MI355X tables "
-        "(whose clock under load is assumed) and the dropless experts (JAX ragged dot) at about half the "
-        f"tuned grouped kernel's speed, both fitted; the real-data rows carry costs perfsim does not model. The dense runs are off by {dlo:+.0f}% to {dhi:+.0f}% under `ideal`, "
+        "(whose clock under load is assumed) and the dropless experts (JAX ragged dot) at about a third of the "
+        f"tuned grouped GEMM's speed, both fitted; the real-data rows carry costs perfsim does not model. The dense runs are off by {dlo:+.0f}% to {dhi:+.0f}% under `ideal`, "
         "with plans partly assumed (seq, batch not stated for Primus-pipeline). Memory: the `maxtext` profile keeps "
         "MaxText's base.yml states (FP32 params, gradients and Adam moments, 16 B per parameter), so every DeepSeek-V3 "
         "run is predicted to fit; the Kimi-K2 runs at pdbs 7 and up are not (1.03 T x 16 B is 16.5 TB of the 64 GPUs' "

@@ -33,7 +33,8 @@ direction             attention: fwd | bwd | fwd_bwd
 bytes, kernel         memory: bytes moved (read + written), copy | mul | add | triad | dot;
                       FP8 GEMMs: cast | cast_a (timed with their input casts);
                       grouped_gemm: moe_mlp (a gated MoE MLP forward timed whole: m tokens
-                      per expert, n = expert width, k = hidden, batch = experts)
+                      per expert, n = expert width, k = hidden, batch = experts), moe_stage
+                      (one stage of an inference fused-MoE kernel: priced, never fitted)
 time_us               measured time of one kernel call (microseconds)
 tflops                GEMM/attention achieved TFLOPS (used when time_us is empty)
 TBps                  memory achieved TB/s (used when time_us is empty)
@@ -65,7 +66,8 @@ KERNEL_CSV_COLUMNS = (
 )
 KERNEL_KINDS = ("gemm", "grouped_gemm", "attention", "memory")
 # ``kernel`` labels that change how a row is priced, and the kinds they apply to
-KERNEL_LABEL_KINDS = {"cast": ("gemm", "grouped_gemm"), "cast_a": ("gemm", "grouped_gemm"), "moe_mlp": ("grouped_gemm",)}
+KERNEL_LABEL_KINDS = {"cast": ("gemm", "grouped_gemm"), "cast_a": ("gemm", "grouped_gemm"), "moe_mlp": ("grouped_gemm",),
+                      "moe_stage": ("grouped_gemm",)}
 ATTENTION_DIRECTIONS = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # x forward FLOPs (Dao'23)
 _REQUIRED = {
     "gemm": ("m", "n", "k"),

@@ -184,8 +184,11 @@ def fused_moe_rows(r: dict, gpu: str, dtype: str, experts: int, m: int) -> list[
     * a two-stage tuner row (AITER fused_moe, CK 2-stage): its two printed stage times
       (``us1``: the gate_up grouped GEMM with the activation in its epilogue; ``us2``: the
       down grouped GEMM) become two grouped_gemm rows, [m, hidden] @ [hidden, 2 * width]
-      and [m, width] @ [width, hidden] per expert. One-stage kernels (a single asm kernel
-      for the whole MLP) print no split and are dropped.
+      and [m, width] @ [width, hidden] per expert, labelled ``kernel = moe_stage``: an
+      inference kernel that gathers its tokens by index (stage 1) and scatters them
+      weighted (stage 2), checked against the grouped pricing but never fitted
+      (``kernel_tables_fit.in_fit_range``). One-stage kernels (a single asm kernel for the
+      whole MLP) print no split and are dropped.
     * a training MoE forward timed whole (VeOmni: gather, gate_up, SwiGLU, down, scatter):
       one grouped_gemm row with ``kernel = moe_mlp`` (m tokens per expert, n = width,
       k = hidden), priced by perfsim as the permute, the two grouped GEMMs, the SwiGLU
@@ -198,7 +201,7 @@ def fused_moe_rows(r: dict, gpu: str, dtype: str, experts: int, m: int) -> list[
             return []
         lib, _, how = r["library"].partition(" (")  # the stage named before the "(": the backend split sees it
         return [_row("grouped_gemm", dtype, gpu, r["series"], r["source_url"], f"{lib} {name} ({how}",
-                     n=n, k=k, time_us=t, **common)
+                     n=n, k=k, kernel="moe_stage", time_us=t, **common)
                 for name, n, k, t in (("stage 1 gate_up", 2 * width, hidden, stages.group(1)),
                                       ("stage 2 down", hidden, width, stages.group(2)))]
     latency = _LATENCY_MS.search(r["note"])
@@ -435,20 +438,22 @@ def split(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     cell -- a curve fitted to a narrow range leaves its plateau or fall-off unidentified
     -- check = the other families. A cell with a single family falls back to the kernel backend
     within it (flagged ``family/backend``: a weaker split). Never fitted: memory-bound
-    kernels (the HBM tables come from BabelStream, hbm_bandwidth_measured.csv) and FP8
+    kernels (the HBM tables come from BabelStream, hbm_bandwidth_measured.csv), FP8
     rows timed with their input casts (``kernel`` cast / cast_a: they check GEMM + cast
-    pricing; in the fit family's own cell they are dropped, being from the same source)."""
+    pricing; in the fit family's own cell they are dropped, being from the same source)
+    and inference fused-MoE stages (``moe_stage``)."""
     def cell(r):
         return r["device"], r["kind"], r["dtype"]
 
     def fittable(r):
-        return r["kind"] != "memory" and r["kernel"] not in ("cast", "cast_a")
+        return r["kind"] != "memory" and r["kernel"] not in ("cast", "cast_a", "moe_stage")
 
     families = defaultdict(set)
     for r in rows:
-        families[cell(r)].add(r["meta_family"])
+        if r["kernel"] != "moe_stage":  # checks only: they do not make a second family of a cell's fit
+            families[cell(r)].add(r["meta_family"])
     for r in rows:
-        if len(families[cell(r)]) == 1:
+        if len(families[cell(r)]) == 1 and r["kernel"] != "moe_stage":
             r["meta_family"] = f"{r['meta_family']}/{r['library'].split(';')[0].strip()}"  # backend, not kernel name
     spans = defaultdict(lambda: defaultdict(list))
     for r in rows:
