@@ -107,9 +107,9 @@ def wave_utilization(gemm: Gemm, gpu: GpuSpec, dtype: str = "bf16") -> float:
     return tile_choice(gemm.m, gemm.n, gpu.gemm_table(dtype), gpu, gemm.batch)[2]
 
 
-def _launch_efficiency(shapes: Launch, gpu: GpuSpec, dtype: str) -> float:
+def _launch_efficiency(shapes: Launch, gpu: GpuSpec, dtype: str, choice: tuple | None = None) -> float:
     table = gpu.gemm_table(dtype)
-    util = _launch_choice(shapes, table, gpu)[2]
+    util = (choice or _launch_choice(shapes, table, gpu))[2]
     return interp_log(2.0 * _macs(shapes) / util / GFLOP, table.gflop, table.efficiency) * util
 
 
@@ -159,7 +159,7 @@ def roofline(compute_s: float, memory_s: float, exponent: float) -> float:
     return hi * ((compute_s / hi) ** exponent + (memory_s / hi) ** exponent) ** (1.0 / exponent)
 
 
-def _launch_k_loop(shapes: Launch, gpu: GpuSpec, dtype: str) -> float:
+def _launch_k_loop(shapes: Launch, gpu: GpuSpec, dtype: str, choice: tuple | None = None) -> float:
     """Lower bound from the serial K loop of each output tile: every wave of tiles (the
     chosen tile, all GEMMs of the launch) walks K at the table's ``k_step_ns`` -- the
     tiles' mean K where the GEMMs of a grouped wgrad differ in it, and never less than
@@ -167,7 +167,7 @@ def _launch_k_loop(shapes: Launch, gpu: GpuSpec, dtype: str) -> float:
     table = gpu.gemm_table(dtype)
     if table.k_step_ns <= 0.0:
         return 0.0
-    tm, tn, _ = _launch_choice(shapes, table, gpu)
+    tm, tn, _ = choice or _launch_choice(shapes, table, gpu)
     tiles = [c * _tiles(m, n, tm, tn) for m, n, _, c in shapes]
     waves = math.ceil(sum(tiles) / gpu.num_compute_units)
     mean_k = sum(t * k for t, (_, _, k, _) in zip(tiles, shapes)) / sum(tiles)
@@ -186,10 +186,12 @@ def launch_time(shapes: Launch, gpu: GpuSpec, dtype: str, speed: float = 1.0) ->
     fall-off read at the launch's padded work, compute and HBM time joined by the table's
     roofline exponent, at least the tiles' serial K loop (``_launch_k_loop``). ``speed``
     scales the compute term (a grouped kernel's own speed against the dense table's)."""
-    compute = 2.0 * _macs(shapes) / (peak(gpu, dtype) * _launch_efficiency(shapes, gpu, dtype))
+    table = gpu.gemm_table(dtype)
+    choice = _launch_choice(shapes, table, gpu)  # once: the efficiency and the K loop read the same tile
+    compute = 2.0 * _macs(shapes) / (peak(gpu, dtype) * _launch_efficiency(shapes, gpu, dtype, choice))
     memory = hbm_time(_launch_bytes(shapes, dtype, output_bytes(dtype, gpu)), gpu)
-    body = roofline(compute / speed, memory, gpu.gemm_table(dtype).roofline_exponent)
-    return max(body, _launch_k_loop(shapes, gpu, dtype)) + gpu.kernel_launch_s
+    body = roofline(compute / speed, memory, table.roofline_exponent)
+    return max(body, _launch_k_loop(shapes, gpu, dtype, choice)) + gpu.kernel_launch_s
 
 
 def gemm_time(gemm: Gemm, gpu: GpuSpec, dtype: str) -> float:
