@@ -179,3 +179,29 @@ def test_p2p_sets_link_bandwidths(base):
     assert 54 < result.cluster.node.pcie_bw_GBps < 58
     assert result.cluster.fabric == base.fabric  # no cross-node rows
     assert {f.name for f in result.fits} == {"links"}
+
+
+def test_calibrate_fits_a_grouped_kernel_speed_from_grouped_and_moe_mlp_rows(tmp_path):
+    """Grouped-kernel rows (one plain grouped GEMM, one MoE MLP timed whole) through the
+    CLI: the written profile holds a grouped speed fitted to them, loads back, and prices
+    grouped GEMMs at it (slower than the dense price the base H100 table would give)."""
+    from perfsim.cost import kernels as costs
+    from perfsim.system.hardware import load_gpu
+
+    gpu = dataclasses.replace(load_gpu("h100"), grouped_gemm={})
+    dense = costs.grouped_gemm_time((512,) * 128, 1536, 2048, gpu, "bf16")
+    rows = [dict(kind="grouped_gemm", dtype="bf16", m="512", n="1536", k="2048", batch="128", time_us=f"{3 * dense * 1e6:.3f}"),
+            dict(kind="grouped_gemm", dtype="bf16", m="2048", n="768", k="2048", batch="128", kernel="moe_mlp",
+                 time_us="10218")]
+    path = tmp_path / "grouped.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=KERNEL_CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    out = tmp_path / "h100-cal.toml"
+    assert main(["calibrate", "--cluster", "h100-ib", "--gemm-csv", str(path), "--out", str(out)]) == 0
+    written = tomllib.loads(out.read_text())["gpu"]["grouped_gemm"]["bf16"]
+    speed = written["forward_speed"][0]
+    assert 0.05 < speed < 1.0
+    fitted = load_cluster(str(out)).gpu
+    assert costs.grouped_gemm_time((512,) * 128, 1536, 2048, fitted, "bf16") > 1.5 * dense
