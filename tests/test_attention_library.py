@@ -18,14 +18,14 @@ from perfsim.system.stacks import load_stack
 CASE = dict(model="llama3.1-8b", nodes=1, mbs=1, gbs=16, seq=8192, check_memory=False)
 
 
-@pytest.mark.parametrize("gpu", ["mi300x", "mi325x", "mi355x"])
+@pytest.mark.parametrize("gpu", ["mi300x", "mi325x", "mi350x", "mi355x"])
 def test_instinct_profiles_carry_a_measured_or_derived_aiter_v3_table(gpu):
     spec = load_gpu(gpu)
     table = spec.attention_table("aiter_v3")
     assert table is spec.attention_libraries["aiter_v3"] and table is not spec.attention
     assert spec.attention_table("no-such-library") is spec.attention and spec.attention_table("") is spec.attention
     rows = {name: status for name, status, _ in table_provenance(spec)}
-    assert rows["attention.aiter_v3"] == ("derived" if gpu == "mi325x" else "measured")
+    assert rows["attention.aiter_v3"] == ("derived" if gpu in ("mi325x", "mi350x") else "measured")
 
 
 def test_te_stacks_run_aiter_v3_on_amd_and_the_pooled_table_on_nvidia():

@@ -7,7 +7,7 @@ import pytest
 
 from perfsim.cost import kernels as costs
 from perfsim.lowering.layers import LayerBuilder
-from perfsim.lowering.ops import OpKind
+from perfsim.lowering.ops import Gemm, OpKind
 from perfsim.model.io import load_model
 from perfsim.plan.parallel import ParallelPlan
 from perfsim.system.hardware import load_gpu
@@ -234,7 +234,7 @@ def test_per_token_activation_quant_is_one_kernel():
     assert _cast_time(point("cast"), gpu) == pytest.approx(costs.fp8_cast_time(m * k, gpu) + costs.fp8_cast_time(k * n, gpu))
 
 
-@pytest.mark.parametrize("name", ["mi300x", "mi325x", "mi355x", "h100", "h200"])
+@pytest.mark.parametrize("name", ["mi300x", "mi325x", "mi350x", "mi355x", "h100", "h200"])
 def test_fp8_expert_gemms_are_not_slower_than_bf16(name):
     """FP8 has twice BF16's peak: a shipped table must not price an MoE layer's expert
     GEMMs (forward or backward) slower in FP8 than in BF16 at training token counts. (A
@@ -302,6 +302,31 @@ def test_derived_profiles_say_so():
         gpu = load_gpu(name)
         assert is_assumed(gpu.gemm.source) and base in gpu.gemm.source
     assert not is_assumed(load_gpu("mi300x").gemm.source)
+
+
+def test_mi350x_is_the_mi355x_die_at_its_own_clock():
+    """MI350X takes MI355X's kernel tables (same gfx950 die, 256 CUs, same HBM) and keeps its
+    own 2200 MHz peak clock and peaks (CDNA4 white paper), so a compute-bound GEMM costs it
+    about the MI355X time x (MI355X / MI350X clock under load) and a copy the same."""
+    a, b = load_gpu("mi350x"), load_gpu("mi355x")
+    assert a.num_compute_units == b.num_compute_units == 256 and a.hbm_bw_GBps == b.hbm_bw_GBps
+    assert (a.clock_peak_MHz, a.peak_flops("bf16"), a.peak_flops("fp8")) == (2200.0, 2300e12, 4600e12)
+    for field in acc.TABLE_FIELDS:
+        mine, base = getattr(a, field), getattr(b, field)
+        if isinstance(base, dict):
+            assert mine.keys() == base.keys()
+            pairs = [(mine[k], base[k]) for k in base]
+        else:
+            pairs = [(mine, base)]
+        for x, y in pairs:
+            if y is not None:
+                assert x.source.startswith("derived: the mi355x table") and x.source.endswith(y.source)
+    big = Gemm(m=8192, n=8192, k=8192)
+    for dtype in ("bf16", "fp8"):
+        ratio = costs.gemm_time(big, a, dtype) / costs.gemm_time(big, b, dtype)
+        want = (b.peak_flops(dtype) * b.clock_ratio) / (a.peak_flops(dtype) * a.clock_ratio)
+        assert ratio == pytest.approx(want, rel=0.02) and ratio > 1.05
+    assert costs.hbm_time(1e9, a) == pytest.approx(costs.hbm_time(1e9, b))
 
 
 def test_capacity_padded_dispatch_computes_the_padding():

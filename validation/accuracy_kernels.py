@@ -10,8 +10,8 @@ for each family, the tables are fitted (``kernel_fit.fit_kernels``, what ``perfs
 calibrate`` runs) to every OTHER family's rows and price that family's rows; every row
 is checked once, by tables that never saw its family. A cell with one family is split by
 kernel backend within it (``family/backend``, a weak split). The shipped tables are fitted
-to all families. MI325X and H200 are fitted to nothing of their own: they take the
-MI300X / H100 tables (same die) with their own peak, clock under load and HBM, and their
+to all families. MI325X, MI350X and H200 are fitted to nothing of their own: they take the
+MI300X / MI355X / H100 tables (same die) with their own peak, clock under load and HBM, and their
 rows of family F are priced by the base tables fitted without F.
 """
 
@@ -32,8 +32,8 @@ from perfsim.system.kernel_tables import table_provenance
 from perfsim.system.specio import to_dict
 
 DATA = Path(__file__).resolve().parent / "data" / "kernels"
-GPUS = ("mi300x", "mi325x", "mi355x", "h100", "h200")
-DERIVED = {"mi325x": "mi300x", "h200": "h100"}  # same die: tables copied, own peak/clock/HBM
+GPUS = ("mi300x", "mi325x", "mi350x", "mi355x", "h100", "h200")
+DERIVED = {"mi325x": "mi300x", "mi350x": "mi355x", "h200": "h100"}  # same die: tables copied, own peak/clock/HBM
 TABLE_FIELDS = ("gemm", "gemm_dtypes", "grouped_gemm", "attention", "membound", "attention_libraries")
 # per-library attention tables (GpuSpec.attention_libraries): the rows of one kernel library,
 # by the CSV's library column and head dim. aiter_v3: AITER's asm fmha v3 kernels (bf16, head
