@@ -108,7 +108,12 @@ def _class(p: KernelPoint) -> str:
     return "fused_moe" if p.kernel == "moe_stage" else p.kind
 
 
-def fit_tables(name: str, held: str | None = None) -> tuple[GpuSpec, set, list]:
+def _root(family: str | None) -> str | None:
+    """The source family of a ``family/backend`` label (a one-family cell split by backend)."""
+    return family.split("/", 1)[0] if family else family
+
+
+def fit_tables(name: str, held: str | None = None, root: bool = False) -> tuple[GpuSpec, set, list]:
     """GPU ``name`` with its tables fitted (``kernel_fit.fit_kernels``, the code ``perfsim
     calibrate --gemm-csv`` runs) to its rows of every family but ``held``; a derived GPU
     takes its base's tables fitted so. Also the (kind, dtype) cells that had rows and the
@@ -116,13 +121,15 @@ def fit_tables(name: str, held: str | None = None) -> tuple[GpuSpec, set, list]:
     (an FP8 / FP16 GEMM table falls back to the BF16 one, a grouped one to the dense GEMM),
     so no fold keeps numbers fitted to the family it checks."""
     if name in DERIVED:
-        base, cells, fits = fit_tables(DERIVED[name], held)
+        # the base GPU's rows of the held family are left out too: its root family (a derived GPU's
+        # lone family is split by backend, ``family/backend``, but its base's rows carry the root)
+        base, cells, fits = fit_tables(DERIVED[name], _root(held), root=True)
         gpu = load_gpu(name)
         return dataclasses.replace(gpu, **{f: getattr(base, f) for f in TABLE_FIELDS}), cells, fits
     gpu = load_gpu(name)
     # every family's rows but the held one's; memory-bound rows fit ``membound`` (the copy
     # table ``hbm`` stays from BabelStream); FP8 rows timed with their casts are priced with them
-    train = [p for p, f in pool(name) if f != held]
+    train = [p for p, f in pool(name) if (_root(f) if root else f) != held]  # root: every backend of the family
     cells = {_cell(p) for p in train if in_fit_range(p) or p.kind == "memory"}
     gpu = dataclasses.replace(
         gpu, gemm_dtypes={d: t for d, t in gpu.gemm_dtypes.items() if ("gemm", d) in cells},
@@ -248,8 +255,10 @@ def held_out(gpu: GpuSpec) -> list[tuple[str, str, str, int, float, float]]:
 def fold_rows(name: str, kind: str, dtype: str, held: str) -> int:
     """Rows of (kind, dtype) the fold that holds out ``held`` fits its table to (``fit_tables``)."""
     base = DERIVED.get(name, name)
+    family = _root if name in DERIVED else (lambda f: f)  # as fit_tables leaves the family out of the base's rows
     kind = "grouped_gemm" if kind == "fused_moe" else kind  # the table that prices a fused-MoE stage
-    return sum(1 for p, f in pool(base) if f != held and _cell(p) == (kind, dtype) and in_fit_range(p))
+    return sum(1 for p, f in pool(base)
+               if family(f) != family(held) and _cell(p) == (kind, dtype) and in_fit_range(p))
 
 
 def summary(gpu: GpuSpec) -> dict[tuple[str, str], tuple[int, float]]:
@@ -271,9 +280,9 @@ def section() -> str:
            "Rows: `validation/data/kernels/{fit,check}/<gpu>.csv` pooled. Held out by leave one source family "
            "out: each family's rows are priced by tables fitted to all the other families' rows (never its own "
            "rows, never its family); `family/backend` marks a cell with one family, split by kernel backend "
-           "within it (a weak split). The shipped tables are fitted to all families. MI325X and H200 take the "
-           "MI300X / H100 tables (same die, own peak, clock under load and HBM), fitted without the family "
-           "checked. FP8 rows timed with their input casts are fitted and priced as GEMM + modelled casts. "
+           "within it (a weak split). The shipped tables are fitted to all families. MI325X, MI350X and H200 "
+           "take the MI300X / MI355X / H100 tables (same die, own peak, clock under load and HBM), fitted "
+           "without the family checked (all its backends, on the base GPU's rows too). FP8 rows timed with their input casts are fitted and priced as GEMM + modelled casts. "
            "The stages of AITER's inference fused-MoE kernel (class `fused_moe`: stage 1 gathers its tokens by "
            "index, stage 2 scatters them weighted) are priced by the grouped-GEMM pricing and fitted to nothing. "
            "Error = (predicted - measured) / measured; MAPE = mean |error|. "
@@ -292,7 +301,7 @@ def section() -> str:
             out.append(f"| {name} | {kind} | {dt} | {n} | {err:.1f} | {target or '-'} | {met} |")
     out += ["", "### Held-out error by source family", "",
             "`fold rows`: the rows of the same class and dtype the fold's table was fitted to (the other "
-            "families'; for MI325X / H200 their base GPU's). A handful means the figure checks a table that "
+            "families'; for MI325X / MI350X / H200 their base GPU's). A handful means the figure checks a table that "
             "little informs (0: the fold falls back to the BF16 / dense GEMM table, or, memory-bound kernels, "
             "to the streaming-copy HBM table).", "",
             "| GPU | class | dtype | family | points | fold rows | MAPE % | median error % |",

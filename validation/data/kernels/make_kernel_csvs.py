@@ -8,7 +8,8 @@ committed so a clone calibrates and validates without ``../shared``.
 Rules (fixed before any fit; see SOURCES.md beside this file):
 
 * device: a row goes to the perfsim GPU its ``gpu`` label names (``MI300X/MI325X (gfx942,
-  304 CU)`` -> mi300x, ``MI355X/MI350X (gfx950, 256 CU)`` -> mi355x, H800 -> h100 (same
+  304 CU)`` -> mi300x, ``MI355X/MI350X (gfx950, 256 CU)`` -> mi355x, ``MI350X`` alone
+  -> mi350x, H800 -> h100 (same
   SXM5 compute); rows for other GPUs or with an unstated GPU are dropped.
 * library: perfsim prices the production library a training stack calls (hipBLASLt,
   aiter/CK asm, Primus-Turbo, cuBLAS(Lt), CUTLASS, DeepGEMM, FlashAttention); research
@@ -65,6 +66,8 @@ def gpu_of(label: str) -> str | None:
         return "mi300x" if "1005mhz" not in low else None  # clock-pinned report: not a stock part
     if low.startswith("mi355x") or low.startswith("gfx950"):
         return "mi355x"
+    if low.startswith("mi350x"):  # the air-cooled gfx950 SKU named as such (not "MI355X/MI350X")
+        return "mi350x"
     if low.startswith("h100") or low.startswith("h800") or low.startswith("hopper"):
         return "h100"
     if low.startswith("h200"):
