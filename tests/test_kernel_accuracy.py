@@ -31,7 +31,7 @@ GATES = {  # (gpu, class, dtype): held-out MAPE %; memory rows read dtype bf16 (
     ("mi300x", "grouped_gemm", "fp8"): 10.6,
     ("mi300x", "memory", "bf16"): 36.7,
     ("mi325x", "gemm", "bf16"): 14.5,
-    ("mi350x", "memory", "bf16"): 21.4,  # MI350X's own rows (rotary, norm) priced by the MI355X tables
+    ("mi350x", "memory", "bf16"): 30.7,  # MI350X's own rows (rotary, norm) priced by the MI355X tables
     ("mi355x", "attention", "bf16"): 48.7,
     ("mi355x", "gemm", "bf16"): 24.2,
     ("mi355x", "gemm", "fp8"): 13.4,
