@@ -100,3 +100,19 @@ def test_gpu_sweep_writes_a_csv_perfsim_reads(tmp_path):
     assert proc.returncode == 0, proc.stderr
     points = read_kernel_csv(out)
     assert points and all(p.kind == "memory" and p.time_s > 0 for p in points)
+
+
+def test_gpu_check_maps_each_instinct_and_hopper_name_to_its_own_profile():
+    """The device name torch reports picks that GPU's cluster profile (MI350X is not MI355X),
+    and a GPU perfsim has no profile for is one clear error that says to pass --cluster."""
+    from perfsim.system import hardware
+    from validation.env import EnvironmentProblem
+    from validation.gpu_check import profile_for
+
+    names = {"AMD Instinct MI300X": "mi300x-pollara", "AMD Instinct MI325X": "mi325x-pollara",
+             "AMD Instinct MI350X": "mi350x-pollara", "AMD Instinct MI355X": "mi355x-pollara",
+             "NVIDIA H100 80GB HBM3": "h100-ib", "NVIDIA H200": "h200-ib"}
+    for device, cluster in names.items():
+        assert profile_for(device) == cluster and cluster in hardware.list_profiles("cluster")
+    with pytest.raises(EnvironmentProblem, match="--cluster"):
+        profile_for("NVIDIA B200")

@@ -20,7 +20,7 @@ from pathlib import Path
 from validation.env import EnvironmentProblem, setup
 
 PROFILES = {"H100": "h100-ib", "H200": "h200-ib", "MI300X": "mi300x-pollara", "MI325X": "mi325x-pollara",
-            "MI355X": "mi355x-pollara"}
+            "MI350X": "mi350x-pollara", "MI355X": "mi355x-pollara"}
 
 
 def profile_for(device_name: str) -> str:
