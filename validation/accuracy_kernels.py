@@ -113,6 +113,12 @@ def _root(family: str | None) -> str | None:
     return family.split("/", 1)[0] if family else family
 
 
+def _kept(family: str, held: str | None, root: bool) -> bool:
+    """A row of ``family`` is in the fold that holds out ``held``; ``root``: compare source
+    families, so every backend of the held one is out (a derived GPU's fold on its base's rows)."""
+    return _root(family) != _root(held) if root else family != held
+
+
 def fit_tables(name: str, held: str | None = None, root: bool = False) -> tuple[GpuSpec, set, list]:
     """GPU ``name`` with its tables fitted (``kernel_fit.fit_kernels``, the code ``perfsim
     calibrate --gemm-csv`` runs) to its rows of every family but ``held``; a derived GPU
@@ -129,7 +135,7 @@ def fit_tables(name: str, held: str | None = None, root: bool = False) -> tuple[
     gpu = load_gpu(name)
     # every family's rows but the held one's; memory-bound rows fit ``membound`` (the copy
     # table ``hbm`` stays from BabelStream); FP8 rows timed with their casts are priced with them
-    train = [p for p, f in pool(name) if (_root(f) if root else f) != held]  # root: every backend of the family
+    train = [p for p, f in pool(name) if _kept(f, held, root)]
     cells = {_cell(p) for p in train if in_fit_range(p) or p.kind == "memory"}
     gpu = dataclasses.replace(
         gpu, gemm_dtypes={d: t for d, t in gpu.gemm_dtypes.items() if ("gemm", d) in cells},
@@ -255,10 +261,9 @@ def held_out(gpu: GpuSpec) -> list[tuple[str, str, str, int, float, float]]:
 def fold_rows(name: str, kind: str, dtype: str, held: str) -> int:
     """Rows of (kind, dtype) the fold that holds out ``held`` fits its table to (``fit_tables``)."""
     base = DERIVED.get(name, name)
-    family = _root if name in DERIVED else (lambda f: f)  # as fit_tables leaves the family out of the base's rows
     kind = "grouped_gemm" if kind == "fused_moe" else kind  # the table that prices a fused-MoE stage
     return sum(1 for p, f in pool(base)
-               if family(f) != family(held) and _cell(p) == (kind, dtype) and in_fit_range(p))
+               if _kept(f, held, name in DERIVED) and _cell(p) == (kind, dtype) and in_fit_range(p))
 
 
 def summary(gpu: GpuSpec) -> dict[tuple[str, str], tuple[int, float]]:

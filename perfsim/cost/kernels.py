@@ -211,10 +211,13 @@ def grouped_speed(groups: tuple[int, ...], gpu: GpuSpec, dtype: str, backward: b
     launch, at the launch's mean tokens per active expert (the GPU's grouped table; 1
     where it has none)."""
     table = gpu.grouped_table(dtype)
-    active = [m for m in groups if m]
-    if table is None or not active:
+    if table is None or not any(groups):
         return 1.0
-    return interp_log(sum(active) / len(active), table.tokens, table.backward_speed if backward else table.forward_speed)
+    speeds = table.backward_speed if backward else table.forward_speed
+    if len(speeds) == 1:  # one speed per direction (what calibrate writes): no token mean to take
+        return speeds[0]
+    active = [m for m in groups if m]
+    return interp_log(sum(active) / len(active), table.tokens, speeds)
 
 
 def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dtype: str,
