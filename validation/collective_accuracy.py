@@ -9,9 +9,11 @@ Usage: python validation/collective_accuracy.py  -> exit 1 when over a target.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The repo root, never validation/ itself: validation/kernels would shadow the `kernels`
+# package (transformers imports it) for every later import in the process.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from collective_data import FIT_SERIES, UNSEEN_SERIES, load_series  # noqa: E402
+from validation.collective_data import FIT_SERIES, UNSEEN_SERIES, load_series  # noqa: E402
 from perfsim import api  # noqa: E402
 
 MAPE_ALL, MAPE_LARGE, LARGE_BYTES = 10.0, 5.0, 1 << 20

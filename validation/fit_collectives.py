@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The repo root, never validation/ itself: validation/kernels would shadow the `kernels`
+# package (transformers imports it) for every later import in the process.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from collective_data import FIT_SERIES, load_series  # noqa: E402
+from validation.collective_data import FIT_SERIES, load_series  # noqa: E402
 from perfsim import api  # noqa: E402
 from perfsim.system.hardware import load_cluster  # noqa: E402
 
