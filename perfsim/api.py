@@ -22,7 +22,7 @@ from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, check_plan,
 from perfsim.cost.pricing import price
 from perfsim.report import Report, assemble_report, extrapolate_figures, span_figures
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
-from perfsim.plan.schedules import UNIT
+from perfsim.plan.schedules import UNIT, stage_layers
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.stacks import load_stack
@@ -116,7 +116,9 @@ def _inputs(model, cluster, plan, nodes, gpus, knobs) -> tuple[ModelSpec, Cluste
     num_gpus = gpus if gpus is not None else cluster.num_gpus
     auto = knobs.get("recompute") == AUTO_RECOMPUTE
     if plan is None:
-        plan = make_plan(num_gpus, **{**knobs, "recompute": None} if auto else knobs)
+        # a placeholder level that admits a named recompute_layers; least_recompute picks the level
+        plan = make_plan(num_gpus, **{**knobs, "recompute": "full" if knobs.get("recompute_layers") else None}
+                         if auto else knobs)
     elif set(knobs) == {"stack"} and isinstance(plan, ParallelPlan):  # a plan priced under another stack
         plan = replace(plan, stack=load_stack(knobs["stack"]))
     elif knobs:
@@ -129,13 +131,34 @@ def _inputs(model, cluster, plan, nodes, gpus, knobs) -> tuple[ModelSpec, Cluste
 
 
 def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> ParallelPlan:
-    """``plan`` with the least activation recompute (none, selective, full) that fits in
-    the GPU's memory, as a framework user sets it (``recompute='auto'``); full when none fits."""
-    for level in Recompute:
-        candidate = replace(plan, recompute=level)
-        if max(m.total_bytes for m in plan_memory(model, candidate)) <= cluster.gpu.hbm_bytes:
+    """``plan`` with the least activation recompute that fits in the GPU's memory, as a
+    framework user sets it (``recompute='auto'``): none, then selective, then full
+    recompute of the first N layers of each pipeline chunk for the smallest N that fits
+    (Megatron's --recompute-method block --recompute-num-layers N), then every layer; full
+    when none fits. A ``recompute_layers`` the plan already names is kept (block recompute
+    of those layers: none, selective, then full)."""
+    def fits(candidate: ParallelPlan) -> bool:
+        return max(m.total_bytes for m in _plan_memory(model, candidate)) <= cluster.gpu.hbm_bytes
+
+    fixed = plan.recompute_layers
+    for level in (Recompute.NONE, Recompute.SELECTIVE):
+        candidate = replace(plan, recompute=level, recompute_layers=0 if level == Recompute.NONE else fixed)
+        if fits(candidate):
             return candidate
-    return candidate
+    full = replace(plan, recompute=Recompute.FULL)
+    if fixed:
+        return full
+    deepest = max(len(stage_layers(model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
+                                   plan.last_stage_layers, plan.schedule))
+                  for stage in range(plan.pp) for chunk in range(plan.vpp))
+    low, high = 1, deepest  # memory falls as more layers recompute: the smallest block that fits
+    while low < high:
+        mid = (low + high) // 2
+        if fits(replace(full, recompute_layers=mid)):
+            high = mid
+        else:
+            low = mid + 1
+    return replace(full, recompute_layers=low) if low < deepest and fits(replace(full, recompute_layers=low)) else full
 
 
 def _check_options(estimator, check_memory, routing, variability, trace) -> None:

@@ -197,14 +197,33 @@ def test_stacks_move_the_reference_runs_the_way_the_sweeps_differ():
 ])
 def test_recompute_auto_is_the_least_recompute_that_fits(model, knobs):
     from perfsim import api
-    from perfsim.plan.parallel import Recompute
+
+    def fits(recompute, layers=0):
+        extra = {"recompute_layers": layers} if layers else {}
+        return api.estimate(model, "mi300x-pollara", nodes=1, recompute=recompute, check_memory=False, **knobs,
+                            **extra).fits
 
     chosen = api.estimate(model, "mi300x-pollara", nodes=1, recompute="auto", **knobs)
-    levels = list(Recompute)
-    picked = levels.index(Recompute(chosen.plan["recompute"]))
-    assert chosen.fits or picked == len(levels) - 1
-    for lower in levels[:picked]:  # every lighter setting runs out of memory
-        assert not api.estimate(model, "mi300x-pollara", nodes=1, recompute=lower, check_memory=False, **knobs).fits
+    level, layers = chosen.plan["recompute"], chosen.plan["recompute_layers"]
+    assert chosen.fits or (level, layers) == ("full", 0)
+    lighter = {"none": [], "selective": [("none", 0)]}.get(level, [("none", 0), ("selective", 0)])
+    if level == "full":  # block recompute of fewer layers (Megatron --recompute-num-layers) runs out of memory
+        lighter += [("full", layers - 1)] if layers > 1 else []
+        assert layers or not fits("full", 79)  # every layer only when no block of fewer fits (80 layers, pp 1)
+    for lower in lighter:
+        assert not fits(*lower), lower
+
+
+def test_recompute_auto_recomputes_a_block_of_layers_before_all_of_them():
+    from perfsim import api
+
+    knobs = dict(tp=8, mbs=2, gbs=16, seq=8192)
+    auto = api.estimate("llama3.1-70b", "mi300x-pollara", nodes=1, recompute="auto", **knobs)
+    every = api.estimate("llama3.1-70b", "mi300x-pollara", nodes=1, recompute="full", **knobs)
+    assert auto.plan["recompute"] == "full" and 0 < auto.plan["recompute_layers"] < 80
+    assert auto.fits and auto.step_time_s < every.step_time_s  # fewer layers recomputed: a faster step
+    kept = api.estimate("llama3.1-70b", "mi300x-pollara", nodes=1, recompute="auto", recompute_layers=60, **knobs)
+    assert (kept.plan["recompute"], kept.plan["recompute_layers"]) == ("full", 60)  # the user's block is kept
 
 
 def test_cli_recompute_auto(capsys):

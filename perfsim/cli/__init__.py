@@ -40,7 +40,8 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{knob}", type=PLAN_TYPES.get(knob, a.POSITIVE), default=None)
     p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp8"])
     p.add_argument("--recompute", default=None, choices=["none", "selective", "full", "auto"],
-                   help="activation recompute; auto: the least that fits in memory")
+                   help="activation recompute; auto: the least that fits in memory (none, selective, full on the fewest "
+                        "layers per pipeline chunk, full)")
     p.add_argument("--schedule", default=None, choices=[s.value for s in Schedule],
                    help="pipeline schedule; with --vpp > 1 gpipe loops breadth-first, 1f1b interleaves, zb-h1 splits W; "
                         "zbv / v-half / v-min are V-shaped (--vpp 2; 1F1B's activation memory, half, a third)")
