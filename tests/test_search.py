@@ -207,3 +207,21 @@ def test_search_prices_plans_at_the_stacks_speed_for_the_clusters_gpu_vendor():
     slow_amd = load_stack("ideal").with_values(**{"kernels.speed_amd": 0.5})
     slower = perfsim.search(MOE, "mi300x-pollara", executor="serial", stack=slow_amd, **small)
     assert slower.rows[0].step_time_s > 1.3 * base.rows[0].step_time_s
+
+
+def test_a_plan_that_fits_only_under_recompute_recomputes_the_fewest_layers():
+    # Llama-3.1-70B at TP8, mbs 2, seq 8192 on one MI300X node fits only with recompute: the
+    # search recomputes a block of layers (Megatron --recompute-num-layers), not every layer,
+    # and so beats the same plan with every layer recomputed.
+    pins = {"tp": 8, "pp": 1, "mbs": 2, "zero": 1, "cp": 1}
+    free = perfsim.search("llama3.1-70b", "mi300x-pollara", gpus=8, gbs=16, seq=8192, fixed=pins,
+                          executor="serial", top=1, confirm=1).rows[0]
+    full = perfsim.search("llama3.1-70b", "mi300x-pollara", gpus=8, gbs=16, seq=8192,
+                          fixed={**pins, "recompute": "full"}, executor="serial", top=1, confirm=1).rows[0]
+    assert free.plan["recompute"] == "full" and 0 < free.plan["recompute_layers"] < 80
+    assert full.plan["recompute_layers"] == 0  # recompute pinned to full: every layer, as asked
+    assert free.step_time_s < full.step_time_s
+    fewer = ParallelPlan(**{k: v for k, v in free.plan.items() if k in ParallelPlan.__dataclass_fields__ and k != "stack"}
+                         | {"recompute_layers": free.plan["recompute_layers"] - 1, "dp": 1})
+    hbm = perfsim.load_cluster("mi300x-pollara").gpu.hbm_bytes  # the search's default: all of HBM
+    assert max(m.total_bytes for m in plan_memory(perfsim.load_model("llama3.1-70b"), fewer)) > hbm  # the fewest

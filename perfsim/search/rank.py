@@ -166,7 +166,8 @@ def format_table(rows: list[SearchRow]) -> list[str]:
     for r in rows:
         p = r.plan
         knobs = " ".join(f"{k}{p[k]}" for k in ("tp", "pp", "vpp", "cp", "dp", "ep", "etp") if p[k] > 1 or k in ("tp", "pp", "dp"))
-        knobs += f" z{p['zero']} mbs{p['mbs']}" + (f" rc-{p['recompute']}" if p["recompute"] != "none" else "")
+        knobs += f" z{p['zero']} mbs{p['mbs']}" + (f" rc-{p['recompute']}" if p["recompute"] != "none" else "") + \
+            (f"/{p['recompute_layers']}" if p.get("recompute_layers") else "")
         knobs += f" {p['schedule']}" if p["pp"] > 1 else ""
         knobs += " tp-overlap" if p.get("tp_comm_overlap") else ""
         knobs += f" bucket{p['grad_bucket_bytes'] / 1e6:g}MB" if p.get("grad_bucket_bytes", DEFAULT_BUCKET) != DEFAULT_BUCKET else ""

@@ -23,6 +23,7 @@ from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, check_plan
 from perfsim.plan.routing import UNIFORM, RoutingSpec
+from perfsim.plan.schedules import stage_layers
 from perfsim.system.stacks import IDEAL, StackSpec
 
 AXES = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "recompute", "schedule", "tp_comm_overlap",
@@ -312,6 +313,8 @@ def cost_chunk(chunk: Chunk) -> ChunkResult:
                 _smallest(res, peak, plan)
                 continue
             fitted = True
+            if plan.recompute == Recompute.FULL and not plan.recompute_layers and Recompute.NONE in chunk.space.recompute:
+                plan = _least_block(plan, memory, chunk.context)
             if chunk.bound and len(worst) == chunk.keep and coster.lower_bound_s(plan) > -worst[0][0]:
                 res.bounded += 1  # cannot enter the best ``keep``: its bound is already slower
                 continue
@@ -320,6 +323,30 @@ def cost_chunk(chunk: Chunk) -> ChunkResult:
     res.best = sorted(((-s, tuple(-k for k in key), p) for s, key, p in worst), key=lambda e: e[:2])
     res.seconds = time.process_time() - t0
     return res
+
+
+def _least_block(plan: ParallelPlan, memory: MemoryModel, ctx) -> ParallelPlan:
+    """A plan that fits only under full recompute, with full recompute of the first N
+    layers of each pipeline chunk for the smallest N that fits instead (Megatron's block
+    method; ``api.least_recompute``'s ladder): the same plan with less recompute, so the
+    every-layer one is dominated. ``plan`` itself where no block of fewer layers fits."""
+    deepest = max(len(stage_layers(ctx.model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
+                                   plan.last_stage_layers, plan.schedule))
+                  for stage in range(plan.pp) for chunk in range(plan.vpp))
+
+    def block(layers: int) -> ParallelPlan:
+        new = object.__new__(ParallelPlan)
+        new.__dict__.update(plan.__dict__, recompute_layers=layers)
+        return new
+
+    low, high = 1, deepest  # memory falls as more layers recompute
+    while low < high:
+        mid = (low + high) // 2
+        if memory.peak(block(mid))[0] <= ctx.max_bytes:
+            high = mid
+        else:
+            low = mid + 1
+    return block(low) if low < deepest and memory.peak(block(low))[0] <= ctx.max_bytes else plan
 
 
 def _smallest(res: ChunkResult, peak: float, plan: ParallelPlan) -> None:
