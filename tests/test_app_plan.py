@@ -218,6 +218,19 @@ def test_uneven_stages_and_recompute_layers_reach_perfsim():
     assert (got.plan["first_stage_layers"], got.plan["last_stage_layers"], got.plan["recompute_layers"]) == (6, 6, 2)
 
 
+def test_recompute_auto_reaches_perfsim_and_the_page_offers_it():
+    knobs = {"tp": 8, "pp": 1, "dp": 0, "mbs": 2, "gbs": 16, "seq": 8192, "recompute": "auto"}
+    inputs = planner_inputs.normalize({"model": "llama3.1-70b", "nodes": 1, "estimator": "analytic", "knobs": knobs})
+    got = planner_inputs.simulate(inputs)
+    want = perfsim.estimate("llama3.1-70b", "mi300x-pollara", nodes=1, tp=8, mbs=2, gbs=16, seq=8192, recompute="auto")
+    assert (got.plan["recompute"], got.plan["recompute_layers"]) == (want.plan["recompute"], want.plan["recompute_layers"])
+    assert got.plan["recompute"] == "full" and 0 < got.plan["recompute_layers"] < 80 and got.fits
+    at = start()
+    at.selectbox(key="w.recompute").set_value("auto").run()
+    ok(at)
+    assert at.session_state["inputs"]["knobs"]["recompute"] == "auto"
+
+
 def test_plan_page_has_the_stage_and_recompute_layer_knobs():
     at = start()
     at.number_input(key="w.pp").set_value(4).run()
