@@ -313,7 +313,8 @@ def cost_chunk(chunk: Chunk) -> ChunkResult:
                 _smallest(res, peak, plan)
                 continue
             fitted = True
-            if plan.recompute == Recompute.FULL and not plan.recompute_layers and Recompute.NONE in chunk.space.recompute:
+            if (plan.recompute == Recompute.FULL and not plan.recompute_layers and chunk.dominance
+                    and chunk.space.recompute != (Recompute.FULL,)):  # not where full is pinned or every variant asked
                 plan = _least_block(plan, memory, chunk.context)
             if chunk.bound and len(worst) == chunk.keep and coster.lower_bound_s(plan) > -worst[0][0]:
                 res.bounded += 1  # cannot enter the best ``keep``: its bound is already slower
