@@ -22,7 +22,8 @@ from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, check_plan,
 from perfsim.cost.pricing import price
 from perfsim.report import Report, assemble_report, extrapolate_figures, span_figures
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
-from perfsim.plan.schedules import UNIT, stage_layers
+from perfsim.plan.schedules import UNIT
+from perfsim.plan.sharding import fewest_recompute_layers
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.stacks import load_stack
@@ -148,17 +149,8 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) 
     full = replace(plan, recompute=Recompute.FULL)
     if fixed:
         return full
-    deepest = max(len(stage_layers(model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
-                                   plan.last_stage_layers, plan.schedule))
-                  for stage in range(plan.pp) for chunk in range(plan.vpp))
-    low, high = 1, deepest  # memory falls as more layers recompute: the smallest block that fits
-    while low < high:
-        mid = (low + high) // 2
-        if fits(replace(full, recompute_layers=mid)):
-            high = mid
-        else:
-            low = mid + 1
-    return replace(full, recompute_layers=low) if low < deepest and fits(replace(full, recompute_layers=low)) else full
+    layers = fewest_recompute_layers(model, full, lambda n: fits(replace(full, recompute_layers=n)))
+    return replace(full, recompute_layers=layers) if layers else full
 
 
 def _check_options(estimator, check_memory, routing, variability, trace) -> None:

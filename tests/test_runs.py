@@ -226,6 +226,22 @@ def test_recompute_auto_recomputes_a_block_of_layers_before_all_of_them():
     assert (kept.plan["recompute"], kept.plan["recompute_layers"]) == ("full", 60)  # the user's block is kept
 
 
+def test_fewest_recompute_layers_bisects_the_deepest_chunk():
+    from perfsim import api
+    from perfsim.plan.parallel import ParallelPlan
+    from perfsim.plan.sharding import fewest_recompute_layers
+
+    model = api.load_model("llama3.1-8b")  # 32 layers: 8 per stage at pp 4
+    plan = ParallelPlan(pp=4, dp=1, mbs=1, gbs=8, seq=4096, recompute="full")
+    asked = []
+    assert fewest_recompute_layers(model, plan, lambda n: asked.append(n) or n >= 3) == 3
+    assert len(asked) <= 4 and all(1 <= n < 8 for n in asked)  # a bisection inside the chunk, never every layer
+    assert fewest_recompute_layers(model, plan, lambda n: True) == 1
+    assert fewest_recompute_layers(model, plan, lambda n: False) == 0  # only every layer (or nothing) would do
+    one_per_chunk = ParallelPlan(pp=4, vpp=8, dp=1, mbs=1, gbs=8, seq=4096, recompute="full", schedule="interleaved")
+    assert fewest_recompute_layers(model, one_per_chunk, lambda n: True) == 0  # a block of 1 is every layer
+
+
 def test_cli_recompute_auto(capsys):
     args = "simulate --model llama3.1-8b --nodes 1 --gbs 8 --seq 4096 --engine analytic --json --recompute auto".split()
     assert main(args) == 0

@@ -70,6 +70,24 @@ def recomputes(model: ModelSpec, plan: ParallelPlan, layer: int) -> Recompute:
     return plan.recompute
 
 
+def fewest_recompute_layers(model: ModelSpec, plan: ParallelPlan, fits) -> int:
+    """The smallest N for which ``fits(N)``: full recompute of the first N layers of each
+    pipeline chunk (Megatron's --recompute-method block --recompute-num-layers N), searched
+    by bisection since memory falls as more layers recompute; 0 where only every layer
+    (N >= the deepest chunk) would do."""
+    deepest = max(len(stage_layers(model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
+                                   plan.last_stage_layers, plan.schedule))
+                  for stage in range(plan.pp) for chunk in range(plan.vpp))
+    low, high = 1, deepest  # fits(high) holds once high < deepest
+    while low < high:
+        mid = (low + high) // 2
+        if fits(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low if low < deepest else 0
+
+
 def embedding_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Vocabulary-parallel embedding on the first stage, LM head on ``head_stage`` (the
     last, or the first under a V-shape schedule); tied embeddings keep a copy on both

@@ -23,7 +23,7 @@ from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, check_plan
 from perfsim.plan.routing import UNIFORM, RoutingSpec
-from perfsim.plan.schedules import stage_layers
+from perfsim.plan.sharding import fewest_recompute_layers
 from perfsim.system.stacks import IDEAL, StackSpec
 
 AXES = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "recompute", "schedule", "tp_comm_overlap",
@@ -331,23 +331,13 @@ def _least_block(plan: ParallelPlan, memory: MemoryModel, ctx) -> ParallelPlan:
     layers of each pipeline chunk for the smallest N that fits instead (Megatron's block
     method; ``api.least_recompute``'s ladder): the same plan with less recompute, so the
     every-layer one is dominated. ``plan`` itself where no block of fewer layers fits."""
-    deepest = max(len(stage_layers(ctx.model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
-                                   plan.last_stage_layers, plan.schedule))
-                  for stage in range(plan.pp) for chunk in range(plan.vpp))
-
     def block(layers: int) -> ParallelPlan:
-        new = object.__new__(ParallelPlan)
+        new = object.__new__(ParallelPlan)  # as _variant: no re-validation in the hot loop
         new.__dict__.update(plan.__dict__, recompute_layers=layers)
         return new
 
-    low, high = 1, deepest  # memory falls as more layers recompute
-    while low < high:
-        mid = (low + high) // 2
-        if memory.peak(block(mid))[0] <= ctx.max_bytes:
-            high = mid
-        else:
-            low = mid + 1
-    return block(low) if low < deepest and memory.peak(block(low))[0] <= ctx.max_bytes else plan
+    layers = fewest_recompute_layers(ctx.model, plan, lambda n: memory.peak(block(n))[0] <= ctx.max_bytes)
+    return block(layers) if layers else plan
 
 
 def _smallest(res: ChunkResult, peak: float, plan: ParallelPlan) -> None:
