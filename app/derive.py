@@ -265,6 +265,8 @@ def search_rows(result) -> list[dict]:
         row = {"rank": flat.get("rank", i)}
         row.update({k: flat.get(k) for k in SEARCH_COLUMNS if flat.get(k) is not None})
         row.update({k: str(plan[k]) if k in ("recompute", "schedule") else plan[k] for k in PLAN_AXES if k in plan})
+        if plan.get("recompute_layers"):  # block recompute: full on the first N layers of each chunk
+            row["recompute"] = f"{plan['recompute']}/{plan['recompute_layers']}"
         if plan:
             row["dispatch"] = dispatch_label(plan)
         if "world_size" not in row and plan:
@@ -273,7 +275,8 @@ def search_rows(result) -> list[dict]:
             if flat.get(key):
                 row["why"] = str(flat[key])
                 break
-        row["label"] = " ".join(f"{k}={plan[k]}" for k in PLAN_AXES if k in plan and plan[k] not in (1, "none"))
+        row["label"] = " ".join(f"{k}={row[k] if k == 'recompute' else plan[k]}" for k in PLAN_AXES
+                                if k in plan and plan[k] not in (1, "none"))
         if plan and row["dispatch"] not in ("-", "alltoall"):
             row["label"] += f" dispatch={row['dispatch']}"
         row["plan"] = plan

@@ -87,6 +87,16 @@ def with_plan(inputs: dict, plan: dict) -> dict:
             out["knobs"][key] = str(plan[key]) if key in CHOICES else int(plan[key])
     if plan.get("dispatch"):
         out["fidelity"] = {**(out.get("fidelity") or {}), "dispatch": str(plan["dispatch"])}
+    # the searched switches the Plan page holds as fidelity knobs, so an opened plan prices as searched:
+    # block recompute (full on the first N layers per chunk), TP-comm overlap, gradient bucket size
+    fidelity = dict(out.get("fidelity") or {})
+    if "recompute_layers" in plan:
+        fidelity["recompute_layers"] = int(plan["recompute_layers"] or 0)
+    if plan.get("tp_comm_overlap") is not None:
+        fidelity["tp_comm_overlap"] = bool(plan["tp_comm_overlap"])
+    if plan.get("grad_bucket_bytes"):
+        fidelity["grad_bucket_mb"] = float(plan["grad_bucket_bytes"]) / 1e6
+    out["fidelity"] = fidelity
     return out
 
 
