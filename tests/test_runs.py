@@ -246,6 +246,15 @@ def test_cli_recompute_auto(capsys):
     args = "simulate --model llama3.1-8b --nodes 1 --gbs 8 --seq 4096 --engine analytic --json --recompute auto".split()
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["plan"]["recompute"] in ("none", "selective", "full")
+    args = ("simulate --model llama3.1-70b --nodes 1 --tp 8 --mbs 2 --gbs 16 --seq 8192 --engine analytic "
+            "--recompute auto").split()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    from perfsim import api
+    layers = api.estimate("llama3.1-70b", "mi300x-pollara", nodes=1, tp=8, mbs=2, gbs=16, seq=8192,
+                          recompute="auto").plan["recompute_layers"]
+    assert 0 < layers < 80 and f"recompute_layers={layers} " in out  # a block, not every layer
+    assert f"recompute auto   full recompute of the first {layers} layers of each pipeline chunk: the least that fits" in out
 
 
 def test_projection_reproduces_the_run_it_was_fitted_to_and_scales_the_plan(tmp_path):

@@ -154,7 +154,10 @@ def _cmd_simulate(args) -> int:
         from perfsim.cli import html_report
 
         _write_text(args.html, html_report.render(report), "--html")
-    print(dumps(report.to_dict()) if args.json else _format_report(report))
+    text = _format_report(report)
+    if args.recompute == "auto":
+        text += "\n" + _auto_recompute_note(report)
+    print(dumps(report.to_dict()) if args.json else text)
     return 0
 
 
@@ -189,6 +192,16 @@ def _routing(args) -> RoutingSpec:
     except ConfigError as exc:
         flag = "--expert-placement" if "placement" in str(exc) else "--routing"
         raise ConfigError(f"{flag}: {exc}") from None
+
+
+def _auto_recompute_note(r: Report) -> str:
+    """What --recompute auto chose (api.least_recompute's ladder)."""
+    level, layers = r.plan["recompute"], r.plan.get("recompute_layers", 0)
+    chosen = {"none": "no recompute", "selective": "selective recompute (attention core)"}.get(
+        level, f"full recompute of the first {layers} layers of each pipeline chunk" if layers else
+        "full recompute of every layer")
+    why = "the least that fits in memory" if r.fits else "nothing lighter fits, and this does not fit either"
+    return f"recompute auto   {chosen}: {why}"
 
 
 def _format_report(r: Report) -> str:
