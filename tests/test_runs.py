@@ -539,3 +539,26 @@ def test_a_profile_with_a_vendor_speed_fits_that_speed_on_one_vendors_runs(tmp_p
     err = capsys.readouterr().err
     assert code == 2 and "kernels.speed prices none" in err and "Traceback" not in err
     assert not (tmp_path / "out.toml").exists()
+
+
+def test_overlap_switches_are_read_as_stated_and_the_pipeline_rows_state_them_off(tmp_path):
+    # Primus-pipeline requires overlap_grad_reduce / overlap_param_gather false (its blog's config
+    # list); an explicit false reaches the plan over the stack's overlap policy, empty keeps it
+    shipped = {c.id: dict(c.knobs) for c in read_runs(RUNS)}
+    assert shipped["PIPE-Q235-01"]["overlap_grad_reduce"] is False
+    assert shipped["PIPE-Q235-01"]["overlap_param_gather"] is False
+    assert "overlap_grad_reduce" not in shipped["DROPLESS-DSV3-01"]
+    case = [c for c in read_runs(RUNS) if c.id == "PIPE-Q235-01"][0]
+    on = dict(case.knobs) | {"overlap_grad_reduce": True, "overlap_param_gather": True}
+    from perfsim import api
+    from perfsim.design.runs import load_stack
+
+    def step(knobs):
+        return api.estimate(api.load_model(case.model), case.cluster, nodes=case.nodes, stack=load_stack(case.stack),
+                            check_memory=False, **knobs).step_time_s
+
+    assert step(dict(case.knobs)) > step(on)  # the dp gradient reduction is exposed, as the run had it
+    path = tmp_path / "runs.csv"
+    path.write_text(RUNS.read_text().replace(",false,false,tokens_per_s", ",no,maybe,tokens_per_s", 1))
+    with pytest.raises(ConfigError, match="overlap_param_gather: expected true or false, got 'maybe'"):
+        read_runs(path)

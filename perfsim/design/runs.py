@@ -26,7 +26,8 @@ REQUIRED = ("id", "source_id", "source", "stack", "model", "cluster", "nodes", "
             "metric", "measured")
 INT_KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq", "first_stage_layers", "last_stage_layers")
 STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch", "fp8_recipe")  # dispatch: plan.dispatch; fp8_recipe: plan.fp8_recipe
-BOOL_KNOBS = ("fp8_params",)  # true / false (empty: the plan default, false)
+BOOL_KNOBS = ("fp8_params", "overlap_grad_reduce", "overlap_param_gather")  # true / false (empty: the plan's
+# default: fp8_params false, the overlaps the stack's policy)
 OPTIONAL = (*INT_KNOBS, *STR_KNOBS, *BOOL_KNOBS, "capacity_factor", "routing", "family", "data", "assumed", "measured_peak_GB")
 GROUPS = ("stack", "family", "scale", "source_id", "data")  # the splits accuracy is reported by
 METRICS = ("tokens_per_s_per_gpu", "tokens_per_s", "samples_per_s", "step_time_s")
@@ -147,8 +148,8 @@ def _case(row: dict, where: str, folder: Path) -> RunCase:
         text = (row.get(key) or "").strip().lower()
         if text not in ("", "true", "false", "1", "0", "yes", "no"):
             raise ConfigError(f"{where}: {key}: expected true or false, got {row[key]!r}")
-        if text in ("true", "1", "yes"):
-            knobs[key] = True
+        if text:
+            knobs[key] = text in ("true", "1", "yes")
     if row["metric"] not in METRICS:
         raise ConfigError(f"{where}: metric: {row['metric']!r} is not one of {', '.join(METRICS)}")
     measured = _float(row, "measured", where)
