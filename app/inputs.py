@@ -85,11 +85,11 @@ def with_plan(inputs: dict, plan: dict) -> dict:
     for key in (*KNOBS, "dtype", "recompute", "schedule"):
         if key in plan and plan[key] is not None:
             out["knobs"][key] = str(plan[key]) if key in CHOICES else int(plan[key])
-    if plan.get("dispatch"):
-        out["fidelity"] = {**(out.get("fidelity") or {}), "dispatch": str(plan["dispatch"])}
-    # the searched switches the Plan page holds as fidelity knobs, so an opened plan prices as searched:
-    # block recompute (full on the first N layers per chunk), TP-comm overlap, gradient bucket size
+    # the plan's switches the Plan page holds as fidelity knobs, so an opened search plan prices as searched:
+    # dispatch, block recompute (full on the first N layers per chunk), TP-comm overlap, gradient bucket size
     fidelity = dict(out.get("fidelity") or {})
+    if plan.get("dispatch"):
+        fidelity["dispatch"] = str(plan["dispatch"])
     if "recompute_layers" in plan:
         fidelity["recompute_layers"] = int(plan["recompute_layers"] or 0)
     if plan.get("tp_comm_overlap") is not None:

@@ -35,9 +35,9 @@ from perfsim.lowering.ops import Coll, Op, OpKind, Stream
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, group_shape
 from perfsim.plan.routing import UNIFORM, RoutingSpec
-from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, head_stage, layout_key, splits_backward, stage_layers,
+from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, head_stage, layout_key, splits_backward,
                                     virtual_stage)
-from perfsim.plan.sharding import is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes, stage_layer_ids
+from perfsim.plan.sharding import chunk_layers, is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes, stage_layer_ids
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.hardware import ClusterSpec
@@ -628,8 +628,7 @@ class ClosedForm:
         """(block kind, layer or -1) of one virtual stage's forward, in order."""
         def make():
             vs, last = virtual_stage(plan.schedule, plan.pp, stage, chunk), plan.pp * plan.vpp - 1
-            held = stage_layers(self.model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
-                                plan.last_stage_layers, plan.schedule)
+            held = chunk_layers(self.model, plan, stage, chunk)
             blocks = [(self.block_kind(plan, layer), layer) for layer in held]
             return ([("embedding", -1)] if vs == 0 else []) + blocks + ([("head", -1)] if vs == last else [])
         return self._cached(("chunk_blocks", *layout_key(plan),

@@ -23,9 +23,9 @@ from perfsim.lowering.ops import Coll, Op, OpKind, Stream
 from perfsim.lowering.steps import host_step
 from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec
-from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, splits_backward, stage_layers, stage_of, stage_order,
+from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, splits_backward, stage_of, stage_order,
                                     virtual_stage)
-from perfsim.plan.sharding import (NORM_BYTES, clip_bytes, is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes,
+from perfsim.plan.sharding import (NORM_BYTES, chunk_layers, clip_bytes, is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes,
                                    optimizer_bytes)
 
 
@@ -95,9 +95,7 @@ class _Builder:
         return prev
 
     def _layers(self, stage: int, chunk: int) -> range:
-        p = self.plan
-        return stage_layers(self.model.num_layers, p.pp, p.vpp, stage, chunk, p.first_stage_layers, p.last_stage_layers,
-                            p.schedule)
+        return chunk_layers(self.model, self.plan, stage, chunk)
 
     def _block(self, layer: int) -> tuple[list[Step], list[Step], list[Step]]:
         key = (is_moe_layer(self.model, layer), recomputes(self.model, self.plan, layer))

@@ -50,10 +50,15 @@ def layer_param_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> tuple
     return dense * plan.param_bytes, expert * plan.param_bytes
 
 
+def chunk_layers(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int) -> range:
+    """The layers virtual stage (stage, chunk) holds under ``plan`` (``stage_layers`` with the
+    plan's pipeline layout)."""
+    return stage_layers(model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
+                        plan.last_stage_layers, plan.schedule)
+
+
 def stage_layer_ids(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[int]:
-    return [l for c in range(plan.vpp) for l in stage_layers(model.num_layers, plan.pp, plan.vpp, stage, c,
-                                                            plan.first_stage_layers, plan.last_stage_layers,
-                                                            plan.schedule)]
+    return [l for c in range(plan.vpp) for l in chunk_layers(model, plan, stage, c)]
 
 
 def recomputes(model: ModelSpec, plan: ParallelPlan, layer: int) -> Recompute:
@@ -63,8 +68,7 @@ def recomputes(model: ModelSpec, plan: ParallelPlan, layer: int) -> Recompute:
         return plan.recompute
     for stage in range(plan.pp):
         for chunk in range(plan.vpp):
-            held = stage_layers(model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
-                                plan.last_stage_layers, plan.schedule)
+            held = chunk_layers(model, plan, stage, chunk)
             if layer in held:
                 return plan.recompute if layer - held.start < plan.recompute_layers else Recompute.NONE
     return plan.recompute
@@ -75,9 +79,7 @@ def fewest_recompute_layers(model: ModelSpec, plan: ParallelPlan, fits) -> int:
     pipeline chunk (Megatron's --recompute-method block --recompute-num-layers N), searched
     by bisection since memory falls as more layers recompute; 0 where only every layer
     (N >= the deepest chunk) would do."""
-    deepest = max(len(stage_layers(model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
-                                   plan.last_stage_layers, plan.schedule))
-                  for stage in range(plan.pp) for chunk in range(plan.vpp))
+    deepest = max(len(chunk_layers(model, plan, stage, chunk)) for stage in range(plan.pp) for chunk in range(plan.vpp))
     low, high = 1, deepest  # fits(high) holds once high < deepest
     while low < high:
         mid = (low + high) // 2
