@@ -205,3 +205,30 @@ def test_calibrate_fits_a_grouped_kernel_speed_from_grouped_and_moe_mlp_rows(tmp
     assert 0.05 < speed < 1.0
     fitted = load_cluster(str(out)).gpu
     assert costs.grouped_gemm_time((512,) * 128, 1536, 2048, fitted, "bf16") > 1.5 * dense
+
+
+def test_host_timed_rows_calibrate_with_a_host_time_and_validate_says_they_are_host_timed(tmp_path, capsys):
+    """Through the CLI: a host-timed series whose small calls read the harness's 80 us is
+    fitted with that host time beside the table (reported), and validate notes how many
+    host-timed rows it priced at their GPU time."""
+    from perfsim.calibration.readers import KernelPoint
+    from perfsim.system.hardware import load_gpu
+
+    gpu = load_gpu("mi300x")
+    rows = []
+    for size in (512, 1024, 2048, 3072, 4096, 8192):
+        p = KernelPoint(kind="gemm", dtype="bf16", device="MI300X", time_s=1.0, m=size, n=size, k=size)
+        t = max(kernel_fit.predict_kernel(p, gpu), 80e-6)
+        rows.append(dict(kind="gemm", dtype="bf16", m=size, n=size, k=size, device="MI300X", time_us=f"{t * 1e6:.3f}",
+                         timing="host", source="my-timer-harness", direction="fwd"))
+    path = tmp_path / "host.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=KERNEL_CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", "--cluster", "mi300x-pollara", "--gemm-csv", str(path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "my-timer-harness fwd: 80 us, sets 3 of 6 rows" in printed
+    assert main(["validate", "--cluster", "mi300x-pollara", "--kernel-csv", str(path)]) == 0
+    assert f"note: {path}: 6 host-timed rows priced at their GPU time" in capsys.readouterr().out

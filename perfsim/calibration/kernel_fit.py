@@ -35,6 +35,15 @@ TILES = ((128, 128), (128, 256), (256, 128), (256, 256))
 ROOFLINE_EXPONENTS = (1.0, 2.0, 4.0)  # compute / HBM overlap choices tried beside max (0); the fit picks
 K_STEPS_NS = (0.5, 1.0, 2.0)  # serial K-loop time per K element tried beside none (0); the fit picks
 ATTN_BYTES_PER_ELEMENT = 2  # bf16 q, k, v, o
+# where a host-timed harness's host time per call starts in the fit, as a share of its
+# fastest call (the bound): a fit start, not a measurement (below the bound so the fit
+# can move it both ways)
+HOST_FLOOR_START = 0.9
+# a host-timed harness shows a host time per call when at least this many of its calls,
+# spanning this much work, read within this share of its fastest call (fit rules, assumed)
+HOST_PLATEAU_ROWS = 3
+HOST_PLATEAU_SPREAD = 0.10
+HOST_PLATEAU_WORK = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +55,7 @@ class TableFit:
     mape_after: float
     num_points: int
     note: str = ""
+    host_floors: dict = dataclasses.field(default_factory=dict)  # host-timed harness -> host time per call (s)
 
 
 def attention_bytes(p: KernelPoint) -> float:
@@ -122,28 +132,99 @@ def _norm(name: str) -> str:
     return "".join(ch for ch in name.lower() if ch.isalnum())
 
 
-def mape(points: list[KernelPoint], gpu: GpuSpec) -> float:
-    return 100 * float(np.mean([abs(predict_kernel(p, gpu) / p.time_s - 1) for p in points]))
+def harness(p: KernelPoint) -> tuple:
+    """One host-timed harness: a series timing one op (kind, dtype, direction, what it
+    includes); its host time per call is one number."""
+    return p.series or p.source, p.kind, p.dtype, p.direction, p.kernel
+
+
+def _work(p: KernelPoint) -> float:
+    return p.bytes if p.kind == "memory" else p.flops
+
+
+def host_floors(points: list[KernelPoint]) -> dict[tuple, float]:
+    """The host-timed harnesses among ``points`` that show a host time, with its bound (the
+    host time per call is at most the fastest call the harness timed). A harness shows one
+    when its fastest calls read about the same time whatever their work: at least
+    ``HOST_PLATEAU_ROWS`` calls within ``HOST_PLATEAU_SPREAD`` of the fastest, spanning
+    ``HOST_PLATEAU_WORK`` x in work. A harness without that plateau is priced at its GPU
+    time (a host time free to sit under any lone fast row would absorb the table's misfit)."""
+    series: dict[tuple, list[KernelPoint]] = {}
+    for p in points:
+        if p.timing == "host":
+            series.setdefault(harness(p), []).append(p)
+    floors = {}
+    for key, rows in series.items():
+        fastest = min(p.time_s for p in rows)
+        flat = [_work(p) for p in rows if p.time_s <= fastest * (1 + HOST_PLATEAU_SPREAD)]
+        if len(flat) >= HOST_PLATEAU_ROWS and max(flat) >= HOST_PLATEAU_WORK * min(flat):
+            floors[key] = fastest
+    return floors
+
+
+def timed(p: KernelPoint, gpu: GpuSpec, floors: dict[tuple, float] | None = None) -> float:
+    """The time ``p``'s harness reads for perfsim's kernel time: a host-timed call takes the
+    longer of its GPU time and its harness's host time per call (``floors``, fitted beside
+    the table; none known: the GPU time)."""
+    device = predict_kernel(p, gpu)
+    return max(device, (floors or {}).get(harness(p), 0.0)) if p.timing == "host" else device
+
+
+def mape(points: list[KernelPoint], gpu: GpuSpec, floors: dict[tuple, float] | None = None) -> float:
+    return 100 * float(np.mean([abs(timed(p, gpu, floors) / p.time_s - 1) for p in points]))
 
 
 # ---- efficiency tables ---------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Trial:
+    gpu: GpuSpec
+    mape: float
+    floors: dict  # host-timed harness -> fitted host time per call (s)
+
+
 def fit_table(points: list[KernelPoint], gpu: GpuSpec, ref: TableRef, knots: tuple[float, ...] | None = None,
-              **extra) -> tuple[GpuSpec, float]:
-    """``gpu`` with table ``ref`` refit to ``points`` (and ``extra`` fields such as tiles); MAPE after."""
+              **extra) -> Trial:
+    """``gpu`` with table ``ref`` refit to ``points`` (and ``extra`` fields such as tiles), the
+    MAPE after, and the host time per call of each host-timed harness, fitted with the
+    table (bounded by the harness's fastest call) so that the table prices the kernel and
+    not the harness: a host-timed row is priced as ``timed``."""
     xs = knots or (ref.knots(points) if ref.parametric else ref.xs(gpu))
-    y0 = np.clip(ref.initial(gpu, xs), *ref.bounds(len(xs)))
+    lo, hi = ref.bounds(len(xs))
+    y0 = np.clip(ref.initial(gpu, xs), lo, hi)
+    bound = host_floors(points)
+    keys = sorted(bound)
+    top = np.array([bound[h] for h in keys]) * 1e6  # microseconds: the fit's scale
+    f0 = HOST_FLOOR_START * top
     measured = np.array([p.time_s for p in points])
 
-    def residuals(ys):
+    def split(x):
+        return x[:len(y0)], dict(zip(keys, x[len(y0):] * 1e-6))
+
+    def residuals(x):
+        ys, floors = split(x)
         trial = ref.apply(gpu, xs, ys, **extra)
-        rel = np.array([predict_kernel(p, trial) for p in points]) / measured - 1
+        rel = np.array([timed(p, trial, floors) for p in points]) / measured - 1
         return np.concatenate([rel, PRIOR * (ys - y0) / np.where(np.abs(y0) > 1e-6, np.abs(y0), 1.0)])
 
-    fit = least_squares(residuals, y0, bounds=ref.bounds(len(xs)), loss="soft_l1", f_scale=0.05)
-    best = ref.apply(gpu, xs, np.round(fit.x, 5), **extra, **({"round_values": True} if ref.parametric else {}))
-    return best, mape(points, best)
+    fit = least_squares(residuals, np.concatenate([y0, f0]), bounds=(np.concatenate([lo, 0 * top]), np.concatenate([hi, top])),
+                        loss="soft_l1", f_scale=0.05)
+    ys, floors = split(fit.x)
+    best = ref.apply(gpu, xs, np.round(ys, 5), **extra, **({"round_values": True} if ref.parametric else {}))
+    return Trial(best, mape(points, best, floors), floors)
+
+
+def host_note(floors: dict[tuple, float], points: list[KernelPoint], gpu: GpuSpec) -> str:
+    """What the fit read as host time: per host-timed harness, its host time per call and
+    how many of its rows that time, not the GPU's, sets."""
+    parts = []
+    for key, floor in sorted(floors.items()):
+        rows = [p for p in points if p.timing == "host" and harness(p) == key]
+        host = sum(predict_kernel(p, gpu) < floor for p in rows)
+        parts.append(f"{key[0]} {key[3] or key[1]}: {floor * 1e6:.0f} us, sets {host} of {len(rows)} rows" if host
+                     else f"{key[0]} {key[3] or key[1]}: GPU-bound, no row at its host time")
+    return "host-timed series priced as the longer of the GPU time and a host time per call fitted per series (" + "; ".join(parts) + ")"
 
 
 def log_knots(values: list[float], per_decade: float = 2.0, max_knots: int = 12) -> tuple[float, ...]:
@@ -169,24 +250,27 @@ def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool =
         knots = ref.knots(mine) if (regenerate_gemm or ref.new_table(gpu)) else None
         if ref.kind == "gemm":  # the tile (at the plain roofline), then the roofline exponent
             trials = [fit_table(mine, gpu, ref, knots, tile_m=tm, tile_n=tn, roofline_exponent=0.0) for tm, tn in TILES]
-            table = ref.get(min(trials, key=lambda t: t[1])[0])
+            table = ref.get(min(trials, key=lambda t: t.mape).gpu)
             tile = {"tile_m": table.tile_m, "tile_n": table.tile_n}
             trials += [fit_table(mine, gpu, ref, knots, **tile, roofline_exponent=p) for p in ROOFLINE_EXPONENTS]
-            table = ref.get(min(trials, key=lambda t: t[1])[0])
+            table = ref.get(min(trials, key=lambda t: t.mape).gpu)
             shape = {**tile, "roofline_exponent": table.roofline_exponent}
             trials += [fit_table(mine, gpu, ref, knots, **shape, k_step_ns=s) for s in K_STEPS_NS]
-            gpu, after = min(trials, key=lambda t: t[1])
-            table = ref.get(gpu)
+            best = min(trials, key=lambda t: t.mape)
+            table = ref.get(best.gpu)
             note = (f"tile {table.tile_m}x{table.tile_n} chosen among {len(TILES)}, roofline exponent "
                     f"{table.roofline_exponent:g} among 0 (max), {', '.join(f'{p:g}' for p in ROOFLINE_EXPONENTS)}, "
                     f"K-loop step {table.k_step_ns:g} ns among 0, {', '.join(f'{s:g}' for s in K_STEPS_NS)}")
         else:
-            gpu, after, note = *fit_table(mine, gpu, ref, knots), ""
+            best, note = fit_table(mine, gpu, ref, knots), ""
+        gpu, after = best.gpu, best.mape
+        if best.floors:
+            note = "; ".join(x for x in (note, host_note(best.floors, mine, gpu)) if x)
         if ref.kind == "grouped_gemm" and not any(p.direction == "bwd" for p in mine):
             gpu, derived = derive_backward(gpu, ref.dtype)
             note = "; ".join(x for x in (note, derived) if x)
         fits.append(TableFit(name=ref.name, xs=ref.xs(gpu), ys=ref.ys(gpu), mape_before=before, mape_after=after,
-                             num_points=len(mine), note=note))
+                             num_points=len(mine), note=note, host_floors=best.floors))
     if any(f.name == "attention" for f in fits) and gpu.attention_libraries:
         # the profile's per-library attention tables were fitted to other measurements than
         # these: dropped, so a stack naming a library prices attention at the table just fitted

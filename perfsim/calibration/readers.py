@@ -62,8 +62,13 @@ from perfsim.calibration.readers_p2p import P2pPoint, _number, read_p2p  # noqa:
 
 KERNEL_CSV_COLUMNS = (
     "kind", "dtype", "m", "n", "k", "batch", "seq", "heads", "kv_heads", "head_dim", "causal", "direction",
-    "bytes", "kernel", "time_us", "tflops", "TBps", "device", "library", "clock_MHz", "source", "note",
+    "bytes", "kernel", "time_us", "tflops", "TBps", "device", "library", "clock_MHz", "source", "note", "timing",
 )
+# how a row's time was taken: ``device`` (GPU events, do_bench, a profiler: the kernel's own
+# time; the default) or ``host`` (host wall clock over back-to-back calls, as
+# torch.utils.benchmark's Timer.timeit: each call costs the longer of its GPU time and the
+# host's time to issue it, so a small call times the harness, not the kernel)
+KERNEL_TIMINGS = ("device", "host")
 KERNEL_KINDS = ("gemm", "grouped_gemm", "attention", "memory")
 # ``kernel`` labels that change how a row is priced, and the kinds they apply to
 KERNEL_LABEL_KINDS = {"cast": ("gemm", "grouped_gemm"), "cast_a": ("gemm", "grouped_gemm"), "moe_mlp": ("grouped_gemm",),
@@ -294,6 +299,8 @@ class KernelPoint:
     kernel: str = ""
     source: str = ""
     line: int = 0
+    timing: str = "device"  # KERNEL_TIMINGS
+    series: str = ""  # the measured series (``meta_series``; else the source): one harness timing one op
 
     @property
     def flops(self) -> float:
@@ -343,6 +350,9 @@ def _kernel_point(row: dict, where: str, lineno: int) -> KernelPoint:
         raise ConfigError(f"{where}: kernel {label!r} is for kind {' or '.join(KERNEL_LABEL_KINDS[label])} rows, got kind {kind}")
     if kind == "attention" and direction not in ATTENTION_DIRECTIONS:
         raise ConfigError(f"{where}: direction {direction!r} is not one of {', '.join(ATTENTION_DIRECTIONS)}")
+    timing = (row.get("timing") or "device").strip().lower()
+    if timing not in KERNEL_TIMINGS:
+        raise ConfigError(f"{where}: timing {timing!r} is not one of {', '.join(KERNEL_TIMINGS)}")
     causal = (row.get("causal") or "0").strip().lower()
     if causal not in ("0", "1", "true", "false"):
         raise ConfigError(f"{where}: causal must be 0/1/true/false, got {causal!r}")
@@ -352,7 +362,8 @@ def _kernel_point(row: dict, where: str, lineno: int) -> KernelPoint:
     partial = KernelPoint(kind=kind, dtype=(row.get("dtype") or "bf16").strip().lower(), device=(row.get("device") or "").strip(),
                           time_s=1.0, causal=causal in ("1", "true"), direction=direction,
                           bytes=_cell_float(row, "bytes", where) or 0.0, kernel=(row.get("kernel") or "").strip(),
-                          source=(row.get("source") or "").strip(), line=lineno, **ints)
+                          source=(row.get("source") or "").strip(), line=lineno, timing=timing,
+                          series=(row.get("meta_series") or row.get("source") or "").strip(), **ints)
     return KernelPoint(**{**partial.__dict__, "time_s": _kernel_time(row, partial, where)})
 
 

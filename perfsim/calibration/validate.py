@@ -82,7 +82,12 @@ def _kernel_rows(path: str, cluster: ClusterSpec) -> tuple[list[Point], list[str
         rows.append(Point(category=f"{p.kind} {p.kernel if memory else p.dtype}", x=p.bytes if memory else p.flops / 1e9,
                           x_unit="bytes" if memory else "GFLOP", label=_kernel_label(p), measured_s=p.time_s,
                           predicted_s=kernel_fit.predict_kernel(p, cluster.gpu)))
-    return rows, [f"{path} {d} (not validated)" for d in dropped]
+    host = sum(p.timing == "host" for p in points)
+    notes = [f"{path} {d} (not validated)" for d in dropped]
+    if host:  # their harness's host time per call belongs to no GPU table (calibrate fits it per series)
+        notes.append(f"{path}: {host} host-timed rows priced at their GPU time; a call shorter than its harness's "
+                     f"host time per call reads slower than predicted")
+    return rows, notes
 
 
 def _kernel_label(p) -> str:

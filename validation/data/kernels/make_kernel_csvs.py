@@ -109,10 +109,19 @@ def experimental(label: str) -> bool:
     return any(tag in low for tag in EXPERIMENTAL)
 
 
+def timing_of(series: str) -> str:
+    """How a series was timed (the ``timing`` column): Primus-Turbo's benchmark harness
+    times with torch.utils.benchmark's Timer.timeit, host wall clock over back-to-back
+    calls (shared SOURCES.md, "Timing methods differ across sources"); the others with GPU
+    events or do_bench."""
+    return "host" if family_of(series) == "primus-turbo" else "device"
+
+
 def _row(kind, dtype, device, series, source, library, **cells) -> dict:
     row = dict.fromkeys(COLUMNS, "")
     row.update(kind=kind, dtype=dtype, device=device, library=library.replace(",", ";"), source=source,
-               meta_series=series, meta_family=family_of(series), **{k: str(v) for k, v in cells.items()})
+               timing=timing_of(series), meta_series=series, meta_family=family_of(series),
+               **{k: str(v) for k, v in cells.items()})
     return row
 
 
