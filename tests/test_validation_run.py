@@ -32,7 +32,7 @@ def test_written_rows_read_back_with_the_same_time_and_work(tmp_path):
     write_rows(path, [measured_row(r, GPU_TIMING, META, 1e-3) for r in CASE_ROWS])
     points = read_kernel_csv(path)
     assert [p.kind for p in points] == [r["kind"] for r in CASE_ROWS]
-    assert all(p.time_s == pytest.approx(2e-3) and p.device == "NVIDIA H200" for p in points)
+    assert all(p.time_s == pytest.approx(2e-3) and p.device == "NVIDIA H200" and p.timing == "device" for p in points)
     assert points[0].flops == 2 * 4096**3
     assert points[1].flops == 2 * 2048 * 4096 * 2048  # m x batch = tokens when counts sum to it
     assert points[2].flops == pytest.approx(2.5 * 4 * 2 * 8 * 4096**2 * 128 * 0.5)

@@ -42,6 +42,7 @@ def measured_row(case_row: dict, timing, meta: dict, rel_error: float) -> dict:
     row.update(time_us=f"{timing.median_s * 1e6:.3f}", meta_repeats=timing.repeats,
                meta_min_us=f"{timing.min_s * 1e6:.3f}", meta_rel_error=f"{rel_error:.2e}",
                device=meta["device_name"], source="validation/run.py (Triton kernels, median of repeats, CUDA events)",
+               timing="device",
                library=software(meta), clock_MHz=row.get("clock_MHz") or meta.get("sm_clock_MHz", ""))
     if row["kind"] == "memory":
         row["TBps"] = f"{row['bytes'] / timing.median_s / 1e12:.4f}"
