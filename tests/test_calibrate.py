@@ -156,15 +156,20 @@ def test_membound_fit_recovers_a_known_curve(base, tmp_path):
     rows = [{"kind": "memory", "bytes": b, "kernel": "rmsnorm", "device": "MI300X",
              "time_us": kernel_fit.predict_kernel(_mem(b), truth) * 1e6 * (5.0 if b < MEMORY_FIT_MIN_MBYTES * 1e6 else 1.0)}
             for b in sizes]
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=KERNEL_CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_kernel_csv(path, rows)
     result = perfsim.calibrate(base, kernel_csvs=[path])
     fitted = result.cluster.gpu
     assert fitted.membound.efficiency == pytest.approx(truth.membound.efficiency, rel=0.03, abs=0.003)
     assert fitted.hbm == base.gpu.hbm
     assert result.path is None and result.cluster.name == "mi300x-pollara-calibrated"
+
+
+def write_kernel_csv(path, rows):
+    """Rows (dicts of kernel CSV cells; the rest empty) as a kernel CSV at ``path``."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=KERNEL_CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def _mem(num_bytes):
@@ -194,10 +199,7 @@ def test_calibrate_fits_a_grouped_kernel_speed_from_grouped_and_moe_mlp_rows(tmp
             dict(kind="grouped_gemm", dtype="bf16", m="2048", n="768", k="2048", batch="128", kernel="moe_mlp",
                  time_us="10218")]
     path = tmp_path / "grouped.csv"
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=KERNEL_CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_kernel_csv(path, rows)
     out = tmp_path / "h100-cal.toml"
     assert main(["calibrate", "--cluster", "h100-ib", "--gemm-csv", str(path), "--out", str(out)]) == 0
     written = tomllib.loads(out.read_text())["gpu"]["grouped_gemm"]["bf16"]
@@ -222,10 +224,7 @@ def test_host_timed_rows_calibrate_with_a_host_time_and_validate_says_they_are_h
         rows.append(dict(kind="gemm", dtype="bf16", m=size, n=size, k=size, device="MI300X", time_us=f"{t * 1e6:.3f}",
                          timing="host", source="my-timer-harness", direction="fwd"))
     path = tmp_path / "host.csv"
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=KERNEL_CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_kernel_csv(path, rows)
     out = tmp_path / "cal.toml"
     assert main(["calibrate", "--cluster", "mi300x-pollara", "--gemm-csv", str(path), "--out", str(out)]) == 0
     printed = capsys.readouterr().out

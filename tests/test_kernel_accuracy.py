@@ -499,14 +499,21 @@ def test_a_moe_mlp_row_is_priced_as_its_layers_steps():
     assert p.flops == pytest.approx(2 * 128 * 2048 * (2048 * 2 * 768 + 768 * 2048))
 
 
-def test_a_pricing_label_on_the_wrong_kind_of_row_is_one_clear_error(tmp_path):
-    from perfsim.calibration.readers import KERNEL_CSV_COLUMNS, read_kernel_csv
-    from perfsim.errors import ConfigError
+def one_row_csv(tmp_path, **cells):
+    """``tmp_path/k.csv``: a kernel CSV of one row of ``cells`` (the rest empty)."""
+    from perfsim.calibration.readers import KERNEL_CSV_COLUMNS
 
     path = tmp_path / "k.csv"
-    row = dict.fromkeys(KERNEL_CSV_COLUMNS, "")
-    row.update(kind="gemm", dtype="bf16", m="64", n="64", k="64", kernel="moe_mlp", time_us="5")
+    row = {c: str(cells.get(c, "")) for c in KERNEL_CSV_COLUMNS}
     path.write_text(",".join(KERNEL_CSV_COLUMNS) + "\n" + ",".join(row[c] for c in KERNEL_CSV_COLUMNS) + "\n")
+    return path
+
+
+def test_a_pricing_label_on_the_wrong_kind_of_row_is_one_clear_error(tmp_path):
+    from perfsim.calibration.readers import read_kernel_csv
+    from perfsim.errors import ConfigError
+
+    path = one_row_csv(tmp_path, kind="gemm", dtype="bf16", m="64", n="64", k="64", kernel="moe_mlp", time_us="5")
     with pytest.raises(ConfigError, match=r"k.csv:2: kernel 'moe_mlp' is for kind grouped_gemm rows, got kind gemm"):
         read_kernel_csv(path)
 
@@ -565,18 +572,13 @@ def test_a_host_timed_series_fits_its_host_time_beside_the_table_not_into_it():
 
 
 def test_a_bad_timing_is_one_clear_error(tmp_path):
-    from perfsim.calibration.readers import KERNEL_CSV_COLUMNS, read_kernel_csv
+    from perfsim.calibration.readers import read_kernel_csv
     from perfsim.errors import ConfigError
 
-    path = tmp_path / "k.csv"
-    row = dict.fromkeys(KERNEL_CSV_COLUMNS, "")
-    row.update(kind="gemm", dtype="bf16", m="64", n="64", k="64", time_us="5", timing="wall")
-    path.write_text(",".join(KERNEL_CSV_COLUMNS) + "\n" + ",".join(row[c] for c in KERNEL_CSV_COLUMNS) + "\n")
+    row = dict(kind="gemm", dtype="bf16", m="64", n="64", k="64", time_us="5")
     with pytest.raises(ConfigError, match=r"k.csv:2: timing 'wall' is not one of device, host"):
-        read_kernel_csv(path)
-    row["timing"] = "HOST"
-    path.write_text(",".join(KERNEL_CSV_COLUMNS) + "\n" + ",".join(row[c] for c in KERNEL_CSV_COLUMNS) + "\n")
-    assert read_kernel_csv(path)[0].timing == "host"
+        read_kernel_csv(one_row_csv(tmp_path, **row, timing="wall"))
+    assert read_kernel_csv(one_row_csv(tmp_path, **row, timing="HOST"))[0].timing == "host"
 
 
 def test_only_a_host_timed_series_whose_fastest_calls_read_flat_gets_a_host_time():
