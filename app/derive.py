@@ -308,7 +308,7 @@ def kernel_rows(points) -> list[dict]:
     out = []
     for p in points:
         row = {"kind": p.kind, "dtype": p.dtype, "device": p.device, "m": p.m, "n": p.n, "k": p.k,
-               "batch": p.batch, "seq": p.seq, "time_us": p.time_s * 1e6}
+               "batch": p.batch, "seq": p.seq, "time_us": p.time_s * 1e6, "timing": p.timing}
         row["achieved"] = (f"{p.flops / p.time_s / 1e12:.1f} TFLOPS" if p.flops
                            else f"{p.bytes / p.time_s / 1e12:.2f} TB/s" if p.bytes else "")
         out.append(row)

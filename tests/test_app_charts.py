@@ -338,3 +338,13 @@ def test_critical_path_rows_cover_the_breakdown_and_sum_to_the_step(report):
     assert f"{report.step_time_s * 1e3:,.1f} ms" in note and "longest chain" in note
     closed = perfsim.estimate("llama3.1-8b", "mi300x-pollara", nodes=2, tp=2, pp=2, gbs=32, seq=2048, check_memory=False)
     assert "traces no op chain" in derive.critical_path_note(closed)
+
+
+def test_kernel_rows_show_the_achieved_rate_and_how_each_row_was_timed():
+    from perfsim.calibration.readers import KernelPoint
+
+    gemm = KernelPoint(kind="gemm", dtype="fp8", device="MI300X", time_s=100e-6, m=1024, n=1024, k=1024, timing="host")
+    copy = KernelPoint(kind="memory", dtype="bf16", device="MI300X", time_s=1e-3, bytes=4e9, kernel="copy")
+    rows = derive.kernel_rows([gemm, copy])
+    assert [r["timing"] for r in rows] == ["host", "device"]
+    assert rows[0]["achieved"] == f"{2 * 1024 ** 3 / 100e-6 / 1e12:.1f} TFLOPS" and rows[1]["achieved"] == "4.00 TB/s"
