@@ -31,7 +31,7 @@ from perfsim.estimators.overlap import Window, add_links, background_rate, drain
 from perfsim.estimators.pipeline import PassCost, StageCosts, Walked, walk as walk_pipeline
 from perfsim.lowering.graph import OpGraph, block_passes, input_seconds, optimizer_steps
 from perfsim.lowering.layers import LayerBuilder, Step
-from perfsim.lowering.ops import Coll, Op, OpKind, Stream
+from perfsim.lowering.ops import Coll, Op, Stream
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, group_shape
 from perfsim.plan.routing import UNIFORM, RoutingSpec
