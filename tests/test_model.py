@@ -40,6 +40,16 @@ PUBLISHED = [
     # has no place for CCA's q/k convolutions or the residual scalers, whose sizes the
     # architecture CSV does not give: we count 0.737B active (-3.0%), hence 3.5%.
     ("zaya1-base", TOLERANCE, 0.035),
+    # Kimi K2 technical report (arXiv 2507.20534): 1.04T total, 32B activated (DeepSeek-V3's
+    # architecture, counted by its convention).
+    ("kimi-k2", TOLERANCE, TOLERANCE),
+    # Qwen3-235B-A22B model card: 235B total, 22B activated.
+    ("qwen3-235b-a22b", TOLERANCE, TOLERANCE),
+    # Llama 2 (arXiv 2307.09288; 7B as its checkpoint's 6.74B) and Llama 3.1 405B model card (dense).
+    ("llama2-7b", TOLERANCE, TOLERANCE),
+    ("llama2-13b", TOLERANCE, TOLERANCE),
+    ("llama2-70b", TOLERANCE, TOLERANCE),
+    ("llama3.1-405b", TOLERANCE, TOLERANCE),
 ]
 
 
