@@ -1,5 +1,6 @@
 """Shared small inputs: tiny dense and MoE models keep lowering and simulation fast."""
 
+import csv
 import sys
 
 import pytest
@@ -94,3 +95,14 @@ def fill_search_form(at, model: str, gpus: str, gbs: int, seq: int):
     at.number_input(key="w.s_confirm").set_value(1).run()
     at.selectbox(key="w.s_executor").set_value("serial").run()
     return at
+
+
+def write_kernel_csv(path, rows):
+    """Rows (dicts of kernel CSV cells; the rest empty) as a kernel CSV at ``path``; returns ``path``."""
+    from perfsim.calibration.readers import KERNEL_CSV_COLUMNS
+
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=KERNEL_CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path

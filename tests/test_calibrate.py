@@ -22,7 +22,9 @@ from perfsim.cli import main
 from perfsim.calibration.collective_fit import fit_collectives, mape
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import load_cluster
-from perfsim.calibration.readers import KERNEL_CSV_COLUMNS, read_kernel_csv, read_rccl_log
+from perfsim.calibration.readers import read_kernel_csv, read_rccl_log
+
+from conftest import write_kernel_csv
 
 LOGS = Path(__file__).resolve().parents[1] / "validation" / "data" / "calibration" / "rccl-tests"
 NOGRAPH = LOGS / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
@@ -164,14 +166,6 @@ def test_membound_fit_recovers_a_known_curve(base, tmp_path):
     assert result.path is None and result.cluster.name == "mi300x-pollara-calibrated"
 
 
-def write_kernel_csv(path, rows):
-    """Rows (dicts of kernel CSV cells; the rest empty) as a kernel CSV at ``path``."""
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=KERNEL_CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def _mem(num_bytes):
     from perfsim.calibration.readers import KernelPoint
     return KernelPoint(kind="memory", dtype="bf16", device="MI300X", time_s=1.0, bytes=num_bytes, kernel="copy")
@@ -231,3 +225,9 @@ def test_host_timed_rows_calibrate_with_a_host_time_and_validate_says_they_are_h
     assert "my-timer-harness fwd: 80 us, sets 3 of 6 rows" in printed
     assert main(["validate", "--cluster", "mi300x-pollara", "--kernel-csv", str(path)]) == 0
     assert f"note: {path}: 6 host-timed rows priced at their GPU time" in capsys.readouterr().out
+
+    rows[0]["timing"] = "wall"  # not a timing: one line naming file, line, column and value; exit 2
+    write_kernel_csv(path, rows)
+    assert main(["validate", "--cluster", "mi300x-pollara", "--kernel-csv", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{path}:2: timing 'wall' is not one of device, host" in err

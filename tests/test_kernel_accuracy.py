@@ -14,6 +14,8 @@ from perfsim.system.hardware import load_gpu
 from perfsim.system.kernel_tables import is_assumed
 from validation import accuracy_kernels as acc
 
+from conftest import write_kernel_csv
+
 # Held-out MAPE (%) measured at commit time by validation/accuracy_kernels.py (leave one
 # source family out: each family's rows priced by tables fitted to the other families),
 # plus a 10% relative margin for float noise: a change to the kernel model must not make
@@ -501,12 +503,7 @@ def test_a_moe_mlp_row_is_priced_as_its_layers_steps():
 
 def one_row_csv(tmp_path, **cells):
     """``tmp_path/k.csv``: a kernel CSV of one row of ``cells`` (the rest empty)."""
-    from perfsim.calibration.readers import KERNEL_CSV_COLUMNS
-
-    path = tmp_path / "k.csv"
-    row = {c: str(cells.get(c, "")) for c in KERNEL_CSV_COLUMNS}
-    path.write_text(",".join(KERNEL_CSV_COLUMNS) + "\n" + ",".join(row[c] for c in KERNEL_CSV_COLUMNS) + "\n")
-    return path
+    return write_kernel_csv(tmp_path / "k.csv", [cells])
 
 
 def test_a_pricing_label_on_the_wrong_kind_of_row_is_one_clear_error(tmp_path):

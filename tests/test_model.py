@@ -274,3 +274,16 @@ def test_error_messages_are_one_line(tmp_path):
         with pytest.raises(ConfigError) as info:
             load_model(bad)
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["kimi-k2", "qwen3-235b-a22b", "llama2-7b", "llama3.1-405b"])
+def test_models_the_published_runs_use_are_presets_from_the_cli(name, capsys):
+    """The models of the reference runs are presets: named on the command line, listed by
+    ``perfsim list`` (and so on the planner's model list), priced end to end."""
+    from perfsim.cli import main
+
+    assert main(["simulate", "--model", name, "--cluster", "mi355x-pollara", "--nodes", "8", "--dp", "64",
+                 "--zero", "3", "--gbs", "64", "--seq", "4096", "--recompute", "full", "--engine", "analytic",
+                 "--allow-oom"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{name} on mi355x-pollara (64 GPUs)") and "step time" in out

@@ -138,10 +138,6 @@ def harness(p: KernelPoint) -> tuple:
     return p.series or p.source, p.kind, p.dtype, p.direction, p.kernel
 
 
-def _work(p: KernelPoint) -> float:
-    return p.bytes if p.kind == "memory" else p.flops
-
-
 def host_floors(points: list[KernelPoint]) -> dict[tuple, float]:
     """The host-timed harnesses among ``points`` that show a host time, with its bound (the
     host time per call is at most the fastest call the harness timed). A harness shows one
@@ -156,7 +152,7 @@ def host_floors(points: list[KernelPoint]) -> dict[tuple, float]:
     floors = {}
     for key, rows in series.items():
         fastest = min(p.time_s for p in rows)
-        flat = [_work(p) for p in rows if p.time_s <= fastest * (1 + HOST_PLATEAU_SPREAD)]
+        flat = [p.work for p in rows if p.time_s <= fastest * (1 + HOST_PLATEAU_SPREAD)]
         if len(flat) >= HOST_PLATEAU_ROWS and max(flat) >= HOST_PLATEAU_WORK * min(flat):
             floors[key] = fastest
     return floors

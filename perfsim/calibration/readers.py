@@ -303,6 +303,11 @@ class KernelPoint:
     series: str = ""  # the measured series (``meta_series``; else the source): one harness timing one op
 
     @property
+    def work(self) -> float:
+        """What the row's rate counts: bytes moved for a memory-bound row, FLOPs otherwise."""
+        return self.bytes if self.kind == "memory" else self.flops
+
+    @property
     def flops(self) -> float:
         if self.kind == "grouped_gemm" and self.kernel == "moe_mlp":  # gate_up (2n wide) + down
             return 6.0 * self.m * self.n * self.k * self.batch
@@ -375,8 +380,7 @@ def _kernel_time(row: dict, point: KernelPoint, where: str) -> float:
     rate = _cell_float(row, rate_key, where)
     if rate is None:
         raise ConfigError(f"{where}: needs time_us or {rate_key}")
-    work = point.bytes if point.kind == "memory" else point.flops
-    return work / (rate * 1e12)
+    return point.work / (rate * 1e12)
 
 
 def read_kernel_csv(path: str | Path) -> list[KernelPoint]:

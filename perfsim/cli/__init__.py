@@ -154,10 +154,11 @@ def _cmd_simulate(args) -> int:
         from perfsim.cli import html_report
 
         _write_text(args.html, html_report.render(report), "--html")
-    text = _format_report(report)
-    if args.recompute == "auto":
-        text += "\n" + _auto_recompute_note(report)
-    print(dumps(report.to_dict()) if args.json else text)
+    if args.json:
+        print(dumps(report.to_dict()))
+    else:
+        auto = "\n" + _auto_recompute_note(report) if args.recompute == "auto" else ""
+        print(_format_report(report) + auto)
     return 0
 
 
