@@ -132,10 +132,19 @@ def fit_tables(name: str, held: str | None = None, root: bool = False) -> tuple[
         base, cells, fits = fit_tables(DERIVED[name], _root(held), root=True)
         gpu = load_gpu(name)
         return dataclasses.replace(gpu, **{f: getattr(base, f) for f in TABLE_FIELDS}), cells, fits
+    # every family's rows but the held one's: folds that keep the same families are one fit
+    # (a derived GPU's fold by root family is its base's fold where that family has no backends)
+    gpu, cells, fits = _fold(name, frozenset(f for _, f in pool(name) if _kept(f, held, root)))
+    return gpu, set(cells), list(fits)
+
+
+@functools.lru_cache(maxsize=None)
+def _fold(name: str, kept: frozenset) -> tuple[GpuSpec, frozenset, tuple]:
+    """``fit_tables`` of GPU ``name`` (not derived) on the rows of the families ``kept``."""
     gpu = load_gpu(name)
-    # every family's rows but the held one's; memory-bound rows fit ``membound`` (the copy
-    # table ``hbm`` stays from BabelStream); FP8 rows timed with their casts are priced with them
-    train = [p for p, f in pool(name) if _kept(f, held, root)]
+    # memory-bound rows fit ``membound`` (the copy table ``hbm`` stays from BabelStream);
+    # FP8 rows timed with their casts are priced with them
+    train = [p for p, f in pool(name) if f in kept]
     cells = {_cell(p) for p in train if in_fit_range(p) or p.kind == "memory"}
     gpu = dataclasses.replace(
         gpu, gemm_dtypes={d: t for d, t in gpu.gemm_dtypes.items() if ("gemm", d) in cells},
@@ -143,7 +152,7 @@ def fit_tables(name: str, held: str | None = None, root: bool = False) -> tuple[
         membound=None,  # refit from the fold's memory-bound rows, else the streaming copy prices them
         attention_libraries={})  # per-library tables are in-sample fits: no fold carries them
     fitted, fits = kernel_fit.fit_kernels(train, gpu, regenerate_gemm=True)
-    return fitted, cells, fits
+    return fitted, frozenset(cells), tuple(fits)
 
 
 def refit(name: str) -> GpuSpec:
@@ -330,6 +339,7 @@ def main() -> None:
     if args.refit:
         for name in sorted(GPUS, key=lambda g: g in DERIVED):  # bases before the GPUs derived from them
             write_profile(refit(name))
+        _fold.cache_clear()  # the folds start from the profiles just written
     print(section())
 
 

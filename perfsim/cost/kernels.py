@@ -19,8 +19,10 @@ and at least the output tiles' serial K loop, ``k_loop_time``)
 Efficiencies come from the profile's tables; nothing here is a hardware constant.
 """
 
+import bisect
 import collections
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -39,24 +41,40 @@ PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal", "host_s"
 _TILE_SPLITS = tuple((dm, dn) for dm in (1, 2, 4, 8) for dn in (1, 2))
 
 
+@functools.lru_cache(maxsize=None)
+def _log10s(xs: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(float(v) for v in np.log10(xs))
+
+
 def interp_log(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
-    """Piecewise-linear in log10(x), clamped at both ends."""
+    """Piecewise-linear in log10(x), clamped at both ends (``np.interp``'s arithmetic on
+    one point, without its per-call array set-up: the fits call this millions of times)."""
     if len(xs) == 1:
-        return ys[0]
-    return float(np.interp(math.log10(max(x, 1e-30)), np.log10(xs), ys))
+        return float(ys[0])
+    lx = _log10s(tuple(xs))
+    v = math.log10(max(x, 1e-30))
+    if v <= lx[0]:
+        return float(ys[0]) if v < lx[0] or len(lx) < 2 or lx[1] != lx[0] else float(ys[1])
+    if v >= lx[-1]:
+        return float(ys[-1])
+    j = bisect.bisect_right(lx, v) - 1
+    if v == lx[j]:
+        return float(ys[j])
+    slope = (ys[j + 1] - ys[j]) / (lx[j + 1] - lx[j])
+    return float(slope * (v - lx[j]) + ys[j])
 
 
 def _tiles(m: int, n: int, tm: int, tn: int) -> int:
     return math.ceil(m / tm) * math.ceil(n / tn)
 
 
-def _waves(tiles: int, gpu: GpuSpec) -> float:
-    """Share of CU slots busy over the waves of ``tiles`` output tiles (1.0 below one
-    wave: small GEMMs use stream-K/split-K, their falloff is in the size table)."""
-    if tiles <= gpu.num_compute_units:
+def _waves(tiles: int, cus: int) -> float:
+    """Share of the ``cus`` CU slots busy over the waves of ``tiles`` output tiles (1.0 below
+    one wave: small GEMMs use stream-K/split-K, their falloff is in the size table)."""
+    if tiles <= cus:
         return 1.0
-    waves = math.ceil(tiles / gpu.num_compute_units)
-    return tiles / (waves * gpu.num_compute_units)
+    waves = math.ceil(tiles / cus)
+    return tiles / (waves * cus)
 
 
 # one launch's GEMMs as (m, n, k, count): ``count`` GEMMs [m, k] @ [k, n] (a batched call is
@@ -80,13 +98,19 @@ def _launch_choice(shapes: Launch, table: GemmEfficiency, gpu: GpuSpec) -> tuple
     multiply-adds. A launch of several GEMMs (a batched call, a grouped kernel) runs one
     workgroup per output tile of every GEMM (``_fill``): fewer tiles than CUs leave CUs
     idle; a single GEMM below one wave splits K instead (its fall-off is in the size table)."""
+    return _choice(shapes, table.tile_m, table.tile_n, gpu.num_compute_units)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _choice(shapes: Launch, tile_m: int, tile_n: int, cus: int) -> tuple[int, int, float]:
+    """``_launch_choice`` on what it reads (the fits price the same shapes at every step)."""
     best = None
     occupancy = _fill if sum(c for *_, c in shapes) > 1 else _waves
     real = _macs(shapes)
     for dm, dn in _TILE_SPLITS:
-        tm, tn = max(table.tile_m // dm, 1), max(table.tile_n // dn, 1)
+        tm, tn = max(tile_m // dm, 1), max(tile_n // dn, 1)
         tiles, padded = _launch_tiles(shapes, tm, tn)
-        util = real / padded * occupancy(tiles, gpu)
+        util = real / padded * occupancy(tiles, cus)
         if best is None or util > best[2] + 1e-12:
             best = (tm, tn, util)
     return best
@@ -244,10 +268,10 @@ def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dty
             + launch_time(tuple((k, n, m, c) for m, c in counts), gpu, dtype, speed))
 
 
-def _fill(tiles: int, gpu: GpuSpec) -> float:
-    """Share of CU slots a grouped kernel keeps busy: one workgroup per output tile, so
-    fewer tiles than CUs leave CUs idle (no stream-K split across experts)."""
-    return tiles / gpu.num_compute_units if tiles < gpu.num_compute_units else _waves(tiles, gpu)
+def _fill(tiles: int, cus: int) -> float:
+    """Share of the ``cus`` CU slots a grouped kernel keeps busy: one workgroup per output
+    tile, so fewer tiles than CUs leave CUs idle (no stream-K split across experts)."""
+    return tiles / cus if tiles < cus else _waves(tiles, cus)
 
 
 def attention_efficiency(gpu: GpuSpec, backward: bool, seq: float | None = None, head_dim: float | None = None,
