@@ -599,3 +599,23 @@ def test_only_a_host_timed_series_whose_fastest_calls_read_flat_gets_a_host_time
     events = [p("events", m, 95, timing="device") for m in (256, 512, 1024)]
     floors = host_floors(flat + steep + same_work + events)
     assert {key[0]: value for key, value in floors.items()} == {"flat": pytest.approx(95e-6)}
+
+
+def test_interp_log_is_np_interp_in_log10_on_one_point():
+    """The table reader the fits call millions of times does np.interp's arithmetic (same
+    result to the bit: the held-out figures do not move), clamps at both ends, and passes a
+    NaN through instead of failing."""
+    import math
+    import random
+
+    import numpy as np
+
+    xs, ys = (0.1, 1.0, 10.0, 100.0, 1000.0), (0.1, 0.3, 0.6, 0.8, 0.85)
+    rng = random.Random(0)
+    probes = [10 ** rng.uniform(-3, 5) for _ in range(2000)] + list(xs) + [1e-40, -5.0, math.inf]
+    for x in probes:
+        want = float(np.interp(math.log10(max(x, 1e-30)), np.log10(xs), ys))
+        assert costs.interp_log(x, xs, ys) == want, x
+    assert costs.interp_log(5.0, (1.0,), (0.7,)) == 0.7
+    assert math.isnan(costs.interp_log(math.nan, xs, ys))
+    assert costs.interp_log(3.0, list(xs), list(ys)) == costs.interp_log(3.0, xs, ys)  # lists read as tuples

@@ -53,8 +53,10 @@ def interp_log(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
         return float(ys[0])
     lx = _log10s(tuple(xs))
     v = math.log10(max(x, 1e-30))
+    if math.isnan(v):
+        return math.nan
     if v <= lx[0]:
-        return float(ys[0]) if v < lx[0] or len(lx) < 2 or lx[1] != lx[0] else float(ys[1])
+        return float(ys[0])
     if v >= lx[-1]:
         return float(ys[-1])
     j = bisect.bisect_right(lx, v) - 1
@@ -192,10 +194,16 @@ def _launch_k_loop(shapes: Launch, gpu: GpuSpec, dtype: str, choice: tuple | Non
     if table.k_step_ns <= 0.0:
         return 0.0
     tm, tn, _ = choice or _launch_choice(shapes, table, gpu)
+    return _k_steps(shapes, tm, tn, gpu.num_compute_units) * table.k_step_ns * 1e-9
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _k_steps(shapes: Launch, tm: int, tn: int, cus: int) -> float:
+    """K-loop steps the launch's last wave of ``tm`` x ``tn`` tiles ends on (``_launch_k_loop``)."""
     tiles = [c * _tiles(m, n, tm, tn) for m, n, _, c in shapes]
-    waves = math.ceil(sum(tiles) / gpu.num_compute_units)
+    waves = math.ceil(sum(tiles) / cus)
     mean_k = sum(t * k for t, (_, _, k, _) in zip(tiles, shapes)) / sum(tiles)
-    return max(waves * mean_k, max(k for _, _, k, _ in shapes)) * table.k_step_ns * 1e-9
+    return max(waves * mean_k, max(k for _, _, k, _ in shapes))
 
 
 def k_loop_time(gemm: Gemm, gpu: GpuSpec, dtype: str) -> float:
