@@ -41,7 +41,7 @@ PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal", "host_s"
 _TILE_SPLITS = tuple((dm, dn) for dm in (1, 2, 4, 8) for dn in (1, 2))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1 << 12)  # bounded: a long fit or search never grows it past that
 def _log10s(xs: tuple[float, ...]) -> tuple[float, ...]:
     return tuple(float(v) for v in np.log10(xs))
 
