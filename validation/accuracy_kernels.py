@@ -119,7 +119,7 @@ def _kept(family: str, held: str | None, root: bool) -> bool:
     return _root(family) != _root(held) if root else family != held
 
 
-def fit_tables(name: str, held: str | None = None, root: bool = False) -> tuple[GpuSpec, set, list]:
+def fit_tables(name: str, held: str | None = None, root: bool = False) -> tuple[GpuSpec, frozenset, tuple]:
     """GPU ``name`` with its tables fitted (``kernel_fit.fit_kernels``, the code ``perfsim
     calibrate --gemm-csv`` runs) to its rows of every family but ``held``; a derived GPU
     takes its base's tables fitted so. Also the (kind, dtype) cells that had rows and the
@@ -134,8 +134,7 @@ def fit_tables(name: str, held: str | None = None, root: bool = False) -> tuple[
         return dataclasses.replace(gpu, **{f: getattr(base, f) for f in TABLE_FIELDS}), cells, fits
     # every family's rows but the held one's: folds that keep the same families are one fit
     # (a derived GPU's fold by root family is its base's fold where that family has no backends)
-    gpu, cells, fits = _fold(name, frozenset(f for _, f in pool(name) if _kept(f, held, root)))
-    return gpu, set(cells), list(fits)
+    return _fold(name, frozenset(f for _, f in pool(name) if _kept(f, held, root)))
 
 
 @functools.lru_cache(maxsize=None)
