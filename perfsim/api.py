@@ -181,6 +181,14 @@ def _check_engine_work(model: ModelSpec, plan: ParallelPlan, fold: bool) -> None
 _plan_memory = functools.lru_cache(maxsize=256)(plan_memory)  # immutable answers, reused per plan
 
 
+def _memory_hint(plan: ParallelPlan) -> str:
+    """What a user can change when a plan does not fit: less activation memory first."""
+    if plan.recompute != Recompute.FULL or plan.recompute_layers:
+        return "recompute='auto' (--recompute auto) picks the least recompute that fits"
+    zero = "" if plan.zero >= 3 else ", a higher zero stage"
+    return f"it does not fit with full recompute: try more tp / pp{zero} or a smaller mbs"
+
+
 def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, check_memory: bool):
     memory = _plan_memory(model, plan)
     worst = max(memory, key=lambda m: m.total_bytes)
@@ -191,7 +199,7 @@ def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, ch
             f"(weights {format_bytes(worst.weights_bytes)}, grads {format_bytes(worst.gradients_bytes)}, "
             f"optimizer {format_bytes(worst.optimizer_bytes)}, activations {format_bytes(worst.activations_bytes)}, "
             f"logits {format_bytes(worst.logits_bytes)}, fragmentation {format_bytes(worst.fragmentation_bytes)}) "
-            f"but {cluster.gpu.name} has {format_bytes(cluster.gpu.hbm_bytes)}"
+            f"but {cluster.gpu.name} has {format_bytes(cluster.gpu.hbm_bytes)}; {_memory_hint(plan)}"
         )
         if check_memory:
             raise InfeasiblePlan(message)

@@ -116,6 +116,10 @@ def test_oom_raises_infeasible_plan_with_numbers(mi300x):
     assert re.search(r"needs [\d.]+ [GT]B per GPU", message)
     assert re.search(r"has 192(\.0+)? GB", message)
     assert "\n" not in message
+    assert message.endswith("recompute='auto' (--recompute auto) picks the least recompute that fits")
+    # auto recompute cannot save 70B of unsharded optimizer state: the hint then names what can
+    with pytest.raises(InfeasiblePlan, match="does not fit with full recompute: try more tp / pp, a higher zero stage"):
+        simulate("llama3.1-70b", mi300x, nodes=1, dp=8, gbs=8, seq=4096, zero=0, recompute="auto")
 
 
 def test_oom_can_be_reported_instead(mi300x):

@@ -145,3 +145,13 @@ def test_recompute_only_the_first_layers_of_each_stage():
 def test_recompute_layers_needs_a_recompute():
     with pytest.raises(ConfigError, match="recompute_layers"):
         plan(recompute_layers=2)
+
+
+def test_an_even_split_that_does_not_divide_points_at_the_uneven_one():
+    # Llama 3.1 405B's 126 layers over 4 stages: 30 on the ends and 33 between fits, as the hint says
+    with pytest.raises(ConfigError, match=r"must divide the model's layers \(126\); first_stage_layers / last_stage_layers"):
+        perfsim.simulate("llama3.1-405b", "h100-ib", nodes=4, tp=8, pp=4, gbs=16, seq=8192, estimator="analytic",
+                         check_memory=False)
+    r = perfsim.simulate("llama3.1-405b", "h100-ib", nodes=4, tp=8, pp=4, gbs=16, seq=8192, estimator="analytic",
+                         check_memory=False, first_stage_layers=30, last_stage_layers=30)
+    assert r.step_time_s > 0 and r.plan["first_stage_layers"] == 30

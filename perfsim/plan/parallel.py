@@ -299,7 +299,8 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
         _check_uneven(plan, model)
     elif model.num_layers % (plan.pp * plan.vpp):
         raise ConfigError(
-            f"plan.pp*vpp ({plan.pp}*{plan.vpp}) must divide the model's layers ({model.num_layers})"
+            f"plan.pp*vpp ({plan.pp}*{plan.vpp}) must divide the model's layers ({model.num_layers}); "
+            f"first_stage_layers / last_stage_layers (--first-stage-layers, --last-stage-layers) split them unevenly"
         )
     _check_moe(plan, model)
     if plan.schedule == Schedule.INTERLEAVED and plan.vpp == 1:
