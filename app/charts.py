@@ -12,9 +12,11 @@ GROUP_PALETTES = {
     "comm": ["#d62728", "#ff7f0e", "#e377c2", "#bcbd22", "#8c564b", "#9467bd", "#f4a582", "#b2182b"],
     "bubble": ["#9e9e9e", "#d0d0d0", "#707070"],
 }
-MEMORY_PARTS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes")
+MEMORY_PARTS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "zero_buffers_bytes", "activations_bytes",
+                "logits_bytes")
 MEMORY_COLORS = {"weights_bytes": "#1f77b4", "gradients_bytes": "#aec7e8", "optimizer_bytes": "#d62728",
-                 "activations_bytes": "#ff9896", "logits_bytes": "#2ca02c", "fragmentation_bytes": "#c7c7c7"}
+                 "activations_bytes": "#ff9896", "logits_bytes": "#2ca02c", "fragmentation_bytes": "#c7c7c7",
+                 "zero_buffers_bytes": "#9467bd"}
 
 
 def memory_parts(memory: list[dict]) -> list[str]:

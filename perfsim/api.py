@@ -198,7 +198,8 @@ def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, ch
             f"out of memory: stage {worst.stage} needs {format_bytes(worst.total_bytes)} per GPU "
             f"(weights {format_bytes(worst.weights_bytes)}, grads {format_bytes(worst.gradients_bytes)}, "
             f"optimizer {format_bytes(worst.optimizer_bytes)}, activations {format_bytes(worst.activations_bytes)}, "
-            f"logits {format_bytes(worst.logits_bytes)}, fragmentation {format_bytes(worst.fragmentation_bytes)}) "
+            f"logits {format_bytes(worst.logits_bytes)}, fragmentation {format_bytes(worst.fragmentation_bytes)}"
+            + (f", ZeRO buffers {format_bytes(worst.zero_buffers_bytes)}" if worst.zero_buffers_bytes else "") + ") "
             f"but {cluster.gpu.name} has {format_bytes(cluster.gpu.hbm_bytes)}; {_memory_hint(plan)}"
         )
         if check_memory:

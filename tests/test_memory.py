@@ -53,11 +53,46 @@ def test_logits_on_last_stage_only():
     assert first.logits_bytes == 0 and last.logits_bytes > 0
 
 
-def test_total_is_sum_of_parts():
-    mem = breakdown(2)
+@pytest.mark.parametrize("zero", [2, 3])
+def test_total_is_sum_of_parts(zero):
+    mem = breakdown(zero)
     parts = (mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes + mem.activations_bytes + mem.logits_bytes
-             + mem.fragmentation_bytes)
+             + mem.fragmentation_bytes + mem.zero_buffers_bytes)
+    assert mem.zero_buffers_bytes > 0
     assert mem.total_bytes == parts and mem.as_dict()["total_bytes"] == parts
+
+
+# one tiny-dense layer on a tp=2 rank: (2,621,440 + 12,582,912 + 2,048) / 2 = 7,603,200 parameters,
+# gathered in bf16 (2 B) and reduce-scattered in bf16 (2 B): 15,206,400 B each way
+LAYER_BYTES = 15_206_400
+
+
+@pytest.mark.parametrize(
+    "knobs, expected",
+    [  # ZeRO-3 (FSDP): the layer computing + the one prefetched, its gradients + the reduce-scatter in flight
+        (dict(zero=3), 2 * LAYER_BYTES + 2 * LAYER_BYTES),
+        (dict(zero=3, overlap_param_gather=False, overlap_grad_reduce=False), LAYER_BYTES + LAYER_BYTES),
+        (dict(zero=3, dp=1), 0.0),  # nothing sharded, nothing gathered
+        # ZeRO-2: two gradient buckets of 80 MB (the stage's 8 layers hold 121.65 MB of them)
+        (dict(zero=2), 2 * 80_000_000),
+        (dict(zero=2, grad_bucket_bytes=10**9), 2 * 8 * LAYER_BYTES),  # a bucket never exceeds the gradients
+        (dict(zero=1), 0.0),  # reduced in place in the full gradient buffer
+    ],
+)
+def test_zero_working_buffers_by_hand(knobs, expected):
+    knobs = {"tp": 2, "dp": DP, "gbs": 8, "seq": 1024, **knobs}
+    knobs["gbs"] = 2 * knobs["dp"]
+    (mem,) = plan_memory(tiny_dense(), ParallelPlan(**knobs))
+    assert mem.zero_buffers_bytes == expected
+
+
+def test_zero3_buffers_follow_the_largest_layer_and_the_expert_shards():
+    # an MoE layer's experts are gathered over the expert data-parallel group: with ep = dp they are not
+    # sharded (edp 1), so only the dense part of a layer is gathered; the largest layer sets the buffer
+    moe = tiny_moe()
+    sharded = plan_memory(moe, ParallelPlan(dp=8, ep=1, zero=3, gbs=8, seq=1024))[0].zero_buffers_bytes
+    whole = plan_memory(moe, ParallelPlan(dp=8, ep=8, zero=3, gbs=8, seq=1024))[0].zero_buffers_bytes
+    assert sharded > 4 * whole > 0
 
 
 def test_fragmentation_is_a_share_of_transient_bytes():

@@ -1,8 +1,8 @@
 """Peak memory per GPU for plan search: ``memory.plan_memory``'s worst stage, memoized.
 
 ``memory.stage_memory`` is called for real, but its result is split in two parts that
-depend on few plan fields: model states (weights, gradients, optimizer: tp, ep, etp, pp,
-vpp, the ZeRO shard degrees and stage, the stack's memory policy) and transient memory (everything else:
+depend on few plan fields: model states (weights, gradients, optimizer, ZeRO buffers: tp, ep, etp, pp,
+vpp, the ZeRO shard degrees and stage, the stack's memory policy; ZeRO-2/3's overlap flags and bucket size) and transient memory (everything else:
 activations, logits, fragmentation: tp, cp, mbs, seq, recompute, sp, pp, vpp, schedule,
 microbatches, the stack's memory policy, FP8 inputs kept in FP8). Plans that share both keys cost two look-ups (microseconds instead of
 ~0.5 ms); agreement with ``plan_memory`` is tested on sampled plans.
@@ -16,7 +16,7 @@ from perfsim.plan.schedules import layout_key
 
 def states_key(plan: ParallelPlan) -> tuple:
     return (plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.zero, *layout_key(plan), plan.stack.memory,
-            plan.fp8_params)
+            plan.fp8_params, plan.zero >= 2 and (plan.overlap_param_gather, plan.overlap_grad_reduce, plan.grad_bucket_bytes))
 
 
 def transient_key(plan: ParallelPlan) -> tuple:
@@ -35,7 +35,7 @@ class MemoryModel:
 
     def _fill(self, plan: ParallelPlan, skey: tuple, tkey: tuple) -> None:
         stages = [stage_memory(self.model, plan, s) for s in range(plan.pp)]
-        states = tuple(m.weights_bytes + m.gradients_bytes + m.optimizer_bytes for m in stages)
+        states = tuple(m.states_bytes for m in stages)
         self._states.setdefault(skey, states)
         self._transient.setdefault(tkey, tuple(m.total_bytes - s for m, s in zip(stages, states)))
 

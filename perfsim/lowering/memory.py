@@ -16,6 +16,8 @@ from perfsim.plan.sharding import (
     OPTIMIZER_STATE_BYTES,
     WEIGHT_BYTES,
     is_moe_layer,
+    layer_grad_bytes,
+    layer_param_bytes,
     shard_degrees,
     recomputes,
     stage_layer_ids,
@@ -29,6 +31,14 @@ LOGIT_BYTES = 4
 # tensors. GMLake (Guo et al., ASPLOS'24) measures fragmentation of several to ~30 % of
 # GPU memory in LLM training; we budget 10 % of the transient bytes (an assumption).
 FRAGMENTATION = 0.10
+# ZeRO-3 / FSDP working buffers (PyTorch FSDP2 docs and tutorial, docs.pytorch.org: "before
+# forward and backward, sharded parameters are all-gathered into unsharded parameters ...
+# inside backward, local unsharded gradients are reduce-scattered into sharded gradients";
+# the next block's all-gather is issued before the current block computes): a rank holds the
+# unsharded weights of the block computing, plus the block prefetched
+# (``overlap_param_gather``), and in backward the unsharded gradients of the block computing,
+# plus the block whose reduce-scatter is still in flight (``overlap_grad_reduce``). The
+# blocks are the lowering's: one layer, gathered and reduced in the sizes the graph moves.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,17 +50,23 @@ class MemoryBreakdown:
     activations_bytes: float
     logits_bytes: float
     fragmentation_bytes: float = 0.0
+    zero_buffers_bytes: float = 0.0  # ZeRO-3 unsharded weights / gradients in flight, ZeRO-2 gradient buckets
+
+    @property
+    def states_bytes(self) -> float:
+        """What the plan's sharding fixes: weights, gradients, optimizer, ZeRO buffers."""
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.zero_buffers_bytes
 
     @property
     def total_bytes(self) -> float:
-        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.logits_bytes + self.fragmentation_bytes)
+        return self.states_bytes + self.activations_bytes + self.logits_bytes + self.fragmentation_bytes
 
     def as_dict(self) -> dict:
         return {
             "stage": self.stage, "weights_bytes": self.weights_bytes, "gradients_bytes": self.gradients_bytes,
             "optimizer_bytes": self.optimizer_bytes, "activations_bytes": self.activations_bytes,
             "logits_bytes": self.logits_bytes, "fragmentation_bytes": self.fragmentation_bytes,
+            "zero_buffers_bytes": self.zero_buffers_bytes,
             "total_bytes": self.total_bytes,
         }
 
@@ -124,6 +140,30 @@ def _policy(plan: ParallelPlan, key: str, default: float) -> float:
     return default if value is None else value
 
 
+def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Bytes of a rank's ZeRO working buffers beyond its shards. ZeRO-3: the largest layer's
+    unsharded weights, (1 + prefetched) of them, and its unsharded gradients, (1 + in
+    flight) of them, in the groups that shard (degree > 1; a group of one rank keeps its
+    weights whole and gathers nothing). ZeRO-2: the gradient buckets being reduced, (1 + in
+    flight) buckets of ``grad_bucket_bytes`` at most. ZeRO-0/1 reduce in place in the full
+    gradient buffer: none."""
+    if plan.zero < 2:
+        return 0.0
+    d_shard, e_shard = shard_degrees(plan)
+    sharded = (d_shard > 1, e_shard > 1)
+
+    def largest(sizes) -> float:
+        return max((sum(b for b, on in zip(sizes(model, plan, l), sharded) if on)
+                    for l in stage_layer_ids(model, plan, stage)), default=0.0)
+
+    grads = largest(layer_grad_bytes)
+    if plan.zero == 2:
+        total = sum(sum(b for b, on in zip(layer_grad_bytes(model, plan, l), sharded) if on)
+                    for l in stage_layer_ids(model, plan, stage))
+        return (1 + plan.overlap_grad_reduce) * min(plan.grad_bucket_bytes, total)
+    return (1 + plan.overlap_param_gather) * largest(layer_param_bytes) + (1 + plan.overlap_grad_reduce) * grads
+
+
 def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBreakdown:
     dense, expert = stage_rank_params(model, plan, stage)
     d_shard, e_shard = shard_degrees(plan)
@@ -140,7 +180,8 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
         logits = plan.mbs * plan.seq / plan.cp * model.vocab_size / plan.tp * _policy(plan, "logit_bytes", 2 * LOGIT_BYTES)
     return MemoryBreakdown(stage=stage, weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
                            activations_bytes=acts, logits_bytes=logits,
-                           fragmentation_bytes=_policy(plan, "fragmentation", FRAGMENTATION) * (acts + logits))
+                           fragmentation_bytes=_policy(plan, "fragmentation", FRAGMENTATION) * (acts + logits),
+                           zero_buffers_bytes=zero_buffers(model, plan, stage))
 
 
 def plan_memory(model: ModelSpec, plan: ParallelPlan) -> list[MemoryBreakdown]:
