@@ -111,7 +111,8 @@ def make_plan(num_gpus: int, **knobs) -> ParallelPlan:
     return ParallelPlan(**knobs)
 
 
-def _inputs(model, cluster, plan, nodes, gpus, knobs) -> tuple[ModelSpec, ClusterSpec, ParallelPlan, int]:
+def _inputs(model, cluster, plan, nodes, gpus, knobs,
+            routing: RoutingSpec = UNIFORM) -> tuple[ModelSpec, ClusterSpec, ParallelPlan, int]:
     model = load_model(model)
     cluster = load_cluster(cluster, nodes=nodes, gpus=gpus)
     num_gpus = gpus if gpus is not None else cluster.num_gpus
@@ -128,10 +129,11 @@ def _inputs(model, cluster, plan, nodes, gpus, knobs) -> tuple[ModelSpec, Cluste
     stack = plan.stack.on_vendor(cluster.gpu.vendor)  # the stack's kernels on this GPU
     plan = plan if stack is plan.stack else replace(plan, stack=stack)
     check_plan(plan, model, num_gpus)
-    return model, cluster, least_recompute(model, cluster, plan) if auto else plan, num_gpus
+    return model, cluster, least_recompute(model, cluster, plan, routing) if auto else plan, num_gpus
 
 
-def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> ParallelPlan:
+def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                    routing: RoutingSpec = UNIFORM) -> ParallelPlan:
     """``plan`` with the least activation recompute that fits in the GPU's memory, as a
     framework user sets it (``recompute='auto'``): none, then selective, then full
     recompute of the first N layers of each pipeline chunk for the smallest N that fits
@@ -139,7 +141,7 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) 
     when none fits. A ``recompute_layers`` the plan already names is kept (block recompute
     of those layers: none, selective, then full)."""
     def fits(candidate: ParallelPlan) -> bool:
-        return max(m.total_bytes for m in _plan_memory(model, candidate)) <= cluster.gpu.hbm_bytes
+        return max(m.total_bytes for m in _plan_memory(model, candidate, routing)) <= cluster.gpu.hbm_bytes
 
     fixed = plan.recompute_layers
     for level in (Recompute.NONE, Recompute.SELECTIVE):
@@ -189,8 +191,9 @@ def _memory_hint(plan: ParallelPlan) -> str:
     return f"it does not fit with full recompute: try more tp / pp{zero} or a smaller mbs"
 
 
-def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, check_memory: bool):
-    memory = _plan_memory(model, plan)
+def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, check_memory: bool,
+                  routing: RoutingSpec = UNIFORM):
+    memory = _plan_memory(model, plan, routing)
     worst = max(memory, key=lambda m: m.total_bytes)
     warnings = []
     if worst.total_bytes > cluster.gpu.hbm_bytes:
@@ -228,11 +231,11 @@ def simulate(
     memory (pass ``check_memory=False`` to get a report with a warning instead).
     """
     _check_options(estimator, check_memory, routing, variability, trace)
-    model, cluster, plan, _ = _inputs(model, cluster, plan, nodes, gpus, knobs)
+    routing, variability = routing or UNIFORM, variability or NO_VARIABILITY
+    model, cluster, plan, _ = _inputs(model, cluster, plan, nodes, gpus, knobs, routing)
     if estimator == "des":
         _check_engine_work(model, plan, fold)
-    memory, warnings = _memory_check(model, cluster, plan, check_memory)
-    routing, variability = routing or UNIFORM, variability or NO_VARIABILITY
+    memory, warnings = _memory_check(model, cluster, plan, check_memory, routing)
     warnings += _routing_warnings(model, plan, routing)
     extras = _moe_and_straggler_costs(model, cluster, plan, routing, variability)
     common = dict(memory=memory, model=model, plan=plan, cluster=cluster, estimator=estimator, warnings=warnings,

@@ -199,3 +199,28 @@ def test_fast_memory_model_keys_on_the_stack_memory_policy():
     for plan in (plain, xla):
         assert fast.peak(plan)[0] == pytest.approx(max(m.total_bytes for m in plan_memory(tiny_dense(), plan)))
     assert fast.peak(plain)[0] != fast.peak(xla)[0]
+
+
+def test_routed_experts_hold_their_padded_capacity_or_the_busiest_ranks_tokens():
+    """The routed experts keep what the lowering computes on: the padded capacity under a
+    capacity-padded dispatch, the busiest EP rank's tokens under skewed dropless routing."""
+    from perfsim.lowering.memory import routed_share
+    from perfsim.plan.routing import RoutingSpec
+
+    moe = tiny_moe(capacity_factor=1.25)
+    plan = ParallelPlan(dp=8, ep=8, gbs=8, seq=1024)
+    padded = RoutingSpec(pad_to_capacity=True)
+    # 1024 tokens x top-2 = 2,048 copies; capacity ceil(1.25 x 2,048 x 8 / 8) = 2,560 for the rank's one expert
+    assert routed_share(moe, plan) == 1.0 and routed_share(moe, plan, padded) == 2560 / 2048
+    (even,), (pad,) = plan_memory(moe, plan), plan_memory(moe, plan, padded)
+    # per MoE layer and token: top-2 x (permuted in 1,024 + gated up 2 x 2,048 + act out 2,048) = 16,384 values
+    assert pad.activations_bytes - even.activations_bytes == 0.25 * 16_384 * 1024 * 2 * 8  # bf16, 8 layers
+    skewed = RoutingSpec(distribution="zipf", skew=1.2)
+    share = routed_share(moe, plan, skewed)
+    (hot,) = plan_memory(moe, plan, skewed)
+    assert share > 1.2 and hot.activations_bytes - even.activations_bytes == pytest.approx((share - 1) * 16_384 * 1024 * 2 * 8)
+    # the report and recompute='auto' see it (the padded plan needs more memory, reported per stage)
+    knobs = dict(gpus=8, ep=8, gbs=8, seq=1024, estimator="analytic")
+    a = simulate(moe, "mi300x-pollara", **knobs)
+    b = simulate(moe, "mi300x-pollara", routing=padded, **knobs)
+    assert b.memory[0]["activations_bytes"] - a.memory[0]["activations_bytes"] == pytest.approx(0.25 * 16_384 * 1024 * 2 * 8)

@@ -4,13 +4,15 @@
 depend on few plan fields: model states (weights, gradients, optimizer, ZeRO buffers: tp, ep, etp, pp,
 vpp, the ZeRO shard degrees and stage, the stack's memory policy; ZeRO-2/3's overlap flags and bucket size) and transient memory (everything else:
 activations, logits, fragmentation: tp, cp, mbs, seq, recompute, sp, pp, vpp, schedule,
-microbatches, the stack's memory policy, FP8 inputs kept in FP8). Plans that share both keys cost two look-ups (microseconds instead of
+microbatches, the stack's memory policy, FP8 inputs kept in FP8; ep, etp and the stack's MoE dispatch path,
+for the routed experts' tokens). Plans that share both keys cost two look-ups (microseconds instead of
 ~0.5 ms); agreement with ``plan_memory`` is tested on sampled plans.
 """
 
 from perfsim.lowering.memory import stage_memory
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import layout_key
 
 
@@ -22,19 +24,20 @@ def states_key(plan: ParallelPlan) -> tuple:
 def transient_key(plan: ParallelPlan) -> tuple:
     return (plan.tp, plan.cp, plan.mbs, plan.seq, plan.recompute, plan.sequence_parallel, plan.pp, plan.vpp,
             plan.schedule, plan.num_microbatches, plan.first_stage_layers, plan.last_stage_layers, plan.recompute_layers,
-            plan.stack.memory, plan.dtype == "fp8" and plan.stack.fp8.saves_fp8_inputs)
+            plan.stack.memory, plan.dtype == "fp8" and plan.stack.fp8.saves_fp8_inputs,
+            plan.ep, plan.etp, plan.stack.moe.dispatch)  # the routed experts' share (memory.routed_share)
 
 
 class MemoryModel:
     """Memoized ``memory.stage_memory`` totals for many plans of one model."""
 
-    def __init__(self, model: ModelSpec):
-        self.model = model
+    def __init__(self, model: ModelSpec, routing: RoutingSpec = UNIFORM):
+        self.model, self.routing = model, routing
         self._states: dict[tuple, tuple[float, ...]] = {}
         self._transient: dict[tuple, tuple[float, ...]] = {}
 
     def _fill(self, plan: ParallelPlan, skey: tuple, tkey: tuple) -> None:
-        stages = [stage_memory(self.model, plan, s) for s in range(plan.pp)]
+        stages = [stage_memory(self.model, plan, s, self.routing) for s in range(plan.pp)]
         states = tuple(m.states_bytes for m in stages)
         self._states.setdefault(skey, states)
         self._transient.setdefault(tkey, tuple(m.total_bytes - s for m, s in zip(stages, states)))

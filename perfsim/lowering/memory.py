@@ -2,14 +2,19 @@
 
 Activations per layer and microbatch follow Korthikanti'22 (sec. 4) with flash
 attention (no s^2 score matrix kept), counted tensor by tensor from the layer shapes;
-tensor/sequence parallelism divide them by tp, context parallelism by cp.
+tensor/sequence parallelism divide them by tp, context parallelism by cp; the routed
+experts' tensors hold the tokens the lowering computes on (``routed_share``: the padded
+capacity, or the busiest EP rank's tokens under skewed routing). ZeRO working buffers:
+``zero_buffers``.
 """
 
 from dataclasses import dataclass
 
+from perfsim.lowering.layers import LayerBuilder
 from perfsim.lowering.steps import FP8_BYTES
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule
+from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalance
 from perfsim.plan.schedules import head_stage, v_chunks_held
 from perfsim.plan.sharding import (
     MAIN_GRAD_BYTES,
@@ -71,8 +76,26 @@ class MemoryBreakdown:
         }
 
 
-def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
-    """Bytes one layer keeps for backward per microbatch on one rank."""
+def routed_share(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec = UNIFORM) -> float:
+    """Routed token copies the busiest EP rank's experts hold per microbatch, over the
+    balanced share (top_k copies per token): padded to capacity (the stack's dispatch
+    path, or the routing's), its experts' full capacity whatever the routing; dropless,
+    the routing's max / mean tokens per EP rank -- what the lowering computes on
+    (``layers.LayerBuilder._experts``)."""
+    if not model.is_moe:
+        return 1.0
+    builder = LayerBuilder(model, plan, routing)
+    routed = builder.local_tokens * model.top_k
+    if routed <= 0:
+        return 1.0
+    if builder._pads():
+        return expert_capacity(model, plan, routed) * (model.num_experts // plan.ep) / routed
+    return imbalance(model, plan, routed, routing)
+
+
+def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, share: float = 1.0) -> float:
+    """Bytes one layer keeps for backward per microbatch on one rank (``share``: the routed
+    experts' tokens over the balanced share, ``routed_share``)."""
     tokens = plan.mbs * plan.seq / plan.cp
     h = model.hidden_size
     recompute = recomputes(model, plan, layer)
@@ -85,14 +108,14 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int) -> 
     if recompute == Recompute.SELECTIVE:
         attn -= model.v_width
     per_token = attn / plan.tp + 2 * h / plan.tp  # + residual stream copies (sharded by SP)
-    per_token += _mlp_per_token(model, plan, layer)
+    per_token += _mlp_per_token(model, plan, layer, share)
     saved = tokens * per_token * ACT_BYTES
     if plan.dtype == "fp8" and plan.stack.fp8.saves_fp8_inputs:
-        saved -= tokens * _fp8_inputs_per_token(model, plan, layer) * (ACT_BYTES - FP8_BYTES)
+        saved -= tokens * _fp8_inputs_per_token(model, plan, layer, share) * (ACT_BYTES - FP8_BYTES)
     return saved
 
 
-def _fp8_inputs_per_token(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
+def _fp8_inputs_per_token(model: ModelSpec, plan: ParallelPlan, layer: int, share: float = 1.0) -> float:
     """Values per token (on one rank) among a layer's kept activations that are the inputs
     of its FP8 linear layers, which a ``fp8.saves_fp8_inputs`` stack keeps in FP8: the
     QKV projection's input (the norm's output) and the output projection's (the attention
@@ -105,17 +128,17 @@ def _fp8_inputs_per_token(model: ModelSpec, plan: ParallelPlan, layer: int) -> f
         mlp = h + model.ffn_hidden_size
     else:
         w = model.expert_ffn_hidden_size
-        mlp = model.top_k * (h + w) + model.shared_ffn_hidden_size
+        mlp = share * model.top_k * (h + w) + model.shared_ffn_hidden_size
     return (attn + mlp) / plan.tp
 
 
-def _mlp_per_token(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
+def _mlp_per_token(model: ModelSpec, plan: ParallelPlan, layer: int, share: float = 1.0) -> float:
     gate = 2 if model.gated_mlp else 1
     if not is_moe_layer(model, layer):
         w = model.ffn_hidden_size
         return model.hidden_size / plan.tp + (gate * w + w) / plan.tp
     w = model.expert_ffn_hidden_size
-    routed = model.top_k * (2 * model.hidden_size + gate * w + w)  # permuted in, up out, act out
+    routed = share * model.top_k * (2 * model.hidden_size + gate * w + w)  # permuted in, up out, act out
     shared = (gate + 1) * model.shared_ffn_hidden_size
     return (model.hidden_size + routed + shared) / plan.tp
 
@@ -164,7 +187,7 @@ def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     return (1 + plan.overlap_param_gather) * largest(layer_param_bytes) + (1 + plan.overlap_grad_reduce) * grads
 
 
-def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBreakdown:
+def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: RoutingSpec = UNIFORM) -> MemoryBreakdown:
     dense, expert = stage_rank_params(model, plan, stage)
     d_shard, e_shard = shard_degrees(plan)
     params = dense + expert
@@ -173,7 +196,8 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
     weights = (sharded if plan.zero == 3 else params) * weight_bytes
     grads = (sharded if plan.zero >= 2 else params) * _policy(plan, "grad_bytes", MAIN_GRAD_BYTES)
     opt = (sharded if plan.zero >= 1 else params) * _policy(plan, "optimizer_bytes", OPTIMIZER_STATE_BYTES)
-    per_mb = sum(layer_activation_bytes(model, plan, l) for l in stage_layer_ids(model, plan, stage))
+    share = routed_share(model, plan, routing)
+    per_mb = sum(layer_activation_bytes(model, plan, l, share) for l in stage_layer_ids(model, plan, stage))
     acts = per_mb * in_flight_microbatches(plan, stage)
     logits = 0.0
     if stage == head_stage(plan):  # logits + their gradient (FP32 each by default)
@@ -184,5 +208,5 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
                            zero_buffers_bytes=zero_buffers(model, plan, stage))
 
 
-def plan_memory(model: ModelSpec, plan: ParallelPlan) -> list[MemoryBreakdown]:
-    return [stage_memory(model, plan, s) for s in range(plan.pp)]
+def plan_memory(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec = UNIFORM) -> list[MemoryBreakdown]:
+    return [stage_memory(model, plan, s, routing) for s in range(plan.pp)]

@@ -96,7 +96,7 @@ def _reason(m: dict, win: dict, objective: str) -> str:
 def rank_rows(cands: list[Candidate], costers: dict, model: ModelSpec, contexts: dict, objective: str,
               usd: float | None, multi: bool) -> tuple[list[SearchRow], list[dict]]:
     """Rows ranked (confirmed by the engine first, then by the closed form) and the front."""
-    memory = MemoryModel(model)
+    memory = MemoryModel(model, next(iter(contexts.values())).routing) if contexts else MemoryModel(model)
     found = []
     for c in cands:
         m = _metrics(c, costers[c.num_gpus], memory, model, contexts[c.num_gpus].cluster)

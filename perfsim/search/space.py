@@ -210,7 +210,7 @@ _MODELS: dict[str, tuple[ClosedForm, MemoryModel]] = {}
 def _models(ctx: Context) -> tuple[ClosedForm, MemoryModel]:
     if ctx.key not in _MODELS:
         _MODELS.clear()
-        _MODELS[ctx.key] = (ClosedForm(ctx.model, ctx.cluster, ctx.routing), MemoryModel(ctx.model))
+        _MODELS[ctx.key] = (ClosedForm(ctx.model, ctx.cluster, ctx.routing), MemoryModel(ctx.model, ctx.routing))
     return _MODELS[ctx.key]
 
 
