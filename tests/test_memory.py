@@ -65,13 +65,16 @@ def test_total_is_sum_of_parts(zero):
 # one tiny-dense layer on a tp=2 rank: (2,621,440 + 12,582,912 + 2,048) / 2 = 7,603,200 parameters,
 # gathered in bf16 (2 B) and reduce-scattered in bf16 (2 B): 15,206,400 B each way
 LAYER_BYTES = 15_206_400
+# the embedding + untied LM head + final norm on one stage, gathered together (FSDP2's root group):
+# (2 x 32,000 x 1,024) / 2 + 1,024 = 32,769,024 parameters, 65,538,048 B; the largest unit here
+ENDS_BYTES = 65_538_048
 
 
 @pytest.mark.parametrize(
     "knobs, expected",
-    [  # ZeRO-3 (FSDP): the layer computing + the one prefetched, its gradients + the reduce-scatter in flight
-        (dict(zero=3), 2 * LAYER_BYTES + 2 * LAYER_BYTES),
-        (dict(zero=3, overlap_param_gather=False, overlap_grad_reduce=False), LAYER_BYTES + LAYER_BYTES),
+    [  # ZeRO-3 (FSDP): the unit computing + the one prefetched, its gradients + the reduce-scatter in flight
+        (dict(zero=3), 2 * ENDS_BYTES + 2 * ENDS_BYTES),
+        (dict(zero=3, overlap_param_gather=False, overlap_grad_reduce=False), ENDS_BYTES + ENDS_BYTES),
         (dict(zero=3, dp=1), 0.0),  # nothing sharded, nothing gathered
         # ZeRO-2: two gradient buckets of 80 MB (the stage's 8 layers hold 121.65 MB of them)
         (dict(zero=2), 2 * 80_000_000),
@@ -86,10 +89,22 @@ def test_zero_working_buffers_by_hand(knobs, expected):
     assert mem.zero_buffers_bytes == expected
 
 
+def test_zero3_buffers_follow_the_stage_s_largest_unit():
+    # pp 2: stage 0 holds 4 layers and the embedding (32,000 x 1,024 / 2 = 16,384,000 parameters,
+    # 32,768,000 B), the last stage 4 layers, the LM head and the final norm (32,768,000 + 1,024 x 2 B)
+    first, last = plan_memory(tiny_dense(), ParallelPlan(tp=2, pp=2, dp=DP, zero=3, gbs=8, seq=1024))
+    assert first.zero_buffers_bytes == 4 * 32_768_000
+    assert last.zero_buffers_bytes == 4 * (32_768_000 + 2_048)
+    # a model whose layers outweigh its vocabulary: the layer sets it
+    wide = tiny_dense(vocab_size=1024)
+    (mem,) = plan_memory(wide, ParallelPlan(tp=2, dp=DP, zero=3, gbs=8, seq=1024))
+    assert mem.zero_buffers_bytes == 4 * LAYER_BYTES
+
+
 def test_zero3_buffers_follow_the_largest_layer_and_the_expert_shards():
     # an MoE layer's experts are gathered over the expert data-parallel group: with ep = dp they are not
     # sharded (edp 1), so only the dense part of a layer is gathered; the largest layer sets the buffer
-    moe = tiny_moe()
+    moe = tiny_moe(vocab_size=1024)  # a small vocabulary: the layers outweigh the embedding and head
     sharded = plan_memory(moe, ParallelPlan(dp=8, ep=1, zero=3, gbs=8, seq=1024))[0].zero_buffers_bytes
     whole = plan_memory(moe, ParallelPlan(dp=8, ep=8, zero=3, gbs=8, seq=1024))[0].zero_buffers_bytes
     assert sharded > 4 * whole > 0

@@ -18,6 +18,8 @@ from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalanc
 from perfsim.plan.schedules import head_stage, v_chunks_held
 from perfsim.plan.sharding import (
     MAIN_GRAD_BYTES,
+    REDUCE_GRAD_BYTES,
+    embedding_rank_params,
     OPTIMIZER_STATE_BYTES,
     WEIGHT_BYTES,
     is_moe_layer,
@@ -164,10 +166,11 @@ def _policy(plan: ParallelPlan, key: str, default: float) -> float:
 
 
 def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """Bytes of a rank's ZeRO working buffers beyond its shards. ZeRO-3: the largest layer's
+    """Bytes of a rank's ZeRO working buffers beyond its shards. ZeRO-3: the largest unit's
     unsharded weights, (1 + prefetched) of them, and its unsharded gradients, (1 + in
     flight) of them, in the groups that shard (degree > 1; a group of one rank keeps its
-    weights whole and gathers nothing). ZeRO-2: the gradient buckets being reduced, (1 + in
+    weights whole and gathers nothing); a unit is a layer, or the stage's embedding / LM
+    head / final norm together (FSDP2's root group). ZeRO-2: the gradient buckets being reduced, (1 + in
     flight) buckets of ``grad_bucket_bytes`` at most. ZeRO-0/1 reduce in place in the full
     gradient buffer: none."""
     if plan.zero < 2:
@@ -179,12 +182,16 @@ def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
         return max((sum(b for b, on in zip(sizes(model, plan, l), sharded) if on)
                     for l in stage_layer_ids(model, plan, stage)), default=0.0)
 
-    grads = largest(layer_grad_bytes)
+    # the embedding, LM head and final norm: one more unit, gathered together (FSDP2's root
+    # group), on the stages holding them; sharded over the dense group
+    ends = embedding_rank_params(model, plan, stage) if sharded[0] else 0.0
+    grads = max(largest(layer_grad_bytes), ends * REDUCE_GRAD_BYTES)
     if plan.zero == 2:
         total = sum(sum(b for b, on in zip(layer_grad_bytes(model, plan, l), sharded) if on)
                     for l in stage_layer_ids(model, plan, stage))
         return (1 + plan.overlap_grad_reduce) * min(plan.grad_bucket_bytes, total)
-    return (1 + plan.overlap_param_gather) * largest(layer_param_bytes) + (1 + plan.overlap_grad_reduce) * grads
+    weights = max(largest(layer_param_bytes), ends * plan.param_bytes)
+    return (1 + plan.overlap_param_gather) * weights + (1 + plan.overlap_grad_reduce) * grads
 
 
 def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: RoutingSpec = UNIFORM) -> MemoryBreakdown:
