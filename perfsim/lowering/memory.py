@@ -44,8 +44,9 @@ FRAGMENTATION = 0.10
 # the next block's all-gather is issued before the current block computes): a rank holds the
 # unsharded weights of the block computing, plus the block prefetched
 # (``overlap_param_gather``), and in backward the unsharded gradients of the block computing,
-# plus the block whose reduce-scatter is still in flight (``overlap_grad_reduce``). The
-# blocks are the lowering's: one layer, gathered and reduced in the sizes the graph moves.
+# plus the block whose reduce-scatter is still in flight (``overlap_grad_reduce``). A block
+# is a layer, gathered and reduced in the sizes the graph moves, or the embedding, LM head
+# and final norm together (FSDP2's root group; the lowering does not gather them: a gap).
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,27 +171,24 @@ def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     unsharded weights, (1 + prefetched) of them, and its unsharded gradients, (1 + in
     flight) of them, in the groups that shard (degree > 1; a group of one rank keeps its
     weights whole and gathers nothing); a unit is a layer, or the stage's embedding / LM
-    head / final norm together (FSDP2's root group). ZeRO-2: the gradient buckets being reduced, (1 + in
-    flight) buckets of ``grad_bucket_bytes`` at most. ZeRO-0/1 reduce in place in the full
-    gradient buffer: none."""
+    head / final norm together (FSDP2's root group). ZeRO-2: the gradient buckets being
+    reduced, (1 + in flight) buckets of ``grad_bucket_bytes`` at most. ZeRO-0/1 reduce in
+    place in the full gradient buffer: none."""
     if plan.zero < 2:
         return 0.0
     d_shard, e_shard = shard_degrees(plan)
-    sharded = (d_shard > 1, e_shard > 1)
+    shards = (d_shard > 1, e_shard > 1)  # (dense, expert) parameters sharded
 
-    def largest(sizes) -> float:
-        return max((sum(b for b, on in zip(sizes(model, plan, l), sharded) if on)
-                    for l in stage_layer_ids(model, plan, stage)), default=0.0)
+    def per_layer(sizes) -> list[float]:
+        return [sum(b for b, on in zip(sizes(model, plan, l), shards) if on) for l in stage_layer_ids(model, plan, stage)]
 
+    if plan.zero == 2:
+        return (1 + plan.overlap_grad_reduce) * min(plan.grad_bucket_bytes, sum(per_layer(layer_grad_bytes)))
     # the embedding, LM head and final norm: one more unit, gathered together (FSDP2's root
     # group), on the stages holding them; sharded over the dense group
-    ends = embedding_rank_params(model, plan, stage) if sharded[0] else 0.0
-    grads = max(largest(layer_grad_bytes), ends * REDUCE_GRAD_BYTES)
-    if plan.zero == 2:
-        total = sum(sum(b for b, on in zip(layer_grad_bytes(model, plan, l), sharded) if on)
-                    for l in stage_layer_ids(model, plan, stage))
-        return (1 + plan.overlap_grad_reduce) * min(plan.grad_bucket_bytes, total)
-    weights = max(largest(layer_param_bytes), ends * plan.param_bytes)
+    ends = embedding_rank_params(model, plan, stage) if shards[0] else 0.0
+    weights = max(per_layer(layer_param_bytes) + [ends * plan.param_bytes])
+    grads = max(per_layer(layer_grad_bytes) + [ends * REDUCE_GRAD_BYTES])
     return (1 + plan.overlap_param_gather) * weights + (1 + plan.overlap_grad_reduce) * grads
 
 
