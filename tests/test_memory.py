@@ -65,16 +65,17 @@ def test_total_is_sum_of_parts(zero):
 # one tiny-dense layer on a tp=2 rank: (2,621,440 + 12,582,912 + 2,048) / 2 = 7,603,200 parameters,
 # gathered in bf16 (2 B) and reduce-scattered in bf16 (2 B): 15,206,400 B each way
 LAYER_BYTES = 15_206_400
-# the embedding + untied LM head + final norm on one stage, gathered together (FSDP2's root group):
-# (2 x 32,000 x 1,024) / 2 + 1,024 = 32,769,024 parameters, 65,538,048 B; the largest unit here
+# the embedding + untied LM head + final norm on one stage, FSDP2's root group, gathered through the
+# pass: (2 x 32,000 x 1,024) / 2 + 1,024 = 32,769,024 parameters, 65,538,048 B; the largest gradient unit
 ENDS_BYTES = 65_538_048
 
 
 @pytest.mark.parametrize(
     "knobs, expected",
-    [  # ZeRO-3 (FSDP): the unit computing + the one prefetched, its gradients + the reduce-scatter in flight
-        (dict(zero=3), 2 * ENDS_BYTES + 2 * ENDS_BYTES),
-        (dict(zero=3, overlap_param_gather=False, overlap_grad_reduce=False), ENDS_BYTES + ENDS_BYTES),
+    [  # ZeRO-3 (FSDP): the root group, the layer computing + the one prefetched; the largest unit's
+        # gradients + the reduce-scatter in flight
+        (dict(zero=3), ENDS_BYTES + 2 * LAYER_BYTES + 2 * ENDS_BYTES),
+        (dict(zero=3, overlap_param_gather=False, overlap_grad_reduce=False), ENDS_BYTES + LAYER_BYTES + ENDS_BYTES),
         (dict(zero=3, dp=1), 0.0),  # nothing sharded, nothing gathered
         # ZeRO-2: two gradient buckets of 80 MB (the stage's 8 layers hold 121.65 MB of them)
         (dict(zero=2), 2 * 80_000_000),
@@ -89,16 +90,17 @@ def test_zero_working_buffers_by_hand(knobs, expected):
     assert mem.zero_buffers_bytes == expected
 
 
-def test_zero3_buffers_follow_the_stage_s_largest_unit():
+def test_zero3_buffers_follow_the_stage_s_ends_and_largest_layer():
     # pp 2: stage 0 holds 4 layers and the embedding (32,000 x 1,024 / 2 = 16,384,000 parameters,
     # 32,768,000 B), the last stage 4 layers, the LM head and the final norm (32,768,000 + 1,024 x 2 B)
     first, last = plan_memory(tiny_dense(), ParallelPlan(tp=2, pp=2, dp=DP, zero=3, gbs=8, seq=1024))
-    assert first.zero_buffers_bytes == 4 * 32_768_000
-    assert last.zero_buffers_bytes == 4 * (32_768_000 + 2_048)
-    # a model whose layers outweigh its vocabulary: the layer sets it
+    assert first.zero_buffers_bytes == 32_768_000 + 2 * LAYER_BYTES + 2 * 32_768_000
+    assert last.zero_buffers_bytes == 32_770_048 + 2 * LAYER_BYTES + 2 * 32_770_048
+    # a model whose layers outweigh its vocabulary (1,024 x 1,024 x 2 / 2 + 1,024 = 1,049,600 parameters at
+    # the ends): the layer sets the gradient buffers
     wide = tiny_dense(vocab_size=1024)
     (mem,) = plan_memory(wide, ParallelPlan(tp=2, dp=DP, zero=3, gbs=8, seq=1024))
-    assert mem.zero_buffers_bytes == 4 * LAYER_BYTES
+    assert mem.zero_buffers_bytes == 2_099_200 + 2 * LAYER_BYTES + 2 * LAYER_BYTES
 
 
 def test_zero3_buffers_follow_the_largest_layer_and_the_expert_shards():

@@ -45,8 +45,9 @@ FRAGMENTATION = 0.10
 # unsharded weights of the block computing, plus the block prefetched
 # (``overlap_param_gather``), and in backward the unsharded gradients of the block computing,
 # plus the block whose reduce-scatter is still in flight (``overlap_grad_reduce``). A block
-# is a layer, gathered and reduced in the sizes the graph moves, or the embedding, LM head
-# and final norm together (FSDP2's root group; the lowering does not gather them: a gap).
+# is a layer, gathered and reduced in the sizes the graph moves; the embedding, LM head and
+# final norm stay gathered through the pass (FSDP2's root group; the lowering does not
+# gather them: a gap).
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,11 +168,12 @@ def _policy(plan: ParallelPlan, key: str, default: float) -> float:
 
 
 def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """Bytes of a rank's ZeRO working buffers beyond its shards. ZeRO-3: the largest unit's
-    unsharded weights, (1 + prefetched) of them, and its unsharded gradients, (1 + in
-    flight) of them, in the groups that shard (degree > 1; a group of one rank keeps its
-    weights whole and gathers nothing); a unit is a layer, or the stage's embedding / LM
-    head / final norm together (FSDP2's root group). ZeRO-2: the gradient buckets being
+    """Bytes of a rank's ZeRO working buffers beyond its shards. ZeRO-3: the largest layer's
+    unsharded weights, (1 + prefetched) of them, beside the stage's embedding / LM head /
+    final norm (FSDP2's root group, unsharded from forward to backward: the PyTorch 2.9
+    fully_shard docs, reshard_after_forward None is False for the root), and the largest
+    unit's unsharded gradients, (1 + in flight) of them; in the groups that shard (degree
+    > 1; a group of one rank keeps its weights whole and gathers nothing). ZeRO-2: the gradient buckets being
     reduced, (1 + in flight) buckets of ``grad_bucket_bytes`` at most. ZeRO-0/1 reduce in
     place in the full gradient buffer: none."""
     if plan.zero < 2:
@@ -184,12 +186,13 @@ def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
 
     if plan.zero == 2:
         return (1 + plan.overlap_grad_reduce) * min(plan.grad_bucket_bytes, sum(per_layer(layer_grad_bytes)))
-    # the embedding, LM head and final norm: one more unit, gathered together (FSDP2's root
-    # group), on the stages holding them; sharded over the dense group
+    # the embedding, LM head and final norm on the stages holding them: FSDP2's root group,
+    # sharded over the dense group, kept gathered from its forward to its backward (root
+    # modules do not reshard after forward), beside the layer computing
     ends = embedding_rank_params(model, plan, stage) if shards[0] else 0.0
-    weights = max(per_layer(layer_param_bytes) + [ends * plan.param_bytes])
+    weights = ends * plan.param_bytes + (1 + plan.overlap_param_gather) * max(per_layer(layer_param_bytes), default=0.0)
     grads = max(per_layer(layer_grad_bytes) + [ends * REDUCE_GRAD_BYTES])
-    return (1 + plan.overlap_param_gather) * weights + (1 + plan.overlap_grad_reduce) * grads
+    return weights + (1 + plan.overlap_grad_reduce) * grads
 
 
 def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: RoutingSpec = UNIFORM) -> MemoryBreakdown:
