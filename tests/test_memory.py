@@ -79,7 +79,8 @@ ENDS_BYTES = 65_538_048
         (dict(zero=3, dp=1), 0.0),  # nothing sharded, nothing gathered
         # ZeRO-2: two gradient buckets of 80 MB (the stage's 8 layers hold 121.65 MB of them)
         (dict(zero=2), 2 * 80_000_000),
-        (dict(zero=2, grad_bucket_bytes=10**9), 2 * 8 * LAYER_BYTES),  # a bucket never exceeds the gradients
+        # a bucket never exceeds the gradients: 8 layers' and the embedding / LM head / final norm's
+        (dict(zero=2, grad_bucket_bytes=10**9), 2 * (8 * LAYER_BYTES + ENDS_BYTES)),
         (dict(zero=1), 0.0),  # reduced in place in the full gradient buffer
     ],
 )

@@ -37,7 +37,8 @@ from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, g
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, head_stage, layout_key, splits_backward,
                                     virtual_stage)
-from perfsim.plan.sharding import chunk_layers, is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes, stage_layer_ids
+from perfsim.plan.sharding import (chunk_layers, ends_grad_bytes, is_moe_layer, recomputes, layer_grad_bytes,
+                                   layer_param_bytes, stage_layer_ids)
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.hardware import ClusterSpec
@@ -301,6 +302,9 @@ class ClosedForm:
                 if bucket[group] >= plan.grad_bucket_bytes:
                     ops.append(self.coll(coll, bucket.pop(group), *groups[group]))
                     closed.append(done)
+        ends = ends_grad_bytes(self.model, plan, stage)  # the embedding / LM head: in the last bucket (graph.optimizer)
+        if ends and groups["dp_cp"][0] > 1:
+            bucket["dp_cp"] = bucket.get("dp_cp", 0.0) + ends
         flushed = sorted(bucket.items())
         ops += [self.coll(coll, size, *groups[g]) for g, size in flushed]
         closed += [None] * len(flushed)  # flushed when the backward ends

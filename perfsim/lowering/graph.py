@@ -25,8 +25,8 @@ from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, splits_backward, stage_of, stage_order,
                                     virtual_stage)
-from perfsim.plan.sharding import (NORM_BYTES, chunk_layers, clip_bytes, is_moe_layer, recomputes, layer_grad_bytes, layer_param_bytes,
-                                   optimizer_bytes)
+from perfsim.plan.sharding import (NORM_BYTES, chunk_layers, clip_bytes, ends_grad_bytes, is_moe_layer, recomputes,
+                                   layer_grad_bytes, layer_param_bytes, optimizer_bytes)
 
 
 @dataclass
@@ -215,6 +215,9 @@ class _Builder:
         self.phase = "optimizer"
         for layer in self.deferred[stage]:
             self.grad_reduce(stage, layer)
+        ends = ends_grad_bytes(self.model, self.plan, stage)  # the embedding / LM head join the last bucket
+        if ends and self.plan.dp * self.plan.cp > 1:
+            self.bucket[stage]["dp_cp"] = self.bucket[stage].get("dp_cp", 0.0) + ends
         self.flush_buckets(stage)
         steps = optimizer_steps(self.model, self.plan, stage) + input_steps(self.plan)
         end = self.chain(stage, steps, tuple(self.grad_ops[stage]), -1, -1)

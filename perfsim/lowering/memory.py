@@ -184,12 +184,13 @@ def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     def per_layer(sizes) -> list[float]:
         return [sum(b for b, on in zip(sizes(model, plan, l), shards) if on) for l in stage_layer_ids(model, plan, stage)]
 
-    if plan.zero == 2:
-        return (1 + plan.overlap_grad_reduce) * min(plan.grad_bucket_bytes, sum(per_layer(layer_grad_bytes)))
-    # the embedding, LM head and final norm on the stages holding them: FSDP2's root group,
-    # sharded over the dense group, kept gathered from its forward to its backward (root
-    # modules do not reshard after forward), beside the layer computing
+    # the embedding, LM head and final norm on the stages holding them, sharded over the dense group
     ends = embedding_rank_params(model, plan, stage) if shards[0] else 0.0
+    if plan.zero == 2:
+        total = sum(per_layer(layer_grad_bytes)) + ends * REDUCE_GRAD_BYTES
+        return (1 + plan.overlap_grad_reduce) * min(plan.grad_bucket_bytes, total)
+    # ZeRO-3: the ends are FSDP2's root group, kept gathered from its forward to its backward
+    # (root modules do not reshard after forward), beside the layer computing
     weights = ends * plan.param_bytes + (1 + plan.overlap_param_gather) * max(per_layer(layer_param_bytes), default=0.0)
     grads = max(per_layer(layer_grad_bytes) + [ends * REDUCE_GRAD_BYTES])
     return weights + (1 + plan.overlap_grad_reduce) * grads

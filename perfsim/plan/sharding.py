@@ -104,6 +104,14 @@ def embedding_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> f
     return count + (model.hidden_size if stage == head else 0)
 
 
+def ends_grad_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Bytes of the stage's embedding / LM head / final norm gradients its data-parallel
+    reduction moves (dense parameters: the dp x cp group): ready when the backward ends
+    (the embedding's last; the graph and the closed form put the head's there too), so they
+    join the stage's last gradient bucket."""
+    return embedding_rank_params(model, plan, stage) * REDUCE_GRAD_BYTES
+
+
 def stage_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[float, float]:
     """(dense, expert) parameters one rank of ``stage`` holds before ZeRO sharding."""
     dense, expert = embedding_rank_params(model, plan, stage), 0.0
