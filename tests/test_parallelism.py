@@ -9,7 +9,7 @@ from perfsim import InfeasiblePlan, simulate
 from perfsim.cli import main
 from perfsim.lowering.graph import build_graph
 from perfsim.plan.parallel import ParallelPlan
-from perfsim.plan.sharding import REDUCE_GRAD_BYTES, layer_rank_params
+from perfsim.plan.sharding import REDUCE_GRAD_BYTES, embedding_rank_params, layer_rank_params
 
 DENSE = tiny_dense(num_layers=8, hidden_size=2048, num_heads=16, ffn_hidden_size=8192)
 
@@ -43,10 +43,16 @@ def test_grad_buckets_conserve_bytes(bucket):
     plan = ParallelPlan(dp=4, gbs=8, seq=1024, zero=1, grad_bucket_bytes=bucket)
     graph = build_graph(DENSE, plan)
     grads = [o for o in graph.ops if o.category == "dp_grad_reduce"]
-    expected = sum(sum(layer_rank_params(DENSE, plan, l)) for l in range(DENSE.num_layers)) * REDUCE_GRAD_BYTES
-    assert sum(o.collective.size_bytes for o in grads) == pytest.approx(expected)
+    layers = sum(sum(layer_rank_params(DENSE, plan, l)) for l in range(DENSE.num_layers)) * REDUCE_GRAD_BYTES
+    ends = embedding_rank_params(DENSE, plan, 0) * REDUCE_GRAD_BYTES  # embedding, LM head, final norm
+    assert sum(o.collective.size_bytes for o in grads) == pytest.approx(layers + ends)
     per_layer = sum(layer_rank_params(DENSE, plan, 0)) * REDUCE_GRAD_BYTES
-    assert len(grads) == (DENSE.num_layers if bucket <= per_layer else -(-expected // bucket) if bucket < expected else 1)
+    closed, filled = 0, 0.0  # buckets the layers close; the rest and the ends are flushed when the backward ends
+    for _ in range(DENSE.num_layers):
+        filled += per_layer
+        if filled >= bucket:
+            closed, filled = closed + 1, 0.0
+    assert len(grads) == closed + 1
 
 
 def test_default_bucket_is_megatron_40m_params():

@@ -173,9 +173,9 @@ def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     final norm (FSDP2's root group, unsharded from forward to backward: the PyTorch 2.9
     fully_shard docs, reshard_after_forward None is False for the root), and the largest
     unit's unsharded gradients, (1 + in flight) of them; in the groups that shard (degree
-    > 1; a group of one rank keeps its weights whole and gathers nothing). ZeRO-2: the gradient buckets being
-    reduced, (1 + in flight) buckets of ``grad_bucket_bytes`` at most. ZeRO-0/1 reduce in
-    place in the full gradient buffer: none."""
+    > 1; a group of one rank keeps its weights whole and gathers nothing). ZeRO-2: the
+    gradient buckets being reduced, (1 + in flight) buckets of ``grad_bucket_bytes`` at
+    most. ZeRO-0/1 reduce in place in the full gradient buffer: none."""
     if plan.zero < 2:
         return 0.0
     d_shard, e_shard = shard_degrees(plan)
