@@ -18,8 +18,8 @@ from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalanc
 from perfsim.plan.schedules import head_stage, v_chunks_held
 from perfsim.plan.sharding import (
     MAIN_GRAD_BYTES,
-    REDUCE_GRAD_BYTES,
     embedding_rank_params,
+    ends_grad_bytes,
     OPTIMIZER_STATE_BYTES,
     WEIGHT_BYTES,
     is_moe_layer,
@@ -186,13 +186,14 @@ def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
 
     # the embedding, LM head and final norm on the stages holding them, sharded over the dense group
     ends = embedding_rank_params(model, plan, stage) if shards[0] else 0.0
+    ends_grads = ends_grad_bytes(model, plan, stage) if shards[0] else 0.0
     if plan.zero == 2:
-        total = sum(per_layer(layer_grad_bytes)) + ends * REDUCE_GRAD_BYTES
+        total = sum(per_layer(layer_grad_bytes)) + ends_grads
         return (1 + plan.overlap_grad_reduce) * min(plan.grad_bucket_bytes, total)
     # ZeRO-3: the ends are FSDP2's root group, kept gathered from its forward to its backward
     # (root modules do not reshard after forward), beside the layer computing
     weights = ends * plan.param_bytes + (1 + plan.overlap_param_gather) * max(per_layer(layer_param_bytes), default=0.0)
-    grads = max(per_layer(layer_grad_bytes) + [ends * REDUCE_GRAD_BYTES])
+    grads = max(per_layer(layer_grad_bytes) + [ends_grads])
     return weights + (1 + plan.overlap_grad_reduce) * grads
 
 
