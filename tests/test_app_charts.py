@@ -348,3 +348,11 @@ def test_kernel_rows_show_the_achieved_rate_and_how_each_row_was_timed():
     rows = derive.kernel_rows([gemm, copy])
     assert [r["timing"] for r in rows] == ["host", "device"]
     assert rows[0]["achieved"] == f"{2 * 1024 ** 3 / 100e-6 / 1e12:.1f} TFLOPS" and rows[1]["achieved"] == "4.00 TB/s"
+
+
+def test_memory_bar_shows_the_zero3_working_buffers():
+    """The planner's memory chart draws ZeRO-3's gathered weights / gradients as their own part."""
+    r = perfsim.simulate("llama3.1-8b", "mi300x-pollara", gpus=8, dp=8, zero=3, gbs=8, seq=2048, estimator="analytic")
+    assert r.memory[0]["zero_buffers_bytes"] > 1e9  # a layer + the prefetched one + the 128k-vocab ends, gathered
+    fig = charts.memory_bar(r.memory, r.memory_capacity_bytes)
+    assert "zero_buffers" in {t.name for t in fig.data}

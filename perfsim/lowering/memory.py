@@ -8,6 +8,7 @@ capacity, or the busiest EP rank's tokens under skewed routing). ZeRO working bu
 ``zero_buffers``.
 """
 
+import functools
 from dataclasses import dataclass
 
 from perfsim.lowering.layers import LayerBuilder
@@ -80,6 +81,7 @@ class MemoryBreakdown:
         }
 
 
+@functools.lru_cache(maxsize=1024)  # one answer per (model, plan, routing); every stage of a plan asks
 def routed_share(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec = UNIFORM) -> float:
     """Routed token copies the busiest EP rank's experts hold per microbatch, over the
     balanced share (top_k copies per token): padded to capacity (the stack's dispatch

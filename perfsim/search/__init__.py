@@ -287,7 +287,8 @@ def search(
     finally:
         ex.close()
     costers = {w: ClosedForm(model, ctx.cluster, routing) for w, ctx in contexts.items()}
-    rows, pareto = rank_rows(candidates, costers, model, contexts, objective, usd_per_gpu_hour, multi=len(counts) > 1)
+    rows, pareto = rank_rows(candidates, costers, model, contexts, objective, usd_per_gpu_hour, multi=len(counts) > 1,
+                              routing=routing)
     confirmed = [c for c in candidates if c.report is not None]
     rows = [r for i, r in enumerate(rows) if i < top or r.pareto]  # confirmed first; the front stays
     return SearchResult(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from perfsim.estimators import summary
 from perfsim.estimators.analytic import ClosedForm
 from perfsim.estimators.fastmem import MemoryModel
+from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan, dispatch_label
 from perfsim.search.space import AXES, DEFAULT_BUCKET, DOMINATED, OOM
@@ -94,9 +95,9 @@ def _reason(m: dict, win: dict, objective: str) -> str:
 
 
 def rank_rows(cands: list[Candidate], costers: dict, model: ModelSpec, contexts: dict, objective: str,
-              usd: float | None, multi: bool) -> tuple[list[SearchRow], list[dict]]:
+              usd: float | None, multi: bool, routing: RoutingSpec = UNIFORM) -> tuple[list[SearchRow], list[dict]]:
     """Rows ranked (confirmed by the engine first, then by the closed form) and the front."""
-    memory = MemoryModel(model, next(iter(contexts.values())).routing) if contexts else MemoryModel(model)
+    memory = MemoryModel(model, routing)
     found = []
     for c in cands:
         m = _metrics(c, costers[c.num_gpus], memory, model, contexts[c.num_gpus].cluster)
