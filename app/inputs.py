@@ -11,6 +11,7 @@ import json
 import perfsim
 from perfsim.model import io as modelio
 from perfsim.plan.parallel import FP8_RECIPES, PLAN_SWITCHES
+from perfsim.system.stacks import ZERO3_GATHERS
 from perfsim.plan.routing import RoutingSpec
 from perfsim.plan.stragglers import VariabilitySpec
 
@@ -48,6 +49,8 @@ DEFAULT = {
         "fp8_recipe": "",
         # --fp8-params: FP8 primary weights; only under dtype fp8
         "fp8_params": False,
+        # --zero3-gather: "" (the stack's), per-pass, once or pipeline; how ZeRO-3 holds its weights
+        "zero3_gather": "",
         "clip_grad": True,  # --no-clip-grad turns the gradient clip off
         "real_data": False,  # --real-data: the stack's input pipeline cost per step ([data])
     },
@@ -96,6 +99,8 @@ def with_plan(inputs: dict, plan: dict) -> dict:
         fidelity["tp_comm_overlap"] = bool(plan["tp_comm_overlap"])
     if plan.get("grad_bucket_bytes"):
         fidelity["grad_bucket_mb"] = float(plan["grad_bucket_bytes"]) / 1e6
+    if plan.get("zero3_gather") in ZERO3_GATHERS:
+        fidelity["zero3_gather"] = str(plan["zero3_gather"])
     out["fidelity"] = fidelity
     return out
 
@@ -153,8 +158,14 @@ def fidelity_knobs(inputs: dict) -> dict:
             "grad_bucket_bytes": int(float(f["grad_bucket_mb"]) * 1e6),
             "first_stage_layers": int(f["first_stage_layers"]), "last_stage_layers": int(f["last_stage_layers"]),
             "recompute_layers": int(f["recompute_layers"]), "clip_grad": bool(f["clip_grad"]),
-            "real_data": bool(f["real_data"]),
+            "real_data": bool(f["real_data"]), "zero3_gather": zero3_gather_choice(inputs),
             "fp8_params": bool(f["fp8_params"]) and (inputs.get("knobs") or {}).get("dtype") == "fp8"}
+
+
+def zero3_gather_choice(inputs: dict) -> str:
+    """``zero3_gather``: the stored policy (per-pass, once, pipeline); "" (the stack's) otherwise."""
+    chosen = str((inputs.get("fidelity") or {}).get("zero3_gather") or "")
+    return chosen if chosen in ZERO3_GATHERS else ""
 
 
 def variability_spec(inputs: dict) -> VariabilitySpec:
@@ -249,6 +260,8 @@ def search_switches(inputs: dict, model) -> dict:
         knobs["dispatch_fp8"] = True
     if fp8_recipe_choice(inputs):
         knobs["fp8_recipe"] = fp8_recipe_choice(inputs)
+    if zero3_gather_choice(inputs):
+        knobs["zero3_gather"] = zero3_gather_choice(inputs)
     return knobs
 
 

@@ -187,6 +187,9 @@ def _memory_hint(plan: ParallelPlan) -> str:
     """What a user can change when a plan does not fit: less activation memory first."""
     if plan.recompute != Recompute.FULL or plan.recompute_layers:
         return "recompute='auto' (--recompute auto) picks the least recompute that fits"
+    if plan.keeps_weights_gathered:  # its weights and gradients unsharded through the step
+        return ("it does not fit with full recompute: ZeRO-3 gathering per pass (zero3_gather='per-pass', "
+                "--zero3-gather per-pass) shards the weights and gradients during the step too")
     zero = "" if plan.zero >= 3 else ", a higher zero stage"
     return f"it does not fit with full recompute: try more tp / pp{zero} or a smaller mbs"
 

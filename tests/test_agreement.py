@@ -29,6 +29,8 @@ def test_sample_spans_the_knobs():
     cases = agreement.sample(300, 0)
     plans = [c.plan for c in cases]
     assert {p.zero for p in plans} == {0, 1, 2, 3}
+    assert {p.keeps_weights_gathered for p in plans if p.zero == 3} == {True, False}  # per-pass and once
+    assert any(p.keeps_weights_gathered and p.pp > 1 for p in plans)
     assert {str(p.schedule) for p in plans if p.pp > 1} >= {"1f1b", "gpipe", "zb-h1", "interleaved"}
     assert {str(p.recompute) for p in plans} == {"none", "selective", "full"}
     assert any(p.tp_comm_overlap for p in plans) and any(p.cp > 1 for p in plans) and any(p.vpp > 1 for p in plans)

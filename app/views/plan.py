@@ -68,6 +68,23 @@ def _dispatch_fp8(column, experts: bool, dtype: str, fidelity: dict) -> bool:
 RECIPE_LABELS = {"": "the stack's", "delayed": "delayed", "current": "current"}
 
 
+GATHER_LABELS = {"": "the stack's", "per-pass": "every pass", "once": "once a step", "pipeline": "once with pp > 1"}
+
+
+def _zero3_gather(column, zero: int, fidelity: dict) -> str:
+    """The "ZeRO-3 gathers" choice (--zero3-gather): enabled under zero 3; "" = the stack's."""
+    stored = fidelity.get("zero3_gather") or ""
+    chosen = column.selectbox("ZeRO-3 gathers", list(GATHER_LABELS), format_func=GATHER_LABELS.get,
+                              key=common.seed("zero3_gather", stored if stored in GATHER_LABELS else ""),
+                              disabled=zero != 3,
+                              help="--zero3-gather (zero 3): per-pass gathers each layer's weights before every "
+                                   "forward and backward pass (FSDP2's default); once gathers them once a step and "
+                                   "keeps weights and gradients unsharded until the last backward (PyTorch "
+                                   "pipelining's FSDP path, MaxText pipeline_fsdp_ag_once); pipeline: once with "
+                                   "pp > 1 (torchtitan's default); default: the stack's")
+    return chosen if zero == 3 else ""
+
+
 def _fp8_recipe(column, dtype: str, fidelity: dict) -> str:
     """The "FP8 recipe" choice (--fp8-recipe): enabled under dtype fp8; "" = the stack's."""
     stored = fidelity.get("fp8_recipe") or ""
@@ -181,6 +198,7 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     fidelity["dispatch"] = _dispatch(f[3], experts, cluster, fidelity)
     fidelity["dispatch_fp8"] = _dispatch_fp8(f[3], experts, knobs["dtype"], fidelity)
     fidelity["fp8_recipe"] = _fp8_recipe(f[2], knobs["dtype"], fidelity)
+    fidelity["zero3_gather"] = _zero3_gather(f[1], int(knobs.get("zero", 1)), fidelity)
     fidelity["fp8_params"] = bool(f[2].toggle(
         "FP8 weights", key=common.seed("fp8_params", bool(fidelity.get("fp8_params"))), disabled=knobs["dtype"] != "fp8",
         help="--fp8-params (dtype fp8): FP8 primary weights (Transformer Engine fp8_model_init, Megatron "

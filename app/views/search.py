@@ -56,7 +56,8 @@ switches = search_switches(inputs, model_spec({**inputs, "model": model, "model_
 SWITCH_WORDS = {"clip_grad": "gradient clip", "overlap_grad_reduce": "gradient-reduction overlap",
                 "overlap_param_gather": "parameter prefetch", "dispatch_fp8": "FP8 dispatch", "real_data": "real data",
                 "fp8_params": "FP8 weights"}
-said = ", ".join(f"FP8 recipe {v}" if k == "fp8_recipe" else f"{SWITCH_WORDS[k]} {'on' if v else 'off'}"
+NAMED = {"fp8_recipe": "FP8 recipe", "zero3_gather": "ZeRO-3 gathers"}  # the knobs that take a name
+said = ", ".join(f"{NAMED[k]} {v}" if k in NAMED else f"{SWITCH_WORDS[k]} {'on' if v else 'off'}"
                  for k, v in sorted(switches.items()))
 st.caption(fmt.md(f"Every plan runs in {dtype} under the {stack} stack, {said} (set on the Plan page)."))
 

@@ -14,6 +14,7 @@ from perfsim.system.kernel_tables import table_provenance
 from perfsim.model.io import list_models
 from perfsim.report import Report
 from perfsim.plan.parallel import FP8_RECIPES, Schedule
+from perfsim.system.stacks import ZERO3_GATHERS
 from perfsim.plan.routing import MAX_ROUTING_PARAM, RoutingSpec, load_histogram, routing_fields
 from perfsim.plan.stragglers import VariabilitySpec
 from perfsim.system.specio import check_finite_output, check_output, write_atomic
@@ -102,6 +103,11 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="FP8 scaling recipe (needs --dtype fp8): delayed (scales from earlier steps' amax history, "
                         "Megatron-LM's default) or current (an amax pass before each cast: --fp8-recipe tensorwise, "
                         "NVIDIA's FP8-CS); default: the stack's")
+    p.add_argument("--zero3-gather", default=None, choices=list(ZERO3_GATHERS),
+                   help="how ZeRO-3 holds its weights through the step: per-pass (gathered before every forward and "
+                        "backward pass of every microbatch, FSDP2's default), once (gathered once, weights and gradients "
+                        "unsharded until the last backward: PyTorch pipelining's FSDP path, MaxText "
+                        "pipeline_fsdp_ag_once) or pipeline (once with pp > 1, torchtitan's default); default: the stack's")
 
 
 def _plan_knobs(args) -> dict:
@@ -117,6 +123,7 @@ def _plan_knobs(args) -> dict:
     knobs["stack"] = args.stack
     knobs["dispatch"] = args.dispatch
     knobs["fp8_recipe"] = args.fp8_recipe
+    knobs["zero3_gather"] = args.zero3_gather
     knobs["first_stage_layers"], knobs["last_stage_layers"] = args.first_stage_layers, args.last_stage_layers
     knobs["recompute_layers"] = args.recompute_layers
     return {k: v for k, v in knobs.items() if v is not None}

@@ -9,6 +9,7 @@ import tempfile
 from perfsim.cli import args as a
 from perfsim.errors import ConfigError
 from perfsim.plan.parallel import FP8_RECIPES
+from perfsim.system.stacks import ZERO3_GATHERS
 from perfsim.system.specio import check_finite_output, check_output
 from perfsim.system.specio import write_atomic as _write_atomic
 from perfsim.search import DEFAULT_MAX_MEMORY_FRACTION, search
@@ -81,6 +82,9 @@ def add_command(sub) -> None:
                    help="every plan: FP8 primary weights (needs --dtype fp8; as simulate --fp8-params)")
     p.add_argument("--fp8-recipe", default=None, choices=list(FP8_RECIPES),
                    help="every plan: the FP8 scaling recipe (needs --dtype fp8; as simulate --fp8-recipe)")
+    p.add_argument("--zero3-gather", default=None, choices=list(ZERO3_GATHERS),
+                   help="every ZeRO-3 plan: how it holds its weights through the step (as simulate --zero3-gather; "
+                        "default: the stack's)")
     p.add_argument("--objective", default="time", choices=["time", "cost"], help="minimize step time or $/token")
     p.add_argument("--usd-per-gpu-hour", type=a.number(0, 1e6, lo_open=True),
                    help="GPU price for --objective cost and the $/Mtoken column")
@@ -157,6 +161,7 @@ def run(args) -> int:
     if args.fp8_recipe and args.dtype != "fp8":
         raise ConfigError(f"--fp8-recipe: an FP8 scaling recipe needs --dtype fp8 (got {args.dtype})")
     knobs = a.switch_knobs(args) | ({"fp8_recipe": args.fp8_recipe} if args.fp8_recipe else {})
+    knobs |= {"zero3_gather": args.zero3_gather} if args.zero3_gather else {}
     counts = gpu_counts(args.gpus)
     fixed, limits = _constraints(args)
     if args.csv:

@@ -25,7 +25,7 @@ from perfsim.system.stacks import StackSpec, load_stack
 REQUIRED = ("id", "source_id", "source", "stack", "model", "cluster", "nodes", "mbs", "gbs", "seq",
             "metric", "measured")
 INT_KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq", "first_stage_layers", "last_stage_layers")
-STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch", "fp8_recipe")  # dispatch: plan.dispatch; fp8_recipe: plan.fp8_recipe
+STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch", "fp8_recipe", "zero3_gather")  # plan fields of those names
 BOOL_KNOBS = ("fp8_params", "overlap_grad_reduce", "overlap_param_gather")  # true / false (empty: the plan's
 # default: fp8_params false, the overlaps the stack's policy)
 OPTIONAL = (*INT_KNOBS, *STR_KNOBS, *BOOL_KNOBS, "capacity_factor", "routing", "family", "data", "assumed", "measured_peak_GB")

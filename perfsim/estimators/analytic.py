@@ -292,7 +292,7 @@ class ClosedForm:
         return self._cached(key, lambda: self._bucket_costs(plan, stage))
 
     def _bucket_costs(self, plan: ParallelPlan, stage: int) -> tuple[float, float, int, dict]:
-        coll = Coll.ALL_REDUCE if plan.zero == 0 else Coll.REDUCE_SCATTER
+        coll = Coll.ALL_REDUCE if plan.step_zero == 0 else Coll.REDUCE_SCATTER
         groups = self._groups(plan)
         per_kind = {k: self._sizes(plan, k, layer_grad_bytes) for k in self.kinds}
         bucket, ops, closed = {}, [], []
@@ -313,7 +313,7 @@ class ClosedForm:
         return sum(times), (times[-1] if ops else 0.0), len(ops), add_links(*(o.demand for o in ops))
 
     def _bucket_key(self, plan: ParallelPlan, stage: int) -> tuple:
-        return (self.signature(plan, stage), plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.zero == 0,
+        return (self.signature(plan, stage), plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.step_zero == 0,
                 plan.grad_bucket_bytes)
 
     def bucket_drain_s(self, plan: ParallelPlan, stage: int, bwd_s: float) -> float:
@@ -349,7 +349,7 @@ class ClosedForm:
                     rates[key] = background_rate(fg, bwd, demand)
                 return rates[key]
             return rate
-        return self._cached(("grad_rate", self.signature(plan, stage), plan.zero, plan.dp * plan.cp, plan.edp,
+        return self._cached(("grad_rate", self.signature(plan, stage), plan.step_zero, plan.dp * plan.cp, plan.edp,
                              plan.grad_bucket_bytes, *template_key(plan)), make)
 
     def walked_drain_s(self, plan: ParallelPlan, stage: int, passes: tuple, end: float) -> tuple[float, float]:
@@ -445,7 +445,7 @@ class ClosedForm:
         send shares its links with the gather queue, busy for the share of a pass its
         gathers take (fair sharing: the send runs at half speed while they overlap)."""
         base = self.p2p_s(plan)
-        if plan.zero != 3 or not plan.overlap_param_gather or base <= 0:
+        if plan.step_zero != 3 or not plan.overlap_param_gather or base <= 0:
             return base
         links = set(self.p2p(plan).demand)
         if not any(links & set(self.gather_links(plan, k)) for k in self.kinds):
@@ -493,7 +493,7 @@ class ClosedForm:
     def optimizer_s(self, plan: ParallelPlan, stage: int) -> float:
         """The optimizer phase's chain (``graph.optimizer_steps``: gradient clip, Adam step)
         priced as the engine prices it, in line after the last gradient reduction."""
-        key = ("opt", self.signature(plan, stage), plan.zero, plan.clip_grad, plan.param_bytes, self.speeds(plan)[0][stage],
+        key = ("opt", self.signature(plan, stage), plan.step_zero, plan.clip_grad, plan.param_bytes, self.speeds(plan)[0][stage],
                *placement_key(plan))
 
         def make():
@@ -533,14 +533,14 @@ class ClosedForm:
 
     def stage_passes(self, plan: ParallelPlan, stage: int) -> StagePasses:
         """F, B, W of a stage per microbatch, ZeRO-3 prefetch windows included."""
-        if plan.zero != 3:
+        if plan.step_zero != 3:
             return self.chain_passes(plan, stage)
         w = self.windows(plan, stage)
         return w["passes"]
 
     def pass_links(self, plan: ParallelPlan, stage: int) -> list[dict]:
         """Link busy seconds of a stage's F, B and W passes per microbatch (ZeRO-3 gathers in)."""
-        if plan.zero == 3:
+        if plan.step_zero == 3:
             return self.windows(plan, stage)["links"]
 
         def make():
@@ -623,7 +623,7 @@ class ClosedForm:
     def stage_costs(self, plan: ParallelPlan, stage: int) -> StageCosts:
         """A stage's chunk passes for the pipeline walk (``pipeline.walk``): ZeRO-3's
         spills split at pass boundaries, ZeRO-1/2's first-forward gathers up front."""
-        key = ("stage_costs", self.signature(plan, stage), plan.zero, plan.overlap_grad_reduce, plan.vpp,
+        key = ("stage_costs", self.signature(plan, stage), plan.step_zero, plan.overlap_grad_reduce, plan.vpp,
                plan.overlap_param_gather,
                plan.dp * plan.cp, plan.edp, *template_key(plan))
         return self._cached(key, lambda: self._stage_costs(plan, stage))
@@ -643,7 +643,7 @@ class ClosedForm:
         prefetch (``_exposure``), the last block's spill, which depends on the pass that
         follows on the stage, tabled per pair of passes (``StageCosts.spills``)."""
         phases, split = (FWD, BWD, WGT), splits_backward(plan)
-        zero3 = plan.zero == 3
+        zero3 = plan.step_zero == 3
         passes, ends, first = [], {}, 0.0
         tpl: dict[str, Template] = {}
         exposures: dict[tuple, tuple[float, float]] = {}
@@ -732,9 +732,9 @@ class ClosedForm:
             stages = {s: chain[sigs[s]] for s in range(plan.pp)}
             stages[crit] = windowed[sigs[crit]]
             return crit, stages[crit], pipeline_bubble(plan, stages, crit)
-        gathers = (plan.dp * plan.cp, plan.edp) if plan.zero == 3 else ()  # only ZeRO-3 gathers shape the passes
+        gathers = (plan.dp * plan.cp, plan.edp) if plan.step_zero == 3 else ()  # only ZeRO-3 gathers shape the passes
         return self._cached(("pipe", *template_key(plan), *layout_key(plan), plan.recompute_layers, plan.schedule,
-                             plan.zero == 3, gathers, self.speeds(plan)), make)
+                             plan.step_zero == 3, gathers, self.speeds(plan)), make)
 
     def timeline(self, plan: ParallelPlan) -> dict:
         """The parts of the step, in seconds (memoised per plan)."""
@@ -759,12 +759,12 @@ class ClosedForm:
 
     def _gathers(self, plan: ParallelPlan, stage: int) -> tuple[float, float, float]:
         """(total, exposed, exposed before the stage's first forward) ZeRO all-gather seconds."""
-        if not plan.zero:
+        if not plan.step_zero:
             return 0.0, 0.0, 0.0
         per_step = self.stage_gathers(plan, self.layout(plan, stage))
         if per_step <= 0:
             return 0.0, 0.0, 0.0
-        if plan.zero == 3:  # gathered before every pass of every microbatch (inside the passes)
+        if plan.step_zero == 3:  # gathered before every pass of every microbatch (inside the passes)
             exposed = self.windows(plan, stage)["gather_exposed"]
             return 2 * plan.num_microbatches * per_step, plan.num_microbatches * exposed, 0.0
         if plan.weights_gathered_ahead:  # ZeRO-1/2: behind the first forward
@@ -782,7 +782,7 @@ class ClosedForm:
             grad_x = grads
         gathers, gather_x, shift = self._gathers(plan, stage)
         hidden = grads - grad_x + gathers - gather_x
-        tail = gather_x if gathers and plan.zero in (1, 2) and not plan.weights_gathered_ahead else 0.0
+        tail = gather_x if gathers and plan.step_zero in (1, 2) and not plan.weights_gathered_ahead else 0.0
         return {"grads_s": grads, "grad_exposed_s": grad_x, "num_buckets": num_buckets, "gathers_s": gathers,
                 "gather_exposed_s": gather_x, "gather_shift_s": shift, "tail_s": tail,
                 "interference_s": plan.interference * max(0.0, hidden),  # FiCCO: hidden comm slows compute
@@ -833,7 +833,7 @@ class ClosedForm:
         chunk finishes the layer that fills them."""
         out = dict(e)
         hidden = walked.hidden[stage]
-        if plan.zero == 3:
+        if plan.step_zero == 3:
             out["gather_exposed_s"] = max(0.0, e["gather_exposed_s"] - hidden)
         elif plan.weights_gathered_ahead:
             out["gather_exposed_s"] = max(0.0, -hidden)

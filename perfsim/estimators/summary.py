@@ -65,7 +65,7 @@ def _breakdown(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> tuple[dict, set]
 def _gather_count(cf: ClosedForm, plan: ParallelPlan, stage: int) -> int:
     nd, nm, _, _ = cf.layout(plan, stage)
     per_step = sum(n * len(cf.layer_gathers(plan, k)) for k, n in (("dense", nd), ("moe", nm)) if n)
-    return per_step * (2 * plan.num_microbatches if plan.zero == 3 else 1)
+    return per_step * (2 * plan.num_microbatches if plan.step_zero == 3 else 1)
 
 
 def _link_loads(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict[str, float]]:
@@ -81,12 +81,12 @@ def _link_loads(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict[
                 if op.stream is not Stream.COMPUTE:
                     put(f"{op.category}/{op.collective.coll if op.collective else op.kind}", link_loads([op]), m * n)
     grads = cf.grad_buckets(plan, crit)
-    put(f"{GRAD_REDUCE}/{'all_reduce' if plan.zero == 0 else 'reduce_scatter'}", grads[3], 1)
+    put(f"{GRAD_REDUCE}/{'all_reduce' if plan.step_zero == 0 else 'reduce_scatter'}", grads[3], 1)
     if plan.pp > 1:  # the stage's pipeline sends (as _collectives counts them)
         put("pp_p2p/send_recv", cf.p2p(plan).demand, _sends(plan, crit))
-    if plan.zero:
+    if plan.step_zero:
         nd, nm, _, _ = cf.layout(plan, crit)
-        times = 2 * m if plan.zero == 3 else 1
+        times = 2 * m if plan.step_zero == 3 else 1
         for kind, count in (("dense", nd), ("moe", nm)):
             if count:
                 put(f"{PARAM_GATHER}/all_gather", cf.gather_links(plan, kind), count * times)
@@ -113,7 +113,7 @@ def _collectives(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict
         for key, total, exposed, count in block.colls:
             put(key, m * n * total, m * n * exposed, m * n * count)
     if tl["grads_s"] > 0:
-        put(f"{GRAD_REDUCE}/{'all_reduce' if plan.zero == 0 else 'reduce_scatter'}", tl["grads_s"],
+        put(f"{GRAD_REDUCE}/{'all_reduce' if plan.step_zero == 0 else 'reduce_scatter'}", tl["grads_s"],
             tl["grad_exposed_s"], tl["num_buckets"])
     if tl["gathers_s"] > 0:
         put(f"{PARAM_GATHER}/all_gather", tl["gathers_s"], tl["gather_exposed_s"], _gather_count(cf, plan, crit))
@@ -132,18 +132,18 @@ def _stage_totals(cf: ClosedForm, plan: ParallelPlan, stage: int) -> tuple[float
     for block, n in cf.stage_parts(plan, stage):
         compute, comm = compute + m * n * block.compute_s, comm + m * n * block.comm_s
     grads = cf.grad_buckets(plan, stage)[0]
-    gathers = cf.stage_gathers(plan, cf.layout(plan, stage)) if plan.zero else 0.0
-    gathers *= 2 * m if plan.zero == 3 else 1
+    gathers = cf.stage_gathers(plan, cf.layout(plan, stage)) if plan.step_zero else 0.0
+    gathers *= 2 * m if plan.step_zero == 3 else 1
     return compute + cf.optimizer_s(plan, stage), comm + grads + gathers
 
 
 def _per_layer(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict]:
     m, crit, out = plan.num_microbatches, tl["critical_stage"], {}
-    repeat = 2 * m if plan.zero == 3 else 1
+    repeat = 2 * m if plan.step_zero == 3 else 1
     for layer in sorted(stage_layer_ids(cf.model, plan, crit)):
         kind = cf.kind(layer)
         block = cf.template(plan, cf.block_kind(plan, layer), crit)
-        gathers = repeat * sum(cf.layer_gathers(plan, kind)) if plan.zero else 0.0
+        gathers = repeat * sum(cf.layer_gathers(plan, kind)) if plan.step_zero else 0.0
         out[str(layer)] = {"compute_s": m * block.compute_s, "comm_s": m * block.comm_s + gathers}
     compute, comm = _stage_totals(cf, plan, crit)
     other = {"compute_s": max(0.0, compute - sum(v["compute_s"] for v in out.values())),
@@ -226,7 +226,7 @@ def spans(cf: ClosedForm, plan: ParallelPlan) -> list[Span]:
     gradient reduction, interference, optimizer and any gathers after it."""
     tl = cf.timeline(plan)
     crit, m = tl["critical_stage"], plan.num_microbatches
-    passes, gathered = cf.stage_passes(plan, crit), cf.windows(plan, crit)["gather_exposed"] if plan.zero == 3 else 0.0
+    passes, gathered = cf.stage_passes(plan, crit), cf.windows(plan, crit)["gather_exposed"] if plan.step_zero == 3 else 0.0
     work = m * (passes.fwd + passes.bwd)
     start = max(0.0, tl["step_time_s"] - serial_tail_s(tl) - work)
     out: list[Span] = []

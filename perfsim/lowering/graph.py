@@ -137,7 +137,7 @@ class _Builder:
                 self._reduce_bucket(stage, group, bucket.pop(group), layer)
 
     def _reduce_bucket(self, stage: int, group: str, size: float, layer: int) -> None:
-        coll = Coll.ALL_REDUCE if self.plan.zero == 0 else Coll.REDUCE_SCATTER
+        coll = Coll.ALL_REDUCE if self.plan.step_zero == 0 else Coll.REDUCE_SCATTER
         step = _dp_step(f"grad_{coll}_{group}", coll, group, size, "dp_grad_reduce")
         after = (self.last[stage],)
         self.grad_ops[stage].append(self.add(stage, step, after, self.plan.num_microbatches - 1, layer))
@@ -152,9 +152,9 @@ class _Builder:
         before the first forward (updated weights), ZeRO-3 before every pass, prefetched
         one layer ahead (``overlap_param_gather``; off: issued when the layer before ends)."""
         plan = self.plan
-        if plan.zero == 0 or (plan.zero < 3 and (phase == BWD or mb > 0 or not plan.weights_gathered_ahead)):
+        if plan.step_zero == 0 or (plan.step_zero < 3 and (phase == BWD or mb > 0 or not plan.weights_gathered_ahead)):
             return ()
-        after = (self.marks[stage][-2 if plan.overlap_param_gather else -1],) if plan.zero == 3 else ()
+        after = (self.marks[stage][-2 if plan.overlap_param_gather else -1],) if plan.step_zero == 3 else ()
         ids = []
         for group, size in self._groups(layer, layer_param_bytes(self.model, plan, layer)):
             step = _dp_step(f"param_ag_{group}", Coll.ALL_GATHER, group, size, "dp_param_gather")
@@ -221,7 +221,7 @@ class _Builder:
         self.flush_buckets(stage)
         steps = optimizer_steps(self.model, self.plan, stage) + input_steps(self.plan)
         end = self.chain(stage, steps, tuple(self.grad_ops[stage]), -1, -1)
-        if self.plan.zero in (1, 2) and not self.plan.weights_gathered_ahead:
+        if self.plan.step_zero in (1, 2) and not self.plan.weights_gathered_ahead:
             layers = [l for c in range(self.plan.vpp) for l in self._layers(stage, c)]
             gathers = []
             for layer in layers:
@@ -267,7 +267,7 @@ def clip_steps(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[Step]:
         return []
     steps = [Step(name="grad_clip", kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category="optimizer",
                   bytes=clip_bytes(model, plan, stage))]
-    if plan.zero and plan.dp * plan.cp > 1:
+    if plan.step_zero and plan.dp * plan.cp > 1:
         steps.append(_dp_step("grad_norm_ar", Coll.ALL_REDUCE, "dp_cp", NORM_BYTES, "grad_norm"))
     return steps
 

@@ -178,7 +178,7 @@ def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     > 1; a group of one rank keeps its weights whole and gathers nothing). ZeRO-2: the
     gradient buckets being reduced, (1 + in flight) buckets of ``grad_bucket_bytes`` at
     most. ZeRO-0/1 reduce in place in the full gradient buffer: none."""
-    if plan.zero < 2:
+    if plan.step_zero < 2:
         return 0.0
     d_shard, e_shard = shard_degrees(plan)
     shards = (d_shard > 1, e_shard > 1)  # (dense, expert) parameters sharded
@@ -189,7 +189,7 @@ def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     # the embedding, LM head and final norm on the stages holding them, sharded over the dense group
     ends = embedding_rank_params(model, plan, stage) if shards[0] else 0.0
     ends_grads = ends_grad_bytes(model, plan, stage) if shards[0] else 0.0
-    if plan.zero == 2:
+    if plan.step_zero == 2:
         total = sum(per_layer(layer_grad_bytes)) + ends_grads
         return (1 + plan.overlap_grad_reduce) * min(plan.grad_bucket_bytes, total)
     # ZeRO-3: the ends are FSDP2's root group, kept gathered from its forward to its backward
@@ -205,9 +205,9 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: Rout
     params = dense + expert
     sharded = dense / d_shard + expert / e_shard
     weight_bytes = plan.param_bytes if plan.fp8_params else _policy(plan, "weight_bytes", WEIGHT_BYTES)
-    weights = (sharded if plan.zero == 3 else params) * weight_bytes
-    grads = (sharded if plan.zero >= 2 else params) * _policy(plan, "grad_bytes", MAIN_GRAD_BYTES)
-    opt = (sharded if plan.zero >= 1 else params) * _policy(plan, "optimizer_bytes", OPTIMIZER_STATE_BYTES)
+    weights = (sharded if plan.step_zero == 3 else params) * weight_bytes
+    grads = (sharded if plan.step_zero >= 2 else params) * _policy(plan, "grad_bytes", MAIN_GRAD_BYTES)
+    opt = (sharded if plan.step_zero >= 1 else params) * _policy(plan, "optimizer_bytes", OPTIMIZER_STATE_BYTES)
     share = routed_share(model, plan, routing)
     per_mb = sum(layer_activation_bytes(model, plan, l, share) for l in stage_layer_ids(model, plan, stage))
     acts = per_mb * in_flight_microbatches(plan, stage)

@@ -12,7 +12,7 @@ from enum import StrEnum
 from perfsim.errors import ConfigError
 from perfsim.model.spec import ModelSpec
 from perfsim.system.kernel_tables import DTYPE_BYTES
-from perfsim.system.stacks import IDEAL, StackSpec, load_stack
+from perfsim.system.stacks import IDEAL, ZERO3_GATHERS, StackSpec, load_stack
 
 
 class Recompute(StrEnum):
@@ -122,6 +122,9 @@ class ParallelPlan:
     # (it transposes the FP8 copy once for the dgrad GEMMs) and ZeRO gathers them in FP8.
     # Needs dtype fp8.
     fp8_params: bool = False
+    # how ZeRO-3 holds its weights through the step (stacks.ZERO3_GATHERS: per-pass, once,
+    # pipeline); "" = the stack's ([overlap] zero3_gather; per-pass where it sets none)
+    zero3_gather: str = ""
 
     def __post_init__(self):
         if not isinstance(self.stack, StackSpec):
@@ -155,6 +158,8 @@ class ParallelPlan:
             raise ConfigError(f"plan.zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"plan.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.zero3_gather not in ("", *ZERO3_GATHERS):
+            raise ConfigError(f"plan.zero3_gather must be one of {', '.join(ZERO3_GATHERS)}, got {self.zero3_gather!r}")
         if self.fp8_recipe not in ("", *FP8_RECIPES):
             raise ConfigError(f"plan.fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
         for key, why in FP8_ONLY.items():
@@ -179,11 +184,31 @@ class ParallelPlan:
             raise ConfigError(f"plan.seq ({self.seq}) must be divisible by 2*cp ({2 * self.cp})")
 
     @property
+    def keeps_weights_gathered(self) -> bool:
+        """ZeRO-3 whose weights stay gathered through the step (``zero3_gather`` once, or
+        pipeline with pp > 1; the plan's, else the stack's): one gather per step before the
+        first forward, gradients accumulated unsharded and reduce-scattered after the last
+        backward."""
+        if self.zero != 3:
+            return False
+        mode = self.zero3_gather or self.stack.overlap.zero3_gather or "per-pass"
+        return mode == "once" or (mode == "pipeline" and self.pp > 1)
+
+    @property
+    def step_zero(self) -> int:
+        """The ZeRO stage the step's communication and memory follow: the plan's, except
+        ZeRO-3 that keeps its weights gathered (``keeps_weights_gathered``), which runs the
+        step as ZeRO-1 does -- the weights gathered once, full gradients reduce-scattered once
+        after the last backward, only the optimizer states (and the weights between steps)
+        sharded."""
+        return 1 if self.keeps_weights_gathered else self.zero
+
+    @property
     def weights_gathered_ahead(self) -> bool:
         """ZeRO-1/2 gathers the updated weights behind the next step's first forward
         (gradient reduction and parameter gathers both overlapped); otherwise it gathers
         them after the optimizer step, exposed."""
-        return self.zero in (1, 2) and self.overlap_grad_reduce and self.overlap_param_gather
+        return self.step_zero in (1, 2) and self.overlap_grad_reduce and self.overlap_param_gather
 
     @property
     def fp8_delayed_scaling(self) -> bool:
@@ -230,6 +255,7 @@ class ParallelPlan:
         parts += [f"of{self.recompute_layers}"] if self.recompute_layers else []
         parts += ["tp-comm-overlap"] if self.tp_comm_overlap else []
         parts += ["no-param-prefetch"] if not self.overlap_param_gather and self.zero else []
+        parts += ["zero3-gather-once"] if self.keeps_weights_gathered else []
         parts += [f"first{self.first_stage_layers}"] if self.first_stage_layers else []
         parts += [f"last{self.last_stage_layers}"] if self.last_stage_layers else []
         parts += [f"stack-{self.stack.name}"] if self.stack.name != "ideal" else []

@@ -25,10 +25,12 @@ from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import FP8_ONLY, FP8_RECIPES, PLAN_SWITCHES, ParallelPlan
 from perfsim.plan.routing import UNIFORM, RoutingSpec
-from perfsim.system.stacks import IDEAL, StackSpec, load_stack
+from perfsim.system.stacks import IDEAL, ZERO3_GATHERS, StackSpec, load_stack
 from perfsim.search.executors import make_executor
 from perfsim.search.space import AXES, DOMINATED, OOM, Chunk, Context, build_space, cost_chunk, structures
 from perfsim.search.rank import Candidate, explain_infeasible, format_table, rank_rows
+
+STRING_KNOBS = {"fp8_recipe": FP8_RECIPES, "zero3_gather": ZERO3_GATHERS}  # plan_knobs that take a name
 
 log = logging.getLogger(__name__)
 OBJECTIVES = ("time", "cost")
@@ -161,12 +163,12 @@ def _plan_switches(knobs: dict | None, dtype: str) -> tuple[tuple[str, bool | st
     if not isinstance(knobs, dict):
         raise ConfigError(f"plan_knobs: expected a dict of switch -> bool, got {knobs!r}")
     for key, value in knobs.items():
-        if key == "fp8_recipe":  # the one string knob: an FP8 scaling recipe
-            if value not in FP8_RECIPES:
-                raise ConfigError(f"plan_knobs.fp8_recipe: expected one of {', '.join(FP8_RECIPES)}, got {value!r}")
+        if key in STRING_KNOBS:  # an FP8 scaling recipe, a ZeRO-3 gather policy
+            if value not in STRING_KNOBS[key]:
+                raise ConfigError(f"plan_knobs.{key}: expected one of {', '.join(STRING_KNOBS[key])}, got {value!r}")
             continue
         if key not in PLAN_SWITCHES:
-            raise ConfigError(f"plan_knobs: unknown switch {key!r} (known: {', '.join(PLAN_SWITCHES)}, fp8_recipe)")
+            raise ConfigError(f"plan_knobs: unknown switch {key!r} (known: {', '.join(PLAN_SWITCHES + tuple(STRING_KNOBS))})")
         if not isinstance(value, bool):
             raise ConfigError(f"plan_knobs.{key}: expected true or false, got {value!r}")
     for key, why in FP8_ONLY.items():  # the plan's own rule, said before any plan is enumerated
@@ -252,9 +254,10 @@ def search(
     called as chunks finish. ``stack``: the software-stack profile every plan runs under
     (default ideal). ``plan_knobs``: plan switches every plan carries, over the stack's
     defaults (``PLAN_SWITCHES``: overlap_grad_reduce, overlap_param_gather, clip_grad,
-    dispatch_fp8, real_data; e.g. ``{"clip_grad": False}``; and ``fp8_recipe``, delayed or
-    current, under dtype fp8). Raises InfeasiblePlan naming the binding constraint when no
-    plan is valid and fits, ConfigError for bad input.
+    dispatch_fp8, real_data; e.g. ``{"clip_grad": False}``; ``fp8_recipe``, delayed or
+    current, under dtype fp8; ``zero3_gather``, per-pass, once or pipeline). Raises
+    InfeasiblePlan naming the binding constraint when no plan is valid and fits,
+    ConfigError for bad input.
     """
     t0 = time.perf_counter()
     _check_args(gbs, seq, top, confirm, max_memory_fraction, objective, usd_per_gpu_hour)

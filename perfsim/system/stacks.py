@@ -23,6 +23,16 @@ from perfsim.system.specio import from_dict, read_toml, resolve_profile, to_dict
 
 STACK_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles" / "stacks"
 FUSIBLE = ("rmsnorm", "swiglu", "rope", "loss")  # kernels a stack may run fused (one HBM pass)
+# how ZeRO-3 (FSDP) holds its weights through a step (``[overlap] zero3_gather``, the plan's
+# ``zero3_gather``): "per-pass" gathers each layer's weights before every forward and every
+# backward pass of every microbatch and frees them after (FSDP2's default, reshard_after_forward
+# and reshard_after_backward True; MaxText); "once" gathers them once before the step's first
+# forward and keeps weights and gradients unsharded until the last backward, which
+# reduce-scatters the gradients (PyTorch pipelining's FSDP path: set_reshard_after_backward /
+# set_requires_gradient_sync False until the last microbatch; MaxText pipeline_fsdp_ag_once);
+# "pipeline" is "once" with pipeline parallelism and "per-pass" without (torchtitan's
+# fsdp_reshard_after_forward "default" policy)
+ZERO3_GATHERS = ("per-pass", "once", "pipeline")
 
 
 class Dispatch(StrEnum):
@@ -93,11 +103,14 @@ class OverlapPolicy:
     tp_comm: bool | None = None
     grad_reduce: bool | None = None
     param_gather: bool | None = None  # ZeRO/FSDP parameter gathers prefetched behind compute
+    zero3_gather: str | None = None  # ZERO3_GATHERS; unset: per-pass
     source: str = "assumed"
 
     def __post_init__(self):
         _boolean("overlap", **{k: v for k in ("tp_comm", "grad_reduce", "param_gather")
                                if (v := getattr(self, k)) is not None})
+        if self.zero3_gather is not None and self.zero3_gather not in ZERO3_GATHERS:
+            raise ConfigError(f"stack.overlap.zero3_gather: {self.zero3_gather!r} is not one of {', '.join(ZERO3_GATHERS)}")
 
 
 @dataclass(frozen=True, kw_only=True)
