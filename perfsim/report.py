@@ -229,14 +229,6 @@ def extrapolate_figures(a: dict, b: dict, m_a: int, m_b: int, m: int) -> dict:
     return out
 
 
-def _priced_plan(plan) -> dict:
-    """The plan's fields as priced: a ZeRO-3 gather policy left to the stack ("") reads as the
-    one the step ran ("once" or "per-pass"), so the report says which it was."""
-    out = plan.to_dict()
-    if plan.zero == 3:
-        out["zero3_gather"] = "once" if plan.keeps_weights_gathered else "per-pass"
-    return out
-
 
 def assemble_report(
     *, figures: dict, spans: list[Span], memory: list[MemoryBreakdown], model: ModelSpec, plan: ParallelPlan,
@@ -250,7 +242,7 @@ def assemble_report(
     tflops = model.model_flops_per_token(plan.seq) * tokens / step / world / 1e12
     peak = max(memory, key=lambda m: m.total_bytes)
     return Report(
-        model=model.name, cluster=cluster.name, plan=_priced_plan(plan), estimator=estimator, world_size=world,
+        model=model.name, cluster=cluster.name, plan=plan.priced_dict(), estimator=estimator, world_size=world,
         stack=plan.stack.name,
         tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / world, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / cluster.gpu.peak_flops(plan.dtype), peak_memory_bytes=peak.total_bytes,

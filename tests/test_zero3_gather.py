@@ -198,3 +198,17 @@ def test_planner_selector_reaches_the_plan_and_the_search():
     assert before.plan["zero3_gather"] == "per-pass" and after.plan["zero3_gather"] == "once"
     assert after.step_time_s < before.step_time_s
     assert planner_inputs.search_switches(state, planner_inputs.model_spec(state))["zero3_gather"] == "once"
+
+
+def test_search_rows_say_which_policy_ran_and_the_table_marks_once():
+    from perfsim.search.rank import format_table
+
+    result = search("llama3.1-70b", "mi300x-pollara", gpus=[64], gbs=64, seq=4096, top=100, confirm=0,
+                    stack="torchtitan",
+                    fixed={"tp": [8], "pp": [1, 2], "cp": [1], "zero": [3], "mbs": [1], "recompute": ["none"],
+                           "vpp": [1], "schedule": ["1f1b"]})
+    by_pp = {row.plan["pp"]: row for row in result.rows}
+    assert by_pp[2].plan["zero3_gather"] == "once" and by_pp[1].plan["zero3_gather"] == "per-pass"
+    lines = format_table(result.rows)
+    assert any("pp2" in line and " z3-once " in line for line in lines)
+    assert any("pp1" in line and " z3 " in line for line in lines)

@@ -270,6 +270,15 @@ class ParallelPlan:
     def to_dict(self) -> dict:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
+    def priced_dict(self) -> dict:
+        """``to_dict`` as the step was priced: a ZeRO-3 gather policy left to the stack ("")
+        or set to pipeline reads as the one the step ran ("once" or "per-pass"), so reports
+        and search rows say which it was (and build the same plan again)."""
+        out = self.to_dict()
+        if self.zero == 3:
+            out["zero3_gather"] = "once" if self.keeps_weights_gathered else "per-pass"
+        return out
+
 
 def _plain(value):
     if isinstance(value, StackSpec):

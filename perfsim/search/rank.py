@@ -102,7 +102,7 @@ def rank_rows(cands: list[Candidate], costers: dict, model: ModelSpec, contexts:
     for c in cands:
         m = _metrics(c, costers[c.num_gpus], memory, model, contexts[c.num_gpus].cluster)
         m["objective"], m["usd"] = _objective(m, c.num_gpus, objective, usd)
-        m.update(w=c.num_gpus, plan=c.plan.to_dict(), cand=c, cap=contexts[c.num_gpus].cluster.gpu.hbm_bytes)
+        m.update(w=c.num_gpus, plan=c.plan.priced_dict(), cand=c, cap=contexts[c.num_gpus].cluster.gpu.hbm_bytes)
         found.append(m)
     found.sort(key=lambda m: (m["estimator"] != "des", m["objective"], m["w"], m["cand"].key))
     front = _front(found) if multi else []
@@ -167,7 +167,8 @@ def format_table(rows: list[SearchRow]) -> list[str]:
     for r in rows:
         p = r.plan
         knobs = " ".join(f"{k}{p[k]}" for k in ("tp", "pp", "vpp", "cp", "dp", "ep", "etp") if p[k] > 1 or k in ("tp", "pp", "dp"))
-        knobs += f" z{p['zero']} mbs{p['mbs']}" + (f" rc-{p['recompute']}" if p["recompute"] != "none" else "") + \
+        zero = f"z{p['zero']}" + ("-once" if p["zero"] == 3 and p.get("zero3_gather") == "once" else "")
+        knobs += f" {zero} mbs{p['mbs']}" + (f" rc-{p['recompute']}" if p["recompute"] != "none" else "") + \
             (f"/{p['recompute_layers']}" if p.get("recompute_layers") else "")
         knobs += f" {p['schedule']}" if p["pp"] > 1 else ""
         knobs += " tp-overlap" if p.get("tp_comm_overlap") else ""
