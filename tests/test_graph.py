@@ -1,10 +1,12 @@
 """Lowering: the op graph is a well-formed per-stage program for every plan family."""
 
+import dataclasses
 from collections import Counter
 
 import pytest
 from conftest import PLANS, lower
 
+from perfsim.lowering.graph import build_graph
 from perfsim.lowering.ops import Coll, OpKind, Stream
 from perfsim.plan.schedules import BWD, FWD
 
@@ -137,14 +139,20 @@ def test_grad_reduce_bytes_sum_to_stage_gradients():
     head / final norm's exactly once, those last (ready when the backward ends)."""
     from perfsim.plan.sharding import REDUCE_GRAD_BYTES, embedding_rank_params, layer_rank_params
 
-    graph = lower("zero2")
+    graph = lower("zero2")  # ZeRO-2 without a pipeline: each of the 2 microbatches reduces its own
     ops = dp_ops(graph, "dp_grad_reduce")
-    total = sum(o.collective.size_bytes for o in ops)
     layers = sum(sum(layer_rank_params(graph.model, graph.plan, l)) for l in range(graph.model.num_layers))
     ends = embedding_rank_params(graph.model, graph.plan, 0)
     assert ends > 0.1 * layers  # tiny-dense: 32,000 x 1,024 embedding and head beside 8 small layers
-    assert total == pytest.approx((layers + ends) * REDUCE_GRAD_BYTES)
-    assert ops[-1].collective.size_bytes >= ends * REDUCE_GRAD_BYTES  # in the bucket flushed at the end
+    assert graph.plan.grad_syncs == graph.plan.num_microbatches == 2
+    for mb in range(2):
+        mine = [o for o in ops if o.microbatch == mb]
+        assert sum(o.collective.size_bytes for o in mine) == pytest.approx((layers + ends) * REDUCE_GRAD_BYTES)
+        assert mine[-1].collective.size_bytes >= ends * REDUCE_GRAD_BYTES  # in the bucket flushed at the end
+    once = build_graph(graph.model, dataclasses.replace(graph.plan, zero=1))  # ZeRO-1: once, after the last
+    ops = dp_ops(once, "dp_grad_reduce")
+    assert {o.microbatch for o in ops} == {1}
+    assert sum(o.collective.size_bytes for o in ops) == pytest.approx((layers + ends) * REDUCE_GRAD_BYTES)
 
 
 def test_recompute_adds_forward_work_in_backward():

@@ -341,6 +341,14 @@ class ClosedForm:
                 for part in (t.bwd, t.wgt):
                     fg += [(n * (op.duration_s - op.meta.get("latency_s", 0.0)), op.meta.get("link_share") or {})
                            for op in part.ops if op.is_comm and op.meta.get("link_share")]
+            if plan.step_zero == 3:  # the backward's parameter gathers go first too (foreground)
+                groups, layout = self._groups(plan), self.layout(plan, stage)
+                for kind, n in (("dense", layout[0]), ("moe", layout[1])):
+                    for g, size in (self._sizes(plan, kind, layer_param_bytes) if n else ()):
+                        c = self.coll(Coll.ALL_GATHER, size, *groups[g])
+                        data = c.time_s - c.latency_s
+                        if data > 0:
+                            fg.append((n * data, {link: busy / data for link, busy in c.demand.items()}))
             bwd, rates = self.stage_passes(plan, stage).bwd, {}
 
             def rate(demand: dict) -> float:
@@ -780,6 +788,8 @@ class ClosedForm:
         else:
             grads, _, num_buckets, _ = self.grad_buckets(plan, stage)
             grad_x = grads
+        syncs = plan.grad_syncs  # > 1: every microbatch reduces its own and waits for it (pp 1)
+        grads, grad_x, num_buckets = syncs * grads, syncs * grad_x, syncs * num_buckets
         gathers, gather_x, shift = self._gathers(plan, stage)
         hidden = grads - grad_x + gathers - gather_x
         tail = gather_x if gathers and plan.step_zero in (1, 2) and not plan.weights_gathered_ahead else 0.0

@@ -81,7 +81,7 @@ def _link_loads(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict[
                 if op.stream is not Stream.COMPUTE:
                     put(f"{op.category}/{op.collective.coll if op.collective else op.kind}", link_loads([op]), m * n)
     grads = cf.grad_buckets(plan, crit)
-    put(f"{GRAD_REDUCE}/{'all_reduce' if plan.step_zero == 0 else 'reduce_scatter'}", grads[3], 1)
+    put(f"{GRAD_REDUCE}/{'all_reduce' if plan.step_zero == 0 else 'reduce_scatter'}", grads[3], plan.grad_syncs)
     if plan.pp > 1:  # the stage's pipeline sends (as _collectives counts them)
         put("pp_p2p/send_recv", cf.p2p(plan).demand, _sends(plan, crit))
     if plan.step_zero:
@@ -131,7 +131,7 @@ def _stage_totals(cf: ClosedForm, plan: ParallelPlan, stage: int) -> tuple[float
     compute = comm = 0.0
     for block, n in cf.stage_parts(plan, stage):
         compute, comm = compute + m * n * block.compute_s, comm + m * n * block.comm_s
-    grads = cf.grad_buckets(plan, stage)[0]
+    grads = plan.grad_syncs * cf.grad_buckets(plan, stage)[0]
     gathers = cf.stage_gathers(plan, cf.layout(plan, stage)) if plan.step_zero else 0.0
     gathers *= 2 * m if plan.step_zero == 3 else 1
     return compute + cf.optimizer_s(plan, stage), comm + grads + gathers

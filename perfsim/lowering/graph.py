@@ -67,6 +67,8 @@ class _Builder:
         self.last_vs = plan.pp * plan.vpp - 1
         self.phase = FWD
         self.deferred: dict[int, list[int]] = {s: [] for s in range(plan.pp)}
+        self.grad_mb = 0  # the microbatch whose gradients are being reduced (plan.grad_syncs > 1)
+        self.mb_grads = 0  # grad_ops[0] before the current microbatch's (pp 1 when grad_syncs > 1)
 
     def add(self, stage: int, step: Step, deps: tuple[int, ...], mb: int, layer: int) -> int:
         op = Op(
@@ -140,7 +142,30 @@ class _Builder:
         coll = Coll.ALL_REDUCE if self.plan.step_zero == 0 else Coll.REDUCE_SCATTER
         step = _dp_step(f"grad_{coll}_{group}", coll, group, size, "dp_grad_reduce")
         after = (self.last[stage],)
-        self.grad_ops[stage].append(self.add(stage, step, after, self.plan.num_microbatches - 1, layer))
+        mb = self.grad_mb if self.plan.grad_syncs > 1 else self.plan.num_microbatches - 1
+        self.grad_ops[stage].append(self.add(stage, step, after, mb, layer))
+
+    def reduce_rest(self, stage: int) -> None:
+        """The reductions left when a backward ends: the layers deferred (reduction not
+        overlapped), the embedding / LM head gradients joining the last bucket, the open
+        buckets flushed."""
+        for layer in self.deferred[stage]:
+            self.grad_reduce(stage, layer)
+        self.deferred[stage].clear()
+        ends = ends_grad_bytes(self.model, self.plan, stage)
+        if ends and self.plan.dp * self.plan.cp > 1:
+            self.bucket[stage]["dp_cp"] = self.bucket[stage].get("dp_cp", 0.0) + ends
+        self.flush_buckets(stage)
+
+    def sync_grads(self, stage: int, mb: int) -> None:
+        """A microbatch's own gradient reduction (``plan.grad_syncs`` > 1) when its backward
+        ends: the rest reduced, then the stage's compute waits for every reduction of the
+        microbatch before the next one starts (FSDP2 finalize_backward)."""
+        self.reduce_rest(stage)
+        ops = tuple(self.grad_ops[stage][self.mb_grads:])
+        self.mb_grads = len(self.grad_ops[stage])
+        if ops:
+            self.chain(stage, [_barrier("grad_reduce_wait", "dp_grad_reduce")], ops, mb, -1)
 
     def flush_buckets(self, stage: int) -> None:
         for group, size in sorted(self.bucket[stage].items()):
@@ -186,14 +211,18 @@ class _Builder:
         if vs == self.last_vs:
             self.chain(stage, self.special("head")[1], deps, mb, -1)
             deps = ()
+        self.grad_mb = mb
+        every = self.plan.grad_syncs > 1
         for layer in reversed(self._layers(stage, chunk)):
             self.chain(stage, self.backward_steps(layer), deps + self.param_gather(stage, layer, BWD, mb), mb, layer)
             deps = ()
-            if mb == self.plan.num_microbatches - 1 and not self.split:
+            if (mb == self.plan.num_microbatches - 1 or every) and not self.split:
                 self.grad_reduce(stage, layer)
                 self.phase = BWD
         if vs == 0:
             self.chain(stage, self.special("embedding")[1], deps, mb, -1)
+        if every and mb < self.plan.num_microbatches - 1:
+            self.sync_grads(stage, mb)
         return self.last[stage]
 
     def chunk_weights(self, stage: int, mb: int, chunk: int) -> int:
@@ -213,12 +242,8 @@ class _Builder:
         """Deferred gradient reductions, the Adam step, then (without overlap) the ZeRO
         parameter all-gather of the updated weights, all exposed."""
         self.phase = "optimizer"
-        for layer in self.deferred[stage]:
-            self.grad_reduce(stage, layer)
-        ends = ends_grad_bytes(self.model, self.plan, stage)  # the embedding / LM head join the last bucket
-        if ends and self.plan.dp * self.plan.cp > 1:
-            self.bucket[stage]["dp_cp"] = self.bucket[stage].get("dp_cp", 0.0) + ends
-        self.flush_buckets(stage)
+        self.grad_mb = self.plan.num_microbatches - 1
+        self.reduce_rest(stage)  # the embedding / LM head join the last bucket
         steps = optimizer_steps(self.model, self.plan, stage) + input_steps(self.plan)
         end = self.chain(stage, steps, tuple(self.grad_ops[stage]), -1, -1)
         if self.plan.step_zero in (1, 2) and not self.plan.weights_gathered_ahead:
@@ -298,8 +323,9 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
     return fwd, bwd, wgt
 
 
-def _barrier() -> Step:
-    return Step(name="param_gather_wait", kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category="optimizer")
+def _barrier(name: str = "param_gather_wait", category: str = "optimizer") -> Step:
+    """A zero-work compute step that waits for its dependencies (the chain after it waits too)."""
+    return Step(name=name, kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category=category)
 
 
 def _emit(b: _Builder, orders: dict[int, list]) -> None:

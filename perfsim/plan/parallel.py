@@ -204,6 +204,16 @@ class ParallelPlan:
         return 1 if self.keeps_weights_gathered else self.zero
 
     @property
+    def grad_syncs(self) -> int:
+        """Gradient reductions per step: one after the last microbatch (ZeRO-0/1, which
+        accumulate full gradients; ZeRO-3 keeping its weights gathered; any pipeline: PyTorch
+        pipelining and MaxText accumulate first), or one per microbatch where ZeRO-2/3 holds
+        the gradients sharded without a pipeline: every backward reduce-scatters its own
+        gradients and the next microbatch waits for them (FSDP2's default,
+        FSDPParamGroup.finalize_backward; DeepSpeed ZeRO-2/3 every micro-step)."""
+        return self.num_microbatches if self.pp == 1 and self.step_zero in (2, 3) else 1
+
+    @property
     def weights_gathered_ahead(self) -> bool:
         """ZeRO-1/2 gathers the updated weights behind the next step's first forward
         (gradient reduction and parameter gathers both overlapped); otherwise it gathers
