@@ -41,7 +41,7 @@ def test_graph_reduces_each_microbatch_and_waits_for_it():
     assert all(per_mb.values()) and len({len(v) for v in per_mb.values()}) == 1  # the same buckets each time
     for mb in range(3):  # a barrier waits for the microbatch's reductions; the next forward waits for it
         barrier = next(o for o in graph.ops if o.name == "grad_reduce_wait" and o.microbatch == mb)
-        assert barrier.flops == 0 and barrier.bytes == 0
+        assert barrier.flops == 0 and barrier.bytes == 0 and dict(barrier.meta)["host_s"] == 0
         assert set(per_mb[mb]) <= set(barrier.deps)
         first_next = min(o.op_id for o in graph.ops if o.microbatch == mb + 1 and o.stream == barrier.stream)
         assert _reaches(ops, first_next, barrier.op_id)

@@ -165,7 +165,7 @@ class _Builder:
         ops = tuple(self.grad_ops[stage][self.mb_grads:])
         self.mb_grads = len(self.grad_ops[stage])
         if ops:
-            self.chain(stage, [_barrier("grad_reduce_wait", "dp_grad_reduce")], ops, mb, -1)
+            self.chain(stage, [host_step("grad_reduce_wait", 0.0, "optimizer")], ops, mb, -1)  # no work: a wait
 
     def flush_buckets(self, stage: int) -> None:
         for group, size in sorted(self.bucket[stage].items()):
@@ -323,9 +323,8 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
     return fwd, bwd, wgt
 
 
-def _barrier(name: str = "param_gather_wait", category: str = "optimizer") -> Step:
-    """A zero-work compute step that waits for its dependencies (the chain after it waits too)."""
-    return Step(name=name, kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category=category)
+def _barrier() -> Step:
+    return Step(name="param_gather_wait", kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category="optimizer")
 
 
 def _emit(b: _Builder, orders: dict[int, list]) -> None:
