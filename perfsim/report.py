@@ -226,8 +226,30 @@ def extrapolate_figures(a: dict, b: dict, m_a: int, m_b: int, m: int) -> dict:
     rest = sum(v for c, v in out["breakdown"].items() if c != BUBBLE)
     out["breakdown"][BUBBLE] = out["bubble_s"] = max(0.0, out["step_time_s"] - rest)
     out["breakdown"] = dict(sorted(out["breakdown"].items(), key=lambda kv: -kv[1]))
+    for link in (out.get("links") or {}).values():  # a share of the step is not linear in m: from its parts
+        link["utilization"] = link["busy_s"] / out["step_time_s"] if out["step_time_s"] > 0 else 0.0
     return out
 
+
+
+# what the intra-node link family (perfsim.system.network.XGMI inside) is called on a vendor's
+# nodes: Infinity Fabric (xGMI) on AMD, NVLink (through NVSwitch) on NVIDIA
+INTRA_NODE_LINK = {"amd": "xgmi", "nvidia": "nvlink"}
+
+
+def _named_links(figures: dict, name: str) -> dict:
+    """``figures`` with the intra-node link family under the node's own name (reports say
+    nvlink on NVIDIA nodes; the estimators key it xgmi everywhere)."""
+    if name == "xgmi":
+        return figures
+
+    def rename(links: dict) -> dict:
+        return {name if k == "xgmi" else k: v for k, v in links.items()}
+    out = dict(figures)
+    out["links"] = rename(figures.get("links") or {})
+    out["comm_by_collective"] = {key: {**e, "links": rename(e["links"])} if "links" in e else e
+                                 for key, e in (figures.get("comm_by_collective") or {}).items()}
+    return out
 
 
 def assemble_report(
@@ -241,6 +263,7 @@ def assemble_report(
     tokens, world = plan.tokens_per_step, plan.world_size
     tflops = model.model_flops_per_token(plan.seq) * tokens / step / world / 1e12
     peak = max(memory, key=lambda m: m.total_bytes)
+    figures = _named_links(figures, INTRA_NODE_LINK.get(cluster.gpu.vendor, "xgmi"))
     return Report(
         model=model.name, cluster=cluster.name, plan=plan.priced_dict(), estimator=estimator, world_size=world,
         stack=plan.stack.name,
