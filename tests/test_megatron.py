@@ -36,6 +36,15 @@ def test_no_flag_is_dropped_silently():
     assert "--made-up-flag" in notes and "--account-for-loss-in-pipeline-split" in notes and "uneven" in notes
 
 
+def test_torch_fsdp2_is_reported_not_priced_as_zero1():
+    """Megatron's FSDP2 path gathers per pass but accumulates unsharded gradients: no ZeRO
+    stage of perfsim's, so it is named with what to set instead of being dropped."""
+    plan = megatron.from_args("--global-batch-size 8 --seq-length 1024 --use-torch-fsdp2")
+    assert "use_torch_fsdp2" not in plan.ignored
+    reasons = dict(plan.not_modelled)
+    assert "--zero 3" in reasons["use_torch_fsdp2"] and "--zero3-gather once" in reasons["use_torch_fsdp2"]
+
+
 def test_block_recompute_maps_onto_recompute_layers():
     plan = megatron.from_args("--pipeline-model-parallel-size 4 --global-batch-size 8 --seq-length 1024 "
                               "--recompute-granularity full --recompute-method block --recompute-num-layers 2")

@@ -60,7 +60,7 @@ moe_ffn_hidden_size moe_router_topk moe_shared_expert_intermediate_size moe_grou
 moe_router_load_balancing_type moe_aux_loss_coeff moe_router_dtype moe_router_force_load_balancing
 moe_layer_freq moe_permute_fusion moe_router_pre_softmax q_lora_rank kv_lora_rank qk_head_dim qk_pos_emb_head_dim
 v_head_dim multi_latent_attention hidden_dropout attention_dropout exit_interval exit_duration_in_mins
-manual_gc manual_gc_interval use_torch_fsdp2 ckpt_format dataloader_type num_workers mock_data
+manual_gc manual_gc_interval ckpt_format dataloader_type num_workers mock_data
 """.split())
 # Megatron-LM's switches that count the embedding / the loss as a pipeline layer
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "embedding", "account_for_loss_in_pipeline_split": "loss"}
@@ -75,7 +75,9 @@ NOT_MODELLED = {
     "recompute_num_layers": "with --recompute-method uniform every layer recomputes (the checkpoint grouping "
                             "is not modelled)",
     "recompute_modules": "selective recompute is the attention core only",
-    "overlap_param_gather": "parameter all-gathers always overlap the forward under ZeRO",
+    "use_torch_fsdp2": "Megatron's PyTorch FSDP2 path (weights gathered before every pass, gradients accumulated "
+                       "unsharded under no_sync and reduce-scattered once) is not one of perfsim's ZeRO stages; "
+                       "--zero 3 prices its per-pass gathers, --zero 3 --zero3-gather once its memory's upper end",
     "cpu_offloading": "CPU offload is not modelled",
     "fp8_recipe": "perfsim prices the delayed and tensorwise (current) recipes; blockwise and mxfp8 scale "
                   "per block, which is not modelled (the stack's recipe is used)",
