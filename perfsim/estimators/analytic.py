@@ -334,7 +334,8 @@ class ClosedForm:
 
     def _grad_rate(self, plan: ParallelPlan, stage: int):
         """How fast a gradient bucket (given its link demand) moves beside the backward
-        (``overlap.background_rate``)."""
+        (``overlap.background_rate``): behind the backward's own comm and, under ZeRO-3, its
+        parameter gathers, which go first on the links (the engine serves the reduction last)."""
         def make():
             fg = []
             for t, n in self.stage_parts(plan, stage):
@@ -749,8 +750,9 @@ class ClosedForm:
         return self._cached(("timeline", plan), lambda: self._timeline(plan))
 
     def _grad_exposed(self, plan: ParallelPlan, stage: int, st: StagePasses) -> tuple[float, float, int]:
-        """(total, exposed, buckets) of a stage's gradient reduction: overlapped, it drains
-        behind the last microbatch's backward and shares its links (``overlap.drain_s``)."""
+        """(total, exposed, buckets) of one reduction of a stage's gradients: overlapped, it
+        drains behind a microbatch's backward and shares its links (``overlap.drain_s``); the
+        step pays it ``plan.grad_syncs`` times (``_stage_end``)."""
         grads, last, num_buckets, loads = self.grad_buckets(plan, stage)
         if not plan.overlap_grad_reduce or grads <= 0:
             return grads, grads, num_buckets

@@ -68,7 +68,7 @@ class _Builder:
         self.phase = FWD
         self.deferred: dict[int, list[int]] = {s: [] for s in range(plan.pp)}
         self.grad_mb = 0  # the microbatch whose gradients are being reduced (plan.grad_syncs > 1)
-        self.mb_grads = 0  # grad_ops[0] before the current microbatch's (pp 1 when grad_syncs > 1)
+        self.mb_grads = 0  # how many of stage 0's grad_ops came before this microbatch's (grad_syncs > 1: pp 1)
 
     def add(self, stage: int, step: Step, deps: tuple[int, ...], mb: int, layer: int) -> int:
         op = Op(
