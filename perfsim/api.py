@@ -239,7 +239,7 @@ def simulate(
     if estimator == "des":
         _check_engine_work(model, plan, fold)
     memory, warnings = _memory_check(model, cluster, plan, check_memory, routing)
-    warnings += _routing_warnings(model, plan, routing)
+    warnings += _routing_warnings(model, plan, routing) + _gradient_warnings(plan)
     extras = _moe_and_straggler_costs(model, cluster, plan, routing, variability)
     common = dict(memory=memory, model=model, plan=plan, cluster=cluster, estimator=estimator, warnings=warnings,
                   **extras)
@@ -317,6 +317,17 @@ def _moe_and_straggler_costs(model, cluster, plan, routing, variability) -> dict
     if variability.cv > 0:
         out["straggler_cost_s"] = full - _closed_form_step(model, cluster, plan, routing, NO_VARIABILITY)
     return out
+
+
+def _gradient_warnings(plan: ParallelPlan) -> list[str]:
+    """What the step's gradient reduction leaves out: a pipeline under ZeRO-2 / per-pass
+    ZeRO-3 reduces once per step (``plan.grad_syncs``) while memory counts sharded gradients."""
+    if plan.pp == 1 or plan.step_zero not in (2, 3) or plan.num_microbatches == 1:
+        return []
+    return [f"zero {plan.zero} with pp {plan.pp}: the gradients are reduced once, after the last of "
+            f"{plan.num_microbatches} microbatches, while memory counts them sharded; a stack that reduce-scatters "
+            "every microbatch (MaxText's pipeline) is slower, one that keeps them unsharded until then "
+            "(PyTorch pipelining: zero3_gather='once') needs more memory"]
 
 
 def _routing_warnings(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec) -> list[str]:

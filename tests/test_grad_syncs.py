@@ -85,3 +85,12 @@ def test_closed_form_follows_the_engine_with_zero3_gathers_sharing_the_links():
         engine = api.simulate("llama3.1-8b", _cluster(), **case)
         closed = api.estimate("llama3.1-8b", _cluster(), **case)
         assert closed.step_time_s == pytest.approx(engine.step_time_s, rel=0.05)
+
+
+def test_a_pipeline_with_sharded_gradients_says_what_its_reduction_leaves_out():
+    base = dict(tp=8, gbs=64, mbs=1, seq=4096, check_memory=False)
+    warned = api.estimate("llama3.1-70b", _cluster(), pp=2, zero=2, **base)
+    assert any("reduced once" in w and "zero3_gather='once'" in w for w in warned.warnings)
+    for knobs in (dict(pp=1, zero=2), dict(pp=2, zero=1), dict(pp=2, zero=3, zero3_gather="once")):
+        quiet = api.estimate("llama3.1-70b", _cluster(), **knobs, **base)
+        assert not any("reduced once" in w for w in quiet.warnings), knobs
