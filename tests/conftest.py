@@ -106,3 +106,21 @@ def write_kernel_csv(path, rows):
         writer.writeheader()
         writer.writerows(rows)
     return path
+
+
+def plan_page(inputs: dict):
+    """(the Plan page run headless on ``inputs``, the planner's ``inputs`` module): the
+    page's widgets and the functions it prices with."""
+    import sys
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "app"))
+    import inputs as planner_inputs
+
+    at = AppTest.from_file(str(root / "app" / "planner.py"), default_timeout=90)
+    at.session_state["inputs"] = planner_inputs.normalize(inputs)
+    at.run()
+    return at, planner_inputs

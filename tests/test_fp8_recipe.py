@@ -6,6 +6,7 @@ import csv
 import dataclasses
 
 import pytest
+from conftest import plan_page
 
 import perfsim.api as api
 from perfsim.cli import main
@@ -172,20 +173,9 @@ def test_planner_fp8_recipe_selector_reaches_the_plan_and_the_search():
     """The Plan page's "FP8 recipe" (enabled under fp8; default the stack's) sets
     plan.fp8_recipe, moves the step under a delayed-scaling stack, and the Search page
     carries it into every plan; back under BF16 no plan carries it."""
-    import sys
-    from pathlib import Path
-
-    from streamlit.testing.v1 import AppTest
-
-    root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root / "app"))
-    import inputs as planner_inputs
-
-    at = AppTest.from_file(str(root / "app" / "planner.py"), default_timeout=90)
-    at.session_state["inputs"] = planner_inputs.normalize(
+    at, planner_inputs = plan_page(
         {"model": "llama3.1-8b", "cluster": "h100-ib", "nodes": 1, "estimator": "analytic", "stack": "nemo",
          "knobs": {"dtype": "bf16", "gbs": 16, "dp": 8}})
-    at.run()
     assert not at.exception and not at.error
     box = at.selectbox(key="w.fp8_recipe")
     assert box.label == "FP8 recipe" and box.disabled and box.value == ""
@@ -274,20 +264,9 @@ def test_runs_csv_and_search_take_fp8_params(tmp_path):
 
 
 def test_planner_fp8_weights_toggle_reaches_the_plan_and_the_search():
-    import sys
-    from pathlib import Path
-
-    from streamlit.testing.v1 import AppTest
-
-    root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root / "app"))
-    import inputs as planner_inputs
-
-    at = AppTest.from_file(str(root / "app" / "planner.py"), default_timeout=90)
-    at.session_state["inputs"] = planner_inputs.normalize(
+    at, planner_inputs = plan_page(
         {"model": "llama3.1-8b", "cluster": "h100-ib", "nodes": 1, "estimator": "analytic",
          "knobs": {"dtype": "fp8", "gbs": 16, "dp": 8, "zero": 3}})
-    at.run()
     toggle = at.toggle(key="w.fp8_params")
     assert toggle.label == "FP8 weights" and not toggle.disabled and toggle.value is False
     before = planner_inputs.simulate(at.session_state["inputs"])

@@ -8,7 +8,7 @@ pipeline_fsdp_ag_once: "roughly equivalent to ZeRO-1"); pipeline is once with pp
 import json
 
 import pytest
-from conftest import tiny_dense
+from conftest import plan_page, tiny_dense
 
 import perfsim.api as api
 from perfsim.cli import main
@@ -171,20 +171,9 @@ def test_search_carries_the_policy_into_every_plan():
 def test_planner_selector_reaches_the_plan_and_the_search():
     """The Plan page's "ZeRO-3 gathers" (enabled under zero 3; default the stack's) sets
     plan.zero3_gather and moves the step; the Search page carries it into every plan."""
-    import sys
-    from pathlib import Path
-
-    from streamlit.testing.v1 import AppTest
-
-    root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root / "app"))
-    import inputs as planner_inputs
-
-    at = AppTest.from_file(str(root / "app" / "planner.py"), default_timeout=90)
-    at.session_state["inputs"] = planner_inputs.normalize(
+    at, planner_inputs = plan_page(
         {"model": "llama3.1-70b", "cluster": "mi300x-pollara", "nodes": 8, "estimator": "analytic",
          "knobs": {"tp": 8, "pp": 2, "dp": 4, "zero": 1, "gbs": 64, "seq": 4096}})
-    at.run()
     assert not at.exception and not at.error
     box = at.selectbox(key="w.zero3_gather")
     assert box.label == "ZeRO-3 gathers" and box.disabled and box.value == ""
