@@ -94,3 +94,20 @@ def test_a_pipeline_with_sharded_gradients_says_what_its_reduction_leaves_out():
     for knobs in (dict(pp=1, zero=2), dict(pp=2, zero=1), dict(pp=2, zero=3, zero3_gather="once")):
         quiet = api.estimate("llama3.1-70b", _cluster(), **knobs, **base)
         assert not any("reduced once" in w for w in quiet.warnings), knobs
+
+
+def test_the_closed_form_answers_the_same_whatever_it_priced_before():
+    """Its memoised drains key on what they read: ZeRO-3's gathers slow the gradient buckets,
+    so a ZeRO-3 plan priced first must not lend its drain to a ZeRO-1 one (or to ZeRO-3
+    keeping its weights gathered, which runs as ZeRO-1)."""
+    from perfsim.estimators.analytic import ClosedForm
+
+    model, cluster = api.load_model("llama3.1-70b"), _cluster()
+    plans = [ParallelPlan(tp=8, pp=2, dp=4, zero=3, gbs=64, seq=4096),
+             ParallelPlan(tp=8, pp=2, dp=4, zero=3, gbs=64, seq=4096, zero3_gather="once"),
+             ParallelPlan(tp=8, pp=2, dp=4, zero=1, gbs=64, seq=4096)]
+    shared = ClosedForm(model, cluster)
+    in_turn = [shared.step_time_s(p) for p in plans]
+    fresh = [ClosedForm(model, cluster).step_time_s(p) for p in plans]
+    assert in_turn == pytest.approx(fresh, rel=1e-12)
+    assert fresh[1] == pytest.approx(fresh[2], rel=1e-12) and fresh[0] > fresh[2]

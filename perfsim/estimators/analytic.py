@@ -313,8 +313,10 @@ class ClosedForm:
         return sum(times), (times[-1] if ops else 0.0), len(ops), add_links(*(o.demand for o in ops))
 
     def _bucket_key(self, plan: ParallelPlan, stage: int) -> tuple:
+        """What a stage's buckets and their drain depend on: ZeRO-3 too, whose backward gathers
+        slow the buckets (``_grad_rate``)."""
         return (self.signature(plan, stage), plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.step_zero == 0,
-                plan.grad_bucket_bytes)
+                plan.step_zero == 3, plan.grad_bucket_bytes)
 
     def bucket_drain_s(self, plan: ParallelPlan, stage: int, bwd_s: float) -> float:
         """Seconds the gradient buckets run past the last backward (``bwd_s``) on their
