@@ -120,18 +120,42 @@ def test_zero0_all_reduces_gradients():
     assert not dp_ops(lower("zero0"), "dp_param_gather")
 
 
+def _stage_weight_bytes(graph) -> float:
+    """Bytes of every working weight a rank holds (layers, embedding, LM head, final norm)."""
+    from perfsim.plan.sharding import embedding_rank_params, layer_rank_params
+
+    layers = sum(sum(layer_rank_params(graph.model, graph.plan, l)) for l in range(graph.model.num_layers))
+    return (layers + embedding_rank_params(graph.model, graph.plan, 0)) * graph.plan.param_bytes
+
+
 def test_zero1_reduce_scatters_and_gathers_once():
+    """ZeRO-1/2 gather the updated weights once per step: every layer's, the embedding's
+    and the LM head's (tiny-dense's untied 32,000 x 1,024 tables dwarf its layers)."""
     for case in ("zero2", "zero1-nooverlap"):
         graph = lower(case)
         grads, gathers = dp_ops(graph, "dp_grad_reduce"), dp_ops(graph, "dp_param_gather")
         assert {o.collective.coll for o in grads} == {Coll.REDUCE_SCATTER}
-        assert len(gathers) == graph.model.num_layers  # once per step per layer
+        assert len(gathers) == graph.model.num_layers + 2  # once per step per block
+        assert sum(o.collective.size_bytes for o in gathers) == pytest.approx(_stage_weight_bytes(graph))
+        ends = [o for o in gathers if o.layer < 0]
+        assert len(ends) == 2 and all(o.collective.size_bytes > 30_000 * 1024 * 2 for o in ends)
 
 
 def test_zero3_gathers_every_pass():
+    """ZeRO-3 per pass: each layer and the LM head before their forward and backward, the
+    embedding before its forward only (its backward needs no weights)."""
+    from perfsim.plan.sharding import end_block_params
+
     graph = lower("zero3")
     gathers = dp_ops(graph, "dp_param_gather")
-    assert len(gathers) == 2 * graph.model.num_layers * graph.plan.num_microbatches
+    m = graph.plan.num_microbatches
+    assert len(gathers) == (2 * graph.model.num_layers + 3) * m
+    table = end_block_params(graph.model, graph.plan, "embedding") * graph.plan.param_bytes
+    head = end_block_params(graph.model, graph.plan, "head") * graph.plan.param_bytes
+    ends = sorted(o.collective.size_bytes for o in gathers if o.layer < 0)
+    assert ends == pytest.approx(sorted([table] * m + [head] * 2 * m))
+    backward = [o for o in gathers if o.phase == BWD and o.layer < 0]
+    assert [o.collective.size_bytes for o in backward] == pytest.approx([head] * m)
 
 
 def test_grad_reduce_bytes_sum_to_stage_gradients():

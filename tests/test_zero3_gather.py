@@ -41,8 +41,10 @@ def test_the_graph_gathers_once_a_step_instead_of_every_pass():
     once = _gathers(ParallelPlan(**knobs, zero3_gather="once"))
     m = ParallelPlan(**knobs).num_microbatches
     assert m == 4
-    assert per_pass == 2 * m * model.num_layers  # forward and backward of every microbatch
-    assert once == model.num_layers == _gathers(ParallelPlan(**{**knobs, "zero": 1}))
+    # forward and backward of every microbatch: each layer and the LM head (last stage) both,
+    # the embedding (first stage) its forward only
+    assert per_pass == m * (2 * model.num_layers + 2 + 1)
+    assert once == model.num_layers + 2 == _gathers(ParallelPlan(**{**knobs, "zero": 1}))  # every block once
 
 
 @pytest.mark.parametrize("estimate", [api.simulate, api.estimate], ids=["engine", "closed_form"])

@@ -37,8 +37,8 @@ from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, g
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, head_stage, layout_key, splits_backward,
                                     virtual_stage)
-from perfsim.plan.sharding import (chunk_layers, ends_grad_bytes, is_moe_layer, recomputes, layer_grad_bytes,
-                                   layer_param_bytes, stage_layer_ids)
+from perfsim.plan.sharding import (block_param_bytes, chunk_layers, ends_grad_bytes, gathers_in, is_moe_layer,
+                                   recomputes, layer_grad_bytes, layer_param_bytes, stage_layer_ids)
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.hardware import ClusterSpec
@@ -48,6 +48,7 @@ GRAD_REDUCE = "dp_grad_reduce"
 PARAM_GATHER = "dp_param_gather"
 INTERFERENCE = "comm_interference"
 NO_RECOMPUTE = "/norc"  # a layer the plan's recompute_layers leaves out
+ENDS = ("embedding", "head")  # the blocks beside the layers (their gathers: sharding.block_param_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +285,41 @@ class ClosedForm:
         sizes = what(self.model, plan, self.rep_layer[kind])
         return [(g, s) for g, s in zip(("dp_cp", "edp"), sizes) if s > 0 and groups[g][0] > 1]
 
+    def _gather_sizes(self, plan: ParallelPlan, kind: str) -> list[tuple[str, float]]:
+        """(group, bytes) of one block's ZeRO all-gathers: a layer kind's, the embedding's or
+        the LM head's (``sharding.block_param_bytes``)."""
+        if kind in ENDS:
+            groups = self._groups(plan)
+            sizes = block_param_bytes(self.model, plan, kind)
+            return [(g, s) for g, s in zip(("dp_cp", "edp"), sizes) if s > 0 and groups[g][0] > 1]
+        return self._sizes(plan, kind, layer_param_bytes)
+
+    def _gathers_next(self, block: tuple) -> bool:
+        """Whether ``block`` = (pass index, kind, layer or -1) gathers its weights in its pass."""
+        pi, kind, layer = block
+        return gathers_in(layer if layer >= 0 else kind, (FWD, BWD, WGT)[pi])
+
+    def gather_blocks(self, plan: ParallelPlan, stage: int) -> tuple[tuple[str, int, int], ...]:
+        """(block kind, blocks, passes per microbatch that gather it) of a stage's ZeRO
+        all-gathers: its layers (forward and backward), the embedding (forward), the LM head
+        (forward and backward); ZeRO-1/2 gather each block once per step."""
+        nd, nm, _, _ = self.layout(plan, stage)
+        counts = {"dense": nd, "moe": nm}
+        out = [(k, counts[k], 2) for k in self.kinds if counts[k]]
+        if stage == 0:
+            out.append(("embedding", 1, 1))
+        if stage == head_stage(plan):
+            out.append(("head", 1, 2))
+        return tuple(out)
+
+    def stage_gather_s(self, plan: ParallelPlan, stage: int) -> tuple[float, float]:
+        """All-gather seconds of a stage's forward and of its backward (alone, back to back)."""
+        fwd = bwd = 0.0
+        for kind, n, passes in self.gather_blocks(plan, stage):
+            seconds = n * sum(self.layer_gathers(plan, kind))
+            fwd, bwd = fwd + seconds, bwd + (passes - 1) * seconds
+        return fwd, bwd
+
     def grad_buckets(self, plan: ParallelPlan, stage: int) -> tuple[float, float, int, dict]:
         """(total, last op, count, link loads) seconds of a stage's gradient reduction in Megatron-Core
         DDP buckets of ``grad_bucket_bytes`` per group, filled in backward (descending)
@@ -345,9 +381,9 @@ class ClosedForm:
                     fg += [(n * (op.duration_s - op.meta.get("latency_s", 0.0)), op.meta.get("link_share") or {})
                            for op in part.ops if op.is_comm and op.meta.get("link_share")]
             if plan.step_zero == 3:  # the backward's parameter gathers go first too (foreground)
-                groups, layout = self._groups(plan), self.layout(plan, stage)
-                for kind, n in (("dense", layout[0]), ("moe", layout[1])):
-                    for g, size in (self._sizes(plan, kind, layer_param_bytes) if n else ()):
+                groups = self._groups(plan)
+                for kind, n, passes in self.gather_blocks(plan, stage):
+                    for g, size in (self._gather_sizes(plan, kind) if passes > 1 else ()):
                         c = self.coll(Coll.ALL_GATHER, size, *groups[g])
                         data = c.time_s - c.latency_s
                         if data > 0:
@@ -362,6 +398,23 @@ class ClosedForm:
             return rate
         return self._cached(("grad_rate", self.signature(plan, stage), plan.step_zero, plan.dp * plan.cp, plan.edp,
                              plan.grad_bucket_bytes, *template_key(plan)), make)
+
+    def _gather_lost(self, plan: ParallelPlan, stage: int, chunk: int) -> float:
+        """Seconds a ZeRO-1/2 updated-weight gather queue loses to one forward pass of a
+        chunk (``overlap.background_rate``): the forward's own comm goes first on the links
+        it shares with the gathers (the engine serves the data-parallel queues last)."""
+        def make():
+            demand = add_links(*(self.gather_links(plan, k.removesuffix(NO_RECOMPUTE))
+                                 for k, _ in self._chunk_blocks(plan, stage, chunk)))
+            fg, fwd = [], 0.0
+            for kind, _ in self._chunk_blocks(plan, stage, chunk):
+                part = self.template(plan, kind, stage).fwd
+                fwd += part.seconds
+                fg += [(op.duration_s - op.meta.get("latency_s", 0.0), op.meta.get("link_share") or {})
+                       for op in part.ops if op.is_comm and op.meta.get("link_share")]
+            return fwd * (1.0 - background_rate(fg, fwd, demand)) if fg and demand else 0.0
+        return self._cached(("gather_lost", self.signature(plan, stage), chunk, plan.dp * plan.cp, plan.edp,
+                             plan.param_bytes, *layout_key(plan), *template_key(plan)), make)
 
     def walked_drain_s(self, plan: ParallelPlan, stage: int, passes: tuple, end: float) -> tuple[float, float]:
         """``bucket_drain_s`` with each layer finished where the walk put its chunk's last
@@ -418,17 +471,19 @@ class ClosedForm:
 
     def layer_gathers(self, plan: ParallelPlan, kind: str) -> tuple[float, ...]:
         """ZeRO all-gather seconds of one layer's parameters, per group."""
-        key = ("gather", kind, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.param_bytes)
+        key = ("gather", kind, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.param_bytes,
+               kind == "head" and head_stage(plan) == 0)
         groups = self._groups(plan)
         return self._cached(key, lambda: tuple(self.coll_s(Coll.ALL_GATHER, s, *groups[g])
-                                               for g, s in self._sizes(plan, kind, layer_param_bytes)))
+                                               for g, s in self._gather_sizes(plan, kind)))
 
     def gather_links(self, plan: ParallelPlan, kind: str) -> dict[str, float]:
         """Link busy seconds of one layer's parameter all-gathers."""
-        key = ("gather_links", kind, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.param_bytes)
+        key = ("gather_links", kind, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.param_bytes,
+               kind == "head" and head_stage(plan) == 0)
         groups = self._groups(plan)
         return self._cached(key, lambda: add_links(*(self.coll(Coll.ALL_GATHER, s, *groups[g]).demand
-                                                     for g, s in self._sizes(plan, kind, layer_param_bytes))))
+                                                     for g, s in self._gather_sizes(plan, kind))))
 
     def p2p_s(self, plan: ParallelPlan) -> float:
         """One pipeline send: graph._Builder.send (bf16 activations of the local tokens)."""
@@ -459,10 +514,10 @@ class ClosedForm:
         if plan.step_zero != 3 or not plan.overlap_param_gather or base <= 0:
             return base
         links = set(self.p2p(plan).demand)
-        if not any(links & set(self.gather_links(plan, k)) for k in self.kinds):
+        if not any(links & set(self.gather_links(plan, k)) for k, _, _ in self.gather_blocks(plan, 0)):
             return base
         st = self.stage_passes(plan, 0)
-        busy = 2 * self.stage_gathers(plan, self.layout(plan, 0)) / max(st.fwd + st.bwd, 1e-30)
+        busy = sum(self.stage_gather_s(plan, 0)) / max(st.fwd + st.bwd, 1e-30)
         return base * (1 + min(1.0, busy))
 
     def p2p(self, plan: ParallelPlan):
@@ -567,7 +622,9 @@ class ClosedForm:
         to the first forward of a step."""
         def make():
             first = [(c, w) for pi, c, w in self._window_list(plan, stage, (0,), cyclic=False) if pi == 0]
-            return sum(c * (window_s(w) - w.chain_s) for c, w in first)
+            blocks = self._sequence(plan, stage)  # the first block waits for its own gather, issued at t = 0
+            own = sum(self.layer_gathers(plan, blocks[0][1].removesuffix(NO_RECOMPUTE))) if blocks else 0.0
+            return own + sum(c * (window_s(w) - w.chain_s) for c, w in first)
         key = ("first", self.signature(plan, stage), plan.dp * plan.cp, plan.edp, *template_key(plan))
         return self._cached(key, make)
 
@@ -592,7 +649,7 @@ class ClosedForm:
             counts: dict[tuple, int] = {}
             for j, (pi, kind, _) in enumerate(seq):
                 nxt = seq[j + 1] if j + 1 < len(seq) else (seq[0] if cyclic else None)
-                key = (pi, kind, nxt[1] if nxt and nxt[2] >= 0 else None, nxt[0] if nxt else None)
+                key = (pi, kind, nxt[1] if nxt and self._gathers_next(nxt) else None, nxt[0] if nxt else None)
                 counts[key] = counts.get(key, 0) + 1
             return tuple(counts.items())
         return self._cached(("pairs", *layout_key(plan),
@@ -679,7 +736,7 @@ class ClosedForm:
                 spills, body = [], 0.0
                 for j, (kind, _) in enumerate(seq[:-1]):
                     nxt = seq[j + 1]
-                    chain, spill = exposure((pi, kind, nxt[0] if nxt[1] >= 0 else None, pi))
+                    chain, spill = exposure((pi, kind, nxt[0] if self._gathers_next((pi, *nxt)) else None, pi))
                     spills.append(spill)
                     body += chain + spill
                 if seq:
@@ -688,25 +745,26 @@ class ClosedForm:
                 e2 = spills[0] if spills and plan.overlap_param_gather else 0.0  # unprefetched: waits hide one
                 ahead = plan.overlap_param_gather and sum(1 for _, layer in seq if layer >= 0) == 1
                 passes.append(((phase, chunk), PassCost(body=body, e2=e2, ahead=ahead)))
-            if chunk == 0 and zero3 and fwd[0][1] >= 0:
+            if chunk == 0 and zero3 and fwd:
                 first = sum(self.layer_gathers(plan, fwd[0][0].removesuffix(NO_RECOMPUTE)))
         table = []
         for before, (pi, last_kind, _) in ends.items():
             for after, (qi, _, (first_kind, layer)) in ends.items():
-                if qi == 2 or layer < 0:  # W gathers nothing; an embedding needs no gather
+                if not self._gathers_next((qi, first_kind, layer)):  # W gathers nothing, nor the embedding's B
                     continue
                 table.append(((before, after), exposure((pi, last_kind, first_kind, qi))[1]))
         gathers = []
-        if plan.weights_gathered_ahead:  # issued at t = 0
+        if plan.weights_gathered_ahead:  # issued at t = 0, beside the forwards' own comm
             queue = 0.0
             for chunk in range(plan.vpp):
                 fwd, tail = self._chunk_blocks(plan, stage, chunk), 0.0
-                for kind, layer in fwd:
-                    if layer >= 0:
-                        queue, tail = queue + sum(self.layer_gathers(plan, kind.removesuffix(NO_RECOMPUTE))), 0.0
+                for kind, layer in fwd:  # every block's forward gathers
+                    queue, tail = queue + sum(self.layer_gathers(plan, kind.removesuffix(NO_RECOMPUTE))), 0.0
                     tail += seconds(kind, 0)
                 gathers.append((queue, tail))
+        lost = tuple(self._gather_lost(plan, stage, chunk) for chunk in range(plan.vpp)) if gathers else ()
         return StageCosts(passes=tuple(passes), first_e1=first, gathers=tuple(gathers) if any(g for g, _ in gathers) else (),
+                          gather_lost=lost if any(lost) else (),
                           spills=tuple(table))
 
     def windows(self, plan: ParallelPlan, stage: int) -> dict:
@@ -726,10 +784,6 @@ class ClosedForm:
         return {"passes": StagePasses(fwd=totals[0], bwd_in=totals[1], wgt=totals[2]), "gather_exposed": exposed,
                 "links": links}
 
-    def stage_gathers(self, plan: ParallelPlan, layout: tuple) -> float:
-        """All-gather seconds of one pass over a stage's layers (alone, back to back)."""
-        counts = {"dense": layout[0], "moe": layout[1]}
-        return sum(counts[k] * sum(self.layer_gathers(plan, k)) for k in self.kinds)
 
     # ---- step time -------------------------------------------------------------------------
 
@@ -773,12 +827,12 @@ class ClosedForm:
         """(total, exposed, exposed before the stage's first forward) ZeRO all-gather seconds."""
         if not plan.step_zero:
             return 0.0, 0.0, 0.0
-        per_step = self.stage_gathers(plan, self.layout(plan, stage))
+        per_step, backward = self.stage_gather_s(plan, stage)
         if per_step <= 0:
             return 0.0, 0.0, 0.0
         if plan.step_zero == 3:  # gathered before every pass of every microbatch (inside the passes)
             exposed = self.windows(plan, stage)["gather_exposed"]
-            return 2 * plan.num_microbatches * per_step, plan.num_microbatches * exposed, 0.0
+            return plan.num_microbatches * (per_step + backward), plan.num_microbatches * exposed, 0.0
         if plan.weights_gathered_ahead:  # ZeRO-1/2: behind the first forward
             extra = self.first_extra(plan, stage)
             return per_step, extra, extra

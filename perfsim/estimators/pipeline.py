@@ -45,6 +45,8 @@ class StageCosts:
     spills: tuple = ()  # ((pass before, pass after), seconds the after pass's first gather spills past the before pass)
     gathers: tuple[tuple[float, float], ...] = ()  # ZeRO-1/2, per chunk: (when the queue of updated-weight
     # gathers issued at t = 0 has gathered the chunk's layers, the chain after its last one)
+    gather_lost: tuple[float, ...] = ()  # ZeRO-1/2, per chunk: seconds that queue loses to one forward pass of
+    # the chunk while it is in flight (the forward's own comm goes first on the links they share)
 
 
 NO_PASS = PassCost(0.0)
@@ -134,7 +136,7 @@ def _walk(schedule, pp, vpp, m, stages, p2p_s, weights=UNIT):
     steps = compiled(schedule, pp, vpp, m, weights)
     slots = 3 * vpp
     phase_of = {FWD: 0, BWD: 1, WGT: 2}
-    bodies, e2s, aheads, spill, first_e1, gathers = [], [], [], [], [], []
+    bodies, e2s, aheads, spill, first_e1, gathers, lost = [], [], [], [], [], [], []
     for st in stages:
         body, e2, ahead = [0.0] * slots, [0.0] * slots, [False] * slots
         for (phase, chunk), cost in st.passes:
@@ -144,9 +146,9 @@ def _walk(schedule, pp, vpp, m, stages, p2p_s, weights=UNIT):
         for ((pa, ca), (pb, cb)), seconds in st.spills:
             table[phase_of[pa] * vpp + ca][phase_of[pb] * vpp + cb] = seconds
         bodies.append(body), e2s.append(e2), aheads.append(ahead), spill.append(table)
-        first_e1.append(st.first_e1), gathers.append(st.gathers)
+        first_e1.append(st.first_e1), gathers.append(st.gathers), lost.append(st.gather_lost)
     ends = [0.0] * len(steps)
-    free, hidden, credit = [0.0] * pp, [0.0] * pp, [0.0] * pp
+    free, hidden, credit, delay = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
     grads = [[(0.0, 0.0)] * vpp for _ in range(pp)]
     for i, (s, slot, dep, before, first_fwd, grad, chunk, local) in enumerate(steps):
         f = free[s]
@@ -168,9 +170,11 @@ def _walk(schedule, pp, vpp, m, stages, p2p_s, weights=UNIT):
             credit[s] = wait - out - used
         hidden[s] += nominal - head
         end = start + bodies[s][slot] + head
+        if lost[s] and slot < vpp and start < gathers[s][-1][0] + delay[s]:  # a forward beside the queue
+            delay[s] += lost[s][slot]
         if first_fwd and gathers[s]:  # ZeRO-1/2: the updated weights' gathers
             done_at, tail = gathers[s][chunk]
-            shown = done_at + tail - end
+            shown = done_at + delay[s] + tail - end
             if shown > 0:
                 end += shown
                 hidden[s] -= shown

@@ -63,9 +63,8 @@ def _breakdown(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> tuple[dict, set]
 
 
 def _gather_count(cf: ClosedForm, plan: ParallelPlan, stage: int) -> int:
-    nd, nm, _, _ = cf.layout(plan, stage)
-    per_step = sum(n * len(cf.layer_gathers(plan, k)) for k, n in (("dense", nd), ("moe", nm)) if n)
-    return per_step * (2 * plan.num_microbatches if plan.step_zero == 3 else 1)
+    m = plan.num_microbatches if plan.step_zero == 3 else 0
+    return sum(n * len(cf.layer_gathers(plan, k)) * (m * passes or 1) for k, n, passes in cf.gather_blocks(plan, stage))
 
 
 def _link_loads(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict[str, float]]:
@@ -85,11 +84,8 @@ def _link_loads(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict[
     if plan.pp > 1:  # the stage's pipeline sends (as _collectives counts them)
         put("pp_p2p/send_recv", cf.p2p(plan).demand, _sends(plan, crit))
     if plan.step_zero:
-        nd, nm, _, _ = cf.layout(plan, crit)
-        times = 2 * m if plan.step_zero == 3 else 1
-        for kind, count in (("dense", nd), ("moe", nm)):
-            if count:
-                put(f"{PARAM_GATHER}/all_gather", cf.gather_links(plan, kind), count * times)
+        for kind, count, passes in cf.gather_blocks(plan, crit):
+            put(f"{PARAM_GATHER}/all_gather", cf.gather_links(plan, kind), count * (m * passes if plan.step_zero == 3 else 1))
     return out
 
 
@@ -132,8 +128,8 @@ def _stage_totals(cf: ClosedForm, plan: ParallelPlan, stage: int) -> tuple[float
     for block, n in cf.stage_parts(plan, stage):
         compute, comm = compute + m * n * block.compute_s, comm + m * n * block.comm_s
     grads = plan.grad_syncs * cf.grad_buckets(plan, stage)[0]
-    gathers = cf.stage_gathers(plan, cf.layout(plan, stage)) if plan.step_zero else 0.0
-    gathers *= 2 * m if plan.step_zero == 3 else 1
+    fwd, bwd = cf.stage_gather_s(plan, stage) if plan.step_zero else (0.0, 0.0)
+    gathers = m * (fwd + bwd) if plan.step_zero == 3 else fwd
     return compute + cf.optimizer_s(plan, stage), comm + grads + gathers
 
 

@@ -26,7 +26,7 @@ from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, splits_backward, stage_of, stage_order,
                                     virtual_stage)
 from perfsim.plan.sharding import (NORM_BYTES, chunk_layers, clip_bytes, ends_grad_bytes, is_moe_layer, recomputes,
-                                   layer_grad_bytes, layer_param_bytes, optimizer_bytes)
+                                   block_param_bytes, gathers_in, layer_grad_bytes, optimizer_bytes)
 
 
 @dataclass
@@ -98,6 +98,13 @@ class _Builder:
 
     def _layers(self, stage: int, chunk: int) -> range:
         return chunk_layers(self.model, self.plan, stage, chunk)
+
+    def chunk_blocks(self, stage: int, chunk: int) -> list[int | str]:
+        """The blocks of virtual stage (stage, chunk) in forward order: the embedding on the
+        first virtual stage, its layers, the LM head on the last."""
+        vs = virtual_stage(self.plan.schedule, self.plan.pp, stage, chunk)
+        return ((["embedding"] if vs == 0 else []) + list(self._layers(stage, chunk))
+                + (["head"] if vs == self.last_vs else []))
 
     def _block(self, layer: int) -> tuple[list[Step], list[Step], list[Step]]:
         key = (is_moe_layer(self.model, layer), recomputes(self.model, self.plan, layer))
@@ -172,19 +179,24 @@ class _Builder:
             self._reduce_bucket(stage, group, size, -1)
         self.bucket[stage].clear()
 
-    def param_gather(self, stage: int, layer: int, phase: str, mb: int) -> tuple[int, ...]:
-        """ZeRO parameter all-gathers the layer must wait for: ZeRO-1/2 once per step
-        before the first forward (updated weights), ZeRO-3 before every pass, prefetched
-        one layer ahead (``overlap_param_gather``; off: issued when the layer before ends)."""
+    def param_gather(self, stage: int, block: int | str, phase: str, mb: int) -> tuple[int, ...]:
+        """ZeRO parameter all-gathers the block (a layer, the embedding or the LM head) must
+        wait for: ZeRO-1/2 once per step before the first forward (updated weights), ZeRO-3
+        before every pass that needs the weights (``sharding.gathers_in``), prefetched one
+        block ahead (``overlap_param_gather``; off: issued when the block before ends)."""
         plan = self.plan
         if plan.step_zero == 0 or (plan.step_zero < 3 and (phase == BWD or mb > 0 or not plan.weights_gathered_ahead)):
             return ()
+        if not gathers_in(block, phase):
+            return ()
         after = (self.marks[stage][-2 if plan.overlap_param_gather else -1],) if plan.step_zero == 3 else ()
-        ids = []
-        for group, size in self._groups(layer, layer_param_bytes(self.model, plan, layer)):
-            step = _dp_step(f"param_ag_{group}", Coll.ALL_GATHER, group, size, "dp_param_gather")
-            ids.append(self.add(stage, step, after, mb, layer))
-        return tuple(ids)
+        return tuple(self.add(stage, step, after, mb, block if isinstance(block, int) else -1)
+                     for step in self._gather_steps(block))
+
+    def _gather_steps(self, block: int | str) -> list[Step]:
+        """One all-gather per data-parallel group of the block's weights."""
+        return [_dp_step(f"param_ag_{group}", Coll.ALL_GATHER, group, size, "dp_param_gather")
+                for group, size in self._groups(block, block_param_bytes(self.model, self.plan, block))]
 
     def send(self, stage: int, phase: str, mb: int, vs: int, after: int) -> None:
         size = self.layers.local_tokens * self.model.hidden_size * 2
@@ -196,20 +208,20 @@ class _Builder:
         self.phase = FWD
         vs = virtual_stage(self.plan.schedule, self.plan.pp, stage, chunk)
         if vs == 0:
-            self.chain(stage, self.special("embedding")[0], deps, mb, -1)
+            self.chain(stage, self.special("embedding")[0], deps + self.param_gather(stage, "embedding", FWD, mb), mb, -1)
             deps = ()
         for layer in self._layers(stage, chunk):
             self.chain(stage, self.forward_steps(layer), deps + self.param_gather(stage, layer, FWD, mb), mb, layer)
             deps = ()
         if vs == self.last_vs:
-            self.chain(stage, self.special("head")[0], deps, mb, -1)
+            self.chain(stage, self.special("head")[0], deps + self.param_gather(stage, "head", FWD, mb), mb, -1)
         return self.last[stage]
 
     def chunk_backward(self, stage: int, mb: int, chunk: int, deps: tuple) -> int:
         self.phase = BWD
         vs = virtual_stage(self.plan.schedule, self.plan.pp, stage, chunk)
         if vs == self.last_vs:
-            self.chain(stage, self.special("head")[1], deps, mb, -1)
+            self.chain(stage, self.special("head")[1], deps + self.param_gather(stage, "head", BWD, mb), mb, -1)
             deps = ()
         self.grad_mb = mb
         every = self.plan.grad_syncs > 1
@@ -247,12 +259,11 @@ class _Builder:
         steps = optimizer_steps(self.model, self.plan, stage) + input_steps(self.plan)
         end = self.chain(stage, steps, tuple(self.grad_ops[stage]), -1, -1)
         if self.plan.step_zero in (1, 2) and not self.plan.weights_gathered_ahead:
-            layers = [l for c in range(self.plan.vpp) for l in self._layers(stage, c)]
             gathers = []
-            for layer in layers:
-                for group, size in self._groups(layer, layer_param_bytes(self.model, self.plan, layer)):
-                    step = _dp_step(f"param_ag_{group}", Coll.ALL_GATHER, group, size, "dp_param_gather")
-                    gathers.append(self.add(stage, step, (end,), -1, layer))
+            for chunk in range(self.plan.vpp):
+                for block in self.chunk_blocks(stage, chunk):
+                    gathers += [self.add(stage, step, (end,), -1, block if isinstance(block, int) else -1)
+                                for step in self._gather_steps(block)]
             if gathers:
                 self.chain(stage, [_barrier()], tuple(gathers), -1, -1)
 

@@ -6,7 +6,7 @@ fp32 main gradients (4 B), fp32 master weights + Adam m and v (12 B) per paramet
 
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan, Recompute
-from perfsim.plan.schedules import head_stage, stage_layers
+from perfsim.plan.schedules import BWD, FWD, WGT, head_stage, stage_layers
 
 WEIGHT_BYTES = 2
 MAIN_GRAD_BYTES = 4
@@ -102,6 +102,37 @@ def embedding_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> f
     if stage == head and (not model.tied_embeddings or head != 0):
         count += table
     return count + (model.hidden_size if stage == head else 0)
+
+
+def end_block_params(model: ModelSpec, plan: ParallelPlan, block: str) -> float:
+    """Parameters one rank's ``block`` ("embedding" or "head") holds on its stage
+    (``embedding_rank_params`` split by block): the vocabulary-parallel table; the LM head
+    with the final norm, less the table where tied embeddings put the head on the
+    embedding's stage (one tensor, gathered with the embedding)."""
+    table = model.vocab_size * model.hidden_size / plan.tp
+    if block == "embedding":
+        return table
+    tied_here = model.tied_embeddings and head_stage(plan) == 0
+    return (0.0 if tied_here else table) + model.hidden_size
+
+
+def block_param_bytes(model: ModelSpec, plan: ParallelPlan, block: int | str) -> tuple[float, float]:
+    """(dense, expert) bytes of a block's working weights that ZeRO gathers: a layer's
+    (``layer_param_bytes``), the embedding's or the LM head's (``end_block_params``: dense,
+    gathered over the dp x cp group like the other dense weights)."""
+    if isinstance(block, int):
+        return layer_param_bytes(model, plan, block)
+    return end_block_params(model, plan, block) * plan.param_bytes, 0.0
+
+
+def gathers_in(block: int | str, phase: str) -> bool:
+    """Whether a block's pass ``phase`` ("F", "B", "W") needs its gathered weights: a
+    layer's and the LM head's forward and input-gradient passes; the embedding's forward
+    only (its backward scatters the output gradient into the table's gradient, no
+    weights); never the weight-gradient pass (inputs and output gradients)."""
+    if phase == WGT:
+        return False
+    return phase == FWD or (phase == BWD and block != "embedding")
 
 
 def ends_grad_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
