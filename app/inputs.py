@@ -47,8 +47,8 @@ DEFAULT = {
         "dispatch_fp8": False,
         # --fp8-recipe: "" (the stack's), delayed or current; only under dtype fp8
         "fp8_recipe": "",
-        # --fp8-params: FP8 primary weights; only under dtype fp8
-        "fp8_params": False,
+        # --fp8-params / --no-fp8-params: FP8 primary weights; only under dtype fp8; None: the stack's
+        "fp8_params": None,
         # --zero3-gather: "" (the stack's), per-pass, once or pipeline; how ZeRO-3 holds its weights
         "zero3_gather": "",
         "clip_grad": True,  # --no-clip-grad turns the gradient clip off
@@ -159,7 +159,15 @@ def fidelity_knobs(inputs: dict) -> dict:
             "first_stage_layers": int(f["first_stage_layers"]), "last_stage_layers": int(f["last_stage_layers"]),
             "recompute_layers": int(f["recompute_layers"]), "clip_grad": bool(f["clip_grad"]),
             "real_data": bool(f["real_data"]), "zero3_gather": zero3_gather_choice(inputs),
-            "fp8_params": bool(f["fp8_params"]) and (inputs.get("knobs") or {}).get("dtype") == "fp8"}
+            **fp8_params_choice(inputs)}
+
+
+def fp8_params_choice(inputs: dict) -> dict:
+    """``fp8_params`` where the user set it under dtype fp8 (unset: the stack's ``[fp8]
+    primary_weights``, which api.simulate applies)."""
+    chosen = (inputs.get("fidelity") or {}).get("fp8_params")
+    fp8 = (inputs.get("knobs") or {}).get("dtype") == "fp8"
+    return {"fp8_params": bool(chosen)} if fp8 and chosen is not None else {}
 
 
 def zero3_gather_choice(inputs: dict) -> str:
@@ -255,7 +263,7 @@ def search_switches(inputs: dict, model) -> dict:
     ``plan_knobs``): gradient clip, the overlap choices the user set (unset: the stack's
     policy), real data where chosen and FP8 dispatch where it applies to ``model``."""
     knobs = {k: v for k, v in fidelity_knobs(inputs).items()
-             if k in PLAN_SWITCHES and (v or k not in ("real_data", "fp8_params"))}
+             if k in PLAN_SWITCHES and (v or k != "real_data")}
     if dispatch_fp8_choice(inputs, model):
         knobs["dispatch_fp8"] = True
     if fp8_recipe_choice(inputs):

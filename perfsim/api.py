@@ -96,7 +96,7 @@ def make_plan(num_gpus: int, **knobs) -> ParallelPlan:
     knobs = {k: v for k, v in knobs.items() if v is not None}
     if "stack" in knobs:  # a software-stack profile: its overlap policy under the explicit knobs
         knobs["stack"] = load_stack(knobs["stack"])
-        knobs = {**knobs["stack"].plan_defaults(), **knobs}
+        knobs = {**knobs["stack"].plan_defaults(knobs.get("dtype", "bf16")), **knobs}
     check_int("num_gpus", num_gpus, 1, MAX_GPUS)
     for key in ("tp", "pp", "cp"):  # derive_dp divides by them
         if key in knobs:

@@ -4,6 +4,7 @@ for the backward (``[fp8] saves_fp8_inputs``, Transformer Engine stacks)."""
 
 import csv
 import dataclasses
+import json
 
 import pytest
 from conftest import plan_page
@@ -211,7 +212,7 @@ def test_fp8_params_halve_the_weights_and_their_zero3_gathers():
     assert f.optimizer_bytes == m.optimizer_bytes  # the FP32 master and Adam moments stay
     knobs = dict(CASE, zero=3, stack="nemo")
     for estimator in ("analytic", "des"):
-        bf = api.simulate(estimator=estimator, check_memory=False, **knobs)
+        bf = api.simulate(estimator=estimator, check_memory=False, fp8_params=False, **knobs)
         f8 = api.simulate(estimator=estimator, check_memory=False, fp8_params=True, **knobs)
         assert f8.step_time_s < bf.step_time_s
         assert f8.plan["fp8_params"] is True
@@ -263,20 +264,85 @@ def test_runs_csv_and_search_take_fp8_params(tmp_path):
     assert row.plan["fp8_params"] is True
 
 
-def test_planner_fp8_weights_toggle_reaches_the_plan_and_the_search():
+def test_planner_fp8_weights_choice_reaches_the_plan_and_the_search():
+    """The Plan page's "FP8 weights": the stack's (default: nemo's primary weights on, the
+    ideal stack's off), or on / off over it, in the plan priced and the search's switches."""
     at, planner_inputs = plan_page(
         {"model": "llama3.1-8b", "cluster": "h100-ib", "nodes": 1, "estimator": "analytic",
          "knobs": {"dtype": "fp8", "gbs": 16, "dp": 8, "zero": 3}})
-    toggle = at.toggle(key="w.fp8_params")
-    assert toggle.label == "FP8 weights" and not toggle.disabled and toggle.value is False
+    choice = at.selectbox(key="w.fp8_params")
+    assert choice.label == "FP8 weights" and not choice.disabled and choice.value == "stack's"
     before = planner_inputs.simulate(at.session_state["inputs"])
-    toggle.set_value(True).run()
+    assert before.plan["fp8_params"] is False  # the ideal stack keeps BF16 working weights
+    assert "fp8_params" not in planner_inputs.search_switches(at.session_state["inputs"],
+                                                              planner_inputs.model_spec(at.session_state["inputs"]))
+    choice.set_value("on").run()
     assert not at.exception and not at.error
     state = at.session_state["inputs"]
     after = planner_inputs.simulate(state)
     assert after.plan["fp8_params"] is True and after.peak_memory_bytes < before.peak_memory_bytes
     assert planner_inputs.search_switches(state, planner_inputs.model_spec(state))["fp8_params"] is True
+    at.selectbox(key="w.stack").set_value("nemo").run()
+    at.selectbox(key="w.fp8_params").set_value("off").run()
+    assert not at.exception and not at.error
+    state = at.session_state["inputs"]
+    assert planner_inputs.simulate(state).plan["fp8_params"] is False  # over nemo's default
+    assert planner_inputs.search_switches(state, planner_inputs.model_spec(state))["fp8_params"] is False
+    at.selectbox(key="w.fp8_params").set_value("stack's").run()
+    assert planner_inputs.simulate(at.session_state["inputs"]).plan["fp8_params"] is True  # nemo's
     at.selectbox(key="w.dtype").set_value("bf16").run()
     assert not at.exception and not at.error
-    assert at.toggle(key="w.fp8_params").disabled
+    assert at.selectbox(key="w.fp8_params").disabled
     assert planner_inputs.simulate(at.session_state["inputs"]).plan["fp8_params"] is False
+
+
+def _stage0(stack="nemo", dtype="fp8", **knobs):
+    from perfsim.lowering.memory import stage_memory
+    from perfsim.plan.sharding import layer_rank_params, stage_rank_params
+
+    model = api.load_model("llama3.1-8b")
+    plan = ParallelPlan(**{**dict(tp=2, pp=2, dp=2, mbs=1, gbs=8, seq=4096, dtype=dtype, stack=stack), **knobs})
+    layers = sum(sum(layer_rank_params(model, plan, l)) for l in range(model.num_layers // 2))  # stage 0's
+    return stage_memory(model, plan, 0).weights_bytes, sum(stage_rank_params(model, plan, 0)), layers
+
+
+def test_a_stack_casting_weights_once_keeps_their_fp8_copies():
+    """Transformer Engine's weight workspaces (nemo casts each weight once a step): every
+    linear weight of the stage's layers in FP8, rowwise and transposed (2 B); under FP8
+    primary weights only the transpose (1 B beside the 1 B weight); none in BF16, on a
+    stack that casts every microbatch, or under per-pass ZeRO-3 (Megatron-FSDP keeps no
+    transpose cache). The embedding and LM head stay BF16."""
+    weights, params, layers = _stage0(zero=1)
+    assert 0 < layers < params
+    assert weights == pytest.approx(2 * params + 2 * layers)
+    weights, params, layers = _stage0(zero=1, fp8_params=True)
+    assert weights == pytest.approx(params + layers)
+    for knobs in (dict(stack="ideal"), dict(dtype="bf16"), dict(zero=3)):
+        weights, params, _ = _stage0(**knobs)
+        shards = 2 if knobs.get("zero") == 3 else 1  # ZeRO-3 shards the BF16 weights over dp = 2
+        assert weights == pytest.approx(2 * params / shards)
+
+
+def test_nemo_keeps_fp8_primary_weights_unless_told_otherwise(capsys):
+    """NeMo's FP8 recipes keep FP8 primary weights (Megatron fp8_param_gather): the nemo
+    stack's ``[fp8] primary_weights`` is the plan's default under dtype fp8 only; the user's
+    --no-fp8-params / fp8_params=False wins; stacks without it keep BF16 working weights."""
+    knobs = dict(CASE, gbs=16, check_memory=False, estimator="analytic")
+    assert load_stack("nemo").fp8.primary_weights is True and load_stack("ideal").fp8.primary_weights is None
+    assert api.simulate(stack="nemo", **knobs).plan["fp8_params"] is True
+    assert api.simulate(stack="nemo", fp8_params=False, **knobs).plan["fp8_params"] is False
+    assert api.simulate(stack="megatron-primus", **knobs).plan["fp8_params"] is False
+    assert api.simulate(stack="nemo", **{**knobs, "dtype": "bf16"}).plan["fp8_params"] is False  # no error either
+    base = ["simulate", "--model", "llama3.1-8b", "--cluster", "h100-ib", "--gpus", "8", "--gbs", "16",
+            "--seq", "4096", "--dtype", "fp8", "--stack", "nemo", "--engine", "analytic", "--json", "--recompute", "auto"]
+    for flags, expected in (([], True), (["--no-fp8-params"], False)):
+        assert main(base + flags) == 0
+        assert json.loads(capsys.readouterr().out)["plan"]["fp8_params"] is expected
+    assert main(base + ["--fp8-params", "--no-fp8-params"]) == 2
+    assert "--no-fp8-params: not allowed with argument --fp8-params" in capsys.readouterr().err
+    common = dict(gpus=[8], gbs=16, seq=4096, dtype="fp8", stack="nemo", top=3, confirm=0,
+                  fixed={"tp": [1], "pp": [1], "cp": [1]})
+    found = search("llama3.1-8b", "h100-ib", **common)
+    assert found.rows and all(r.plan["fp8_params"] is True for r in found.rows)
+    off = search("llama3.1-8b", "h100-ib", plan_knobs={"fp8_params": False}, **common)
+    assert off.rows and all(r.plan["fp8_params"] is False for r in off.rows)

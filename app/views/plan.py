@@ -18,12 +18,13 @@ DEFAULT_DISPATCH = default_inputs()["fidelity"]["dispatch"]
 OVERLAP_CHOICES = {"stack's": None, "on": True, "off": False}  # the stack's overlap policy unless overridden
 
 
-def _overlap(column, label: str, key: str, fidelity: dict, help: str):
-    """An overlap knob: the stack's policy (None) or an explicit on/off override."""
+def _overlap(column, label: str, key: str, fidelity: dict, help: str, disabled: bool = False):
+    """A stack-defaulted switch (the overlaps, FP8 weights): the stack's policy (None) or an
+    explicit on/off override."""
     value = fidelity.get(key)
     now = "stack's" if value is None else ("on" if value else "off")
-    choice = column.selectbox(label, list(OVERLAP_CHOICES), key=common.seed(key, now),
-                              help=f"{help}; stack's = the software stack's overlap policy")
+    choice = column.selectbox(label, list(OVERLAP_CHOICES), key=common.seed(key, now), disabled=disabled,
+                              help=help if "stack's =" in help else f"{help}; stack's = the software stack's overlap policy")
     return OVERLAP_CHOICES[choice]
 
 def _has_experts(model: str, model_config: str | None) -> bool:
@@ -199,10 +200,11 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     fidelity["dispatch_fp8"] = _dispatch_fp8(f[3], experts, knobs["dtype"], fidelity)
     fidelity["fp8_recipe"] = _fp8_recipe(f[2], knobs["dtype"], fidelity)
     fidelity["zero3_gather"] = _zero3_gather(f[1], int(knobs.get("zero", 1)), fidelity)
-    fidelity["fp8_params"] = bool(f[2].toggle(
-        "FP8 weights", key=common.seed("fp8_params", bool(fidelity.get("fp8_params"))), disabled=knobs["dtype"] != "fp8",
-        help="--fp8-params (dtype fp8): FP8 primary weights (Transformer Engine fp8_model_init, Megatron "
-             "--fp8-param-gather): 1 B a weight, no weight cast, ZeRO gathers in FP8")) and knobs["dtype"] == "fp8"
+    fidelity["fp8_params"] = _overlap(
+        f[2], "FP8 weights", "fp8_params", fidelity,
+        help="--fp8-params / --no-fp8-params (dtype fp8): FP8 primary weights (Transformer Engine fp8_model_init, "
+             "Megatron --fp8-param-gather): 1 B a weight, no weight cast, ZeRO gathers in FP8; stack's = its "
+             "[fp8] primary_weights (on under nemo)", disabled=knobs["dtype"] != "fp8")
     fidelity["gpu_variability"] = f[4].number_input("GPU variability (cv)", min_value=0.0, max_value=0.5, step=0.01,
                                                     key=common.seed("gpu_variability", fidelity["gpu_variability"]),
                                                     help="--gpu-variability: std-dev of per-GPU speed")

@@ -96,9 +96,13 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="FP8 dispatch (needs --dtype fp8): tokens go to their experts as FP8 plus one FP32 scale per "
                         "128 values, as DeepEP and DeepSeek-V3 do; the combine stays BF16")
-    p.add_argument("--fp8-params", action="store_true",
-                   help="FP8 primary weights (needs --dtype fp8; Transformer Engine fp8_model_init, Megatron "
-                        "--fp8-param-gather): weights held in FP8, no weight cast, ZeRO gathers in FP8")
+    weights = p.add_mutually_exclusive_group()
+    weights.add_argument("--fp8-params", action="store_true",
+                         help="FP8 primary weights (needs --dtype fp8; Transformer Engine fp8_model_init, Megatron "
+                              "--fp8-param-gather): weights held in FP8, no weight cast, ZeRO gathers in FP8; "
+                              "default: the stack's ([fp8] primary_weights: on under nemo)")
+    weights.add_argument("--no-fp8-params", action="store_true",
+                         help="BF16 working weights under --dtype fp8 even where the stack keeps FP8 ones")
     p.add_argument("--fp8-recipe", default=None, choices=list(FP8_RECIPES),
                    help="FP8 scaling recipe (needs --dtype fp8): delayed (scales from earlier steps' amax history, "
                         "Megatron-LM's default) or current (an amax pass before each cast: --fp8-recipe tensorwise, "

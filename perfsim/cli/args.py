@@ -82,9 +82,10 @@ FRACTION_BELOW_ONE = number(0.0, 1.0, hi_open=True)  # [0, 1)
 # plan switches set by a flag (attribute, ParallelPlan field, value when given): simulate and search
 SWITCH_FLAGS = (("no_overlap", "overlap_grad_reduce", False), ("no_param_prefetch", "overlap_param_gather", False),
                 ("no_clip_grad", "clip_grad", False), ("dispatch_fp8", "dispatch_fp8", True),
-                ("real_data", "real_data", True), ("fp8_params", "fp8_params", True))
+                ("real_data", "real_data", True), ("fp8_params", "fp8_params", True),
+                ("no_fp8_params", "fp8_params", False))
 
 
 def switch_knobs(args) -> dict:
     """The plan switches the given flags set (the others stay at the stack's defaults)."""
-    return {field: value for flag, field, value in SWITCH_FLAGS if getattr(args, flag)}
+    return {field: value for flag, field, value in SWITCH_FLAGS if getattr(args, flag, False)}

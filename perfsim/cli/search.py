@@ -78,8 +78,11 @@ def add_command(sub) -> None:
                    help="every plan: real data through the stack's input pipeline (as simulate --real-data)")
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="every MoE plan: FP8 dispatch (needs --dtype fp8; as simulate --dispatch-fp8)")
-    p.add_argument("--fp8-params", action="store_true",
-                   help="every plan: FP8 primary weights (needs --dtype fp8; as simulate --fp8-params)")
+    weights = p.add_mutually_exclusive_group()
+    weights.add_argument("--fp8-params", action="store_true",
+                         help="every plan: FP8 primary weights (needs --dtype fp8; as simulate --fp8-params)")
+    weights.add_argument("--no-fp8-params", action="store_true",
+                         help="every plan: BF16 working weights under --dtype fp8 (as simulate --no-fp8-params)")
     p.add_argument("--fp8-recipe", default=None, choices=list(FP8_RECIPES),
                    help="every plan: the FP8 scaling recipe (needs --dtype fp8; as simulate --fp8-recipe)")
     p.add_argument("--zero3-gather", default=None, choices=list(ZERO3_GATHERS),

@@ -18,7 +18,8 @@ from perfsim.plan.schedules import layout_key
 
 def states_key(plan: ParallelPlan) -> tuple:
     return (plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.step_zero, *layout_key(plan), plan.stack.memory,
-            plan.fp8_params, plan.step_zero >= 2 and (plan.overlap_param_gather, plan.overlap_grad_reduce, plan.grad_bucket_bytes))
+            plan.fp8_params, plan.dtype == "fp8" and plan.stack.fp8.weights_cast_once,  # memory.fp8_weight_cache
+            plan.step_zero >= 2 and (plan.overlap_param_gather, plan.overlap_grad_reduce, plan.grad_bucket_bytes))
 
 
 def transient_key(plan: ParallelPlan) -> tuple:

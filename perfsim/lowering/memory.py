@@ -26,6 +26,7 @@ from perfsim.plan.sharding import (
     is_moe_layer,
     layer_grad_bytes,
     layer_param_bytes,
+    layer_rank_params,
     shard_degrees,
     recomputes,
     stage_layer_ids,
@@ -199,13 +200,30 @@ def zero_buffers(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     return weights + (1 + plan.overlap_grad_reduce) * grads
 
 
+def fp8_weight_cache(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Bytes of FP8 weight copies a stage's rank keeps through a step where the stack casts
+    each weight once a step (``fp8.weights_cast_once``: Transformer Engine's weight
+    workspaces under is_first_microbatch): every linear weight of the stage's layers in FP8,
+    rowwise for the forward GEMM and columnwise (its transpose) for the dgrad GEMM, one byte
+    each (the cast writes both, as ``LayerBuilder._fp8`` prices it). Under FP8 primary
+    weights (``plan.fp8_params``) the weight itself is the rowwise copy and only its
+    transpose is cached (Megatron-Core's FP8 transpose cache). None on BF16, on stacks that
+    cast every microbatch, and under per-pass ZeRO-3, whose weights are gathered pass by pass
+    (Megatron-FSDP turns the transpose cache off: keep_fp8_transpose_cache = False in
+    Megatron-Bridge's FSDP overrides). The embedding and LM head stay BF16."""
+    if plan.dtype != "fp8" or not plan.stack.fp8.weights_cast_once or plan.step_zero == 3:
+        return 0.0
+    params = sum(sum(layer_rank_params(model, plan, layer)) for layer in stage_layer_ids(model, plan, stage))
+    return params * FP8_BYTES * (1 if plan.fp8_params else 2)
+
+
 def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: RoutingSpec = UNIFORM) -> MemoryBreakdown:
     dense, expert = stage_rank_params(model, plan, stage)
     d_shard, e_shard = shard_degrees(plan)
     params = dense + expert
     sharded = dense / d_shard + expert / e_shard
     weight_bytes = plan.param_bytes if plan.fp8_params else _policy(plan, "weight_bytes", WEIGHT_BYTES)
-    weights = (sharded if plan.step_zero == 3 else params) * weight_bytes
+    weights = (sharded if plan.step_zero == 3 else params) * weight_bytes + fp8_weight_cache(model, plan, stage)
     grads = (sharded if plan.step_zero >= 2 else params) * _policy(plan, "grad_bytes", MAIN_GRAD_BYTES)
     opt = (sharded if plan.step_zero >= 1 else params) * _policy(plan, "optimizer_bytes", OPTIMIZER_STATE_BYTES)
     share = routed_share(model, plan, routing)

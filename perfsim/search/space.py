@@ -234,7 +234,7 @@ def _base_plans(chunk: Chunk, res: ChunkResult):
             try:
                 base = ParallelPlan(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, gbs=ctx.gbs, seq=ctx.seq,
                                     dtype=ctx.dtype, mbs=1, schedule=scheds[0], stack=ctx.stack,
-                                    **{**ctx.stack.plan_defaults(), **dict(ctx.plan_knobs)})
+                                    **{**ctx.stack.plan_defaults(ctx.dtype), **dict(ctx.plan_knobs)})
                 check_plan(base, ctx.model, ctx.num_gpus)
             except ConfigError as exc:
                 _reject(res, reason_of(exc), inner * len(scheds))

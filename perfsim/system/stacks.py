@@ -137,9 +137,14 @@ class Fp8Recipe:
     # layout its wgrad reads: Transformer Engine Linear / LayerNormLinear / GroupedLinear
     # save the quantized input); false: the layer inputs are kept in BF16
     saves_fp8_inputs: bool = False
+    # FP8 primary weights by default under dtype fp8 (the plan's ``fp8_params`` unless the user
+    # sets it: NeMo's FP8 recipes set Megatron's fp8_param_gather); None: the plan's default (off)
+    primary_weights: bool | None = None
     source: str = "assumed"
 
     def __post_init__(self):
+        if self.primary_weights is not None:
+            _boolean("fp8", primary_weights=self.primary_weights)
         _non_negative("fp8", cast_bytes_factor=self.cast_bytes_factor)
         _boolean("fp8", weights_cast_once=self.weights_cast_once, norm_fused_cast=self.norm_fused_cast,
                  delayed_scaling=self.delayed_scaling, backward_split_accumulator=self.backward_split_accumulator,
@@ -248,10 +253,12 @@ class StackSpec:
     def fused(self, kernel: str) -> bool:
         return kernel in self.fusion.fused
 
-    def plan_defaults(self) -> dict:
-        """Plan knobs the stack sets unless the user sets them."""
+    def plan_defaults(self, dtype: str = "bf16") -> dict:
+        """Plan knobs the stack sets unless the user sets them (for a plan of ``dtype``: the FP8
+        primary weights only under fp8)."""
         pairs = (("tp_comm_overlap", self.overlap.tp_comm), ("overlap_grad_reduce", self.overlap.grad_reduce),
-                 ("overlap_param_gather", self.overlap.param_gather))
+                 ("overlap_param_gather", self.overlap.param_gather),
+                 ("fp8_params", self.fp8.primary_weights if dtype == "fp8" else None))
         return {k: v for k, v in pairs if v is not None}
 
     def on_vendor(self, vendor: str) -> "StackSpec":
