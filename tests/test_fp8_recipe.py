@@ -346,3 +346,36 @@ def test_nemo_keeps_fp8_primary_weights_unless_told_otherwise(capsys):
     assert found.rows and all(r.plan["fp8_params"] is True for r in found.rows)
     off = search("llama3.1-8b", "h100-ib", plan_knobs={"fp8_params": False}, **common)
     assert off.rows and all(r.plan["fp8_params"] is False for r in off.rows)
+
+
+def test_fp8_weight_copies_follow_the_step_not_the_closed_forms_cache():
+    """FP8 primary weights' transposes are spread over a step's microbatches on every stack,
+    so the closed form's block templates key on the microbatch count there too: a plan's
+    answer does not depend on the plan priced before it (it did: +1.8% after a smaller batch)."""
+    from perfsim.estimators import analytic
+
+    cluster = api.load_cluster("h100-ib", gpus=8)
+    knobs = dict(tp=1, dp=8, zero=1, mbs=1, seq=4096, dtype="fp8", fp8_params=True, check_memory=False)
+    analytic._CACHE.clear()
+    fresh = api.estimate("llama3.1-8b", cluster, gbs=64, **knobs).step_time_s
+    analytic._CACHE.clear()
+    api.estimate("llama3.1-8b", cluster, gbs=8, **knobs)
+    assert api.estimate("llama3.1-8b", cluster, gbs=64, **knobs).step_time_s == pytest.approx(fresh, rel=1e-12)
+
+
+def test_per_pass_zero3_casts_its_gathered_weights_every_microbatch():
+    """A cast-once stack reuses a weight's FP8 copy over the step's microbatches, except under
+    per-pass ZeRO-3, whose weights are gathered (and cast) pass by pass; ZeRO-3 kept gathered
+    (``zero3_gather once``) casts once a step like ZeRO-1."""
+    model = api.load_model("llama3.1-8b")
+
+    def weight_cast_bytes(**knobs):
+        plan = ParallelPlan(**{**dict(tp=1, dp=2, mbs=1, gbs=8, seq=4096, dtype="fp8", stack="nemo"), **knobs})
+        b = LayerBuilder(model, plan)
+        return sum(s.bytes for s in b.mlp_forward() if s.category == "fp8_cast")
+
+    zero1, per_pass, once = (weight_cast_bytes(zero=1), weight_cast_bytes(zero=3),
+                             weight_cast_bytes(zero=3, zero3_gather="once"))
+    assert per_pass > zero1 == pytest.approx(once)
+    primary = [weight_cast_bytes(zero=z, fp8_params=True) for z in (1, 3)]
+    assert primary[1] > primary[0]  # FP8 primary weights: the transpose every microbatch under per-pass ZeRO-3

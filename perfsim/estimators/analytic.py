@@ -162,10 +162,12 @@ def template_key(plan: ParallelPlan) -> tuple:
     the microbatch count where FP8 weight casts are spread over a step's microbatches, and
     the FP8 scaling recipe, the plan's or the stack's)."""
     fp8 = plan.dtype == "fp8"
-    cast_once = fp8 and plan.stack.fp8.weights_cast_once
+    # the microbatches an FP8 weight copy is spread over (LayerBuilder._fp8): casts under a
+    # cast-once stack, FP8 primary weights' transposes, never under per-pass ZeRO-3
+    copies = plan.fp8_copies_per_step(plan.stack.fp8.weights_cast_once or plan.fp8_params) if fp8 else 0
     return (plan.tp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.seq, plan.dtype, plan.recompute,
             plan.sequence_parallel, plan.tp_comm_overlap, splits_backward(plan), plan.stack, plan.dispatch, plan.dispatch_fp8,
-            plan.overlap_param_gather, plan.num_microbatches if cast_once else 0, fp8 and plan.fp8_delayed_scaling,
+            plan.overlap_param_gather, copies, fp8 and plan.fp8_delayed_scaling,
             plan.fp8_params)
 
 

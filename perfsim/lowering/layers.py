@@ -54,17 +54,19 @@ class LayerBuilder(StackSteps):
         wrote the FP8 input itself wrote no transpose, so the backward transposes it for the
         wgrad: Transformer Engine's fp8_transpose of LayerNormLinear's ln_out). Under FP8 primary
         weights (``plan.fp8_params``) no weight is cast: the FP8 copy the optimizer wrote is
-        transposed once per step for the dgrad GEMMs (read + write, one byte each)."""
+        transposed once per step for the dgrad GEMMs (read + write, one byte each). Under
+        per-pass ZeRO-3 the weights are gathered pass by pass, so neither copy outlives a
+        microbatch (``plan.fp8_copies_per_step``: cast / transposed every microbatch)."""
         if not self.fp8:
             return [step]
         fp8 = self.stack.fp8
         g, groups = step.gemm, len(step.grouped) or 1
         tokens = sum(step.grouped) if step.grouped else g.m
         rows = 0 if from_norm and fp8.norm_fused_cast else tokens
-        weights = groups * g.k * g.n / (self.plan.num_microbatches if fp8.weights_cast_once else 1)
+        weights = groups * g.k * g.n / self.plan.fp8_copies_per_step(fp8.weights_cast_once)
         transpose = 0.0
         if self.plan.fp8_params:  # FP8 primary weights: no cast; their FP8 copy transposed once a step
-            transpose = 2 * FP8_BYTES * groups * g.k * g.n / self.plan.num_microbatches
+            transpose = 2 * FP8_BYTES * groups * g.k * g.n / self.plan.fp8_copies_per_step(True)
             weights = 0
         amax, cast = (b * fp8.cast_bytes_factor for b in fp8_cast_bytes(rows * g.k + weights))
         cast += transpose

@@ -226,6 +226,13 @@ class ParallelPlan:
         recipe where it names one, else the stack's ``[fp8] delayed_scaling``."""
         return self.fp8_recipe == "delayed" if self.fp8_recipe else self.stack.fp8.delayed_scaling
 
+    def fp8_copies_per_step(self, reused: bool) -> int:
+        """Microbatches that share one FP8 copy of a weight (a cast, or FP8 primary weights'
+        transpose) a step makes where ``reused`` (the stack casts once a step, or the weights
+        are FP8): all of them, but 1 under per-pass ZeRO-3, whose weights are gathered (and
+        copied) pass by pass (Megatron-FSDP keeps no FP8 transpose cache)."""
+        return self.num_microbatches if reused and self.step_zero != 3 else 1
+
     @property
     def param_bytes(self) -> int:
         """Bytes of one working-copy parameter: FP8 primary weights, else BF16."""
