@@ -135,3 +135,47 @@ def test_report_figures_are_consistent():
         r.per_stage[r.critical_stage]["compute_s"], rel=1e-9)
     assert r.per_stream_s["compute"] == pytest.approx(r.per_stage[r.critical_stage]["compute_s"], rel=1e-9)
     assert sum(r.critical_path_s.values()) == pytest.approx(r.step_time_s, rel=1e-9)
+
+
+def _neighbours(knobs: dict) -> list[dict]:
+    """The same plan with one field changed: what a search prices just before it."""
+    out = [dict(knobs, gbs=knobs["gbs"] * 2), dict(knobs, gbs=max(knobs["gbs"] // 2, 1)),
+           dict(knobs, zero=(knobs["zero"] + 1) % 4), dict(knobs, real_data=not knobs.get("real_data", False))]
+    if knobs["dtype"] == "fp8":
+        out.append(dict(knobs, fp8_params=not knobs.get("fp8_params", False)))
+    if knobs["zero"] == 3:
+        out.append(dict(knobs, zero3_gather="per-pass" if knobs.get("zero3_gather") == "once" else "once"))
+    return out
+
+
+def test_a_plans_answer_does_not_depend_on_the_plan_priced_before_it():
+    """The closed form memoises blocks, drains and walks across plans: a neighbour priced first
+    (another batch, ZeRO stage, FP8 weights, ZeRO-3 policy, data) must not change the answer
+    (two such bugs were found: a ZeRO-3 drain lent to ZeRO-1; FP8 primary weights' transposes
+    shared between batch sizes)."""
+    rng = random.Random(11)
+    model = tiny_moe(num_dense_layers=1, ffn_hidden_size=4096)
+    clusters = {name: perfsim.load_cluster(name, gpus=16) for name in ("mi300x-pollara", "h100-ib")}
+    checked = 0
+    while checked < 25:
+        knobs = dict(tp=rng.choice([1, 2]), pp=rng.choice([1, 2]), zero=rng.choice([0, 1, 2, 3]), mbs=1, seq=2048,
+                     stack=rng.choice(["ideal", "nemo", "maxtext", "torchtitan"]), dtype=rng.choice(["bf16", "fp8"]),
+                     ep=rng.choice([1, 2]))
+        knobs["gbs"] = 16 // (knobs["tp"] * knobs["pp"]) * rng.choice([1, 2, 4])
+        if knobs["dtype"] == "fp8" and rng.random() < 0.7:
+            knobs["fp8_params"] = rng.random() < 0.5
+        cluster = clusters[rng.choice(list(clusters))]
+        try:
+            analytic._CACHE.clear()
+            fresh = perfsim.estimate(model, cluster, check_memory=False, **knobs).step_time_s
+        except ConfigError:
+            continue
+        checked += 1
+        for other in _neighbours(knobs):
+            analytic._CACHE.clear()
+            try:
+                perfsim.estimate(model, cluster, check_memory=False, **other)
+            except ConfigError:
+                continue
+            shared = perfsim.estimate(model, cluster, check_memory=False, **knobs).step_time_s
+            assert shared == pytest.approx(fresh, rel=1e-9), (knobs, other)
