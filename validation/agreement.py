@@ -17,6 +17,7 @@ from perfsim.errors import ConfigError
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan, Schedule, check_plan
 from perfsim.plan.routing import RoutingSpec
+from perfsim.system.stacks import load_stack
 
 CLUSTERS = ("mi300x-pollara", "mi355x-pollara", "h100-ib")
 SHAPES = (  # (preset, layers kept)
@@ -90,6 +91,24 @@ def sample(count: int, seed: int = 0) -> list[Case]:
         routing = RoutingSpec(distribution="zipf", skew=rng.choice([0.5, 1.0]), seed=seed) \
             if model.is_moe and plan.ep > 1 and rng.random() < 0.3 else RoutingSpec()
         out.append(Case(model=model, cluster=cluster, num_gpus=num_gpus, plan=plan, routing=routing))
+    return out
+
+
+STACKS = ("nemo", "maxtext", "megatron-primus", "torchtitan")  # the framework stacks (ideal is the sample's)
+
+
+def under_stacks(cases: list[Case], seed: int = 0) -> list[Case]:
+    """The same plans, each under a framework stack drawn from a stream of its own: the
+    stack's costs (launch gaps, fused kernels, FP8 recipe, MoE dispatch path) and the plan
+    defaults where the sample's draw is the plain default (e.g. maxtext's unprefetched
+    gathers and unoverlapped gradient reduction, nemo's FP8 primary weights under FP8); the
+    other knobs stay as drawn."""
+    rng, out = random.Random(f"stacks-{seed}"), []
+    for case in cases:
+        stack = load_stack(rng.choice(STACKS))
+        drawn = {f.name for f in dataclasses.fields(ParallelPlan) if getattr(case.plan, f.name) != f.default}
+        defaults = {k: v for k, v in stack.plan_defaults(case.plan.dtype).items() if k not in drawn}
+        out.append(dataclasses.replace(case, plan=dataclasses.replace(case.plan, stack=stack, **defaults)))
     return out
 
 

@@ -22,10 +22,12 @@ from validation import agreement  # noqa: E402
 BEFORE = {"plans": 300, "seed": 0, "median": 0.0242, "p95": 0.2124, "max": 0.4926, "within_5pct": 197}
 
 
-def measure(plans: int, seed: int) -> list[tuple[float, float, float, agreement.Case]]:
-    """(signed error, closed-form s, engine s, case) per plan."""
+def measure(plans: int, seed: int, stacks: bool = False) -> list[tuple[float, float, float, agreement.Case]]:
+    """(signed error, closed-form s, engine s, case) per plan; ``stacks``: each plan under a
+    framework stack (``agreement.under_stacks``)."""
     out = []
-    for case in agreement.sample(plans, seed):
+    cases = agreement.sample(plans, seed)
+    for case in agreement.under_stacks(cases, seed) if stacks else cases:
         closed, engine = agreement.compare(case)
         out.append((closed / engine - 1, closed, engine, case))
     return out
@@ -52,13 +54,18 @@ def main() -> None:
     parser.add_argument("--plans", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--stacks", action="store_true",
+                        help="each plan under a framework stack (nemo, maxtext, megatron-primus, torchtitan)")
     parser.add_argument("--write", action="store_true",
                         help="record the distribution in perfsim/estimators/agreement.toml (what the search uses)")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    rows = measure(args.plans, args.seed)
+    if args.stacks and args.write:
+        parser.error("--write records the plain sample's distribution: run it without --stacks")
+    rows = measure(args.plans, args.seed, args.stacks)
     d = distribution(rows)
-    print(f"closed form vs engine, {args.plans} plans (seed {args.seed}), {time.perf_counter() - t0:.1f} s")
+    under = ", each under a framework stack" if args.stacks else ""
+    print(f"closed form vs engine, {args.plans} plans (seed {args.seed}){under}, {time.perf_counter() - t0:.1f} s")
     print(f"  |closed/engine - 1|: median {d['median']:.2%}  p95 {d['p95']:.2%}  max {d['max']:.2%}  "
           f"within 5%: {d['within_5pct']}/{args.plans}")
     print(f"  before (1721bd4):    median {BEFORE['median']:.2%}  p95 {BEFORE['p95']:.2%}  max {BEFORE['max']:.2%}  "
