@@ -472,7 +472,8 @@ class ClosedForm:
         return self._cached(("bwd_ends", self.signature(plan, stage), *template_key(plan)), make)
 
     def layer_gathers(self, plan: ParallelPlan, kind: str) -> tuple[float, ...]:
-        """ZeRO all-gather seconds of one layer's parameters, per group."""
+        """ZeRO all-gather seconds of one block's parameters (a layer kind, the embedding, the
+        LM head), per group."""
         key = ("gather", kind, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.param_bytes,
                kind == "head" and head_stage(plan) == 0)
         groups = self._groups(plan)
@@ -480,7 +481,7 @@ class ClosedForm:
                                                for g, s in self._gather_sizes(plan, kind)))
 
     def gather_links(self, plan: ParallelPlan, kind: str) -> dict[str, float]:
-        """Link busy seconds of one layer's parameter all-gathers."""
+        """Link busy seconds of one block's parameter all-gathers (as ``layer_gathers``)."""
         key = ("gather_links", kind, plan.tp, plan.ep, plan.etp, plan.dp * plan.cp, plan.edp, plan.param_bytes,
                kind == "head" and head_stage(plan) == 0)
         groups = self._groups(plan)
