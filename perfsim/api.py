@@ -184,14 +184,17 @@ _plan_memory = functools.lru_cache(maxsize=256)(plan_memory)  # immutable answer
 
 
 def _memory_hint(plan: ParallelPlan) -> str:
-    """What a user can change when a plan does not fit: less activation memory first."""
+    """What a user can change when a plan does not fit: less activation memory first (and,
+    for FP8 with BF16 working weights, FP8 primary weights: half the weights' bytes)."""
+    weights = ("; FP8 primary weights (fp8_params=True, --fp8-params) halve the working weights"
+               if plan.dtype == "fp8" and not plan.fp8_params else "")
     if plan.recompute != Recompute.FULL or plan.recompute_layers:
-        return "recompute='auto' (--recompute auto) picks the least recompute that fits"
+        return "recompute='auto' (--recompute auto) picks the least recompute that fits" + weights
     if plan.keeps_weights_gathered:  # its weights and gradients unsharded through the step
         return ("it does not fit with full recompute: ZeRO-3 gathering per pass (zero3_gather='per-pass', "
-                "--zero3-gather per-pass) shards the weights and gradients during the step too")
+                "--zero3-gather per-pass) shards the weights and gradients during the step too" + weights)
     zero = "" if plan.zero >= 3 else ", a higher zero stage"
-    return f"it does not fit with full recompute: try more tp / pp{zero} or a smaller mbs"
+    return f"it does not fit with full recompute: try more tp / pp{zero} or a smaller mbs" + weights
 
 
 def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, check_memory: bool,

@@ -173,6 +173,12 @@ def test_oom_raises_infeasible_plan_with_numbers(mi300x):
     # auto recompute cannot save 70B of unsharded optimizer state: the hint then names what can
     with pytest.raises(InfeasiblePlan, match="does not fit with full recompute: try more tp / pp, a higher zero stage"):
         simulate("llama3.1-70b", mi300x, nodes=1, dp=8, gbs=8, seq=4096, zero=0, recompute="auto")
+    # FP8 with BF16 working weights: the hint names FP8 primary weights too, not when they are on
+    with pytest.raises(InfeasiblePlan, match=r"picks the least recompute that fits; FP8 primary weights \(fp8_params"):
+        simulate("llama3.1-70b", mi300x, nodes=1, dp=8, gbs=8, seq=4096, zero=0, dtype="fp8")
+    with pytest.raises(InfeasiblePlan) as info:
+        simulate("llama3.1-70b", mi300x, nodes=1, dp=8, gbs=8, seq=4096, zero=0, dtype="fp8", fp8_params=True)
+    assert "FP8 primary weights" not in str(info.value)
 
 
 def test_oom_can_be_reported_instead(mi300x):
