@@ -18,13 +18,14 @@ DEFAULT_DISPATCH = default_inputs()["fidelity"]["dispatch"]
 OVERLAP_CHOICES = {"stack's": None, "on": True, "off": False}  # the stack's overlap policy unless overridden
 
 
-def _overlap(column, label: str, key: str, fidelity: dict, help: str, disabled: bool = False):
+def _overlap(column, label: str, key: str, fidelity: dict, help: str, disabled: bool = False,
+             stacks: str = "the software stack's overlap policy"):
     """A stack-defaulted switch (the overlaps, FP8 weights): the stack's policy (None) or an
-    explicit on/off override."""
+    explicit on/off override; ``stacks`` says what "stack's" means for it."""
     value = fidelity.get(key)
     now = "stack's" if value is None else ("on" if value else "off")
     choice = column.selectbox(label, list(OVERLAP_CHOICES), key=common.seed(key, now), disabled=disabled,
-                              help=help if "stack's =" in help else f"{help}; stack's = the software stack's overlap policy")
+                              help=f"{help}; stack's = {stacks}")
     return OVERLAP_CHOICES[choice]
 
 def _has_experts(model: str, model_config: str | None) -> bool:
@@ -203,8 +204,8 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     fidelity["fp8_params"] = _overlap(
         f[2], "FP8 weights", "fp8_params", fidelity,
         help="--fp8-params / --no-fp8-params (dtype fp8): FP8 primary weights (Transformer Engine fp8_model_init, "
-             "Megatron --fp8-param-gather): 1 B a weight, no weight cast, ZeRO gathers in FP8; stack's = its "
-             "[fp8] primary_weights (on under nemo)", disabled=knobs["dtype"] != "fp8")
+             "Megatron --fp8-param-gather): 1 B a weight, no weight cast, ZeRO gathers in FP8",
+        disabled=knobs["dtype"] != "fp8", stacks="its [fp8] primary_weights (on under nemo)")
     fidelity["gpu_variability"] = f[4].number_input("GPU variability (cv)", min_value=0.0, max_value=0.5, step=0.01,
                                                     key=common.seed("gpu_variability", fidelity["gpu_variability"]),
                                                     help="--gpu-variability: std-dev of per-GPU speed")

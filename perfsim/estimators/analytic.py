@@ -35,10 +35,9 @@ from perfsim.lowering.ops import Coll, Op, Stream
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, group_shape
 from perfsim.plan.routing import UNIFORM, RoutingSpec
-from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, head_stage, layout_key, splits_backward,
-                                    virtual_stage)
-from perfsim.plan.sharding import (block_param_bytes, chunk_layers, ends_grad_bytes, gathers_in, is_moe_layer,
-                                   recomputes, layer_grad_bytes, layer_param_bytes, stage_layer_ids)
+from perfsim.plan.schedules import BWD, FWD, UNIT, WGT, head_stage, layout_key, splits_backward
+from perfsim.plan.sharding import (block_param_bytes, chunk_blocks, ends_grad_bytes, gathers_in, is_moe_layer,
+                                   recomputes, layer_grad_bytes, stage_layer_ids)
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.hardware import ClusterSpec
@@ -282,19 +281,15 @@ class ClosedForm:
         return {"dp_cp": (plan.dp * plan.cp, plan.tp), "edp": (plan.edp, plan.etp * plan.ep)}
 
     def _sizes(self, plan: ParallelPlan, kind: str, what) -> list[tuple[str, float]]:
-        """(group, bytes) of one layer's DP traffic, groups of one rank skipped (graph._groups)."""
+        """(group, bytes) of one block's DP traffic, groups of one rank skipped (graph._groups):
+        ``what`` of the kind's representative layer, or of the embedding / LM head itself."""
         groups = self._groups(plan)
-        sizes = what(self.model, plan, self.rep_layer[kind])
+        sizes = what(self.model, plan, kind if kind in ENDS else self.rep_layer[kind])
         return [(g, s) for g, s in zip(("dp_cp", "edp"), sizes) if s > 0 and groups[g][0] > 1]
 
     def _gather_sizes(self, plan: ParallelPlan, kind: str) -> list[tuple[str, float]]:
-        """(group, bytes) of one block's ZeRO all-gathers: a layer kind's, the embedding's or
-        the LM head's (``sharding.block_param_bytes``)."""
-        if kind in ENDS:
-            groups = self._groups(plan)
-            sizes = block_param_bytes(self.model, plan, kind)
-            return [(g, s) for g, s in zip(("dp_cp", "edp"), sizes) if s > 0 and groups[g][0] > 1]
-        return self._sizes(plan, kind, layer_param_bytes)
+        """(group, bytes) of one block's ZeRO all-gathers (``sharding.block_param_bytes``)."""
+        return self._sizes(plan, kind, block_param_bytes)
 
     def _gathers_next(self, block: tuple) -> bool:
         """Whether ``block`` = (pass index, kind, layer or -1) gathers its weights in its pass."""
@@ -306,13 +301,10 @@ class ClosedForm:
         all-gathers: its layers (forward and backward), the embedding (forward), the LM head
         (forward and backward); ZeRO-1/2 gather each block once per step."""
         nd, nm, _, _ = self.layout(plan, stage)
-        counts = {"dense": nd, "moe": nm}
-        out = [(k, counts[k], 2) for k in self.kinds if counts[k]]
-        if stage == 0:
-            out.append(("embedding", 1, 1))
-        if stage == head_stage(plan):
-            out.append(("head", 1, 2))
-        return tuple(out)
+        counts = {"dense": nd, "moe": nm, "embedding": int(stage == 0), "head": int(stage == head_stage(plan))}
+        rep = {**self.rep_layer, "embedding": "embedding", "head": "head"}
+        return tuple((k, counts[k], sum(gathers_in(rep[k], phase) for phase in (FWD, BWD)))
+                     for k in (*self.kinds, *ENDS) if counts[k])
 
     def stage_gather_s(self, plan: ParallelPlan, stage: int) -> tuple[float, float]:
         """All-gather seconds of a stage's forward and of its backward (alone, back to back)."""
@@ -406,10 +398,9 @@ class ClosedForm:
         chunk (``overlap.background_rate``): the forward's own comm goes first on the links
         it shares with the gathers (the engine serves the data-parallel queues last)."""
         def make():
-            demand = add_links(*(self.gather_links(plan, k.removesuffix(NO_RECOMPUTE))
-                                 for k, _ in self._chunk_blocks(plan, stage, chunk)))
-            fg, fwd = [], 0.0
+            demand, fg, fwd = {}, [], 0.0
             for kind, _ in self._chunk_blocks(plan, stage, chunk):
+                demand = add_links(demand, self.gather_links(plan, kind.removesuffix(NO_RECOMPUTE)))
                 part = self.template(plan, kind, stage).fwd
                 fwd += part.seconds
                 fg += [(op.duration_s - op.meta.get("latency_s", 0.0), op.meta.get("link_share") or {})
@@ -702,10 +693,8 @@ class ClosedForm:
     def _chunk_blocks(self, plan: ParallelPlan, stage: int, chunk: int) -> list[tuple[str, int]]:
         """(block kind, layer or -1) of one virtual stage's forward, in order."""
         def make():
-            vs, last = virtual_stage(plan.schedule, plan.pp, stage, chunk), plan.pp * plan.vpp - 1
-            held = chunk_layers(self.model, plan, stage, chunk)
-            blocks = [(self.block_kind(plan, layer), layer) for layer in held]
-            return ([("embedding", -1)] if vs == 0 else []) + blocks + ([("head", -1)] if vs == last else [])
+            return [(b, -1) if isinstance(b, str) else (self.block_kind(plan, b), b)
+                    for b in chunk_blocks(self.model, plan, stage, chunk)]
         return self._cached(("chunk_blocks", *layout_key(plan),
                              plan.recompute_layers, plan.recompute == Recompute.NONE, stage, chunk), make)
 

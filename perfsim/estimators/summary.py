@@ -62,9 +62,15 @@ def _breakdown(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> tuple[dict, set]
     return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0]))), comm
 
 
+def _gathers_a_step(plan: ParallelPlan, passes: int) -> int:
+    """How often a step gathers a block: in ``passes`` passes of every microbatch under ZeRO-3,
+    once (the updated weights) under ZeRO-1/2."""
+    return plan.num_microbatches * passes if plan.step_zero == 3 else 1
+
+
 def _gather_count(cf: ClosedForm, plan: ParallelPlan, stage: int) -> int:
-    m = plan.num_microbatches if plan.step_zero == 3 else 0
-    return sum(n * len(cf.layer_gathers(plan, k)) * (m * passes or 1) for k, n, passes in cf.gather_blocks(plan, stage))
+    return sum(n * len(cf.layer_gathers(plan, k)) * _gathers_a_step(plan, passes)
+               for k, n, passes in cf.gather_blocks(plan, stage))
 
 
 def _link_loads(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict[str, float]]:
@@ -85,7 +91,7 @@ def _link_loads(cf: ClosedForm, plan: ParallelPlan, tl: dict) -> dict[str, dict[
         put("pp_p2p/send_recv", cf.p2p(plan).demand, _sends(plan, crit))
     if plan.step_zero:
         for kind, count, passes in cf.gather_blocks(plan, crit):
-            put(f"{PARAM_GATHER}/all_gather", cf.gather_links(plan, kind), count * (m * passes if plan.step_zero == 3 else 1))
+            put(f"{PARAM_GATHER}/all_gather", cf.gather_links(plan, kind), count * _gathers_a_step(plan, passes))
     return out
 
 

@@ -25,8 +25,9 @@ from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, splits_backward, stage_of, stage_order,
                                     virtual_stage)
-from perfsim.plan.sharding import (NORM_BYTES, chunk_layers, clip_bytes, ends_grad_bytes, is_moe_layer, recomputes,
-                                   block_param_bytes, gathers_in, layer_grad_bytes, optimizer_bytes)
+from perfsim.plan.sharding import (NORM_BYTES, block_param_bytes, chunk_blocks, chunk_layers, clip_bytes,
+                                   ends_grad_bytes, gathers_in, is_moe_layer, layer_grad_bytes, optimizer_bytes,
+                                   recomputes)
 
 
 @dataclass
@@ -98,13 +99,6 @@ class _Builder:
 
     def _layers(self, stage: int, chunk: int) -> range:
         return chunk_layers(self.model, self.plan, stage, chunk)
-
-    def chunk_blocks(self, stage: int, chunk: int) -> list[int | str]:
-        """The blocks of virtual stage (stage, chunk) in forward order: the embedding on the
-        first virtual stage, its layers, the LM head on the last."""
-        vs = virtual_stage(self.plan.schedule, self.plan.pp, stage, chunk)
-        return ((["embedding"] if vs == 0 else []) + list(self._layers(stage, chunk))
-                + (["head"] if vs == self.last_vs else []))
 
     def _block(self, layer: int) -> tuple[list[Step], list[Step], list[Step]]:
         key = (is_moe_layer(self.model, layer), recomputes(self.model, self.plan, layer))
@@ -190,13 +184,14 @@ class _Builder:
         if not gathers_in(block, phase):
             return ()
         after = (self.marks[stage][-2 if plan.overlap_param_gather else -1],) if plan.step_zero == 3 else ()
-        return tuple(self.add(stage, step, after, mb, block if isinstance(block, int) else -1)
-                     for step in self._gather_steps(block))
+        return self._gather_ops(stage, block, after, mb)
 
-    def _gather_steps(self, block: int | str) -> list[Step]:
-        """One all-gather per data-parallel group of the block's weights."""
-        return [_dp_step(f"param_ag_{group}", Coll.ALL_GATHER, group, size, "dp_param_gather")
-                for group, size in self._groups(block, block_param_bytes(self.model, self.plan, block))]
+    def _gather_ops(self, stage: int, block: int | str, after: tuple, mb: int) -> tuple[int, ...]:
+        """One all-gather per data-parallel group of the block's weights, after ``after``."""
+        layer = block if isinstance(block, int) else -1
+        return tuple(self.add(stage, _dp_step(f"param_ag_{group}", Coll.ALL_GATHER, group, size, "dp_param_gather"),
+                              after, mb, layer)
+                     for group, size in self._groups(block, block_param_bytes(self.model, self.plan, block)))
 
     def send(self, stage: int, phase: str, mb: int, vs: int, after: int) -> None:
         size = self.layers.local_tokens * self.model.hidden_size * 2
@@ -206,15 +201,11 @@ class _Builder:
 
     def chunk_forward(self, stage: int, mb: int, chunk: int, deps: tuple) -> int:
         self.phase = FWD
-        vs = virtual_stage(self.plan.schedule, self.plan.pp, stage, chunk)
-        if vs == 0:
-            self.chain(stage, self.special("embedding")[0], deps + self.param_gather(stage, "embedding", FWD, mb), mb, -1)
+        for block in chunk_blocks(self.model, self.plan, stage, chunk):
+            layer = block if isinstance(block, int) else -1
+            steps = self.forward_steps(block) if layer >= 0 else self.special(block)[0]
+            self.chain(stage, steps, deps + self.param_gather(stage, block, FWD, mb), mb, layer)
             deps = ()
-        for layer in self._layers(stage, chunk):
-            self.chain(stage, self.forward_steps(layer), deps + self.param_gather(stage, layer, FWD, mb), mb, layer)
-            deps = ()
-        if vs == self.last_vs:
-            self.chain(stage, self.special("head")[0], deps + self.param_gather(stage, "head", FWD, mb), mb, -1)
         return self.last[stage]
 
     def chunk_backward(self, stage: int, mb: int, chunk: int, deps: tuple) -> int:
@@ -259,11 +250,8 @@ class _Builder:
         steps = optimizer_steps(self.model, self.plan, stage) + input_steps(self.plan)
         end = self.chain(stage, steps, tuple(self.grad_ops[stage]), -1, -1)
         if self.plan.step_zero in (1, 2) and not self.plan.weights_gathered_ahead:
-            gathers = []
-            for chunk in range(self.plan.vpp):
-                for block in self.chunk_blocks(stage, chunk):
-                    gathers += [self.add(stage, step, (end,), -1, block if isinstance(block, int) else -1)
-                                for step in self._gather_steps(block)]
+            gathers = [op for chunk in range(self.plan.vpp) for block in chunk_blocks(self.model, self.plan, stage, chunk)
+                       for op in self._gather_ops(stage, block, (end,), -1)]
             if gathers:
                 self.chain(stage, [_barrier()], tuple(gathers), -1, -1)
 

@@ -211,7 +211,7 @@ def fp8_weight_cache(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     cast every microbatch, and under per-pass ZeRO-3, whose weights are gathered pass by pass
     (Megatron-FSDP turns the transpose cache off: keep_fp8_transpose_cache = False in
     Megatron-Bridge's FSDP overrides). The embedding and LM head stay BF16."""
-    if plan.dtype != "fp8" or not plan.stack.fp8.weights_cast_once or plan.step_zero == 3:
+    if plan.dtype != "fp8" or not plan.fp8_copies_kept(plan.stack.fp8.weights_cast_once):
         return 0.0
     params = sum(sum(layer_rank_params(model, plan, layer)) for layer in stage_layer_ids(model, plan, stage))
     return params * FP8_BYTES * (1 if plan.fp8_params else 2)

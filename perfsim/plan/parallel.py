@@ -226,12 +226,17 @@ class ParallelPlan:
         recipe where it names one, else the stack's ``[fp8] delayed_scaling``."""
         return self.fp8_recipe == "delayed" if self.fp8_recipe else self.stack.fp8.delayed_scaling
 
+    def fp8_copies_kept(self, reused: bool) -> bool:
+        """Whether an FP8 copy of a weight (a cast, or FP8 primary weights' transpose) made
+        where ``reused`` (the stack casts once a step, or the weights are FP8) is kept through
+        the step: not under per-pass ZeRO-3, whose weights are gathered (and copied) pass by
+        pass (Megatron-FSDP keeps no FP8 transpose cache)."""
+        return reused and self.step_zero != 3
+
     def fp8_copies_per_step(self, reused: bool) -> int:
-        """Microbatches that share one FP8 copy of a weight (a cast, or FP8 primary weights'
-        transpose) a step makes where ``reused`` (the stack casts once a step, or the weights
-        are FP8): all of them, but 1 under per-pass ZeRO-3, whose weights are gathered (and
-        copied) pass by pass (Megatron-FSDP keeps no FP8 transpose cache)."""
-        return self.num_microbatches if reused and self.step_zero != 3 else 1
+        """Microbatches that share one FP8 copy of a weight (``fp8_copies_kept``): all of
+        them where it is kept, else 1."""
+        return self.num_microbatches if self.fp8_copies_kept(reused) else 1
 
     @property
     def param_bytes(self) -> int:

@@ -6,7 +6,7 @@ fp32 main gradients (4 B), fp32 master weights + Adam m and v (12 B) per paramet
 
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan, Recompute
-from perfsim.plan.schedules import BWD, FWD, WGT, head_stage, stage_layers
+from perfsim.plan.schedules import BWD, FWD, WGT, head_stage, stage_layers, virtual_stage
 
 WEIGHT_BYTES = 2
 MAIN_GRAD_BYTES = 4
@@ -55,6 +55,15 @@ def chunk_layers(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int) -
     plan's pipeline layout)."""
     return stage_layers(model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
                         plan.last_stage_layers, plan.schedule)
+
+
+def chunk_blocks(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int) -> list[int | str]:
+    """The blocks of virtual stage (stage, chunk) in forward order: "embedding" on the first
+    virtual stage, its layers (``chunk_layers``), "head" on the last (both estimators walk
+    this order)."""
+    vs = virtual_stage(plan.schedule, plan.pp, stage, chunk)
+    return ((["embedding"] if vs == 0 else []) + list(chunk_layers(model, plan, stage, chunk))
+            + (["head"] if vs == plan.pp * plan.vpp - 1 else []))
 
 
 def stage_layer_ids(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[int]:
