@@ -317,6 +317,8 @@ def test_a_stack_casting_weights_once_keeps_their_fp8_copies():
     assert weights == pytest.approx(2 * params + 2 * layers)
     weights, params, layers = _stage0(zero=1, fp8_params=True)
     assert weights == pytest.approx(params + layers)
+    weights, params, layers = _stage0(stack="ideal", zero=1, fp8_params=True)  # the transpose the step reuses
+    assert weights == pytest.approx(params + layers)
     for knobs in (dict(stack="ideal"), dict(dtype="bf16"), dict(zero=3)):
         weights, params, _ = _stage0(**knobs)
         shards = 2 if knobs.get("zero") == 3 else 1  # ZeRO-3 shards the BF16 weights over dp = 2

@@ -207,11 +207,12 @@ def fp8_weight_cache(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     rowwise for the forward GEMM and columnwise (its transpose) for the dgrad GEMM, one byte
     each (the cast writes both, as ``LayerBuilder._fp8`` prices it). Under FP8 primary
     weights (``plan.fp8_params``) the weight itself is the rowwise copy and only its
-    transpose is cached (Megatron-Core's FP8 transpose cache). None on BF16, on stacks that
-    cast every microbatch, and under per-pass ZeRO-3, whose weights are gathered pass by pass
+    transpose is cached (Megatron-Core's FP8 transpose cache), on any stack: the step prices
+    that transpose once (``LayerBuilder._fp8``). None on BF16, with BF16 working weights on
+    stacks that cast every microbatch, and under per-pass ZeRO-3, whose weights are gathered pass by pass
     (Megatron-FSDP turns the transpose cache off: keep_fp8_transpose_cache = False in
     Megatron-Bridge's FSDP overrides). The embedding and LM head stay BF16."""
-    if plan.dtype != "fp8" or not plan.fp8_copies_kept(plan.stack.fp8.weights_cast_once):
+    if plan.dtype != "fp8" or not plan.fp8_copies_kept(plan.stack.fp8.weights_cast_once or plan.fp8_params):
         return 0.0
     params = sum(sum(layer_rank_params(model, plan, layer)) for layer in stage_layer_ids(model, plan, stage))
     return params * FP8_BYTES * (1 if plan.fp8_params else 2)
