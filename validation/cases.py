@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from validation import kernels as K
+from validation import library
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}
 # Relative error bound (max abs error / max abs reference) per input dtype: output
@@ -25,8 +26,9 @@ class Case:
     kind: str
     label: str
     row: dict
-    prepare: Callable[[str], tuple[Callable[[], object], Callable[[], float]]] = field(repr=False)
+    prepare: Callable[[str], tuple] = field(repr=False)  # device -> (run, error) or (run, error, extra CSV cells)
     tolerance: float = 1e-2
+    backend: str = "triton"  # "triton": the project's kernels; "torch": the libraries (validation.library)
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -38,23 +40,28 @@ def _randn(shape, dtype, device, gen):
     return torch.randn(shape, generator=gen, device=device).to(dtype)
 
 
-def gemm_case(m: int, n: int, k: int, dtype: str, note: str = "") -> Case:
+def gemm_case(m: int, n: int, k: int, dtype: str, note: str = "", backend: str = "triton") -> Case:
     def prepare(device):
         gen = torch.Generator(device=device).manual_seed(0)
         a, b = _randn((m, k), DTYPES[dtype], device, gen), _randn((k, n), DTYPES[dtype], device, gen)
+        if backend == "torch":
+            return library.prepare_gemm(a, b, dtype)
         out = torch.empty((m, n), dtype=torch.bfloat16 if dtype == "fp8" else a.dtype, device=device)
         return (lambda: K.gemm(a, b, out=out)), (lambda: rel_error(K.gemm(a, b), a.float() @ b.float()))
     row = dict(kind="gemm", dtype=dtype, m=m, n=n, k=k, batch=1, note=note)
-    return Case(kind="gemm", label=f"gemm {dtype} {m}x{n}x{k}", row=row, prepare=prepare, tolerance=TOLERANCE[dtype])
+    return Case(kind="gemm", label=f"gemm {dtype} {m}x{n}x{k}", row=row, prepare=prepare, tolerance=TOLERANCE[dtype],
+                backend=backend)
 
 
-def grouped_case(counts: list[int], n: int, k: int, dtype: str, note: str = "") -> Case:
+def grouped_case(counts: list[int], n: int, k: int, dtype: str, note: str = "", backend: str = "triton") -> Case:
     """Grouped GEMM over len(counts) experts; the CSV ``m`` is the mean tokens per expert."""
     def prepare(device):
         gen = torch.Generator(device=device).manual_seed(0)
         c = torch.tensor(counts, device=device)
         x = _randn((sum(counts), k), DTYPES[dtype], device, gen)
         w = _randn((len(counts), k, n), DTYPES[dtype], device, gen)
+        if backend == "torch":
+            return library.prepare_grouped(x, w, counts)
 
         def error():
             ref = torch.cat([xe.float() @ w[e].float() for e, xe in enumerate(torch.split(x, counts))])
@@ -65,17 +72,20 @@ def grouped_case(counts: list[int], n: int, k: int, dtype: str, note: str = "") 
     row = dict(kind="grouped_gemm", dtype=dtype, m=max(1, round(total / groups)), n=n, k=k, batch=groups,
                note=note or ("balanced" if even else "uneven"), meta_counts=" ".join(map(str, counts)))
     return Case(kind="grouped_gemm", label=f"grouped {dtype} E={groups} T={total} {n}x{k} {row['note']}",
-                row=row, prepare=prepare, tolerance=TOLERANCE[dtype])
+                row=row, prepare=prepare, tolerance=TOLERANCE[dtype], backend=backend)
 
 
 def attention_case(batch: int, heads: int, kv_heads: int, seq: int, head_dim: int, direction: str,
-                   dtype: str = "bf16", causal: bool = True) -> Case:
+                   dtype: str = "bf16", causal: bool = True, backend: str = "triton", sdpa: str = "flash") -> Case:
+    """``sdpa``: the torch backend's SDPA kernel (validation.library.ATTENTION_BACKENDS)."""
     def prepare(device):
         gen = torch.Generator(device=device).manual_seed(0)
         dt = DTYPES[dtype]
         q = _randn((batch, heads, seq, head_dim), dt, device, gen)
         kk, v = (_randn((batch, kv_heads, seq, head_dim), dt, device, gen) for _ in range(2))
         do = _randn((batch, heads, seq, head_dim), dt, device, gen)
+        if backend == "torch":
+            return library.prepare_attention(q, kk, v, do, causal, direction, sdpa)
         o, lse = K.attention_forward(q, kk, v, causal)
         run = {"fwd": lambda: K.attention_forward(q, kk, v, causal),
                "bwd": lambda: K.attention_backward(q, kk, v, o, lse, do, causal)}[direction]
@@ -92,20 +102,25 @@ def attention_case(batch: int, heads: int, kv_heads: int, seq: int, head_dim: in
     row = dict(kind="attention", dtype=dtype, batch=batch, seq=seq, heads=heads, kv_heads=kv_heads,
                head_dim=head_dim, causal=int(causal), direction=direction)
     label = f"attention {direction} {dtype} b{batch} h{heads}/{kv_heads} s{seq} d{head_dim}{' causal' if causal else ''}"
-    return Case(kind="attention", label=label, row=row, prepare=prepare, tolerance=2 * TOLERANCE[dtype])
+    if backend == "torch":
+        label += f" [{sdpa}]"
+    return Case(kind="attention", label=label, row=row, prepare=prepare, tolerance=2 * TOLERANCE[dtype], backend=backend)
 
 
 MEMORY_ARRAYS = {"copy": 2, "triad": 3}  # arrays touched (BabelStream counting: bytes = arrays x n x itemsize)
 
 
-def memory_case(kernel: str, num_bytes_per_array: int) -> Case:
+def memory_case(kernel: str, num_bytes_per_array: int, backend: str = "triton") -> Case:
     n = num_bytes_per_array // 4
 
     def prepare(device):
         gen = torch.Generator(device=device).manual_seed(0)
         a, b, c = (torch.randn(n, generator=gen, device=device) for _ in range(3))
+        if backend == "torch":
+            return library.prepare_memory(kernel, a, b, c, 0.4)
         if kernel == "copy":
             return (lambda: K.copy(a, c)), (lambda: rel_error(K.copy(a, c), a))
         return (lambda: K.triad(a, b, c, 0.4)), (lambda: rel_error(K.triad(a, b, c, 0.4), b + 0.4 * c))
     row = dict(kind="memory", dtype="fp32", bytes=MEMORY_ARRAYS[kernel] * n * 4, kernel=kernel)
-    return Case(kind="memory", label=f"memory {kernel} {n * 4 / 2**20:.1f} MiB/array", row=row, prepare=prepare, tolerance=1e-6)
+    return Case(kind="memory", label=f"memory {kernel} {n * 4 / 2**20:.1f} MiB/array", row=row, prepare=prepare, tolerance=1e-6,
+                backend=backend)

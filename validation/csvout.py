@@ -34,16 +34,29 @@ def row_flops(row: dict) -> float:
     return 0.0
 
 
-def measured_row(case_row: dict, timing, meta: dict, rel_error: float) -> dict:
-    """The CSV row of one timed case; raises NotAMeasurement for an invalid timing."""
+SOURCES = {
+    "triton": "validation/run.py (Triton kernels, median of repeats, CUDA events)",
+    "torch": "validation/run.py --backend torch (library kernels through torch, median of repeats, CUDA events)",
+}
+
+
+def measured_row(case_row: dict, timing, meta: dict, rel_error: float, backend: str = "triton",
+                 extra: dict | None = None) -> dict:
+    """The CSV row of one timed case; raises NotAMeasurement for an invalid timing.
+    ``extra``: cells the case adds (the torch backend's library name, a note)."""
     if not timing.valid:
         raise NotAMeasurement(f"{case_row['kind']}: timing from {meta.get('device_name', 'cpu')} is not a measurement")
     row = dict(case_row)
     row.update(time_us=f"{timing.median_s * 1e6:.3f}", meta_repeats=timing.repeats,
                meta_min_us=f"{timing.min_s * 1e6:.3f}", meta_rel_error=f"{rel_error:.2e}",
-               device=meta["device_name"], source="validation/run.py (Triton kernels, median of repeats, CUDA events)",
-               timing="device",
+               device=meta["device_name"], source=SOURCES[backend], timing="device",
                library=software(meta), clock_MHz=row.get("clock_MHz") or meta.get("sm_clock_MHz", ""))
+    extra = dict(extra or {})
+    if extra.get("library"):
+        row["library"] = f"{extra.pop('library')} ({row['library']})"
+    if extra.get("note"):
+        row["note"] = "; ".join(filter(None, [row.get("note", ""), extra.pop("note")]))
+    row.update({k: v for k, v in extra.items() if k not in ("library", "note")})
     if row["kind"] == "memory":
         row["TBps"] = f"{row['bytes'] / timing.median_s / 1e12:.4f}"
     else:

@@ -2,6 +2,12 @@
 
     python -m validation.run --suite gemm|moe|attention|memory|all [--shapes from-model zaya1-base] --out results.csv
     python -m validation.run --suite all --check      # correctness only (works without a GPU)
+    python -m validation.run --backend torch --suite all --out library.csv   # the libraries, not our kernels
+
+``--backend triton`` (default) times the project's Triton kernels; ``--backend torch`` the
+library kernels a training step calls (cuBLAS / hipBLASLt GEMM and FP8 GEMM, torch's
+grouped GEMM, SDPA's flash and cuDNN attention, copy / triad: ``validation.library``).
+A shape the library refuses is reported as skipped, not failed.
 
 Every case is checked against torch before it is timed (warm-up, then the median of
 repeats with CUDA/HIP events). Without a GPU there is nothing to measure: ``--out`` exits
@@ -14,6 +20,7 @@ import sys
 from validation.env import EnvironmentProblem, setup
 
 SUITES = ("gemm", "moe", "attention", "memory")
+BACKENDS = ("triton", "torch")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -26,6 +33,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="kernel CSV to write (GPU only)")
     p.add_argument("--check", action="store_true", help="correctness only, no timing; tiny shapes without a GPU")
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--backend", choices=BACKENDS, default="triton",
+                   help="triton: the project's kernels (default); torch: the library kernels through torch")
     args = p.parse_args(argv)
     if args.shapes[0] == "from-model" and len(args.shapes) != 2 or args.shapes[0] not in ("grid", "from-model"):
         p.error("--shapes: 'grid' or 'from-model MODEL'")
@@ -57,34 +66,46 @@ def cases_for(args, runtime, dtypes) -> list:
 
     suites = SUITES if args.suite == "all" else (args.suite,)
     if runtime.interpret:
-        return [c for s in suites for c in shapes.interpreter_cases(s)]
+        return [c for s in suites for c in shapes.interpreter_cases(s, args.backend)]
     model = args.shapes[1] if args.shapes[0] == "from-model" else None
-    return [c for s in suites for c in shapes.build(s, model, args.tokens, dtypes)]
+    return [c for s in suites for c in shapes.build(s, model, args.tokens, dtypes, args.backend)]
 
 
 def run_case(case, runtime, repeats: int, timed: bool):
-    """(error, timing or None); the error check runs before any timing."""
+    """(error, timing or None, extra CSV cells); the error check runs before any timing.
+    Raises validation.library.Unsupported where a library has no kernel for the case."""
     from validation.timing import time_fn
 
-    run, error = case.prepare(runtime.device)
+    prepared = case.prepare(runtime.device)
+    run, error = prepared[:2]
+    extra = prepared[2] if len(prepared) > 2 else {}
     err = error()
     if err > case.tolerance or err != err:
-        return err, None
-    return err, time_fn(run, gpu=not runtime.interpret, repeats=repeats) if timed else None
+        return err, None, extra
+    return err, (time_fn(run, gpu=not runtime.interpret, repeats=repeats) if timed else None), extra
 
 
 def sweep(args, runtime, cases) -> tuple[list[dict], int]:
     from validation.csvout import measured_row
+    from validation.library import Unsupported
 
-    rows, failures = [], 0
+    rows, failures, skipped = [], 0, 0
     for case in cases:
-        err, timing = run_case(case, runtime, args.repeats, timed=bool(args.out))
+        try:
+            err, timing, extra = run_case(case, runtime, args.repeats, timed=bool(args.out))
+        except Unsupported as exc:
+            skipped += 1
+            print(f"skip {' ' * 13}  {exc}  ({case.label})", flush=True)
+            continue
         ok = err <= case.tolerance
         failures += not ok
         shown = f"{timing.median_s * 1e6:10.1f} us" if timing is not None and timing.valid else " " * 13
         print(f"{'ok  ' if ok else 'FAIL'} {shown}  rel err {err:.1e} (tol {case.tolerance:.0e})  {case.label}", flush=True)
         if ok and timing is not None:
-            rows.append(measured_row({**case.row, **_clock(runtime)}, timing, runtime.metadata, err))
+            rows.append(measured_row({**case.row, **_clock(runtime)}, timing, runtime.metadata, err,
+                                     backend=case.backend, extra=extra))
+    if skipped:
+        print(f"# {skipped} case(s) skipped: the library has no kernel for them here")
     return rows, failures
 
 

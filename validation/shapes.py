@@ -9,15 +9,16 @@ triad from 1 MiB to 1 GiB per array.
 
 import perfsim
 from validation.cases import Case, attention_case, gemm_case, grouped_case, memory_case
+from validation.library import ATTENTION_BACKENDS
 
 SUITES = ("gemm", "moe", "attention", "memory")
 GRID_CUBES = (256, 512, 1024, 2048, 4096, 8192)
 ODD_GEMMS = ((4095, 4097, 4096), (1000, 3000, 2000), (8192, 1, 4096), (129, 8192, 4096))
 
 
-def gemm_grid(dtypes: tuple[str, ...]) -> list[Case]:
-    cases = [gemm_case(c, c, c, dt, "cube") for dt in dtypes for c in GRID_CUBES]
-    return cases + [gemm_case(m, n, k, dt, "odd") for dt in dtypes for m, n, k in ODD_GEMMS]
+def gemm_grid(dtypes: tuple[str, ...], backend: str = "triton") -> list[Case]:
+    cases = [gemm_case(c, c, c, dt, "cube", backend) for dt in dtypes for c in GRID_CUBES]
+    return cases + [gemm_case(m, n, k, dt, "odd", backend) for dt in dtypes for m, n, k in ODD_GEMMS]
 
 
 def model_linears(model) -> list:
@@ -31,14 +32,14 @@ def model_linears(model) -> list:
     return lins
 
 
-def gemm_from_model(model, tokens: int, dtypes: tuple[str, ...]) -> list[Case]:
+def gemm_from_model(model, tokens: int, dtypes: tuple[str, ...], backend: str = "triton") -> list[Case]:
     cases = []
     for dt in dtypes:
         for lin in model_linears(model):
             i, o = lin.in_features, lin.out_features
-            cases += [gemm_case(tokens, o, i, dt, f"{model.name} {lin.name} fwd"),
-                      gemm_case(tokens, i, o, dt, f"{model.name} {lin.name} dgrad"),
-                      gemm_case(i, o, tokens, dt, f"{model.name} {lin.name} wgrad")]
+            cases += [gemm_case(tokens, o, i, dt, f"{model.name} {lin.name} fwd", backend),
+                      gemm_case(tokens, i, o, dt, f"{model.name} {lin.name} dgrad", backend),
+                      gemm_case(i, o, tokens, dt, f"{model.name} {lin.name} wgrad", backend)]
     return cases
 
 
@@ -52,55 +53,61 @@ def skewed_counts(total: int, groups: int, empty: int = 0) -> list[int]:
     return counts + [0] * empty
 
 
-def moe_cases(num_experts: int, routed: int, hidden: int, width: int, gated: bool, dtype: str, tag: str) -> list[Case]:
+def moe_cases(num_experts: int, routed: int, hidden: int, width: int, gated: bool, dtype: str, tag: str,
+              backend: str = "triton") -> list[Case]:
     up = width * (2 if gated else 1)
     cases = []
     splits = {"balanced": [routed // num_experts] * num_experts,
               "zipf": skewed_counts(routed, num_experts),
               "zipf+empty": skewed_counts(routed, num_experts, empty=max(1, num_experts // 4))}
     for name, counts in splits.items():
-        cases.append(grouped_case(counts, up, hidden, dtype, f"{tag} expert_up {name}"))
-        cases.append(grouped_case(counts, hidden, width, dtype, f"{tag} expert_down {name}"))
+        cases.append(grouped_case(counts, up, hidden, dtype, f"{tag} expert_up {name}", backend))
+        cases.append(grouped_case(counts, hidden, width, dtype, f"{tag} expert_down {name}", backend))
     return cases
 
 
-def attention_cases(heads: int, kv_heads: int, head_dim: int, tokens: int, seqs=(1024, 2048, 4096, 8192)) -> list[Case]:
-    return [attention_case(max(1, tokens // s), heads, kv_heads, s, head_dim, direction)
-            for s in seqs for direction in ("fwd", "bwd")]
+def attention_cases(heads: int, kv_heads: int, head_dim: int, tokens: int, seqs=(1024, 2048, 4096, 8192),
+                    backend: str = "triton") -> list[Case]:
+    """Causal GQA attention at ``tokens`` per batch; the torch backend once per SDPA kernel."""
+    sdpas = ATTENTION_BACKENDS if backend == "torch" else ("flash",)
+    return [attention_case(max(1, tokens // s), heads, kv_heads, s, head_dim, direction, backend=backend, sdpa=sdpa)
+            for s in seqs for direction in ("fwd", "bwd") for sdpa in sdpas]
 
 
-def memory_sweep() -> list[Case]:
-    return [memory_case(kernel, (1 << 20) * mib) for kernel in ("copy", "triad") for mib in (1, 8, 64, 512, 1024)]
+def memory_sweep(backend: str = "triton") -> list[Case]:
+    return [memory_case(kernel, (1 << 20) * mib, backend) for kernel in ("copy", "triad") for mib in (1, 8, 64, 512, 1024)]
 
 
-def build(suite: str, model_name: str | None, tokens: int, dtypes: tuple[str, ...]) -> list[Case]:
-    """The cases of one suite, generic or for ``model_name``."""
+def build(suite: str, model_name: str | None, tokens: int, dtypes: tuple[str, ...], backend: str = "triton") -> list[Case]:
+    """The cases of one suite, generic or for ``model_name``, on the Triton kernels or the libraries."""
     model = perfsim.load_model(model_name) if model_name else None
     if suite == "gemm":
-        return gemm_from_model(model, tokens, dtypes) if model else gemm_grid(dtypes)
+        return gemm_from_model(model, tokens, dtypes, backend) if model else gemm_grid(dtypes, backend)
     if suite == "moe":
         if model and model.is_moe:
             routed = tokens * model.top_k
             return moe_cases(model.num_experts, routed, model.hidden_size, model.expert_ffn_hidden_size,
-                             model.gated_mlp, dtypes[0], model.name)
-        return moe_cases(8, 2 * tokens, 4096, 14336, True, dtypes[0], "mixtral-like")
+                             model.gated_mlp, dtypes[0], model.name, backend)
+        return moe_cases(8, 2 * tokens, 4096, 14336, True, dtypes[0], "mixtral-like", backend)
     if suite == "attention":
         if model and model.attention.value == "gqa":
-            return attention_cases(model.num_heads, model.num_kv_heads, model.head_dim, tokens)
-        return attention_cases(32, 8, 128, tokens)
+            return attention_cases(model.num_heads, model.num_kv_heads, model.head_dim, tokens, backend=backend)
+        return attention_cases(32, 8, 128, tokens, backend=backend)
     if suite == "memory":
-        return memory_sweep()
+        return memory_sweep(backend)
     raise ValueError(f"suite {suite!r} is not one of {', '.join(SUITES)}")
 
 
-def interpreter_cases(suite: str) -> list[Case]:
-    """Tiny shapes for a correctness pass in the Triton interpreter (seconds on a CPU)."""
+def interpreter_cases(suite: str, backend: str = "triton") -> list[Case]:
+    """Tiny shapes for a correctness pass without a GPU (Triton interpreter, or torch on the CPU)."""
     if suite == "gemm":
-        return [gemm_case(37, 29, 53, dt, "odd") for dt in ("bf16", "fp16", "fp8")] + [gemm_case(32, 32, 32, "bf16", "cube")]
+        return [gemm_case(37, 29, 53, dt, "odd", backend) for dt in ("bf16", "fp16", "fp8")] + \
+            [gemm_case(32, 32, 32, "bf16", "cube", backend)]
     if suite == "moe":
-        return moe_cases(4, 40, 32, 24, True, "bf16", "tiny")
+        return moe_cases(4, 40, 32, 24, True, "bf16", "tiny", backend)
     if suite == "attention":
-        return [attention_case(1, 4, 2, 33, 16, d) for d in ("fwd", "bwd")]
+        sdpas = ATTENTION_BACKENDS if backend == "torch" else ("flash",)
+        return [attention_case(1, 4, 2, 33, 16, d, backend=backend, sdpa=b) for d in ("fwd", "bwd") for b in sdpas]
     if suite == "memory":
-        return [memory_case(k, 4 * 1000) for k in ("copy", "triad")]
+        return [memory_case(k, 4 * 1000, backend) for k in ("copy", "triad")]
     raise ValueError(f"suite {suite!r} is not one of {', '.join(SUITES)}")
