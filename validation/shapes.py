@@ -66,6 +66,21 @@ def moe_cases(num_experts: int, routed: int, hidden: int, width: int, gated: boo
     return cases
 
 
+TOKENS_PER_EXPERT = (16, 64, 256, 1024, 4096)
+
+
+def moe_tokens_sweep(dtype: str, backend: str = "triton", experts: int = 64, hidden: int = 2048,
+                     width: int = 1408) -> list[Case]:
+    """Balanced grouped GEMMs of a fine-grained MoE layer (64 experts, DeepSeek-V2-Lite's
+    widths) at 16 to 4,096 tokens per expert: how per-FLOP speed falls as experts starve."""
+    cases = []
+    for tpe in TOKENS_PER_EXPERT:
+        counts = [tpe] * experts
+        cases.append(grouped_case(counts, 2 * width, hidden, dtype, f"tpe{tpe} expert_up balanced", backend))
+        cases.append(grouped_case(counts, hidden, width, dtype, f"tpe{tpe} expert_down balanced", backend))
+    return cases
+
+
 def attention_cases(heads: int, kv_heads: int, head_dim: int, tokens: int, seqs=(1024, 2048, 4096, 8192),
                     backend: str = "triton") -> list[Case]:
     """Causal GQA attention at ``tokens`` per batch; the torch backend once per SDPA kernel."""
@@ -88,11 +103,13 @@ def build(suite: str, model_name: str | None, tokens: int, dtypes: tuple[str, ..
             routed = tokens * model.top_k
             return moe_cases(model.num_experts, routed, model.hidden_size, model.expert_ffn_hidden_size,
                              model.gated_mlp, dtypes[0], model.name, backend)
-        return moe_cases(8, 2 * tokens, 4096, 14336, True, dtypes[0], "mixtral-like", backend)
+        return moe_cases(8, 2 * tokens, 4096, 14336, True, dtypes[0], "mixtral-like", backend) + \
+            moe_tokens_sweep(dtypes[0], backend)
     if suite == "attention":
         if model and model.attention.value == "gqa":
             return attention_cases(model.num_heads, model.num_kv_heads, model.head_dim, tokens, backend=backend)
-        return attention_cases(32, 8, 128, tokens, backend=backend)
+        return attention_cases(32, 8, 128, tokens, backend=backend) + \
+            attention_cases(16, 16, 64, tokens, seqs=(2048, 8192), backend=backend)
     if suite == "memory":
         return memory_sweep(backend)
     raise ValueError(f"suite {suite!r} is not one of {', '.join(SUITES)}")
