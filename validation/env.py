@@ -69,7 +69,8 @@ def gpu_metadata(torch) -> dict:
     meta = {
         "device_name": props.name, "num_compute_units": props.multi_processor_count,
         "memory_GB": round(props.total_memory / 1e9, 1),
-        "arch": getattr(props, "gcnArchName", "") or f"sm_{props.major}{props.minor}",
+        # gcnArchName is the ROCm gfx name; CUDA builds of torch fill it with the device name
+        "arch": (getattr(props, "gcnArchName", "") if torch.version.hip else "") or f"sm_{props.major}{props.minor}",
     }
     mhz = clock_MHz()
     if mhz:
