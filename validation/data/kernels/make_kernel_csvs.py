@@ -98,7 +98,8 @@ def family_of(series: str) -> str:
     for prefix, fam in (("primus_turbo", "primus-turbo"), ("aiter", "aiter"), ("mamf", "mamf"), ("azure", "azure"),
                         ("deepgemm", "deepgemm"), ("vllm", "vllm"), ("fb_triton", "fb-triton"), ("hipkittens", "hipkittens"),
                         ("tgale96", "tgale96"), ("amd_maf", "amd-maf-blog"), ("pytorch_benchmark", "pytorch-benchmark"),
-                        ("tritonbench", "tritonbench"), ("fa_issue", "flash-attention"), ("fa4", "flash-attention")):
+                        ("tritonbench", "tritonbench"), ("fa_issue", "flash-attention"), ("fa4", "flash-attention"),
+                        ("perfsim_device", "perfsim-device")):
         if series.startswith(prefix):
             return fam
     return series.split("_")[0]
@@ -361,6 +362,36 @@ def liger_rows(path: Path) -> list[dict]:
     return out
 
 
+DEVICE = HERE.parent / "device"  # this project's own runs on a lent GPU (validation.gpu_check), each with a README
+DEVICE_GPUS = {"h200": "NVIDIA H200"}
+DEVICE_COPY = ("kind", "dtype", "m", "n", "k", "batch", "seq", "heads", "kv_heads", "head_dim", "causal", "direction",
+               "bytes", "kernel", "time_us")
+
+
+def device_rows(gpu: str) -> list[dict]:
+    """The library-kernel rows of this project's own run on ``gpu`` (validation/data/device/<gpu>/
+    library.csv, measured by ``validation.run --backend torch``): GEMM, grouped GEMM with
+    every expert given the same tokens (the kernel CSV carries tokens per expert as one mean),
+    attention (both SDPA backends: ``fastest`` keeps the faster per shape) and copy / triad."""
+    path = DEVICE / gpu / "library.csv"
+    if not path.exists():
+        return []
+    out = []
+    for r in csv.DictReader(open(path)):
+        if r["device"] != DEVICE_GPUS[gpu]:
+            continue
+        if r["kind"] == "grouped_gemm" and len(set(r["meta_counts"].split())) != 1:
+            continue
+        dtype = "" if r["kind"] == "memory" else r["dtype"]
+        series = f"perfsim_device_{gpu}_{r['kind']}_{dtype or r['kernel']}"
+        source = f"validation/data/device/{gpu}/library.csv (this project's validation.gpu_check run, {r['device']}; README beside it)"
+        cells = {k: r[k] for k in DEVICE_COPY if r[k] != "" and k not in ("kind", "dtype")}
+        name, _, software = r["library"].rpartition(" (triton=")  # "<library> (<software>)" -> "<library>; <software>"
+        library = f"{name.replace(', ', ' ')}; triton={software.rstrip(')')}" if name else r["library"]
+        out.append(_row(r["kind"], dtype, gpu, series, source, library, **cells))
+    return out
+
+
 def drop_fallbacks(rows: list[dict]) -> tuple[list[dict], list[str]]:
     """An FP8 series slower than the same family's BF16 rows on the same shapes (same GPU,
     kernel class, direction; median time ratio over at least ``MIN_MATCHED`` shapes) times
@@ -492,7 +523,7 @@ def main(shared: Path) -> None:
     for note in notes:
         print(f"dropped as a fallback path: {note}")
     rows = cap(fastest(rows + attention_rows(kernels / "attention.csv") + memory_rows(kernels / "membound.csv")
-                       + liger_rows(PUBLIC / "liger_h100nvl.csv")))
+                       + liger_rows(PUBLIC / "liger_h100nvl.csv") + device_rows("h200")))
     fit, check = split(rows)
     fit, check = thin(fit), thin(check)
     for gpu in sorted({r["device"] for r in rows}):
