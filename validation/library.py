@@ -131,7 +131,9 @@ def prepare_attention(q, k, v, do, causal: bool, direction: str, backend: str):
 
     def error():
         ref_leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
-        ref = F.scaled_dot_product_attention(*ref_leaves, is_causal=causal, enable_gqa=group > 1)
+        rq, rk, rv = ref_leaves  # fp32 reference, K/V repeated (no backend's GQA support needed)
+        ref = F.scaled_dot_product_attention(rq, rk.repeat_interleave(group, 1), rv.repeat_interleave(group, 1),
+                                             is_causal=causal)
         if direction == "fwd":
             return _rel_error(forward(), ref)
         ref.backward(do.float())
