@@ -34,13 +34,21 @@ from perfsim.system.specio import to_dict
 DATA = Path(__file__).resolve().parent / "data" / "kernels"
 GPUS = ("mi300x", "mi325x", "mi350x", "mi355x", "h100", "h200")
 DERIVED = {"mi325x": "mi300x", "mi350x": "mi355x", "h200": "h100"}  # same die: tables copied, own peak/clock/HBM
-TABLE_FIELDS = ("gemm", "gemm_dtypes", "grouped_gemm", "attention", "membound", "attention_libraries")
+TABLE_FIELDS = ("gemm", "gemm_dtypes", "grouped_gemm", "attention", "membound", "attention_libraries",
+                "grouped_libraries")
 # per-library attention tables (GpuSpec.attention_libraries): the rows of one kernel library,
 # by the CSV's library column and head dim. aiter_v3: AITER's asm fmha v3 kernels (bf16, head
 # dim 128 / 192; the other head dims fall back to its CK kernels), which Transformer Engine
 # ROCm's CK fused attention runs under NVTE_CK_USES_FWD_V3 / NVTE_CK_USES_BWD_V3
 ATTENTION_LIBRARIES = {"aiter_v3": lambda row, p: "AITER" in row["library"] and p.head_dim in (128, 192)}
 MIN_LIBRARY_ROWS = 20  # fewer rows of one library leave its table to the pooled one (an input bound)
+# per-library grouped-GEMM tables (GpuSpec.grouped_libraries), BF16 rows by the CSV's library
+# column. torch_grouped_mm: torch._grouped_mm (CUTLASS grouped GEMM on Hopper), which
+# torchtitan's MoE experts call; measured on the H200 (validation/data/device/h200), the H100
+# takes the same table (same die: the speed is against each GPU's own dense price)
+GROUPED_LIBRARIES = {"torch_grouped_mm": lambda row, p: row["library"].startswith("torch._grouped_mm") and p.dtype == "bf16"}
+MIN_GROUPED_LIBRARY_ROWS = 8
+SAME_DIE = {"h100": "h200", "h200": "h100", "mi300x": "mi325x", "mi325x": "mi300x", "mi355x": "mi350x", "mi350x": "mi355x"}
 TARGETS = {"gemm": 10.0, "attention": 15.0, "grouped_gemm": 15.0}  # issue 14 "done when", held-out MAPE %
 SPLITS = ("fit", "check")  # the files make_kernel_csvs.py writes; pooled here (the folds are by family)
 
@@ -149,7 +157,7 @@ def _fold(name: str, kept: frozenset) -> tuple[GpuSpec, frozenset, tuple]:
         gpu, gemm_dtypes={d: t for d, t in gpu.gemm_dtypes.items() if ("gemm", d) in cells},
         grouped_gemm={d: t for d, t in gpu.grouped_gemm.items() if ("grouped_gemm", d) in cells},
         membound=None,  # refit from the fold's memory-bound rows, else the streaming copy prices them
-        attention_libraries={})  # per-library tables are in-sample fits: no fold carries them
+        attention_libraries={}, grouped_libraries={})  # per-library tables are in-sample fits: no fold carries them
     fitted, fits = kernel_fit.fit_kernels(train, gpu, regenerate_gemm=True)
     return fitted, frozenset(cells), tuple(fits)
 
@@ -159,7 +167,8 @@ def refit(name: str) -> GpuSpec:
     if name in DERIVED:
         base = load_gpu(DERIVED[name])
         tables = {f: _derived(getattr(base, f), base.name) for f in TABLE_FIELDS}
-        return dataclasses.replace(load_gpu(name), **tables)
+        gpu = dataclasses.replace(load_gpu(name), **tables)
+        return dataclasses.replace(gpu, grouped_libraries=grouped_library_tables(name, gpu))  # its own rows, if any
     fitted, _, fits = fit_tables(name)
     for f in fits:
         text = (f"fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels, as perfsim calibrate) to "
@@ -167,7 +176,38 @@ def refit(name: str) -> GpuSpec:
                 f"MAPE on them {f.mape_after:.1f}%; {f.note or 'no tile choice'}); held-out MAPE (leave one family "
                 f"out) and sources in docs/accuracy.md, validation/data/kernels/SOURCES.md")
         fitted = kernel_fit.restamp(fitted, f.name, lambda _old, t=text: t)
-    return dataclasses.replace(fitted, attention_libraries=library_tables(name, fitted))
+    return dataclasses.replace(fitted, attention_libraries=library_tables(name, fitted),
+                               grouped_libraries=grouped_library_tables(name, fitted))
+
+
+def grouped_library_tables(name: str, gpu: GpuSpec) -> dict:
+    """``GROUPED_LIBRARIES`` tables fitted (``kernel_fit.fit_kernels``) to each library's BF16
+    grouped rows of GPU ``name``, or of the GPU of the same die (``SAME_DIE``) where ``name``
+    has too few: the speed is against the dense price, so it carries across. In-sample only:
+    a held-out fold without the library's rows prices them at the GPU's grouped table."""
+    tables = {}
+    for library, selects in GROUPED_LIBRARIES.items():
+        for source in (name, SAME_DIE.get(name)):
+            if source is None:
+                continue
+            host = gpu if source == name else dataclasses.replace(
+                load_gpu(source), **{f: getattr(gpu, f) for f in TABLE_FIELDS})  # that GPU's spec, these tables
+            mine = [p for split in SPLITS for p in points(host, split) if p.kind == "grouped_gemm"
+                    and p.line in csv_rows(split, source) and selects(csv_rows(split, source)[p.line], p)]
+            if len(mine) >= MIN_GROUPED_LIBRARY_ROWS:
+                break
+        else:
+            continue
+        bare = dataclasses.replace(host, grouped_libraries={}, grouped_gemm={})
+        fitted, fits = kernel_fit.fit_kernels(mine, bare)
+        (fit,) = [f for f in fits if f.name.startswith("grouped_gemm")]
+        derived = "" if source == name else f"derived: the {source} table (same die; speeds against this GPU's own dense price): "
+        text = (f"{derived}fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels) to the {library} rows of "
+                f"validation/data/kernels/{{fit,check}}/{source}.csv (library column; {fit.num_points} points; MAPE on them "
+                f"{fit.mape_after:.1f}%, the GPU's grouped_gemm table's {kernel_fit.mape(mine, host):.1f}%; {fit.note}): "
+                f"in-sample, no held-out figure")
+        tables[library] = dataclasses.replace(fitted.grouped_table("bf16"), source=text)
+    return tables
 
 
 def _derived(table, base: str):
@@ -301,6 +341,10 @@ def section() -> str:
            "time. "
            "The stages of AITER's inference fused-MoE kernel (class `fused_moe`: stage 1 gathers its tokens by "
            "index, stage 2 scatters them weighted) are priced by the grouped-GEMM pricing and fitted to nothing. "
+           "Per-library tables (`attention_libraries`, `grouped_libraries`: a stack names the library it runs) are "
+           "fitted to that library's rows alone, in sample; the folds price every row at the pooled tables, so H200's "
+           "torch._grouped_mm rows (the only ones of that library) are checked here against the grouped table fitted "
+           "to other grouped kernels. "
            "Error = (predicted - measured) / measured; MAPE = mean |error|. "
            "Regenerate with `.venv/bin/python validation/accuracy_doc.py`.", "",
            "### Held-out MAPE per GPU, kernel class and dtype", "",

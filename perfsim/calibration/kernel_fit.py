@@ -271,6 +271,9 @@ def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool =
         # the profile's per-library attention tables were fitted to other measurements than
         # these: dropped, so a stack naming a library prices attention at the table just fitted
         gpu = dataclasses.replace(gpu, attention_libraries={})
+    if any(f.name.startswith("grouped_gemm") for f in fits) and gpu.grouped_libraries:
+        # likewise the per-library grouped tables: a stack naming one prices at the user's fit
+        gpu = dataclasses.replace(gpu, grouped_libraries={})
     return gpu, fits
 
 

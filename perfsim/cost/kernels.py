@@ -35,7 +35,7 @@ from perfsim.system.kernel_tables import DTYPE_BYTES, GemmEfficiency
 GFLOP = 1e9
 MBYTE = 1e6
 PRICE_META = ("dtype", "grad", "backward", "seq", "head_dim", "causal", "host_s", "kernel_speed", "batched", "split_acc",
-              "attention_library")  # op.meta keys compute_time reads
+              "attention_library", "grouped_library")  # op.meta keys compute_time reads
 # the macro tile, its N side halved, its M side down to 1/8 (skinny-M kernels: 16- and
 # 32-row MFMA/WGMMA tiles for small token counts); the library picks the least padded
 _TILE_SPLITS = tuple((dm, dn) for dm in (1, 2, 4, 8) for dn in (1, 2))
@@ -238,11 +238,12 @@ def gemm_backward_time(gemm: Gemm, gpu: GpuSpec, dtype: str, part: str = "both")
     return {"dgrad": dgrad, "wgrad": wgrad, "both": dgrad + wgrad}[part]
 
 
-def grouped_speed(groups: tuple[int, ...], gpu: GpuSpec, dtype: str, backward: bool = False) -> float:
+def grouped_speed(groups: tuple[int, ...], gpu: GpuSpec, dtype: str, backward: bool = False,
+                  library: str | None = None) -> float:
     """The grouped kernel's compute speed against the dense GEMM table's price of the same
-    launch, at the launch's mean tokens per active expert (the GPU's grouped table; 1
-    where it has none)."""
-    table = gpu.grouped_table(dtype)
+    launch, at the launch's mean tokens per active expert (the GPU's grouped table, kernel
+    ``library``'s own where it has one; 1 where it has none)."""
+    table = gpu.grouped_table(dtype, library)
     if table is None or not any(groups):
         return 1.0
     speeds = table.backward_speed if backward else table.forward_speed
@@ -253,7 +254,7 @@ def grouped_speed(groups: tuple[int, ...], gpu: GpuSpec, dtype: str, backward: b
 
 
 def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dtype: str,
-                      backward: bool = False, batched: bool = False) -> float:
+                      backward: bool = False, batched: bool = False, library: str | None = None) -> float:
     """One grouped kernel over experts with ``groups[i]`` tokens each, priced as the
     library runs it: one launch over every active expert's output tiles
     (``launch_time``: expert i's [groups[i], k] @ [k, n] tile-padded, all experts' tiles
@@ -268,7 +269,7 @@ def grouped_gemm_time(groups: tuple[int, ...], n: int, k: int, gpu: GpuSpec, dty
     if not active:
         passes = 2 if backward else 1
         return hbm_time(passes * len(groups) * k * n * DTYPE_BYTES[dtype], gpu) + gpu.kernel_launch_s
-    speed = 1.0 if batched else grouped_speed(groups, gpu, dtype, backward)
+    speed = 1.0 if batched else grouped_speed(groups, gpu, dtype, backward, library)
     counts = sorted(collections.Counter(active).items())
     if not backward:
         return launch_time(tuple((m, n, k, c) for m, c in counts), gpu, dtype, speed)
@@ -348,10 +349,10 @@ def _gemm_op_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
 
 
 def _grouped_op_time(op: Op, gpu: GpuSpec, dtype: str) -> float:
-    part, batched = op.meta.get("grad"), bool(op.meta.get("batched"))
+    part, batched, library = op.meta.get("grad"), bool(op.meta.get("batched")), op.meta.get("grouped_library")
     if part is None:
-        return grouped_gemm_time(op.grouped, op.gemm.n, op.gemm.k, gpu, dtype, batched=batched) * op.gemm.batch
-    both = grouped_gemm_time(op.grouped, op.gemm.n, op.gemm.k, gpu, dtype, backward=True, batched=batched)
+        return grouped_gemm_time(op.grouped, op.gemm.n, op.gemm.k, gpu, dtype, batched=batched, library=library) * op.gemm.batch
+    both = grouped_gemm_time(op.grouped, op.gemm.n, op.gemm.k, gpu, dtype, backward=True, batched=batched, library=library)
     return (both if part == "both" else both / 2) / _accumulator_speed(op, gpu, dtype)
 
 

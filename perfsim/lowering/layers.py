@@ -258,10 +258,12 @@ class LayerBuilder(StackSteps):
         steps = []
         if plan.etp > 1:
             steps.append(coll_step("etp_ag", Coll.ALL_GATHER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
-        steps += self._fp8(replace(_grouped("expert_up", loads, up, m.hidden_size), meta=meta))
+        # the stack's grouped-GEMM library (its GPU table where fitted); a batched einsum is dense
+        library = (("grouped_library", plan.stack.kernels.grouped),) if plan.stack.kernels.grouped and not batched else ()
+        steps += self._fp8(replace(_grouped("expert_up", loads, up, m.hidden_size), meta=meta + library))
         steps.append(replace(elementwise_step("expert_act", received * (up + width) * ACT_BYTES, "activation"), meta=meta))
         steps += self._unfused_act("expert_act", received, width, meta)
-        steps += self._fp8(replace(_grouped("expert_down", loads, m.hidden_size, width), meta=meta))
+        steps += self._fp8(replace(_grouped("expert_down", loads, m.hidden_size, width), meta=meta + library))
         if plan.etp > 1:
             steps.append(coll_step("etp_rs", Coll.REDUCE_SCATTER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
         return steps

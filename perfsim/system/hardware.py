@@ -92,6 +92,12 @@ class GpuSpec:
     # fitted to that library's rows alone; a stack names the library it runs
     # (``[kernels] attention_amd`` / ``attention_nvidia``); any other: the pooled ``attention``
     attention_libraries: dict[str, AttentionEfficiency] = field(default_factory=dict)
+    # a 16-bit (BF16 / FP16 input) grouped expert GEMM as one kernel library runs it (e.g.
+    # ``torch_grouped_mm``: torch._grouped_mm, CUTLASS grouped GEMM on Hopper, which
+    # torchtitan's MoE calls), fitted to that library's rows alone; a stack names the library
+    # it runs (``[kernels] grouped_amd`` / ``grouped_nvidia``); any other, and FP8 inputs: the
+    # GPU's ``grouped_gemm`` tables
+    grouped_libraries: dict[str, GroupedGemmEfficiency] = field(default_factory=dict)
 
     def __post_init__(self):
         check_positive(
@@ -127,7 +133,12 @@ class GpuSpec:
         the pooled table (every library's rows)."""
         return self.attention_libraries.get(library or "", self.attention)
 
-    def grouped_table(self, dtype: str) -> GroupedGemmEfficiency | None:
+    def grouped_table(self, dtype: str, library: str | None = None) -> GroupedGemmEfficiency | None:
+        """The grouped-kernel table for input ``dtype``: kernel ``library``'s own where the
+        profile has one and the inputs are 16-bit, else the GPU's (BF16's where ``dtype`` has
+        none; None: no grouped table, the experts run at the dense price)."""
+        if library and dtype in ("bf16", "fp16") and library in self.grouped_libraries:
+            return self.grouped_libraries[library]
         return self.grouped_gemm.get(dtype) or self.grouped_gemm.get("bf16")
 
     @property

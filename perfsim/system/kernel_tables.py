@@ -140,6 +140,7 @@ def table_provenance(gpu) -> list[tuple[str, str, str]]:
               *((f"grouped_gemm.{d}", t) for d, t in sorted(gpu.grouped_gemm.items())),
               ("attention", gpu.attention),
               *((f"attention.{lib}", t) for lib, t in sorted(gpu.attention_libraries.items())),
+              *((f"grouped_gemm.{lib}", t) for lib, t in sorted(gpu.grouped_libraries.items())),
               ("hbm", gpu.hbm)]
     rows = [(name, _status(t.source), t.source) for name, t in tables]
     if gpu.membound is not None:

@@ -153,6 +153,7 @@ class Fp8Recipe:
 
 VENDOR_SPEEDS = {"amd": "speed_amd", "nvidia": "speed_nvidia"}  # GpuSpec.vendor -> KernelQuality field
 VENDOR_ATTENTION = {"amd": "attention_amd", "nvidia": "attention_nvidia"}  # ... and its attention library
+VENDOR_GROUPED = {"amd": "grouped_amd", "nvidia": "grouped_nvidia"}  # ... and its grouped expert GEMM library
 
 
 def speed_param(vendor: str) -> str:
@@ -178,10 +179,15 @@ class KernelQuality:
     attention: str = ""
     attention_amd: str = ""
     attention_nvidia: str = ""
+    # the grouped (MoE expert) GEMM library likewise (a GPU profile's ``grouped_libraries``
+    # key, e.g. torch_grouped_mm); "" or one the GPU has no table for: its grouped_gemm tables
+    grouped: str = ""
+    grouped_amd: str = ""
+    grouped_nvidia: str = ""
     source: str = "assumed"
 
     def __post_init__(self):
-        for key in ("attention", *VENDOR_ATTENTION.values()):
+        for key in ("attention", *VENDOR_ATTENTION.values(), "grouped", *VENDOR_GROUPED.values()):
             value = getattr(self, key)
             if not isinstance(value, str) or (value and not re.fullmatch(r"[a-z0-9_]+", value)):
                 raise ConfigError(f"stack.kernels.{key} must be a kernel library name such as aiter_v3, got {value!r}")
@@ -268,9 +274,11 @@ class StackSpec:
         speed = self.kernels.on(vendor)
         library = getattr(self.kernels, VENDOR_ATTENTION[vendor]) if vendor in VENDOR_ATTENTION else ""
         library = library or self.kernels.attention
-        if speed == self.kernels.speed and library == self.kernels.attention:
+        grouped = getattr(self.kernels, VENDOR_GROUPED[vendor]) if vendor in VENDOR_GROUPED else ""
+        grouped = grouped or self.kernels.grouped
+        if speed == self.kernels.speed and library == self.kernels.attention and grouped == self.kernels.grouped:
             return self
-        return self.with_values(**{"kernels.speed": speed, "kernels.attention": library})
+        return self.with_values(**{"kernels.speed": speed, "kernels.attention": library, "kernels.grouped": grouped})
 
     def with_values(self, **values: float) -> "StackSpec":
         """A copy with ``table.key`` values replaced (calibration), e.g. ``{"launch.layer_overhead_us": 40}``."""
