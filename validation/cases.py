@@ -53,13 +53,20 @@ def gemm_case(m: int, n: int, k: int, dtype: str, note: str = "", backend: str =
                 backend=backend)
 
 
-def grouped_case(counts: list[int], n: int, k: int, dtype: str, note: str = "", backend: str = "triton") -> Case:
-    """Grouped GEMM over len(counts) experts; the CSV ``m`` is the mean tokens per expert."""
+def grouped_case(counts: list[int], n: int, k: int, dtype: str, note: str = "", backend: str = "triton",
+                 direction: str = "fwd") -> Case:
+    """Grouped GEMM over len(counts) experts; the CSV ``m`` is the mean tokens per expert.
+    ``direction`` bwd (the torch backend only): dgrad + wgrad in one timed call."""
+    if direction == "bwd" and backend != "torch":
+        raise ValueError("grouped GEMM backward cases run on the torch backend only")
+
     def prepare(device):
         gen = torch.Generator(device=device).manual_seed(0)
         c = torch.tensor(counts, device=device)
         x = _randn((sum(counts), k), DTYPES[dtype], device, gen)
         w = _randn((len(counts), k, n), DTYPES[dtype], device, gen)
+        if backend == "torch" and direction == "bwd":
+            return library.prepare_grouped_backward(x, w, _randn((sum(counts), n), DTYPES[dtype], device, gen), counts)
         if backend == "torch":
             return library.prepare_grouped(x, w, counts)
 
@@ -71,7 +78,9 @@ def grouped_case(counts: list[int], n: int, k: int, dtype: str, note: str = "", 
     even = len(set(counts)) == 1
     row = dict(kind="grouped_gemm", dtype=dtype, m=max(1, round(total / groups)), n=n, k=k, batch=groups,
                note=note or ("balanced" if even else "uneven"), meta_counts=" ".join(map(str, counts)))
-    return Case(kind="grouped_gemm", label=f"grouped {dtype} E={groups} T={total} {n}x{k} {row['note']}",
+    if direction == "bwd":
+        row["direction"] = "bwd"
+    return Case(kind="grouped_gemm", label=f"grouped {dtype} {direction} E={groups} T={total} {n}x{k} {row['note']}",
                 row=row, prepare=prepare, tolerance=TOLERANCE[dtype], backend=backend)
 
 
@@ -105,6 +114,22 @@ def attention_case(batch: int, heads: int, kv_heads: int, seq: int, head_dim: in
     if backend == "torch":
         label += f" [{sdpa}]"
     return Case(kind="attention", label=label, row=row, prepare=prepare, tolerance=2 * TOLERANCE[dtype], backend=backend)
+
+
+MEMBOUND_BYTES = {"cast": 3, "permute": 4, "router": 8, "topk": 4, "rmsnorm": 4, "swiglu": 3}  # per input element
+
+
+def membound_case(kernel: str, rows: int, cols: int) -> Case:
+    """One memory-bound library kernel of a step (validation.library.MEMBOUND; torch backend);
+    the row's bytes count what the kernel must move (MEMBOUND_BYTES per input element)."""
+    def prepare(device):
+        gen = torch.Generator(device=device).manual_seed(0)
+        logits = kernel in ("router", "topk")
+        x = torch.randn((rows, cols), generator=gen, device=device).to(torch.float32 if logits else torch.bfloat16)
+        return library.prepare_membound(kernel, x)
+    row = dict(kind="memory", dtype="", bytes=MEMBOUND_BYTES[kernel] * rows * cols, kernel=kernel, note=library.MEMBOUND[kernel])
+    return Case(kind="memory", label=f"membound {kernel} {rows}x{cols}", row=row, prepare=prepare,
+                tolerance=0.07 if kernel == "cast" else 2e-2, backend="torch")
 
 
 MEMORY_ARRAYS = {"copy": 2, "triad": 3}  # arrays touched (BabelStream counting: bytes = arrays x n x itemsize)

@@ -91,6 +91,78 @@ def prepare_grouped(x, w, counts: list[int]):
     return loop, (lambda: _rel_error(loop(), reference())), {"library": f"{_blas()} (torch.matmul per expert, loop)"}
 
 
+def prepare_grouped_backward(x, w, dy, counts: list[int]):
+    """The backward of x [tokens, k] @ w [experts, k, n] split by ``counts``: dgrad (dy @ w^T
+    per expert) and wgrad (x^T @ dy per expert), both through torch._grouped_mm, as one
+    timed call (a kernel CSV ``bwd`` row: dgrad + wgrad)."""
+    if not hasattr(torch, "_grouped_mm"):
+        raise Unsupported("grouped GEMM backward: this torch has no torch._grouped_mm")
+    offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
+    w_t = w.transpose(1, 2)  # [experts, n, k], column-major: the layout torchtitan's forward passes
+
+    def run():
+        return torch._grouped_mm(dy, w_t, offs=offs), torch._grouped_mm(x.t(), dy, offs=offs)
+    try:
+        run()
+    except (RuntimeError, TypeError) as exc:
+        raise _refuse(f"grouped GEMM backward E={len(counts)} {tuple(w.shape[1:])}", exc) from None
+
+    def error():
+        dx, dw = run()
+        xs, dys = torch.split(x, counts), torch.split(dy, counts)
+        ref_dx = torch.cat([d.float() @ w[e].float().t() for e, d in enumerate(dys)])
+        ref_dw = torch.stack([xe.float().t() @ d.float() for xe, d in zip(xs, dys)])
+        return max(_rel_error(dx, ref_dx), _rel_error(dw, ref_dw))
+    return run, error, {"library": "torch._grouped_mm (grouped GEMM dgrad + wgrad)"}
+
+
+# memory-bound kernels of a step, each one library kernel: (bytes per element moved, tolerance)
+MEMBOUND = {
+    "cast": "bf16 -> fp8 e4m3 (Tensor.to): 2 B read, 1 B written per element",
+    "permute": "token permute (index_select of bf16 rows): 2 B read, 2 B written per element",
+    "router": "router softmax over the experts (fp32 logits): 4 B read, 4 B written per element",
+    "topk": "router top-8 (torch.topk over fp32 logits): 4 B read per element",
+    "rmsnorm": "RMSNorm, torch.compile'd into one kernel (bf16): 2 B read, 2 B written per element",
+    "swiglu": "SwiGLU silu(gate) * up, torch.compile'd into one kernel (bf16): 4 B read, 2 B written per output",
+}
+
+
+def prepare_membound(kernel: str, x):
+    """One memory-bound library kernel on x (bf16 [rows, cols]; fp32 logits for router / topk)."""
+    if kernel == "cast":
+        fp8 = torch.float8_e4m3fn
+        return (lambda: x.to(fp8)), (lambda: _rel_error(x.to(fp8), x)), {"library": "torch (Tensor.to float8_e4m3fn)"}
+    if kernel == "permute":
+        order = torch.randperm(x.shape[0], device=x.device)
+        return (lambda: x.index_select(0, order)), (lambda: _rel_error(x.index_select(0, order), x[order])), \
+            {"library": "torch (index_select)"}
+    if kernel == "router":
+        return (lambda: torch.softmax(x, dim=-1)), \
+            (lambda: _rel_error(torch.softmax(x, dim=-1), torch.softmax(x.double(), dim=-1))), {"library": "torch (softmax)"}
+    if kernel == "topk":
+        return (lambda: torch.topk(x, 8, dim=-1)), \
+            (lambda: _rel_error(torch.topk(x, 8, dim=-1).values, torch.sort(x, dim=-1, descending=True).values[:, :8])), \
+            {"library": "torch (topk)"}
+    weight = torch.ones(x.shape[-1] // (2 if kernel == "swiglu" else 1), dtype=x.dtype, device=x.device)
+
+    def rmsnorm(t):
+        return (t.float() * torch.rsqrt(t.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(t.dtype) * weight
+
+    def swiglu(t):
+        gate, up = t.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    eager = {"rmsnorm": rmsnorm, "swiglu": swiglu}[kernel]
+    if x.device.type != "cuda":
+        raise Unsupported(f"{kernel}: torch.compile'd kernels are timed on a GPU only")
+    try:
+        fused = torch.compile(eager, dynamic=False)
+        fused(x)
+    except Exception as exc:  # noqa: BLE001 - any compile failure: this kernel is not measured here
+        raise _refuse(f"{kernel} (torch.compile)", exc) from None
+    return (lambda: fused(x)), (lambda: _rel_error(fused(x), eager(x.float()).to(x.dtype))), \
+        {"library": f"torch.compile (inductor / Triton) {kernel}"}
+
+
 def _sdpa_backend(name: str):
     from torch.nn.attention import SDPBackend
 

@@ -8,7 +8,7 @@ triad from 1 MiB to 1 GiB per array.
 """
 
 import perfsim
-from validation.cases import Case, attention_case, gemm_case, grouped_case, memory_case
+from validation.cases import Case, attention_case, gemm_case, grouped_case, membound_case, memory_case
 from validation.library import ATTENTION_BACKENDS
 
 SUITES = ("gemm", "moe", "attention", "memory")
@@ -74,11 +74,23 @@ def moe_tokens_sweep(dtype: str, backend: str = "triton", experts: int = 64, hid
     """Balanced grouped GEMMs of a fine-grained MoE layer (64 experts, DeepSeek-V2-Lite's
     widths) at 16 to 4,096 tokens per expert: how per-FLOP speed falls as experts starve."""
     cases = []
+    directions = ("fwd", "bwd") if backend == "torch" else ("fwd",)  # the library's backward: dgrad + wgrad
     for tpe in TOKENS_PER_EXPERT:
         counts = [tpe] * experts
-        cases.append(grouped_case(counts, 2 * width, hidden, dtype, f"tpe{tpe} expert_up balanced", backend))
-        cases.append(grouped_case(counts, hidden, width, dtype, f"tpe{tpe} expert_down balanced", backend))
+        for d in directions:
+            cases.append(grouped_case(counts, 2 * width, hidden, dtype, f"tpe{tpe} expert_up balanced", backend, d))
+            cases.append(grouped_case(counts, hidden, width, dtype, f"tpe{tpe} expert_down balanced", backend, d))
     return cases
+
+
+MEMBOUND_SHAPES = {"cast": ((2048, 2048), (8192, 4096), (16384, 8192)), "permute": ((2048, 2048), (16384, 4096), (65536, 4096)),
+                   "router": ((8192, 64), (65536, 128)), "topk": ((8192, 64), (65536, 128)),
+                   "rmsnorm": ((2048, 2048), (8192, 4096), (16384, 8192)), "swiglu": ((2048, 4096), (8192, 28672))}
+
+
+def membound_sweep() -> list[Case]:
+    """The torch backend's memory-bound kernels of a step at a few LLM sizes (validation.library.MEMBOUND)."""
+    return [membound_case(kernel, r, c) for kernel, sizes in MEMBOUND_SHAPES.items() for r, c in sizes]
 
 
 def attention_cases(heads: int, kv_heads: int, head_dim: int, tokens: int, seqs=(1024, 2048, 4096, 8192),
@@ -111,7 +123,7 @@ def build(suite: str, model_name: str | None, tokens: int, dtypes: tuple[str, ..
         return attention_cases(32, 8, 128, tokens, backend=backend) + \
             attention_cases(16, 16, 64, tokens, seqs=(2048, 8192), backend=backend)
     if suite == "memory":
-        return memory_sweep(backend)
+        return memory_sweep(backend) + (membound_sweep() if backend == "torch" and not model else [])
     raise ValueError(f"suite {suite!r} is not one of {', '.join(SUITES)}")
 
 
@@ -126,5 +138,6 @@ def interpreter_cases(suite: str, backend: str = "triton") -> list[Case]:
         sdpas = ATTENTION_BACKENDS if backend == "torch" else ("flash",)
         return [attention_case(1, 4, 2, 33, 16, d, backend=backend, sdpa=b) for d in ("fwd", "bwd") for b in sdpas]
     if suite == "memory":
-        return [memory_case(k, 4 * 1000, backend) for k in ("copy", "triad")]
+        tiny = [membound_case(k, 64, 128) for k in ("cast", "permute", "router", "topk")] if backend == "torch" else []
+        return [memory_case(k, 4 * 1000, backend) for k in ("copy", "triad")] + tiny
     raise ValueError(f"suite {suite!r} is not one of {', '.join(SUITES)}")
