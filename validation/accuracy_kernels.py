@@ -204,8 +204,8 @@ def grouped_library_tables(name: str, gpu: GpuSpec) -> dict:
         derived = "" if source == name else f"derived: the {source} table (same die; speeds against this GPU's own dense price): "
         text = (f"{derived}fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels) to the {library} rows of "
                 f"validation/data/kernels/{{fit,check}}/{source}.csv (library column; {fit.num_points} points; MAPE on them "
-                f"{fit.mape_after:.1f}%, the GPU's grouped_gemm table's {kernel_fit.mape(mine, host):.1f}%; {fit.note}): "
-                f"in-sample, no held-out figure")
+                f"{fit.mape_after:.1f}%, the GPU's grouped_gemm table's {kernel_fit.mape(mine, host):.1f}%"
+                f"{'; ' + fit.note if fit.note else ''}): in-sample, no held-out figure")
         tables[library] = dataclasses.replace(fitted.grouped_table("bf16"), source=text)
     return tables
 

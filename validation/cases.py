@@ -116,7 +116,7 @@ def attention_case(batch: int, heads: int, kv_heads: int, seq: int, head_dim: in
     return Case(kind="attention", label=label, row=row, prepare=prepare, tolerance=2 * TOLERANCE[dtype], backend=backend)
 
 
-MEMBOUND_BYTES = {"cast": 3, "permute": 4, "router": 8, "topk": 4, "rmsnorm": 4, "swiglu": 3}  # per input element
+MEMBOUND_BYTES = {"fp8_cast": 3, "permute": 4, "router": 8, "topk": 4, "rmsnorm": 4, "swiglu": 3}  # per input element
 
 
 def membound_case(kernel: str, rows: int, cols: int) -> Case:
@@ -129,7 +129,7 @@ def membound_case(kernel: str, rows: int, cols: int) -> Case:
         return library.prepare_membound(kernel, x)
     row = dict(kind="memory", dtype="", bytes=MEMBOUND_BYTES[kernel] * rows * cols, kernel=kernel, note=library.MEMBOUND[kernel])
     return Case(kind="memory", label=f"membound {kernel} {rows}x{cols}", row=row, prepare=prepare,
-                tolerance=0.07 if kernel == "cast" else 2e-2, backend="torch")
+                tolerance=0.07 if kernel == "fp8_cast" else 2e-2, backend="torch")
 
 
 MEMORY_ARRAYS = {"copy": 2, "triad": 3}  # arrays touched (BabelStream counting: bytes = arrays x n x itemsize)

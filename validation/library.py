@@ -118,7 +118,7 @@ def prepare_grouped_backward(x, w, dy, counts: list[int]):
 
 # memory-bound kernels of a step, each one library kernel: (bytes per element moved, tolerance)
 MEMBOUND = {
-    "cast": "bf16 -> fp8 e4m3 (Tensor.to): 2 B read, 1 B written per element",
+    "fp8_cast": "bf16 -> fp8 e4m3 (Tensor.to): 2 B read, 1 B written per element",
     "permute": "token permute (index_select of bf16 rows): 2 B read, 2 B written per element",
     "router": "router softmax over the experts (fp32 logits): 4 B read, 4 B written per element",
     "topk": "router top-8 (torch.topk over fp32 logits): 4 B read per element",
@@ -129,7 +129,7 @@ MEMBOUND = {
 
 def prepare_membound(kernel: str, x):
     """One memory-bound library kernel on x (bf16 [rows, cols]; fp32 logits for router / topk)."""
-    if kernel == "cast":
+    if kernel == "fp8_cast":
         fp8 = torch.float8_e4m3fn
         return (lambda: x.to(fp8)), (lambda: _rel_error(x.to(fp8), x)), {"library": "torch (Tensor.to float8_e4m3fn)"}
     if kernel == "permute":

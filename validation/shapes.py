@@ -83,7 +83,7 @@ def moe_tokens_sweep(dtype: str, backend: str = "triton", experts: int = 64, hid
     return cases
 
 
-MEMBOUND_SHAPES = {"cast": ((2048, 2048), (8192, 4096), (16384, 8192)), "permute": ((2048, 2048), (16384, 4096), (65536, 4096)),
+MEMBOUND_SHAPES = {"fp8_cast": ((2048, 2048), (8192, 4096), (16384, 8192)), "permute": ((2048, 2048), (16384, 4096), (65536, 4096)),
                    "router": ((8192, 64), (65536, 128)), "topk": ((8192, 64), (65536, 128)),
                    "rmsnorm": ((2048, 2048), (8192, 4096), (16384, 8192)), "swiglu": ((2048, 4096), (8192, 28672))}
 
@@ -138,6 +138,6 @@ def interpreter_cases(suite: str, backend: str = "triton") -> list[Case]:
         sdpas = ATTENTION_BACKENDS if backend == "torch" else ("flash",)
         return [attention_case(1, 4, 2, 33, 16, d, backend=backend, sdpa=b) for d in ("fwd", "bwd") for b in sdpas]
     if suite == "memory":
-        tiny = [membound_case(k, 64, 128) for k in ("cast", "permute", "router", "topk")] if backend == "torch" else []
+        tiny = [membound_case(k, 64, 128) for k in ("fp8_cast", "permute", "router", "topk")] if backend == "torch" else []
         return [memory_case(k, 4 * 1000, backend) for k in ("copy", "triad")] + tiny
     raise ValueError(f"suite {suite!r} is not one of {', '.join(SUITES)}")
