@@ -28,13 +28,39 @@ def test_instinct_profiles_carry_a_measured_or_derived_aiter_v3_table(gpu):
     assert rows["attention.aiter_v3"] == ("derived" if gpu in ("mi325x", "mi350x") else "measured")
 
 
-def test_te_stacks_run_aiter_v3_on_amd_and_the_pooled_table_on_nvidia():
+def test_te_stacks_run_aiter_v3_on_amd_and_cudnn_on_nvidia():
     for name in ("nemo", "megatron-primus", "maxtext"):  # MaxText on ROCm: Transformer Engine JAX's CK attention
         stack = load_stack(name)
-        assert stack.kernels.attention_amd == "aiter_v3" and not stack.kernels.attention_nvidia
+        assert stack.kernels.attention_amd == "aiter_v3"
         assert stack.on_vendor("amd").kernels.attention == "aiter_v3"
-        assert stack.on_vendor("nvidia").kernels.attention == ""
+    for name in ("nemo", "megatron-primus"):  # Transformer Engine prefers cuDNN fused attention on Hopper
+        assert load_stack(name).on_vendor("nvidia").kernels.attention == "cudnn"
+    assert load_stack("maxtext").on_vendor("nvidia").kernels.attention == ""  # not stated for it: pooled
     assert load_stack("torchtitan").on_vendor("amd").kernels.attention == ""  # no library named: pooled
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_hopper_profiles_carry_a_cudnn_table_from_the_h200_measurement(gpu):
+    spec = load_gpu(gpu)
+    table = spec.attention_table("cudnn")
+    assert table is spec.attention_libraries["cudnn"] and table is not spec.attention
+    assert "cudnn rows of validation/data/kernels/{fit,check}/h200.csv" in table.source
+    rows = {name: status for name, status, _ in table_provenance(spec)}
+    assert rows["attention.cudnn"] == ("derived" if gpu == "h100" else "measured")
+
+
+def test_the_cudnn_table_prices_its_own_rows_closer_than_the_pooled_table():
+    """In sample: the H200's cuDNN attention rows (torch SDPA's cudnn backend) against the
+    table fitted to them and against the pooled table (FA3 / tritonbench rows of H100)."""
+    from perfsim.calibration import kernel_fit
+    from validation import accuracy_kernels as ak
+
+    gpu = load_gpu("h200")
+    rows = [p for s in ak.SPLITS for p in ak.points(gpu, s) if p.kind == "attention"
+            and ak.csv_rows(s, "h200")[p.line]["library"].startswith("cuDNN")]
+    assert len(rows) >= ak.MIN_LIBRARY_ROWS
+    with_lib = dataclasses.replace(gpu, attention=gpu.attention_libraries["cudnn"])
+    assert kernel_fit.mape(rows, with_lib) < kernel_fit.mape(rows, gpu)
 
 
 @pytest.mark.parametrize("estimator", ["analytic", "des"])

@@ -40,7 +40,10 @@ TABLE_FIELDS = ("gemm", "gemm_dtypes", "grouped_gemm", "attention", "membound", 
 # by the CSV's library column and head dim. aiter_v3: AITER's asm fmha v3 kernels (bf16, head
 # dim 128 / 192; the other head dims fall back to its CK kernels), which Transformer Engine
 # ROCm's CK fused attention runs under NVTE_CK_USES_FWD_V3 / NVTE_CK_USES_BWD_V3
-ATTENTION_LIBRARIES = {"aiter_v3": lambda row, p: "AITER" in row["library"] and p.head_dim in (128, 192)}
+# cudnn: cuDNN's fused flash attention (torch SDPA's cudnn backend in the H200 device run), which
+# Transformer Engine prefers on Hopper where it and flash-attention both apply
+ATTENTION_LIBRARIES = {"aiter_v3": lambda row, p: "AITER" in row["library"] and p.head_dim in (128, 192),
+                       "cudnn": lambda row, p: row["library"].startswith("cuDNN")}
 MIN_LIBRARY_ROWS = 20  # fewer rows of one library leave its table to the pooled one (an input bound)
 # per-library grouped-GEMM tables (GpuSpec.grouped_libraries), BF16 rows by the CSV's library
 # column. torch_grouped_mm: torch._grouped_mm (CUTLASS grouped GEMM on Hopper), which
@@ -87,20 +90,38 @@ def pool(name: str) -> tuple[tuple[KernelPoint, str], ...]:
     return tuple(out)
 
 
-def library_tables(name: str, gpu: GpuSpec) -> dict:
+def _library_rows(name: str, gpu: GpuSpec, kind: str, selects, minimum: int, own_only: bool = False):
+    """(GPU whose rows, that GPU's spec with ``gpu``'s tables, rows) of one kernel library: GPU
+    ``name``'s own rows, else (``own_only`` False) those of the GPU of the same die
+    (``SAME_DIE``); None where neither has ``minimum`` rows."""
+    for source in (name, None if own_only else SAME_DIE.get(name)):
+        if source is None:
+            continue
+        host = gpu if source == name else dataclasses.replace(
+            load_gpu(source), **{f: getattr(gpu, f) for f in TABLE_FIELDS})  # that GPU's spec, these tables
+        mine = [p for split in SPLITS for p in points(host, split) if p.kind == kind
+                and p.line in csv_rows(split, source) and selects(csv_rows(split, source)[p.line], p)]
+        if len(mine) >= minimum:
+            return source, host, mine
+    return None
+
+
+def library_tables(name: str, gpu: GpuSpec, own_only: bool = False) -> dict:
     """``ATTENTION_LIBRARIES`` tables fitted (``kernel_fit.fit_kernels``) to each library's
-    attention rows of GPU ``name``, all families; in-sample only (docs/accuracy.md)."""
+    attention rows of GPU ``name`` (else of the GPU of the same die: derived), all families;
+    in-sample only (docs/accuracy.md)."""
     tables = {}
     for library, selects in ATTENTION_LIBRARIES.items():
-        mine = [p for split in SPLITS for p in points(gpu, split)
-                if p.kind == "attention" and p.line in csv_rows(split, name) and selects(csv_rows(split, name)[p.line], p)]
-        if len(mine) < MIN_LIBRARY_ROWS:
+        found = _library_rows(name, gpu, "attention", selects, MIN_LIBRARY_ROWS, own_only)
+        if found is None:
             continue
-        fitted, fits = kernel_fit.fit_kernels(mine, dataclasses.replace(gpu, attention_libraries={}))
+        source, host, mine = found
+        fitted, fits = kernel_fit.fit_kernels(mine, dataclasses.replace(host, attention_libraries={}))
         (fit,) = [f for f in fits if f.name == "attention"]
-        text = (f"fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels) to the {library} rows of "
-                f"validation/data/kernels/{{fit,check}}/{name}.csv (library column, head dim; {fit.num_points} points; "
-                f"MAPE on them {fit.mape_after:.1f}%, the pooled table's {kernel_fit.mape(mine, gpu):.1f}%): in-sample, "
+        derived = "" if source == name else f"derived: the {source} table (same die): "
+        text = (f"{derived}fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels) to the {library} rows of "
+                f"validation/data/kernels/{{fit,check}}/{source}.csv (library column, head dim; {fit.num_points} points; "
+                f"MAPE on them {fit.mape_after:.1f}%, the pooled table's {kernel_fit.mape(mine, host):.1f}%): in-sample, "
                 f"no held-out figure")
         tables[library] = dataclasses.replace(fitted.attention, source=text)
     return tables
@@ -168,7 +189,9 @@ def refit(name: str) -> GpuSpec:
         base = load_gpu(DERIVED[name])
         tables = {f: _derived(getattr(base, f), base.name) for f in TABLE_FIELDS}
         gpu = dataclasses.replace(load_gpu(name), **tables)
-        return dataclasses.replace(gpu, grouped_libraries=grouped_library_tables(name, gpu))  # its own rows, if any
+        own = library_tables(name, gpu, own_only=True)  # a library measured on this GPU itself: its own table
+        return dataclasses.replace(gpu, attention_libraries={**gpu.attention_libraries, **own},
+                                   grouped_libraries=grouped_library_tables(name, gpu))  # its own rows, if any
     fitted, _, fits = fit_tables(name)
     for f in fits:
         text = (f"fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels, as perfsim calibrate) to "
@@ -187,17 +210,10 @@ def grouped_library_tables(name: str, gpu: GpuSpec) -> dict:
     a held-out fold without the library's rows prices them at the GPU's grouped table."""
     tables = {}
     for library, selects in GROUPED_LIBRARIES.items():
-        for source in (name, SAME_DIE.get(name)):
-            if source is None:
-                continue
-            host = gpu if source == name else dataclasses.replace(
-                load_gpu(source), **{f: getattr(gpu, f) for f in TABLE_FIELDS})  # that GPU's spec, these tables
-            mine = [p for split in SPLITS for p in points(host, split) if p.kind == "grouped_gemm"
-                    and p.line in csv_rows(split, source) and selects(csv_rows(split, source)[p.line], p)]
-            if len(mine) >= MIN_GROUPED_LIBRARY_ROWS:
-                break
-        else:
+        found = _library_rows(name, gpu, "grouped_gemm", selects, MIN_GROUPED_LIBRARY_ROWS)
+        if found is None:
             continue
+        source, host, mine = found
         bare = dataclasses.replace(host, grouped_libraries={}, grouped_gemm={})
         fitted, fits = kernel_fit.fit_kernels(mine, bare)
         (fit,) = [f for f in fits if f.name.startswith("grouped_gemm")]
