@@ -74,6 +74,8 @@ class Report:
     straggler_cost_s: float = 0.0  # step time minus the same plan without variability
     simulated_microbatches: tuple[int, ...] = ()  # engine folded: the two short steps it extended linearly
     links: dict[str, dict] = field(default_factory=dict)  # critical stage, link -> busy_s, utilization, exposed_s
+    # kernel class -> the library the stack runs whose own GPU table priced it (attention, grouped)
+    kernel_libraries: dict[str, str] = field(default_factory=dict)
     spans: list[Span] = field(default_factory=list, repr=False, compare=False)
 
     @property
@@ -266,13 +268,25 @@ def assemble_report(
     figures = _named_links(figures, INTRA_NODE_LINK.get(cluster.gpu.vendor, "xgmi"))
     return Report(
         model=model.name, cluster=cluster.name, plan=plan.priced_dict(), estimator=estimator, world_size=world,
-        stack=plan.stack.name,
+        stack=plan.stack.name, kernel_libraries=_kernel_libraries(plan, cluster),
         tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / world, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / cluster.gpu.peak_flops(plan.dtype), peak_memory_bytes=peak.total_bytes,
         memory_capacity_bytes=cluster.gpu.hbm_bytes, memory=[m.as_dict() for m in memory],
         warnings=list(warnings or []), spans=spans, bubble_fraction=figures["bubble_s"] / step,
         **figures, **moe_and_stragglers,
     )
+
+
+def _kernel_libraries(plan: ParallelPlan, cluster: ClusterSpec) -> dict[str, str]:
+    """The kernel libraries the stack names that the GPU has its own table for (what priced
+    those kernels instead of the GPU's pooled tables)."""
+    gpu, kernels = cluster.gpu, plan.stack.kernels
+    out = {}
+    if kernels.attention and kernels.attention in gpu.attention_libraries:
+        out["attention"] = kernels.attention
+    if kernels.grouped and kernels.grouped in gpu.grouped_libraries:
+        out["grouped_gemm"] = kernels.grouped
+    return out
 
 
 def chrome_trace(report: Report) -> dict:

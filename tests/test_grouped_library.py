@@ -103,3 +103,22 @@ def test_calibrating_grouped_gemm_drops_the_profiles_library_tables():
     rows = [p for s in ak.SPLITS for p in ak.points(gpu, s) if p.kind == "grouped_gemm"]
     fitted, fits = kernel_fit.fit_kernels(rows, gpu)
     assert any(f.name.startswith("grouped_gemm") for f in fits) and fitted.grouped_libraries == {}
+
+
+def test_the_report_names_the_libraries_that_priced_its_kernels():
+    """A report says which of the stack's kernel libraries had a GPU table of their own (the
+    rest ran at the pooled tables): torchtitan's grouped GEMM on H200, nothing on MI300X."""
+    import json
+    import subprocess
+    import sys
+
+    h200 = api.simulate(stack="torchtitan", **CASE)
+    assert h200.kernel_libraries == {"grouped_gemm": "torch_grouped_mm"}
+    assert api.simulate(stack="torchtitan", **{**CASE, "cluster": "mi300x-pollara"}).kernel_libraries == {}
+    assert api.simulate(stack="nemo", **{**CASE, "cluster": "mi300x-pollara"}).kernel_libraries == {"attention": "aiter_v3"}
+    args = [sys.executable, "-m", "perfsim.cli", "simulate", "--model", "llama3.1-8b", "--cluster", "h100-ib", "--nodes", "1",
+            "--gbs", "16", "--seq", "2048", "--stack", "nemo", "--engine", "analytic"]
+    text = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0 and text.stdout.splitlines()[0].endswith("stack nemo, attention cudnn")
+    out = subprocess.run(args + ["--json"], capture_output=True, text=True, timeout=120)
+    assert json.loads(out.stdout)["kernel_libraries"] == {"attention": "cudnn"}

@@ -219,7 +219,8 @@ def _auto_recompute_note(r: Report) -> str:
 def _format_report(r: Report) -> str:
     plan = " ".join(f"{k}={v}" for k, v in r.plan.items())
     lines = [
-        f"{r.model} on {r.cluster} ({r.world_size} GPUs), estimator {r.estimator}, stack {r.stack}",
+        f"{r.model} on {r.cluster} ({r.world_size} GPUs), estimator {r.estimator}, stack {r.stack}"
+        + ("".join(f", {k} {v}" for k, v in r.kernel_libraries.items()) if r.kernel_libraries else ""),
         f"plan: {plan}",
         f"step time        {r.step_time_s * 1e3:10.2f} ms",
         f"tokens/s         {r.tokens_per_s:14,.0f}   ({r.tokens_per_s_per_gpu:,.0f} per GPU)",
