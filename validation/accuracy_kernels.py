@@ -34,8 +34,11 @@ from perfsim.system.specio import to_dict
 DATA = Path(__file__).resolve().parent / "data" / "kernels"
 GPUS = ("mi300x", "mi325x", "mi350x", "mi355x", "h100", "h200")
 DERIVED = {"mi325x": "mi300x", "mi350x": "mi355x", "h200": "h100"}  # same die: tables copied, own peak/clock/HBM
-TABLE_FIELDS = ("gemm", "gemm_dtypes", "grouped_gemm", "attention", "membound", "attention_libraries",
-                "grouped_libraries")
+TABLE_FIELDS = kernel_fit.TABLE_FIELDS
+# a base GPU's tables are fitted to its own rows and those of the GPUs derived from it (same
+# die; each row priced on its own GPU's spec: peak, clock under load, HBM), less the derived
+# GPU's rows of a kernel library that has a table of its own (they fit that table)
+POOLED = {base: tuple(sorted(d for d, b in DERIVED.items() if b == base)) for base in sorted(set(DERIVED.values()))}
 # per-library attention tables (GpuSpec.attention_libraries): the rows of one kernel library,
 # by the CSV's library column and head dim. aiter_v3: AITER's asm fmha v3 kernels (bf16, head
 # dim 128 / 192; the other head dims fall back to its CK kernels), which Transformer Engine
@@ -106,6 +109,27 @@ def _library_rows(name: str, gpu: GpuSpec, kind: str, selects, minimum: int, own
     return None
 
 
+def _library_row(split: str, name: str, p: KernelPoint) -> bool:
+    row = csv_rows(split, name).get(p.line)
+    selectors = [*ATTENTION_LIBRARIES.values()] if p.kind == "attention" else \
+        [*GROUPED_LIBRARIES.values()] if p.kind == "grouped_gemm" else []
+    return row is not None and any(sel(row, p) for sel in selectors)
+
+
+@functools.lru_cache(maxsize=None)
+def pooled(name: str) -> tuple[tuple[KernelPoint, str], ...]:
+    """(point, family) of every row GPU ``name``'s tables are fitted to: its own and those of the
+    GPUs derived from it (``POOLED``, each point read on its own GPU's spec) that are not rows
+    of a kernel library with its own table."""
+    out = list(pool(name))
+    for d in POOLED.get(name, ()):
+        gpu = load_gpu(d)
+        for split in SPLITS:
+            fam = families(split, d)
+            out += [(p, fam.get(p.line, "?")) for p in points(gpu, split) if not _library_row(split, d, p)]
+    return tuple(out)
+
+
 def library_tables(name: str, gpu: GpuSpec, own_only: bool = False) -> dict:
     """``ATTENTION_LIBRARIES`` tables fitted (``kernel_fit.fit_kernels``) to each library's
     attention rows of GPU ``name`` (else of the GPU of the same die: derived), all families;
@@ -163,7 +187,7 @@ def fit_tables(name: str, held: str | None = None, root: bool = False) -> tuple[
         return dataclasses.replace(gpu, **{f: getattr(base, f) for f in TABLE_FIELDS}), cells, fits
     # every family's rows but the held one's: folds that keep the same families are one fit
     # (a derived GPU's fold by root family is its base's fold where that family has no backends)
-    return _fold(name, frozenset(f for _, f in pool(name) if _kept(f, held, root)))
+    return _fold(name, frozenset(f for _, f in pooled(name) if _kept(f, held, root)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -172,14 +196,15 @@ def _fold(name: str, kept: frozenset) -> tuple[GpuSpec, frozenset, tuple]:
     gpu = load_gpu(name)
     # memory-bound rows fit ``membound`` (the copy table ``hbm`` stays from BabelStream);
     # FP8 rows timed with their casts are priced with them
-    train = [p for p, f in pool(name) if f in kept]
+    train = [p for p, f in pooled(name) if f in kept]
     cells = {_cell(p) for p in train if in_fit_range(p) or p.kind == "memory"}
     gpu = dataclasses.replace(
         gpu, gemm_dtypes={d: t for d, t in gpu.gemm_dtypes.items() if ("gemm", d) in cells},
         grouped_gemm={d: t for d, t in gpu.grouped_gemm.items() if ("grouped_gemm", d) in cells},
         membound=None,  # refit from the fold's memory-bound rows, else the streaming copy prices them
         attention_libraries={}, grouped_libraries={})  # per-library tables are in-sample fits: no fold carries them
-    fitted, fits = kernel_fit.fit_kernels(train, gpu, regenerate_gemm=True)
+    siblings = {d: load_gpu(d) for d in POOLED.get(name, ())}
+    fitted, fits = kernel_fit.fit_kernels(train, gpu, regenerate_gemm=True, siblings=siblings)
     return fitted, frozenset(cells), tuple(fits)
 
 
@@ -194,8 +219,10 @@ def refit(name: str) -> GpuSpec:
                                    grouped_libraries=grouped_library_tables(name, gpu))  # its own rows, if any
     fitted, _, fits = fit_tables(name)
     for f in fits:
+        same_die = "".join(f" and {d}.csv (same die, each row priced on its own GPU; library rows left to "
+                           f"their library tables)" for d in POOLED.get(name, ()))
         text = (f"fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels, as perfsim calibrate) to "
-                f"validation/data/kernels/{{fit,check}}/{name}.csv, all source families ({f.num_points} points; "
+                f"validation/data/kernels/{{fit,check}}/{name}.csv{same_die}, all source families ({f.num_points} points; "
                 f"MAPE on them {f.mape_after:.1f}%; {f.note or 'no tile choice'}); held-out MAPE (leave one family "
                 f"out) and sources in docs/accuracy.md, validation/data/kernels/SOURCES.md")
         fitted = kernel_fit.restamp(fitted, f.name, lambda _old, t=text: t)
@@ -326,7 +353,7 @@ def fold_rows(name: str, kind: str, dtype: str, held: str) -> int:
     """Rows of (kind, dtype) the fold that holds out ``held`` fits its table to (``fit_tables``)."""
     base = DERIVED.get(name, name)
     kind = "grouped_gemm" if kind == "fused_moe" else kind  # the table that prices a fused-MoE stage
-    return sum(1 for p, f in pool(base)
+    return sum(1 for p, f in pooled(base)
                if _kept(f, held, name in DERIVED) and _cell(p) == (kind, dtype) and in_fit_range(p))
 
 

@@ -158,16 +158,37 @@ def host_floors(points: list[KernelPoint]) -> dict[tuple, float]:
     return floors
 
 
-def timed(p: KernelPoint, gpu: GpuSpec, floors: dict[tuple, float] | None = None) -> float:
+# the GpuSpec fields that hold fitted kernel tables: what GPUs of one die share (their peak,
+# clock under load and HBM stay their own)
+TABLE_FIELDS = ("gemm", "gemm_dtypes", "grouped_gemm", "attention", "membound", "attention_libraries",
+                "grouped_libraries")
+
+
+def with_tables(spec: GpuSpec, tables_of: GpuSpec) -> GpuSpec:
+    """GPU ``spec`` carrying ``tables_of``'s kernel tables."""
+    return dataclasses.replace(spec, **{f: getattr(tables_of, f) for f in TABLE_FIELDS})
+
+
+def _specs(gpu: GpuSpec, siblings: dict[str, GpuSpec] | None) -> dict[str, GpuSpec]:
+    """device name -> the spec a row measured on it is priced on: a same-die GPU (``siblings``,
+    keyed by the rows' device) with ``gpu``'s tables."""
+    return {name: with_tables(spec, gpu) for name, spec in (siblings or {}).items()}
+
+
+def timed(p: KernelPoint, gpu: GpuSpec, floors: dict[tuple, float] | None = None,
+          specs: dict[str, GpuSpec] | None = None) -> float:
     """The time ``p``'s harness reads for perfsim's kernel time: a host-timed call takes the
     longer of its GPU time and its harness's host time per call (``floors``, fitted beside
-    the table; none known: the GPU time)."""
-    device = predict_kernel(p, gpu)
+    the table; none known: the GPU time). A row of a same-die GPU in ``specs`` is priced on
+    that GPU's spec."""
+    device = predict_kernel(p, (specs or {}).get(p.device, gpu))
     return max(device, (floors or {}).get(harness(p), 0.0)) if p.timing == "host" else device
 
 
-def mape(points: list[KernelPoint], gpu: GpuSpec, floors: dict[tuple, float] | None = None) -> float:
-    return 100 * float(np.mean([abs(timed(p, gpu, floors) / p.time_s - 1) for p in points]))
+def mape(points: list[KernelPoint], gpu: GpuSpec, floors: dict[tuple, float] | None = None,
+         siblings: dict[str, GpuSpec] | None = None) -> float:
+    specs = _specs(gpu, siblings)
+    return 100 * float(np.mean([abs(timed(p, gpu, floors, specs) / p.time_s - 1) for p in points]))
 
 
 # ---- efficiency tables ---------------------------------------------------------------
@@ -181,7 +202,7 @@ class Trial:
 
 
 def fit_table(points: list[KernelPoint], gpu: GpuSpec, ref: TableRef, knots: tuple[float, ...] | None = None,
-              **extra) -> Trial:
+              siblings: dict[str, GpuSpec] | None = None, **extra) -> Trial:
     """``gpu`` with table ``ref`` refit to ``points`` (and ``extra`` fields such as tiles), the
     MAPE after, and the host time per call of each host-timed harness, fitted with the
     table (bounded by the harness's fastest call) so that the table prices the kernel and
@@ -201,14 +222,15 @@ def fit_table(points: list[KernelPoint], gpu: GpuSpec, ref: TableRef, knots: tup
     def residuals(x):
         ys, floors = split(x)
         trial = ref.apply(gpu, xs, ys, **extra)
-        rel = np.array([timed(p, trial, floors) for p in points]) / measured - 1
+        specs = _specs(trial, siblings)
+        rel = np.array([timed(p, trial, floors, specs) for p in points]) / measured - 1
         return np.concatenate([rel, PRIOR * (ys - y0) / np.where(np.abs(y0) > 1e-6, np.abs(y0), 1.0)])
 
     fit = least_squares(residuals, np.concatenate([y0, f0]), bounds=(np.concatenate([lo, 0 * top]), np.concatenate([hi, top])),
                         loss="soft_l1", f_scale=0.05)
     ys, floors = split(fit.x)
     best = ref.apply(gpu, xs, np.round(ys, 5), **extra, **({"round_values": True} if ref.parametric else {}))
-    return Trial(best, mape(points, best, floors), floors)
+    return Trial(best, mape(points, best, floors, siblings), floors)
 
 
 def host_note(floors: dict[tuple, float], points: list[KernelPoint], gpu: GpuSpec) -> str:
@@ -237,28 +259,36 @@ def gemm_knots(points: list[KernelPoint], per_decade: int = 1) -> tuple[float, .
     return log_knots([p.flops / costs.GFLOP for p in points if p.kind in ("gemm", "grouped_gemm")], per_decade)
 
 
-def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool = False) -> tuple[GpuSpec, list[TableFit]]:
-    """Refit every table that has points; GEMM also chooses its tile among ``TILES``."""
+def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool = False,
+                siblings: dict[str, GpuSpec] | None = None) -> tuple[GpuSpec, list[TableFit]]:
+    """Refit every table that has points; GEMM also chooses its tile among ``TILES``.
+    ``siblings``: GPUs of the same die (keyed by the rows' device) whose rows are among
+    ``points``: each such row is priced on its own GPU's spec with the tables being fitted."""
     fits = []
     for ref in table_refs(points):
         mine = [p for p in points if ref.selects(p)]
-        before = mape(mine, gpu)
+        before = mape(mine, gpu, siblings=siblings)
         knots = ref.knots(mine) if (regenerate_gemm or ref.new_table(gpu)) else None
         if ref.kind == "gemm":  # the tile (at the plain roofline), then the roofline exponent
-            trials = [fit_table(mine, gpu, ref, knots, tile_m=tm, tile_n=tn, roofline_exponent=0.0) for tm, tn in TILES]
+            # every trial sets each choice it does not make to a fixed start (no K-loop bound until
+            # its step is chosen): none inherits the table it replaces, so a refit, and a held-out
+            # fold started from a profile fitted to every family, depends on its rows alone
+            trials = [fit_table(mine, gpu, ref, knots, siblings, tile_m=tm, tile_n=tn, roofline_exponent=0.0,
+                                k_step_ns=0.0) for tm, tn in TILES]
             table = ref.get(min(trials, key=lambda t: t.mape).gpu)
             tile = {"tile_m": table.tile_m, "tile_n": table.tile_n}
-            trials += [fit_table(mine, gpu, ref, knots, **tile, roofline_exponent=p) for p in ROOFLINE_EXPONENTS]
+            trials += [fit_table(mine, gpu, ref, knots, siblings, **tile, roofline_exponent=p, k_step_ns=0.0)
+                       for p in ROOFLINE_EXPONENTS]
             table = ref.get(min(trials, key=lambda t: t.mape).gpu)
             shape = {**tile, "roofline_exponent": table.roofline_exponent}
-            trials += [fit_table(mine, gpu, ref, knots, **shape, k_step_ns=s) for s in K_STEPS_NS]
+            trials += [fit_table(mine, gpu, ref, knots, siblings, **shape, k_step_ns=s) for s in K_STEPS_NS]
             best = min(trials, key=lambda t: t.mape)
             table = ref.get(best.gpu)
             note = (f"tile {table.tile_m}x{table.tile_n} chosen among {len(TILES)}, roofline exponent "
                     f"{table.roofline_exponent:g} among 0 (max), {', '.join(f'{p:g}' for p in ROOFLINE_EXPONENTS)}, "
                     f"K-loop step {table.k_step_ns:g} ns among 0, {', '.join(f'{s:g}' for s in K_STEPS_NS)}")
         else:
-            best, note = fit_table(mine, gpu, ref, knots), ""
+            best, note = fit_table(mine, gpu, ref, knots, siblings), ""
         gpu, after = best.gpu, best.mape
         if best.floors:
             note = "; ".join(x for x in (note, host_note(best.floors, mine, gpu)) if x)
