@@ -23,26 +23,34 @@ from conftest import write_kernel_csv
 # <= 15% (attention, grouped GEMM); the cells above that are open work (docs/accuracy.md).
 GATES = {  # (gpu, class, dtype): held-out MAPE %; memory rows read dtype bf16 (unused)
     ("mi300x", "attention", "bf16"): 21.0,
-    ("mi300x", "gemm", "bf16"): 10.5,
+    # session 20: folds no longer inherit the shipped table's K-loop step (a leak: the shipped
+    # table is fitted to every family), and same-die rows are pooled; the cells it moved say so
+    ("mi300x", "gemm", "bf16"): 11.1,  # 10.5 with the leak
     ("mi300x", "gemm", "fp8"): 23.3,  # 24.4 before host-timed rows were fitted with a host time per call
     ("mi300x", "grouped_gemm", "bf16"): 9.8,  # 11.0 before grouped GEMMs were priced as one dense launch
     # AITER's inference fused-MoE stages, priced by the grouped pricing, fitted to nothing (no target)
     ("mi300x", "fused_moe", "bf16"): 32.8,
     ("mi355x", "fused_moe", "bf16"): 28.7,
-    ("mi355x", "fused_moe", "fp8"): 24.5,
+    ("mi355x", "fused_moe", "fp8"): 30.8,  # 24.5 with the K-loop leak
     ("mi300x", "grouped_gemm", "fp8"): 10.5,
     ("mi300x", "memory", "bf16"): 36.7,
     ("mi325x", "gemm", "bf16"): 14.5,
     ("mi350x", "memory", "bf16"): 30.7,  # MI350X's own rows (rotary, norm) priced by the MI355X tables
     ("mi355x", "attention", "bf16"): 48.7,
-    ("mi355x", "gemm", "bf16"): 24.2,
-    ("mi355x", "gemm", "fp8"): 13.4,
-    ("mi355x", "memory", "bf16"): 34.0,
+    ("mi355x", "gemm", "bf16"): 25.8,  # 24.2 with the K-loop leak
+    ("mi355x", "gemm", "fp8"): 13.9,  # 13.4 with the K-loop leak
+    ("mi355x", "memory", "bf16"): 27.6,  # MI350X's rows pooled into the fit
     ("h100", "grouped_gemm", "bf16"): 61.0,  # tgale96 and VeOmni disagree by about 3x
     ("h100", "attention", "bf16"): 5.9,
-    ("h100", "gemm", "fp8"): 11.8,
-    ("h100", "memory", "bf16"): 33.3,
-    ("h200", "gemm", "fp8"): 17.0,
+    ("h100", "gemm", "fp8"): 6.4,
+    ("h100", "gemm", "bf16"): 3.9,  # 24.3 before the H200's measured rows were pooled into its fit
+    ("h100", "memory", "bf16"): 25.3,
+    ("h200", "gemm", "fp8"): 9.6,
+    # the H200 device run (validation/data/device/h200), held out as its own family
+    ("h200", "gemm", "bf16"): 19.9,
+    ("h200", "attention", "bf16"): 16.5,
+    ("h200", "grouped_gemm", "bf16"): 199.0,  # torch._grouped_mm at the generic grouped table
+    ("h200", "memory", "bf16"): 30.4,
 }
 
 
@@ -77,14 +85,14 @@ def test_every_row_is_priced_by_tables_not_fitted_to_its_family(monkeypatch):
         for held in sorted({f for _, f in rows}):
             seen.clear()
             acc.fit_tables(name, held)
-            fam_of = {id(p): f for p, f in acc.pool(base)}
+            fam_of = {id(p): f for p, f in acc.pooled(base)}  # its own rows and its same-die GPUs'
             assert seen and all(fam_of[id(p)] != held for p in seen[0])
     # a derived GPU's lone family is split by backend (``family/backend``): its base's fold
     # leaves out every row of the root family, whatever backend label those rows carry
     held = sorted({f for _, f in acc.pool("mi350x")})[0]
     seen.clear()
     acc.fit_tables("mi350x", held)
-    fams = {id(p): f for p, f in acc.pool("mi355x")}
+    fams = {id(p): f for p, f in acc.pooled("mi355x")}
     assert "/" in held and any(f.startswith("hipkittens") for f in fams.values())
     assert seen and not any(fams[id(p)].split("/")[0] == held.split("/")[0] for p in seen[0])
     acc.held_out_errors.cache_clear()
