@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from validation import kernels as K
 from validation import library
+from validation.library import rel_error
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}
 # Relative error bound (max abs error / max abs reference) per input dtype: output
@@ -29,11 +30,6 @@ class Case:
     prepare: Callable[[str], tuple] = field(repr=False)  # device -> (run, error) or (run, error, extra CSV cells)
     tolerance: float = 1e-2
     backend: str = "triton"  # "triton": the project's kernels; "torch": the libraries (validation.library)
-
-
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    scale = ref.float().abs().max().item() or 1.0
-    return (out.float() - ref.float()).abs().max().item() / scale
 
 
 def _randn(shape, dtype, device, gen):

@@ -29,7 +29,8 @@ class Unsupported(RuntimeError):
     """The library has no kernel for this shape / dtype on this device."""
 
 
-def _rel_error(out, ref) -> float:
+def rel_error(out, ref) -> float:
+    """max |out - ref| / max |ref| (the sweep's error measure)."""
     scale = ref.float().abs().max().item() or 1.0
     return (out.float() - ref.float()).abs().max().item() / scale
 
@@ -47,7 +48,7 @@ def prepare_gemm(a, b, dtype: str):
     if dtype != "fp8":
         out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
         run = lambda: torch.matmul(a, b, out=out)  # noqa: E731
-        return run, (lambda: _rel_error(torch.matmul(a, b), a.float() @ b.float())), \
+        return run, (lambda: rel_error(torch.matmul(a, b), a.float() @ b.float())), \
             {"library": f"{_blas()} (torch.matmul)"}
     if not hasattr(torch, "_scaled_mm"):
         raise Unsupported("fp8 GEMM: this torch has no torch._scaled_mm")
@@ -60,7 +61,7 @@ def prepare_gemm(a, b, dtype: str):
         run()
     except (RuntimeError, TypeError) as exc:
         raise _refuse(f"fp8 GEMM {tuple(a.shape)} x {tuple(b.shape)}", exc) from None
-    return run, (lambda: _rel_error(run(), a.float() @ b.float())), \
+    return run, (lambda: rel_error(run(), a.float() @ b.float())), \
         {"library": f"{_blas()}Lt FP8 (torch._scaled_mm, per-tensor scales, bf16 out)"}
 
 
@@ -81,14 +82,14 @@ def prepare_grouped(x, w, counts: list[int]):
                 errors.append(exc)
                 continue
             tag = f", {layout}" if layout else ""
-            return run, (lambda: _rel_error(run(), reference())), \
+            return run, (lambda: rel_error(run(), reference())), \
                 {"library": f"torch._grouped_mm (grouped GEMM{tag})", "kernel": ""}
         raise _refuse(f"grouped GEMM E={len(counts)} {tuple(w.shape[1:])}", errors[-1])
     parts = [int(c) for c in counts]
 
     def loop():
         return torch.cat([xe @ w[e] for e, xe in enumerate(torch.split(x, parts))])
-    return loop, (lambda: _rel_error(loop(), reference())), {"library": f"{_blas()} (torch.matmul per expert, loop)"}
+    return loop, (lambda: rel_error(loop(), reference())), {"library": f"{_blas()} (torch.matmul per expert, loop)"}
 
 
 def prepare_grouped_backward(x, w, dy, counts: list[int]):
@@ -112,7 +113,7 @@ def prepare_grouped_backward(x, w, dy, counts: list[int]):
         xs, dys = torch.split(x, counts), torch.split(dy, counts)
         ref_dx = torch.cat([d.float() @ w[e].float().t() for e, d in enumerate(dys)])
         ref_dw = torch.stack([xe.float().t() @ d.float() for xe, d in zip(xs, dys)])
-        return max(_rel_error(dx, ref_dx), _rel_error(dw, ref_dw))
+        return max(rel_error(dx, ref_dx), rel_error(dw, ref_dw))
     return run, error, {"library": "torch._grouped_mm (grouped GEMM dgrad + wgrad)"}
 
 
@@ -131,17 +132,17 @@ def prepare_membound(kernel: str, x):
     """One memory-bound library kernel on x (bf16 [rows, cols]; fp32 logits for router / topk)."""
     if kernel == "fp8_cast":
         fp8 = torch.float8_e4m3fn
-        return (lambda: x.to(fp8)), (lambda: _rel_error(x.to(fp8), x)), {"library": "torch (Tensor.to float8_e4m3fn)"}
+        return (lambda: x.to(fp8)), (lambda: rel_error(x.to(fp8), x)), {"library": "torch (Tensor.to float8_e4m3fn)"}
     if kernel == "permute":
         order = torch.randperm(x.shape[0], device=x.device)
-        return (lambda: x.index_select(0, order)), (lambda: _rel_error(x.index_select(0, order), x[order])), \
+        return (lambda: x.index_select(0, order)), (lambda: rel_error(x.index_select(0, order), x[order])), \
             {"library": "torch (index_select)"}
     if kernel == "router":
         return (lambda: torch.softmax(x, dim=-1)), \
-            (lambda: _rel_error(torch.softmax(x, dim=-1), torch.softmax(x.double(), dim=-1))), {"library": "torch (softmax)"}
+            (lambda: rel_error(torch.softmax(x, dim=-1), torch.softmax(x.double(), dim=-1))), {"library": "torch (softmax)"}
     if kernel == "topk":
         return (lambda: torch.topk(x, 8, dim=-1)), \
-            (lambda: _rel_error(torch.topk(x, 8, dim=-1).values, torch.sort(x, dim=-1, descending=True).values[:, :8])), \
+            (lambda: rel_error(torch.topk(x, 8, dim=-1).values, torch.sort(x, dim=-1, descending=True).values[:, :8])), \
             {"library": "torch (topk)"}
     weight = torch.ones(x.shape[-1] // (2 if kernel == "swiglu" else 1), dtype=x.dtype, device=x.device)
 
@@ -159,7 +160,7 @@ def prepare_membound(kernel: str, x):
         fused(x)
     except Exception as exc:  # noqa: BLE001 - any compile failure: this kernel is not measured here
         raise _refuse(f"{kernel} (torch.compile)", exc) from None
-    return (lambda: fused(x)), (lambda: _rel_error(fused(x), eager(x.float()).to(x.dtype))), \
+    return (lambda: fused(x)), (lambda: rel_error(fused(x), eager(x.float()).to(x.dtype))), \
         {"library": f"torch.compile (inductor / Triton) {kernel}"}
 
 
@@ -207,18 +208,18 @@ def prepare_attention(q, k, v, do, causal: bool, direction: str, backend: str):
         ref = F.scaled_dot_product_attention(rq, rk.repeat_interleave(group, 1), rv.repeat_interleave(group, 1),
                                              is_causal=causal)
         if direction == "fwd":
-            return _rel_error(forward(), ref)
+            return rel_error(forward(), ref)
         ref.backward(do.float())
         grads = torch.autograd.grad(out, leaves, do, retain_graph=True)
         if note:  # dk, dv of repeated heads sum back to the kv heads
             grads = (grads[0], *(g.unflatten(1, (k.shape[1], group)).sum(2) for g in grads[1:]))
-        return max(_rel_error(g, leaf.grad) for g, leaf in zip(grads, ref_leaves))
+        return max(rel_error(g, leaf.grad) for g, leaf in zip(grads, ref_leaves))
     name = {"flash": "FlashAttention-2 (torch SDPA flash backend)", "cudnn": "cuDNN fused attention (torch SDPA cudnn backend)"}
     return run, error, {"library": name[backend], "note": "; ".join(filter(None, [backend, note]))}
 
 
 def prepare_memory(kernel: str, a, b, c, scalar: float):
     if kernel == "copy":
-        return (lambda: c.copy_(a)), (lambda: _rel_error(c.copy_(a), a)), {"library": "torch (Tensor.copy_)"}
+        return (lambda: c.copy_(a)), (lambda: rel_error(c.copy_(a), a)), {"library": "torch (Tensor.copy_)"}
     return (lambda: torch.add(b, c, alpha=scalar, out=a)), \
-        (lambda: _rel_error(torch.add(b, c, alpha=scalar, out=a), b + scalar * c)), {"library": "torch (torch.add, alpha)"}
+        (lambda: rel_error(torch.add(b, c, alpha=scalar, out=a), b + scalar * c)), {"library": "torch (torch.add, alpha)"}

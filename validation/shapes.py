@@ -93,12 +93,17 @@ def membound_sweep() -> list[Case]:
     return [membound_case(kernel, r, c) for kernel, sizes in MEMBOUND_SHAPES.items() for r, c in sizes]
 
 
+def _sdpas(backend: str) -> tuple[str, ...]:
+    """The SDPA kernels an attention case runs: each of the library's on the torch backend; the
+    Triton backend has one flash kernel (the label is unused there)."""
+    return ATTENTION_BACKENDS if backend == "torch" else ("flash",)
+
+
 def attention_cases(heads: int, kv_heads: int, head_dim: int, tokens: int, seqs=(1024, 2048, 4096, 8192),
                     backend: str = "triton") -> list[Case]:
     """Causal GQA attention at ``tokens`` per batch; the torch backend once per SDPA kernel."""
-    sdpas = ATTENTION_BACKENDS if backend == "torch" else ("flash",)
     return [attention_case(max(1, tokens // s), heads, kv_heads, s, head_dim, direction, backend=backend, sdpa=sdpa)
-            for s in seqs for direction in ("fwd", "bwd") for sdpa in sdpas]
+            for s in seqs for direction in ("fwd", "bwd") for sdpa in _sdpas(backend)]
 
 
 def memory_sweep(backend: str = "triton") -> list[Case]:
@@ -135,8 +140,7 @@ def interpreter_cases(suite: str, backend: str = "triton") -> list[Case]:
     if suite == "moe":
         return moe_cases(4, 40, 32, 24, True, "bf16", "tiny", backend)
     if suite == "attention":
-        sdpas = ATTENTION_BACKENDS if backend == "torch" else ("flash",)
-        return [attention_case(1, 4, 2, 33, 16, d, backend=backend, sdpa=b) for d in ("fwd", "bwd") for b in sdpas]
+        return [attention_case(1, 4, 2, 33, 16, d, backend=backend, sdpa=b) for d in ("fwd", "bwd") for b in _sdpas(backend)]
     if suite == "memory":
         tiny = [membound_case(k, 64, 128) for k in ("fp8_cast", "permute", "router", "topk")] if backend == "torch" else []
         return [memory_case(k, 4 * 1000, backend) for k in ("copy", "triad")] + tiny
