@@ -10,6 +10,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from perfsim.calibration.accuracy import notes as accuracy_notes
 from perfsim.estimators.engine import Span
 from perfsim.system.hardware import ClusterSpec
 from perfsim.lowering.memory import MemoryBreakdown
@@ -76,6 +77,9 @@ class Report:
     links: dict[str, dict] = field(default_factory=dict)  # critical stage, link -> busy_s, utilization, exposed_s
     # kernel class -> the library the stack runs whose own GPU table priced it (attention, grouped)
     kernel_libraries: dict[str, str] = field(default_factory=dict)
+    # how far perfsim's own held-out checks put a prediction like this (perfsim.calibration.accuracy): the
+    # stack's published runs, the GPU's kernel tables, the cluster's collectives; "lines" to print
+    accuracy: dict = field(default_factory=dict)
     spans: list[Span] = field(default_factory=list, repr=False, compare=False)
 
     @property
@@ -266,9 +270,11 @@ def assemble_report(
     tflops = model.model_flops_per_token(plan.seq) * tokens / step / world / 1e12
     peak = max(memory, key=lambda m: m.total_bytes)
     figures = _named_links(figures, INTRA_NODE_LINK.get(cluster.gpu.vendor, "xgmi"))
+    libraries = _kernel_libraries(plan, cluster)
     return Report(
         model=model.name, cluster=cluster.name, plan=plan.priced_dict(), estimator=estimator, world_size=world,
-        stack=plan.stack.name, kernel_libraries=_kernel_libraries(plan, cluster),
+        stack=plan.stack.name, kernel_libraries=libraries,
+        accuracy=accuracy_notes(plan.stack, cluster, plan.dtype, model.is_moe, libraries),
         tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / world, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / cluster.gpu.peak_flops(plan.dtype), peak_memory_bytes=peak.total_bytes,
         memory_capacity_bytes=cluster.gpu.hbm_bytes, memory=[m.as_dict() for m in memory],

@@ -91,6 +91,15 @@ def test_plan_page_explains_the_critical_path():
     assert any("sums to the step" in c.value for c in at.caption)
 
 
+def test_plan_page_says_how_far_to_trust_the_prediction():
+    """perfsim.calibration.accuracy: the stack's, the GPU's and the cluster's held-out figures, as the CLI prints them."""
+    at = start()
+    labels = [e.label for e in at.expander]
+    assert any("How far to trust this" in label for label in labels)
+    note = next(m.value for m in at.markdown if "adds no framework cost" in m.value)
+    assert "kernels mi300x" in note and "collectives mi300x-pollara" in note
+
+
 def test_plan_page_offers_the_html_run_report():
     """Issue 17.18: the same report as `perfsim simulate --html`, for the plan on the page."""
     at = start()

@@ -73,3 +73,4 @@ def test_wheel_installs_and_simulates(tmp_path):
     assert sim.returncode == 0, sim.stderr
     report = json.loads(sim.stdout)
     assert report["world_size"] == 8 and report["step_time_s"] > 0
+    assert len(report["accuracy"]["lines"]) == 3  # perfsim/calibration/accuracy.toml is package data

@@ -37,6 +37,7 @@ class Case:
     profile: str
     role: str  # fit | check
     note: str
+    scored: bool = True  # False: outside what the profile describes (shown, not a target, not quoted by reports)
 
 
 CASES = (
@@ -57,7 +58,7 @@ CASES = (
     Case("coreweave_H100_64gpu_sharp_allreduce", "h100-ib", "check",
          "IB with SHARP in-network reduction (not modelled: perfsim prices ring/tree); 512 MB-8 GB rows"),
     Case("gcp_a3mega_H100_2node_allreduce", "h100-ib", "check",
-         "GPUDirect-TCPXO (TCP, not RDMA): outside what the IB profile describes; shown, not a target"),
+         "GPUDirect-TCPXO (TCP, not RDMA): outside what the IB profile describes; shown, not a target", scored=False),
 )
 
 

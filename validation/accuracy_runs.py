@@ -16,6 +16,7 @@ get more than 5 points worse). Usage: python validation/accuracy_runs.py (prints
 """
 
 import csv
+import functools
 import statistics
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ COMMITTED = ROOT / "validation" / "runs" / "accuracy_runs.csv"
 TARGET_MEDIAN, TARGET_MAX = 10.0, 25.0  # issue 16: median |error| <= 10%, every run within +-25%
 
 
+@functools.lru_cache(maxsize=None)
 def evaluate():
     cases = read_all([str(RUNS)])
     return cases, held_out_by_stack(cases), validate_runs(cases)

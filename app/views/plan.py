@@ -281,6 +281,12 @@ with st.expander("Critical path: why it differs from the breakdown", icon=":mate
     st.dataframe([{"category": k, "on the critical path": fmt.duration(v), "in the breakdown": fmt.duration(report.breakdown.get(k, 0.0))}
                   for k, v in derive.critical_path_rows(report)], hide_index=True, key="plan.critical")
 
+if report.accuracy.get("lines"):
+    with st.expander("How far to trust this: perfsim's own held-out checks", icon=":material/fact_check:"):
+        st.markdown("\n".join(f"- {fmt.md(line)}" for line in report.accuracy["lines"]))
+        st.caption(fmt.md("Held out = priced by tables or stack values fitted without that source; the figures "
+                          "and what each was fitted and checked on are in docs/accuracy.md."))
+
 st.download_button("Download HTML run report", common.html_report(inputs), file_name="perfsim_run.html",
                    mime="text/html", icon=":material/download:", key="plan.html",
                    help="plan, breakdown, memory, communication with message sizes per collective and per layer, "

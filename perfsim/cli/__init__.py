@@ -233,6 +233,9 @@ def _format_report(r: Report) -> str:
         if seconds > 0:
             lines.append(f"  {name:<20} {seconds * 1e3:10.2f} ms  {100 * seconds / r.step_time_s:5.1f}%")
     lines += _format_fidelity(r)
+    if r.accuracy.get("lines"):
+        lines.append("accuracy (perfsim's own held-out checks, docs/accuracy.md):")
+        lines += [f"  {line}" for line in r.accuracy["lines"]]
     lines += [f"warning: {w}" for w in r.warnings]
     return "\n".join(lines)
 

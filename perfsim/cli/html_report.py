@@ -136,10 +136,13 @@ def render(r: Report, title: str | None = None) -> str:
     title = title or f"perfsim: {r.model} on {r.cluster}"
     plan = _table(["knob", "value"], [[k, v] for k, v in r.plan.items()])
     warnings = "".join(f"<li>{_e(w)}</li>" for w in r.warnings)
+    trust = "".join(f"<li>{_e(line)}</li>" for line in r.accuracy.get("lines", ()))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title><style>{CSS}</style>"
             f"</head><body><h1>{_e(title)}</h1><p class='muted'>{r.world_size:,} GPUs, estimator {_e(r.estimator)}; "
             "one representative rank per pipeline stage.</p>" + _headline(r)
             + (f"<h2>Warnings</h2><ul>{warnings}</ul>" if warnings else "")
+            + (f"<h2>How far to trust this</h2><p class='muted'>perfsim's own held-out checks "
+               f"(docs/accuracy.md)</p><ul>{trust}</ul>" if trust else "")
             + "<h2>Plan</h2>" + plan + "<h2>Breakdown</h2>" + _breakdown(r) + "<h2>Memory per rank</h2>" + _memory(r)
             + "<h2>Communication</h2>" + _comm(r) + f"<h2>Timeline (stage {r.critical_stage})</h2>"
             + _timeline_svg(r.spans, r.critical_stage, r.step_time_s) + "</body></html>")

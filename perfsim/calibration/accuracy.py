@@ -1,0 +1,169 @@
+"""How far perfsim's own checks put a prediction like this one (what a report quotes).
+
+``accuracy.toml`` beside this file holds the figures of docs/accuracy.md that bear on one
+prediction, written by validation/accuracy_doc.py from the same evaluation (never typed):
+
+- the software stack: the held-out error of the published training runs priced under it
+  (leave one source out; validation/runs), or, for ``ideal``, how far those runs come out
+  when priced with no framework cost at all;
+- the GPU's kernel tables: held-out MAPE per kernel class and dtype (leave one source
+  family out; validation/data/kernels), the base GPU's where a GPU takes its tables from
+  another of the same die;
+- the cluster profile's collectives: all_reduce error on the multi-node series no
+  parameter was fitted to (validation/data/multinode).
+
+``notes(stack, cluster, dtype, moe)`` gives the structured figures and one line each; a
+stack that is not the shipped profile (edited, calibrated, a file of one's own) is said to be
+unchecked rather than quoted at the shipped profile's error.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from importlib import resources
+
+from perfsim.system.hardware import ClusterSpec
+from perfsim.system.stacks import IDEAL, StackSpec, list_stacks, load_stack
+
+MIN_POINTS = 5  # a derived GPU's own cell with fewer rows is quoted at its base GPU's cell
+CLASSES = (("gemm", "GEMM"), ("attention", "attention"), ("grouped_gemm", "grouped GEMM"))
+
+
+@functools.lru_cache(maxsize=1)
+def figures() -> dict:
+    """The parsed ``accuracy.toml`` (empty where a build ships none)."""
+    try:
+        text = resources.files("perfsim.calibration").joinpath("accuracy.toml").read_text()
+    except FileNotFoundError:
+        return {}
+    return tomllib.loads(text)
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped(name: str) -> StackSpec | None:
+    return load_stack(name) if name in list_stacks() else None
+
+
+def _stack_status(stack: StackSpec, vendor: str) -> str:
+    """shipped | edited (a shipped name with other values) | own (a name perfsim does not ship).
+    A shipped profile as the plan prices it on ``vendor``'s GPUs (``StackSpec.on_vendor``) is shipped."""
+    shipped = _shipped(stack.name)
+    if shipped is None:
+        return "own"
+    same = stack in (shipped, shipped.on_vendor(vendor)) or (stack.name == IDEAL.name and stack == IDEAL)
+    return "shipped" if same else "edited"
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.0f}%" if abs(x) >= 10 else f"{x:+.1f}%"
+
+
+def stack_note(stack: StackSpec, gpu: str, vendor: str) -> tuple[dict, str]:
+    facts, status = figures(), _stack_status(stack, vendor)
+    if status == "own":
+        return {"stack": stack.name, "checked": False}, (
+            f"stack {stack.name}: a profile of your own, not checked against published runs (perfsim calibrate "
+            "--runs fits one to your measured runs and prints its leave-one-out error)")
+    if status == "edited":
+        return {"stack": stack.name, "checked": False}, (
+            f"stack {stack.name}: not the shipped profile (edited or calibrated), so the shipped profile's held-out "
+            "figures do not apply (perfsim calibrate --runs prints a fitted profile's leave-one-out error)")
+    if stack.name == IDEAL.name:
+        ideal = facts.get("ideal", {})
+        parts = [f"{fam} {_pct(v['error_min_pct'])}..{_pct(v['error_max_pct'])} ({v['runs']} runs)"
+                 for fam, v in sorted(ideal.items())]
+        return {"stack": "ideal", "checked": False, "ideal_error_range_pct": ideal}, (
+            "stack ideal adds no framework cost: the published runs priced with it came out "
+            + (", ".join(parts) if parts else "unchecked")
+            + " (+ = predicted faster than measured); name the framework you run (--stack) for a prediction")
+    mine = facts.get("stacks", {}).get(stack.name)
+    if mine is None:
+        return {"stack": stack.name, "checked": False}, (
+            f"stack {stack.name}: no published run in perfsim's reference set runs it; its values are the ones its "
+            f"profile cites or marks assumed (hardware_profiles/stacks/{stack.name}.toml)")
+    where = "/".join(mine["gpus"])
+    off = "" if gpu in mine["gpus"] else f"; none on {gpu}"
+    held = ("held out by source" if mine["sources"] > 1
+            else "one source: its values assumed, not fitted to it")
+    return {"stack": stack.name, "checked": True, **mine}, (
+        f"stack {stack.name}: {mine['runs']} published runs ({mine['sources']} source{'s' * (mine['sources'] > 1)}, "
+        f"{where}{off}), {held}: median |error| {mine['held_out_median_abs_pct']:.1f}%, worst "
+        f"{_pct(mine['worst_error_pct'])} ({mine['worst_run']}), {mine['within_25_pct']} of {mine['runs']} within 25%")
+
+
+def _cell(gpu: str, key: str) -> tuple[str, dict] | None:
+    kernels = figures().get("kernels", {})
+    own = kernels.get(gpu)
+    if own is None:
+        return None
+    cell = own["cells"].get(key)
+    if cell is not None and (cell["points"] >= MIN_POINTS or own["base"] == gpu):
+        return gpu, cell
+    base = kernels.get(own["base"], {}).get("cells", {}).get(key)
+    return (own["base"], base) if base is not None and own["base"] != gpu else None
+
+
+def kernel_note(gpu: str, dtype: str, moe: bool, libraries: dict[str, str]) -> tuple[dict, str]:
+    if gpu not in figures().get("kernels", {}):
+        return {"gpu": gpu, "checked": False}, (
+            f"kernels {gpu}: a GPU perfsim has no kernel measurements for; its tables are not checked")
+    keys = [("gemm", dtype if dtype in ("bf16", "fp16", "fp8") else "bf16"), ("attention", "bf16")]
+    if moe:
+        keys.append(("grouped_gemm", dtype if dtype == "fp8" else "bf16"))
+    cells, parts = {}, []
+    for kind, dt in keys:
+        label = dict(CLASSES)[kind] + ("" if kind == "attention" else f" {dt}")
+        if kind in libraries:
+            parts.append(f"{label} at its {libraries[kind]} table (in-sample fit, no held-out figure)")
+            continue
+        found = _cell(gpu, f"{kind}.{dt}")
+        if found is None and kind != "attention" and dt != "bf16":  # an FP8 / FP16 cell falls back to BF16's
+            found = _cell(gpu, f"{kind}.bf16")
+            label = dict(CLASSES)[kind] + " bf16"
+        if found is None:
+            parts.append(f"{label} not checked (no measurement of it on this GPU)")
+            continue
+        on, cell = found
+        cells[f"{kind}.{dt}"] = {"gpu": on, **cell}
+        parts.append(f"{label} {cell['held_out_mape_pct']:.1f}% ({cell['points']} points"
+                     + ("" if on == gpu else f", on {on}: same die") + ")")
+    return {"gpu": gpu, "checked": True, "cells": cells, "libraries": dict(libraries)}, (
+        f"kernels {gpu}, held-out MAPE by source family: " + ", ".join(parts))
+
+
+def fabric_note(cluster: str) -> tuple[dict, str]:
+    series = figures().get("fabric", {}).get(cluster)
+    if not series:
+        return {"cluster": cluster, "checked": False}, (
+            f"collectives {cluster}: no held-out multi-node series for this profile (its link values are the ones "
+            "its cluster and node profiles cite or mark assumed)")
+    large = [v["mape_ge_1MB_pct"] for v in series.values() if "mape_ge_1MB_pct" in v]
+    small = [v["mape_lt_1MB_pct"] for v in series.values() if "mape_lt_1MB_pct" in v]
+
+    def span(xs):
+        return f"{min(xs):.1f}%" if min(xs) == max(xs) else f"{min(xs):.1f}-{max(xs):.1f}%"
+
+    text = f"collectives {cluster}: all_reduce on {len(series)} held-out series, MAPE " + (
+        f"{span(large)} at >= 1 MB" if large else "") + (f", {span(small)} below" if small else "")
+    return {"cluster": cluster, "checked": True, "series": series}, text
+
+
+def notes(stack: StackSpec, cluster: ClusterSpec, dtype: str, moe: bool,
+          libraries: dict[str, str] | None = None) -> dict:
+    """The figures a report quotes (``stack``, ``kernels``, ``collectives``) and a line each
+    (``lines``); empty where no ``accuracy.toml`` is shipped. One dict per distinct question,
+    shared by the reports that ask it (a search builds thousands): read it, do not change it."""
+    return _notes(stack, cluster.name, cluster.gpu.name, cluster.gpu.vendor, dtype, moe,
+                  tuple(sorted((libraries or {}).items())))
+
+
+@functools.lru_cache(maxsize=256)
+def _notes(stack: StackSpec, cluster: str, gpu: str, vendor: str, dtype: str, moe: bool,
+           libraries: tuple[tuple[str, str], ...]) -> dict:
+    if not figures():
+        return {}
+    parts = {"stack": stack_note(stack, gpu, vendor), "kernels": kernel_note(gpu, dtype, moe, dict(libraries)),
+             "collectives": fabric_note(cluster)}
+    return {**{k: v[0] for k, v in parts.items()}, "lines": [v[1] for v in parts.values()],
+            "source": "docs/accuracy.md (perfsim's held-out checks; generated by validation/accuracy_doc.py)"}

@@ -1,0 +1,154 @@
+"""Every report says how far perfsim's own held-out checks put a prediction like it
+(perfsim.calibration.accuracy, its accuracy.toml): the figures agree with the committed evaluation
+(docs/accuracy.md, validation/runs/accuracy_runs.csv), and a report quotes the ones that
+apply to its stack, GPU, dtype and cluster, and none where they do not apply."""
+
+import csv
+import dataclasses
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+from conftest import tiny_dense, tiny_moe
+
+from perfsim import simulate
+from perfsim.calibration import accuracy
+from perfsim.system.stacks import load_stack, write_stack
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = (ROOT / "docs" / "accuracy.md").read_text()
+
+
+def _doc_rows(header: str) -> list[list[str]]:
+    """The rows of the markdown table that follows ``header`` in docs/accuracy.md."""
+    block = DOC[DOC.index(header):]
+    rows, started = [], False
+    for line in block.splitlines()[1:]:
+        if line.startswith("|"):
+            started = True
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+        elif started:
+            break
+    return rows[2:]  # past the head and the rule
+
+
+def test_kernel_figures_are_the_docs_table():
+    quoted = accuracy.figures()["kernels"]
+    doc = {(g, k, d): (int(n), float(m)) for g, k, d, n, m, *_ in _doc_rows("### Held-out MAPE per GPU")
+           if k in ("gemm", "attention", "grouped_gemm")}
+    mine = {(g, *key.split(".")): (c["points"], c["held_out_mape_pct"])
+            for g, v in quoted.items() for key, c in v["cells"].items()}
+    assert mine == doc and len(mine) > 10
+
+
+def test_stack_figures_are_the_committed_held_out_runs():
+    rows = list(csv.DictReader(open(ROOT / "validation" / "runs" / "accuracy_runs.csv")))
+    stacks = accuracy.figures()["stacks"]
+    assert set(stacks) == {r["stack"] for r in rows}
+    for stack, f in stacks.items():
+        mine = [r for r in rows if r["stack"] == stack]
+        errs = [float(r["held_out_error_pct"]) for r in mine]
+        worst = max(mine, key=lambda r: abs(float(r["held_out_error_pct"])))
+        assert f["runs"] == len(mine) and f["sources"] == len({r["source_id"] for r in mine})
+        assert f["held_out_median_abs_pct"] == pytest.approx(statistics.median(map(abs, errs)), abs=0.06)
+        assert (f["worst_run"], f["worst_error_pct"]) == (worst["id"], pytest.approx(float(worst["held_out_error_pct"]), abs=0.06))
+        assert f["within_25_pct"] == sum(abs(e) <= 25 for e in errs)
+
+
+def test_fabric_figures_are_the_docs_check_rows():
+    doc = {}
+    for series, profile, role, _points, large, small, note in _doc_rows("### all_reduce time"):
+        if role == "check" and "not a target" not in note:  # a series outside what its profile describes is shown only
+            doc[series.strip("`")] = (profile, None if large == "-" else float(large), None if small == "-" else float(small))
+    quoted = {s: (p, v.get("mape_ge_1MB_pct"), v.get("mape_lt_1MB_pct"))
+              for p, series in accuracy.figures()["fabric"].items() for s, v in series.items()}
+    assert quoted == doc and quoted
+
+
+def _notes(model, cluster="mi300x-pollara", **knobs):
+    return simulate(model, cluster, seq=2048, estimator="analytic", **knobs).accuracy
+
+
+def test_ideal_says_how_far_runs_priced_without_a_stack_come_out():
+    notes = _notes(tiny_dense(), gpus=8, dp=8, gbs=16)
+    line = notes["lines"][0]
+    assert notes["stack"]["checked"] is False and "adds no framework cost" in line
+    moe = accuracy.figures()["ideal"]["moe"]
+    assert f"{moe['error_max_pct']:+.0f}%" in line  # the MoE runs' worst, as the table has it
+
+
+def test_a_shipped_stack_quotes_its_held_out_runs_and_says_where_they_ran():
+    figures = accuracy.figures()["stacks"]["maxtext"]
+    on = _notes(tiny_moe(), "mi355x-pollara", gpus=8, dp=8, ep=4, gbs=16, stack="maxtext")
+    assert on["stack"]["checked"] and on["stack"]["runs"] == figures["runs"]
+    assert f"median |error| {figures['held_out_median_abs_pct']:.1f}%" in on["lines"][0]
+    assert "none on" not in on["lines"][0]
+    off = _notes(tiny_moe(), "h100-ib", gpus=8, dp=8, ep=4, gbs=16, stack="maxtext")
+    assert "none on h100" in off["lines"][0]
+
+
+def test_an_edited_or_own_stack_is_not_quoted_at_the_shipped_figures(tmp_path):
+    edited = load_stack("maxtext").with_values(**{"kernels.speed": 0.5})
+    notes = _notes(tiny_dense(), gpus=8, dp=8, gbs=16, stack=edited)
+    assert notes["stack"]["checked"] is False and "not the shipped profile" in notes["lines"][0]
+    own = write_stack(load_stack("maxtext").with_values(**{"kernels.speed": 0.5}), tmp_path / "mine.toml")
+    spec = load_stack(own)
+    notes = _notes(tiny_dense(), gpus=8, dp=8, gbs=16, stack=spec)
+    assert notes["stack"]["checked"] is False
+    unshipped = load_stack(write_stack(dataclasses.replace(spec, name="mystack"), tmp_path / "my.toml"))
+    notes = _notes(tiny_dense(), gpus=8, dp=8, gbs=16, stack=unshipped)
+    assert "of your own" in notes["lines"][0]
+
+
+def test_kernels_quote_the_plan_dtype_the_moe_class_and_a_derived_gpu_at_its_base():
+    fp8 = _notes(tiny_dense(), "h100-ib", gpus=8, dp=8, gbs=16, dtype="fp8")
+    cell = accuracy.figures()["kernels"]["h100"]["cells"]["gemm.fp8"]
+    assert fp8["kernels"]["cells"]["gemm.fp8"]["held_out_mape_pct"] == cell["held_out_mape_pct"]
+    assert f"GEMM fp8 {cell['held_out_mape_pct']:.1f}%" in fp8["lines"][1]
+    dense = _notes(tiny_dense(), gpus=8, dp=8, gbs=16)
+    assert "grouped GEMM" not in dense["lines"][1]
+    moe = _notes(tiny_moe(), gpus=8, dp=8, ep=4, gbs=16)
+    assert "grouped_gemm.bf16" in moe["kernels"]["cells"]
+    derived = _notes(tiny_dense(), "mi350x-pollara", gpus=8, dp=8, gbs=16)
+    assert derived["kernels"]["cells"]["gemm.bf16"]["gpu"] == "mi355x" and "on mi355x: same die" in derived["lines"][1]
+
+
+def test_a_kernel_library_table_is_said_to_be_in_sample():
+    notes = _notes(tiny_dense(), gpus=8, dp=8, gbs=16, stack="megatron-primus")
+    assert notes["kernels"]["libraries"] == {"attention": "aiter_v3"}
+    assert "attention at its aiter_v3 table (in-sample fit" in notes["lines"][1]
+
+
+def test_collectives_quote_the_held_out_series_of_the_cluster_profile_only():
+    ours = _notes(tiny_dense(), gpus=8, dp=8, gbs=16)["lines"][2]
+    n = len(accuracy.figures()["fabric"]["mi300x-pollara"])
+    assert f"all_reduce on {n} held-out series" in ours
+    none = _notes(tiny_dense(), "h200-ib", gpus=8, dp=8, gbs=16)
+    assert none["collectives"]["checked"] is False and "no held-out multi-node series" in none["lines"][2]
+
+
+def test_text_json_and_html_reports_carry_the_lines(tmp_path, capsys):
+    from perfsim.cli import main
+
+    assert main(["simulate", "--model", "llama3.1-8b", "--cluster", "mi300x-pollara", "--nodes", "1", "--dp", "8",
+                 "--mbs", "1", "--gbs", "16", "--seq", "2048", "--engine", "analytic", "--stack", "megatron-primus",
+                 "--html", str(tmp_path / "r.html")]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^accuracy \(perfsim's own held-out checks", text, re.M)
+    assert "  stack megatron-primus: " in text
+    assert "How far to trust this" in (tmp_path / "r.html").read_text()
+    assert main(["simulate", "--model", "llama3.1-8b", "--cluster", "mi300x-pollara", "--nodes", "1", "--dp", "8",
+                 "--mbs", "1", "--gbs", "16", "--seq", "2048", "--engine", "analytic", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["accuracy"]["lines"]) == 3 and data["accuracy"]["kernels"]["gpu"] == "mi300x"
+
+
+def test_without_the_figures_file_a_report_quotes_nothing(monkeypatch):
+    monkeypatch.setattr(accuracy, "figures", lambda: {})
+    accuracy._notes.cache_clear()
+    try:
+        assert _notes(tiny_dense(), gpus=8, dp=8, gbs=16) == {}
+    finally:
+        accuracy._notes.cache_clear()
