@@ -152,3 +152,18 @@ def test_without_the_figures_file_a_report_quotes_nothing(monkeypatch):
         assert _notes(tiny_dense(), gpus=8, dp=8, gbs=16) == {}
     finally:
         accuracy._notes.cache_clear()
+
+
+def test_a_calibrated_or_edited_gpu_or_cluster_is_not_quoted_at_the_shipped_figures(tmp_path):
+    from perfsim.system.hardware import load_cluster, write_cluster
+
+    shipped = load_cluster("mi300x-pollara")
+    more_nodes = _notes(tiny_dense(), shipped.with_nodes(4), gpus=32, dp=32, gbs=64)
+    assert more_nodes["kernels"]["checked"] and more_nodes["collectives"]["checked"]  # the node count is the plan's
+    gpu = dataclasses.replace(shipped.gpu, kernel_launch_us=9.0)  # as a kernel calibration would change it
+    edited = _notes(tiny_dense(), dataclasses.replace(shipped, gpu=gpu), gpus=8, dp=8, gbs=16)
+    assert edited["kernels"]["checked"] is False and "not the shipped tables" in edited["lines"][1]
+    assert edited["collectives"]["checked"] is False and "not as shipped" in edited["lines"][2]
+    path = write_cluster(dataclasses.replace(shipped, name="my-cluster"), tmp_path / "my-cluster.toml")
+    own = _notes(tiny_dense(), load_cluster(path), gpus=8, dp=8, gbs=16)
+    assert own["kernels"]["checked"] and own["collectives"]["checked"] is False  # shipped GPU, a cluster of one's own

@@ -494,6 +494,29 @@ def test_runs_on_two_vendors_fit_a_speed_each_and_hold_a_vendor_out_at_the_assum
         assert held[c.id].predicted == pytest.approx(assumed, rel=1e-9)
 
 
+def test_a_shipped_vendor_speed_does_not_price_a_held_out_vendor_no_other_source_covers(tmp_path):
+    """A profile whose NVIDIA speed was fitted to the reference set (nemo's): a fold left with
+    no NVIDIA run prices the held-out NVIDIA source at the assumed speed (the stack's
+    kernels.speed, runs_fit.PRIORS), never at the shipped fit, which saw that source."""
+    amd, nvidia = _two_vendor_cases(tmp_path)
+    shipped = load_stack("ideal").with_values(**{"kernels.speed_nvidia": 0.5})
+    held = {r.case.id: r for r in leave_one_out(amd + nvidia, shipped).results}
+    for c in nvidia:
+        assert held[c.id].predicted == pytest.approx(predict(c, load_stack("ideal")).predicted, rel=1e-9)
+        assert held[c.id].predicted != pytest.approx(predict(c, shipped).predicted, rel=1e-3)
+
+
+def test_the_shipped_nemo_speed_is_the_fit_its_source_text_names():
+    """nemo's kernels.speed_nvidia is what `perfsim calibrate --runs validation/runs/published.csv
+    --stack nemo --fit kernels.speed_nvidia` gives (two H100 sources inform it)."""
+    cases = [c for c in read_runs(RUNS) if c.stack == "nemo"]
+    fit = fit_stack(cases, "nemo", ["kernels.speed_nvidia"])
+    shipped = load_stack("nemo").kernels
+    assert fit.values["kernels.speed_nvidia"] == pytest.approx(shipped.speed_nvidia, abs=6e-4)
+    assert shipped.speed_amd is None and shipped.speed == 1.0  # one AMD source: assumed
+    assert "calibrate --runs validation/runs/published.csv --stack nemo --fit kernels.speed_nvidia" in shipped.source
+
+
 def test_a_stack_with_vendor_speeds_writes_and_reads_back(tmp_path):
     from perfsim.system.stacks import write_stack
     spec = load_stack("nemo").with_values(**{"kernels.speed_nvidia": 0.8})

@@ -12,9 +12,9 @@ prediction, written by validation/accuracy_doc.py from the same evaluation (neve
 - the cluster profile's collectives: all_reduce error on the multi-node series no
   parameter was fitted to (validation/data/multinode).
 
-``notes(stack, cluster, dtype, moe)`` gives the structured figures and one line each; a
-stack that is not the shipped profile (edited, calibrated, a file of one's own) is said to be
-unchecked rather than quoted at the shipped profile's error.
+``notes(stack, cluster, dtype, moe)`` gives the structured figures and one line each. A stack,
+GPU or cluster that is not the shipped profile (edited, calibrated, a file of one's own) is
+said to be unchecked rather than quoted at the shipped profile's error.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import functools
 import tomllib
 from importlib import resources
 
-from perfsim.system.hardware import ClusterSpec
+from perfsim.errors import ConfigError
+from perfsim.system.hardware import ClusterSpec, GpuSpec, list_profiles, load_cluster, load_gpu
 from perfsim.system.stacks import IDEAL, StackSpec, list_stacks, load_stack
 
 MIN_POINTS = 5  # a derived GPU's own cell with fewer rows is quoted at its base GPU's cell
@@ -53,6 +54,46 @@ def _stack_status(stack: StackSpec, vendor: str) -> str:
         return "own"
     same = stack in (shipped, shipped.on_vendor(vendor)) or (stack.name == IDEAL.name and stack == IDEAL)
     return "shipped" if same else "edited"
+
+
+_SHIPPED: dict[int, tuple[object, bool]] = {}  # id -> (the object, whether it is the shipped profile's)
+
+
+def _is_shipped(obj, same) -> bool:
+    """``same()``: whether ``obj`` is the profile perfsim ships under its name; remembered per
+    object (a search prices thousands of plans on one cluster)."""
+    hit = _SHIPPED.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    try:
+        answer = bool(same())
+    except ConfigError:
+        answer = False
+    if len(_SHIPPED) >= 256:
+        _SHIPPED.clear()
+    _SHIPPED[id(obj)] = (obj, answer)
+    return answer
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped_names(kind: str) -> frozenset[str]:
+    return frozenset(list_profiles(kind))
+
+
+def _fabric_parts(c: ClusterSpec) -> tuple:
+    return c.gpu, c.node, c.fabric, c.collectives, c.dispatch
+
+
+def gpu_is_shipped(gpu: GpuSpec) -> bool:
+    """The GPU's tables are the ones perfsim ships (not calibrated, edited or a file of one's own)."""
+    return gpu.name in _shipped_names("gpu") and _is_shipped(gpu, lambda: load_gpu(gpu.name) == gpu)
+
+
+def cluster_is_shipped(cluster: ClusterSpec) -> bool:
+    """GPU, node, fabric, collective and dispatch values as the shipped cluster profile of that
+    name has them (any node count)."""
+    return cluster.name in _shipped_names("cluster") and _is_shipped(
+        cluster, lambda: _fabric_parts(load_cluster(cluster.name)) == _fabric_parts(cluster))
 
 
 def _pct(x: float) -> str:
@@ -104,7 +145,11 @@ def _cell(gpu: str, key: str) -> tuple[str, dict] | None:
     return (own["base"], base) if base is not None and own["base"] != gpu else None
 
 
-def kernel_note(gpu: str, dtype: str, moe: bool, libraries: dict[str, str]) -> tuple[dict, str]:
+def kernel_note(gpu: str, dtype: str, moe: bool, libraries: dict[str, str], shipped: bool = True) -> tuple[dict, str]:
+    if not shipped:
+        return {"gpu": gpu, "checked": False}, (
+            f"kernels {gpu}: not the shipped tables (calibrated, edited or a file of your own), so perfsim's held-out "
+            "figures do not apply (perfsim calibrate prints a fit's error on its measurements)")
     if gpu not in figures().get("kernels", {}):
         return {"gpu": gpu, "checked": False}, (
             f"kernels {gpu}: a GPU perfsim has no kernel measurements for; its tables are not checked")
@@ -132,7 +177,11 @@ def kernel_note(gpu: str, dtype: str, moe: bool, libraries: dict[str, str]) -> t
         f"kernels {gpu}, held-out MAPE by source family: " + ", ".join(parts))
 
 
-def fabric_note(cluster: str) -> tuple[dict, str]:
+def fabric_note(cluster: str, shipped: bool = True) -> tuple[dict, str]:
+    if not shipped:
+        return {"cluster": cluster, "checked": False}, (
+            f"collectives {cluster}: the profile is not as shipped (calibrated, edited or your own), so perfsim's "
+            "held-out figures do not apply")
     series = figures().get("fabric", {}).get(cluster)
     if not series:
         return {"cluster": cluster, "checked": False}, (
@@ -154,16 +203,17 @@ def notes(stack: StackSpec, cluster: ClusterSpec, dtype: str, moe: bool,
     """The figures a report quotes (``stack``, ``kernels``, ``collectives``) and a line each
     (``lines``); empty where no ``accuracy.toml`` is shipped. One dict per distinct question,
     shared by the reports that ask it (a search builds thousands): read it, do not change it."""
+    if not figures():
+        return {}
     return _notes(stack, cluster.name, cluster.gpu.name, cluster.gpu.vendor, dtype, moe,
-                  tuple(sorted((libraries or {}).items())))
+                  tuple(sorted((libraries or {}).items())), gpu_is_shipped(cluster.gpu), cluster_is_shipped(cluster))
 
 
 @functools.lru_cache(maxsize=256)
 def _notes(stack: StackSpec, cluster: str, gpu: str, vendor: str, dtype: str, moe: bool,
-           libraries: tuple[tuple[str, str], ...]) -> dict:
-    if not figures():
-        return {}
-    parts = {"stack": stack_note(stack, gpu, vendor), "kernels": kernel_note(gpu, dtype, moe, dict(libraries)),
-             "collectives": fabric_note(cluster)}
+           libraries: tuple[tuple[str, str], ...], gpu_shipped: bool, cluster_shipped: bool) -> dict:
+    parts = {"stack": stack_note(stack, gpu, vendor),
+             "kernels": kernel_note(gpu, dtype, moe, dict(libraries), gpu_shipped),
+             "collectives": fabric_note(cluster, cluster_shipped)}
     return {**{k: v[0] for k, v in parts.items()}, "lines": [v[1] for v in parts.values()],
             "source": "docs/accuracy.md (perfsim's held-out checks; generated by validation/accuracy_doc.py)"}

@@ -36,9 +36,11 @@ BOUNDS = {
     # stalled pipeline, not a cost of the step
     "data.host_s_per_mtoken": (0.0, 2000.0),
 }
-# where no run informs a parameter (the input pipeline without a real-data run), a fit
-# holding those runs out sets it to the profile's assumed value, not the shipped fit
-PRIORS = {"data.host_s_per_mtoken": 0.0}
+# where no run informs a parameter (the input pipeline without a real-data run, a GPU
+# vendor's kernels' speed without a run on that vendor), a fit holding those runs out sets it
+# to the profile's assumed value, not the shipped fit: no input cost, and no speed of the
+# vendor's own (its GPUs run at the stack's kernels.speed)
+PRIORS = {"data.host_s_per_mtoken": 0.0, "kernels.speed_amd": None, "kernels.speed_nvidia": None}
 # the default where the runs are dense: one parameter, identified by every run. MoE runs
 # also fit the routed-expert kernels' speed of each dispatch path with its own kernels
 # (``params_for``); a per-layer overhead fitted beside them runs to its bound on the
