@@ -284,9 +284,13 @@ def assemble_report(
 
 
 def _kernel_libraries(plan: ParallelPlan, cluster: ClusterSpec) -> dict[str, str]:
-    """The kernel libraries the stack names that the GPU has its own table for (what priced
-    those kernels instead of the GPU's pooled tables)."""
-    gpu, kernels = cluster.gpu, plan.stack.kernels
+    return kernel_libraries(plan.stack, cluster.gpu)
+
+
+def kernel_libraries(stack, gpu) -> dict[str, str]:
+    """The kernel libraries ``stack`` names (as priced on ``gpu``'s vendor) that ``gpu`` has its
+    own table for (what priced those kernels instead of the GPU's pooled tables)."""
+    kernels = stack.kernels
     out = {}
     if kernels.attention and kernels.attention in gpu.attention_libraries:
         out["attention"] = kernels.attention

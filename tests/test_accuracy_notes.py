@@ -167,3 +167,12 @@ def test_a_calibrated_or_edited_gpu_or_cluster_is_not_quoted_at_the_shipped_figu
     path = write_cluster(dataclasses.replace(shipped, name="my-cluster"), tmp_path / "my-cluster.toml")
     own = _notes(tiny_dense(), load_cluster(path), gpus=8, dp=8, gbs=16)
     assert own["kernels"]["checked"] and own["collectives"]["checked"] is False  # shipped GPU, a cluster of one's own
+
+
+def test_a_search_says_it_once_for_every_plan():
+    from perfsim.search import search
+
+    result = search(tiny_moe(), "mi300x-pollara", gpus=8, gbs=16, seq=2048, stack="maxtext", workers=1, top=3)
+    assert result.accuracy == _notes(tiny_moe(), gpus=8, dp=8, gbs=16, stack="maxtext")
+    text = result.summary()
+    assert "the same for every plan here" in text and "  stack maxtext: " in text

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from perfsim import api
+from perfsim.calibration.accuracy import notes as accuracy_notes
 from perfsim.errors import ConfigError, InfeasiblePlan
 from perfsim.estimators.analytic import ClosedForm, measured_disagreement
 from perfsim.system.hardware import ClusterSpec
@@ -26,6 +27,7 @@ from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import FP8_ONLY, FP8_RECIPES, PLAN_SWITCHES, ParallelPlan
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.system.stacks import IDEAL, ZERO3_GATHERS, StackSpec, load_stack
+from perfsim.report import kernel_libraries
 from perfsim.search.executors import make_executor
 from perfsim.search.space import AXES, DOMINATED, OOM, Chunk, Context, build_space, cost_chunk, structures
 from perfsim.search.rank import Candidate, explain_infeasible, format_table, rank_rows
@@ -62,6 +64,9 @@ class SearchResult:
     confirm_bound: float = 0.0  # closed-form disagreement bound used to pick them
     max_disagreement: float = 0.0  # largest |closed form / engine - 1| among them
     confirm_capped: bool = False  # max_confirm stopped the confirmation before the bound did
+    # how far perfsim's held-out checks put plans like these (calibration.accuracy; one stack,
+    # GPU and cluster for every row)
+    accuracy: dict = field(default_factory=dict)
 
     @property
     def valid(self) -> int:
@@ -108,6 +113,9 @@ class SearchResult:
             front = ", ".join(f"{p['gpus']} GPUs {p['tokens_per_s']:,.0f} tok/s" for p in self.pareto)
             lines.append(f"Pareto front (GPUs vs throughput): {front}")
         lines.append(self.confirmation_line())
+        if self.accuracy.get("lines"):
+            lines.append("accuracy (perfsim's own held-out checks, docs/accuracy.md; the same for every plan here):")
+            lines += [f"  {line}" for line in self.accuracy["lines"]]
         return "\n".join(lines)
 
     def confirmation_line(self) -> str:
@@ -294,7 +302,9 @@ def search(
                               routing=routing)
     confirmed = [c for c in candidates if c.report is not None]
     rows = [r for i, r in enumerate(rows) if i < top or r.pareto]  # confirmed first; the front stays
+    accuracy = accuracy_notes(spec, base, dtype, model.is_moe, kernel_libraries(spec, base.gpu))
     return SearchResult(
+        accuracy=accuracy,
         confirmed=len(confirmed), confirm_bound=bound_rel, confirm_capped=capped,
         max_disagreement=max((abs(c.analytic_step_time_s / c.report["step_time_s"] - 1) for c in confirmed), default=0.0),
         model=model.name, cluster=base.name, objective=objective, gpus=counts, gbs=gbs, seq=seq, rows=rows,
