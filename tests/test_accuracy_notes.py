@@ -55,6 +55,7 @@ def test_stack_figures_are_the_committed_held_out_runs():
         assert f["held_out_median_abs_pct"] == pytest.approx(statistics.median(map(abs, errs)), abs=0.06)
         assert (f["worst_run"], f["worst_error_pct"]) == (worst["id"], pytest.approx(float(worst["held_out_error_pct"]), abs=0.06))
         assert f["within_25_pct"] == sum(abs(e) <= 25 for e in errs)
+        assert sum(v["runs"] for v in f["by_vendor"].values()) == f["runs"]
 
 
 def test_fabric_figures_are_the_docs_check_rows():
@@ -86,7 +87,21 @@ def test_a_shipped_stack_quotes_its_held_out_runs_and_says_where_they_ran():
     assert f"median |error| {figures['held_out_median_abs_pct']:.1f}%" in on["lines"][0]
     assert "none on" not in on["lines"][0]
     off = _notes(tiny_moe(), "h100-ib", gpus=8, dp=8, ep=4, gbs=16, stack="maxtext")
-    assert "none on h100" in off["lines"][0]
+    assert "none on NVIDIA GPUs" in off["lines"][0]  # every maxtext run is on an AMD GPU
+
+
+def test_a_stack_run_on_both_vendors_quotes_the_runs_of_the_gpus_vendor():
+    """A stack runs other kernel libraries on each vendor, so its held-out figures are quoted
+    for the runs on the plan's GPU vendor (nemo: H100 runs for H100 / H200, MLPerf MI355X / MI350X
+    runs for AMD GPUs)."""
+    nemo = accuracy.figures()["stacks"]["nemo"]
+    nvidia, amd = nemo["by_vendor"]["nvidia"], nemo["by_vendor"]["amd"]
+    assert nvidia["runs"] + amd["runs"] == nemo["runs"] and nvidia["gpus"] == ["h100"]
+    h200 = _notes(tiny_dense(), "h200-ib", gpus=8, dp=8, gbs=16, stack="nemo")["lines"][0]
+    assert f"{nvidia['runs']} published runs on NVIDIA GPUs" in h200 and "none on h200" in h200
+    assert f"median |error| {nvidia['held_out_median_abs_pct']:.1f}%" in h200
+    mi355x = _notes(tiny_dense(), "mi355x-pollara", gpus=8, dp=8, gbs=16, stack="nemo")["lines"][0]
+    assert f"{amd['runs']} published runs on AMD GPUs" in mi355x and amd["worst_run"] in mi355x
 
 
 def test_an_edited_or_own_stack_is_not_quoted_at_the_shipped_figures(tmp_path):

@@ -46,24 +46,34 @@ def kernel_facts() -> dict:
     return out
 
 
+def _run_stats(results, gpu_of) -> dict:
+    errs = [abs(r.error_pct) for r in results]
+    worst = max(results, key=lambda r: abs(r.error_pct))
+    from validation.accuracy_runs import TARGET_MAX
+
+    return {"runs": len(results), "sources": len({r.case.source_id for r in results}),
+            "gpus": sorted({gpu_of[r.case.cluster] for r in results}),
+            "held_out_median_abs_pct": _r(statistics.median(errs)), "held_out_mape_pct": _r(sum(errs) / len(errs)),
+            "worst_run": worst.case.id, "worst_error_pct": _r(worst.error_pct),
+            "within_25_pct": sum(e <= TARGET_MAX for e in errs)}
+
+
 def run_facts() -> dict:
-    """Stack -> the held-out errors of its published runs (``accuracy_runs.evaluate``), and the
-    signed error range of the same runs priced under ``ideal``."""
+    """Stack -> the held-out errors of its published runs (``accuracy_runs.evaluate``), all and
+    per GPU vendor (a stack runs other kernel libraries on each), and the signed error range
+    of the same runs priced under ``ideal``."""
     from validation import accuracy_runs as ar
 
     cases, held, _ = ar.evaluate()
-    gpu_of = {c.cluster: load_cluster(c.cluster).gpu.name for c in cases}
+    clusters = {c.cluster: load_cluster(c.cluster) for c in cases}
+    gpu_of = {name: cl.gpu.name for name, cl in clusters.items()}
     out = {}
     for stack in sorted({r.stack for r in held.results}):
         mine = [r for r in held.results if r.stack == stack]
-        errs = [abs(r.error_pct) for r in mine]
-        worst = max(mine, key=lambda r: abs(r.error_pct))
-        out[stack] = {"runs": len(mine), "sources": len({r.case.source_id for r in mine}),
-                      "gpus": sorted({gpu_of[r.case.cluster] for r in mine}),
-                      "held_out_median_abs_pct": _r(statistics.median(errs)),
-                      "held_out_mape_pct": _r(sum(errs) / len(errs)),
-                      "worst_run": worst.case.id, "worst_error_pct": _r(worst.error_pct),
-                      "within_25_pct": sum(e <= ar.TARGET_MAX for e in errs)}
+        vendors = sorted({clusters[r.case.cluster].gpu.vendor for r in mine})
+        by_vendor = {v: _run_stats([r for r in mine if clusters[r.case.cluster].gpu.vendor == v], gpu_of)
+                     for v in vendors}
+        out[stack] = {**_run_stats(mine, gpu_of), "by_vendor": by_vendor}
     ideal = {}
     for family in sorted({c.family for c in cases if c.family}):
         lo, hi = ar.ideal_range(cases, family)

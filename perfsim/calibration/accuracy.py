@@ -27,6 +27,7 @@ from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec, GpuSpec, list_profiles, load_cluster, load_gpu
 from perfsim.system.stacks import IDEAL, StackSpec, list_stacks, load_stack
 
+VENDORS = {"amd": "AMD", "nvidia": "NVIDIA"}
 MIN_POINTS = 5  # a derived GPU's own cell with fewer rows is quoted at its base GPU's cell
 CLASSES = (("gemm", "GEMM"), ("attention", "attention"), ("grouped_gemm", "grouped GEMM"))
 
@@ -123,14 +124,19 @@ def stack_note(stack: StackSpec, gpu: str, vendor: str) -> tuple[dict, str]:
         return {"stack": stack.name, "checked": False}, (
             f"stack {stack.name}: no published run in perfsim's reference set runs it; its values are the ones its "
             f"profile cites or marks assumed (hardware_profiles/stacks/{stack.name}.toml)")
-    where = "/".join(mine["gpus"])
-    off = "" if gpu in mine["gpus"] else f"; none on {gpu}"
-    held = ("held out by source" if mine["sources"] > 1
+    by_vendor = mine.get("by_vendor", {})
+    shown = by_vendor.get(vendor, mine) if len(by_vendor) > 1 else mine  # a stack runs other kernels per vendor
+    name = VENDORS.get(vendor, vendor)
+    scope = f" on {name} GPUs" if shown is not mine else ""
+    off = ("" if gpu in shown["gpus"] else f"; none on {gpu}" if vendor in by_vendor or not by_vendor
+           else f"; none on {name} GPUs")
+    held = ("held out by source" if shown["sources"] > 1
             else "one source: its values assumed, not fitted to it")
+    n = shown["sources"]
     return {"stack": stack.name, "checked": True, **mine}, (
-        f"stack {stack.name}: {mine['runs']} published runs ({mine['sources']} source{'s' * (mine['sources'] > 1)}, "
-        f"{where}{off}), {held}: median |error| {mine['held_out_median_abs_pct']:.1f}%, worst "
-        f"{_pct(mine['worst_error_pct'])} ({mine['worst_run']}), {mine['within_25_pct']} of {mine['runs']} within 25%")
+        f"stack {stack.name}: {shown['runs']} published runs{scope} ({n} source{'s' * (n > 1)}, "
+        f"{'/'.join(shown['gpus'])}{off}), {held}: median |error| {shown['held_out_median_abs_pct']:.1f}%, worst "
+        f"{_pct(shown['worst_error_pct'])} ({shown['worst_run']}), {shown['within_25_pct']} of {shown['runs']} within 25%")
 
 
 def _cell(gpu: str, key: str) -> tuple[str, dict] | None:
