@@ -341,6 +341,8 @@ def test_search_page_with_the_real_search_or_unavailable():
     assert len(table) >= 2 and set(table["world_size"]) == {8, 16}
     assert table["step_time_s"].notna().all() and "enumerated" in at.caption[-1].value
     assert len(at.get("plotly_chart")) == 1  # Pareto: GPU count vs tokens/s
+    assert any("How far to trust these" in e.label for e in at.expander)  # perfsim.calibration.accuracy, once
+    assert any("kernels mi300x" in m.value for m in at.markdown)
     next(b for b in at.button if b.label == "Open this plan").click().run()
     ok(at)
     assert not errors(at) and is_duration(metric(at, "Step time"))

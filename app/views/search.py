@@ -84,7 +84,8 @@ if st.session_state.get("search.args") and key not in results:
 
         call = dict(st.session_state["search.args"])
         result = search(call.pop("model"), call.pop("cluster"), progress=progress, **call)
-        results[key] = {"rows": derive.search_rows(result), "summary": derive.search_summary(result)}
+        results[key] = {"rows": derive.search_rows(result), "summary": derive.search_summary(result),
+                        "accuracy": (getattr(result, "accuracy", None) or {}).get("lines", [])}
         status.update(label=f"{len(results[key]['rows'])} ranked plans", state="complete", expanded=False)
 found = results.get(key)
 if not found:
@@ -93,6 +94,10 @@ if not found:
 rows = found["rows"]
 if found["summary"]:
     st.caption(fmt.md(found["summary"]))
+if found.get("accuracy"):
+    with st.expander("How far to trust these: perfsim's own held-out checks (the same for every plan here)",
+                     icon=":material/fact_check:"):
+        st.markdown("\n".join(f"- {fmt.md(line)}" for line in found["accuracy"]))
 st.dataframe(fmt.scaled_rows([{k: v for k, v in r.items() if k != "plan"} for r in rows]), hide_index=True,
              width="stretch", key="s.table",
              column_config=fmt.column_config(st.column_config.NumberColumn))
