@@ -2,6 +2,7 @@
 and bad input as exit 2 with one line on stderr, never a traceback."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,22 @@ def test_list_provenance_says_where_a_grouped_table_is_missing(capsys):
     assert bare["grouped_gemm"][0] == "assumed" and "one launch at the dense gemm table" in bare["grouped_gemm"][1]
     assert main(["list", "--provenance"]) == 0
     assert "one launch at the dense gemm table" in capsys.readouterr().out
+
+
+def test_list_provenance_says_which_stack_values_are_fitted_sourced_or_assumed(capsys):
+    """Per stack table: fitted where perfsim calibrate --runs fitted a value (maxtext's kernels
+    speed and input pipeline, nemo's NVIDIA speed), assumed where its source says so first,
+    sourced otherwise; ideal assumes everything."""
+    from perfsim.system.stacks import list_stacks, load_stack, stack_provenance
+
+    rows = {name: {t: status for t, status, _ in stack_provenance(load_stack(name))} for name in list_stacks()}
+    assert set(rows["ideal"].values()) == {"assumed"}
+    assert rows["maxtext"]["kernels"] == rows["maxtext"]["data"] == rows["nemo"]["kernels"] == "fitted"
+    assert rows["megatron-primus"]["kernels"] == rows["torchtitan"]["kernels"] == "assumed"
+    assert rows["nemo"]["overlap"] == "sourced"
+    assert main(["list", "--provenance"]) == 0
+    out = capsys.readouterr().out
+    assert "\nstack nemo:\n" in out and re.search(r"^  kernels +fitted +speed 1.0 assumed", out, re.M)
 
 
 BAD = {

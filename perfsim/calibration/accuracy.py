@@ -123,7 +123,7 @@ def stack_note(stack: StackSpec, gpu: str, vendor: str) -> tuple[dict, str]:
     if mine is None:
         return {"stack": stack.name, "checked": False}, (
             f"stack {stack.name}: no published run in perfsim's reference set runs it; its values are the ones its "
-            f"profile cites or marks assumed (hardware_profiles/stacks/{stack.name}.toml)")
+            "profile cites or marks assumed (perfsim list --provenance)")
     by_vendor = mine.get("by_vendor", {})
     shown = by_vendor.get(vendor, mine) if len(by_vendor) > 1 else mine  # a stack runs other kernels per vendor
     name = VENDORS.get(vendor, vendor)

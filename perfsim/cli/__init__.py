@@ -445,6 +445,12 @@ def _cmd_list(args) -> int:
             print(f"\n{name}:")
             for table, status, source in table_provenance(load_gpu(name)):
                 print(f"  {table:<18} {status:<9} {source}")
+        from perfsim.system.stacks import load_stack, stack_provenance
+
+        for name in list_stacks():
+            print(f"\nstack {name}:")
+            for table, status, source in stack_provenance(load_stack(name)):
+                print(f"  {table:<18} {status:<9} {source}")
     return 0
 
 
@@ -490,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_command(sub)
     lst = sub.add_parser("list", help="list hardware profiles and model presets")
     lst.add_argument("--provenance", action="store_true",
-                     help="per GPU: each kernel table, measured (fitted to its own data) or assumed/derived, and its source")
+                     help="per GPU: each kernel table, measured (fitted to its own data) or assumed/derived, and its "
+                          "source; per stack: each table, fitted (perfsim calibrate --runs), sourced or assumed")
     lst.set_defaults(func=_cmd_list)
     return parser
 

@@ -316,6 +316,23 @@ def _enum(cls: type, value, key: str):
 IDEAL = StackSpec()  # the default: adds nothing (hardware_profiles/stacks/ideal.toml holds the same values)
 
 
+STACK_TABLES = ("launch", "moe", "fusion", "overlap", "fp8", "kernels", "memory", "data")
+
+
+def stack_provenance(spec: StackSpec) -> list[tuple[str, str, str]]:
+    """(table, 'assumed' | 'fitted' | 'sourced', source) per table of a stack profile: assumed
+    where its source says so first, fitted where it says perfsim calibrate --runs fitted a value
+    of it, else sourced (read from a framework's code, docs or a measurement its source names)."""
+    rows = []
+    for table in STACK_TABLES:
+        source = getattr(spec, table).source
+        low = source.strip().lower()
+        status = ("assumed" if low.startswith("assumed") else
+                  "fitted" if "fitted" in low and "perfsim calibrate --runs" in low else "sourced")
+        rows.append((table, status, source))
+    return rows
+
+
 def list_stacks() -> list[str]:
     return sorted(p.stem for p in STACK_DIR.glob("*.toml"))
 
