@@ -271,6 +271,38 @@ def test_projection_reproduces_the_run_it_was_fitted_to_and_scales_the_plan(tmp_
     assert {name for name, _, _ in wide.changes()} >= set(wide.target.breakdown)
 
 
+def test_one_run_fits_the_one_parameter_it_identifies():
+    """One measurement fits one value: an MoE run its dispatch path's routed-expert speed, a dense
+    run the kernels' speed (its vendor's where the stack sets one); each reproduces its run.
+    Two parameters on one run (what params_for gives an MoE run) would be a guess between them."""
+    from perfsim.design.projection import project
+    from perfsim.design.runs_fit import one_run_params, params_for
+
+    runs = {c.id: c for c in read_runs(RUNS)}
+    moe, dense = runs["MB2511-Q30B-H100"], runs["PIPE-L7B-01"]
+    assert len(params_for([moe])) == 2 and one_run_params(moe) == ("moe.dropless_speed",)
+    assert one_run_params(dense) == ("kernels.speed",)
+    assert one_run_params(runs["NEMO2412-L8B-H100"]) == ("kernels.speed_nvidia",)  # nemo sets an NVIDIA speed
+    for case in (moe, dense):
+        fit = fit_stack([case], case.stack)
+        assert list(fit.values) == list(one_run_params(case))
+        assert predict(case, fit.stack).predicted == pytest.approx(case.measured, rel=0.01)
+    assert project(moe, 4).fitted.keys() == {"moe.dropless_speed"}
+
+
+def test_one_run_calibration_prices_the_other_runs_of_its_model_and_gpu():
+    sys_path = str(Path(__file__).resolve().parents[1])
+    import sys
+    if sys_path not in sys.path:
+        sys.path.insert(0, sys_path)
+    from validation.accuracy_runs import one_run_calibration
+
+    cases = [c for c in read_runs(RUNS) if c.source_id == "maxtext-slurm-kimi-k2"]
+    ((source, model, cluster, n, errs),) = one_run_calibration(cases)
+    assert (source, model, n) == ("maxtext-slurm-kimi-k2", "kimi-k2", len(cases)) and len(errs) == n * (n - 1)
+    assert max(abs(e) for e in errs) < 15  # one speed carries across this sweep's batch sizes
+
+
 def test_cli_project(capsys, tmp_path):
     path = str(small_csv(tmp_path, dense_rows((7000,))))
     assert main(["project", "--runs", path, "--id", "Ra0", "--nodes", "2"]) == 0

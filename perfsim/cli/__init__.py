@@ -411,7 +411,9 @@ def _add_calibration_parsers(sub) -> None:
     prj.add_argument("--nodes", type=a.NODES, required=True, help="target number of nodes")
     prj.add_argument("--keep", default="per_gpu", choices=["per_gpu", "global"],
                      help="keep the per-GPU batch (weak scaling, default) or the global batch")
-    prj.add_argument("--fit", action="append", default=None, help="stack parameter fitted to the run (default: the routed-expert speed of an MoE run's dispatch path, kernels.speed for a dense run)")
+    prj.add_argument("--fit", action="append", default=None, help="stack parameter fitted to the run (default: the one parameter one run identifies: the routed-expert "
+                          "speed of an MoE run's dispatch path with kernels of its own, else the kernels' speed, its GPU "
+                          "vendor's where the stack sets one)")
     prj.add_argument("--json", action="store_true")
     prj.set_defaults(func=_cmd_project)
 
@@ -429,7 +431,8 @@ def _add_runs_args(p, runs_help: str) -> None:
                    help="with --runs: a free stack parameter to fit (repeatable; default: kernels.speed, or kernels.speed_amd and "
                         "kernels.speed_nvidia where the runs span both GPU vendors, the routed-expert "
                         "speed of each MoE dispatch path the runs use, and data.host_s_per_mtoken where runs on real and "
-                        "synthetic data are both given; also launch.layer_overhead_us, launch.kernel_gap_us, moe.host_sync_us)")
+                        "synthetic data are both given; one run: the one parameter it identifies, as project fits; also "
+                        "launch.layer_overhead_us, launch.kernel_gap_us, moe.host_sync_us)")
 
 
 def _cmd_list(args) -> int:

@@ -1,8 +1,8 @@
 """Project a measured run to another cluster size: benchmark one node, predict N.
 
-The run's stack profile is fitted to that one measurement (``runs_fit.fit_stack``: the
-stack's free parameters, by default the one the run identifies: the routed-expert speed
-of its dispatch path for an MoE run, the kernel speed for a dense one), then the
+The run's stack profile is fitted to that one measurement (``runs_fit.fit_stack``; by
+default the one parameter one run identifies, ``runs_fit.one_run_params``: the routed-expert
+speed of an MoE run's dispatch path with kernels of its own, else the kernels' speed), then the
 same model, stack and plan are priced on ``nodes`` nodes: data parallelism grows with
 the GPUs and the per-GPU batch is kept (``keep='per_gpu'``, weak scaling) or the global
 batch is (``keep='global'``). What changes -- communication, bubble -- is reported per

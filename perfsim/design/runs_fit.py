@@ -136,12 +136,23 @@ def identified(param: str, cases) -> bool:
     return param not in PRIORS or {"real", "synthetic"} <= {c.data for c in cases}
 
 
+def one_run_params(case: RunCase, base: StackSpec | None = None) -> tuple[str]:
+    """The one parameter a single measured run identifies (one measurement fits one value):
+    the routed-expert speed of an MoE run's dispatch path where that path has kernels of its
+    own, else the kernels' speed (its vendor's where the stack sets one)."""
+    paths = [p for p in params_for([case], base) if p.startswith("moe.")]
+    return (paths[0],) if paths else _speeds([case], base)
+
+
 def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None) -> StackFit:
-    """``base`` with ``params`` (default: those the runs identify) fitted to ``cases`` (all priced under it)."""
+    """``base`` with ``params`` fitted to ``cases`` (all priced under it); by default those the
+    runs identify (``params_for``), and for a single run the one it identifies (``one_run_params``)."""
     if not cases:
         raise ConfigError("calibrate --runs: no runs to fit")
     base = load_stack(base)
-    params = _check(params_for(cases, base) if params is None else params)
+    if params is None:
+        params = one_run_params(cases[0], base) if len(cases) == 1 else params_for(cases, base)
+    params = _check(params)
     flat = [p for p in params if not _prices(p, cases, base)]
     if flat:
         raise ConfigError(f"--fit: {flat[0]} prices none of these runs (a GPU vendor's kernels' speed prices only "
