@@ -191,3 +191,29 @@ def test_a_search_says_it_once_for_every_plan():
     assert result.accuracy == _notes(tiny_moe(), gpus=8, dp=8, gbs=16, stack="maxtext")
     text = result.summary()
     assert "the same for every plan here" in text and "  stack maxtext: " in text
+
+
+def test_plan_to_plan_error_is_the_docs_one_run_table():
+    rows = _doc_rows("Calibrated on one run")
+    quoted = accuracy.figures()["plans"]
+    assert [(g["source"], g["model"], g["runs"], g["mape_pct"], g["median_abs_pct"]) for g in quoted["groups"]] == [
+        (source, model, int(n), float(mape.rstrip("%")), float(median.rstrip("%")))
+        for source, model, _cluster, n, _pairs, mape, median, _worst in rows]
+    assert accuracy.plan_to_plan_pct() == statistics.median(g["median_abs_pct"] for g in quoted["groups"])
+
+
+def test_a_search_says_how_many_ranked_plans_are_within_the_plan_to_plan_error(monkeypatch):
+    from perfsim.search import search
+
+    result = search(tiny_moe(), "mi300x-pollara", gpus=8, gbs=16, seq=2048, workers=1, top=6)
+    win = result.rows[0].step_time_s
+    margin = accuracy.plan_to_plan_pct()
+    close = sum(100 * (r.step_time_s / win - 1) < margin for r in result.rows[1:])
+    line = next((l for l in result.summary().splitlines() if "plan-to-plan error" in l), None)
+    assert (line is not None) == (close > 0)
+    if line:
+        assert line.startswith(f"{close} of the other {len(result.rows) - 1} ranked plans on 8 GPUs are within {margin:.1f}%")
+    import sys
+
+    monkeypatch.setattr(sys.modules["perfsim.search"], "plan_to_plan_pct", lambda: 0.0)  # no margin: none too close
+    assert "plan-to-plan error" not in result.summary()

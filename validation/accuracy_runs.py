@@ -97,11 +97,18 @@ def _targets(held) -> list[str]:
     return lines
 
 
-def one_run_calibration(cases) -> list[tuple[str, str, str, int, list[float]]]:
+@functools.lru_cache(maxsize=None)
+def _one_run_cached(cases: tuple) -> tuple:
+    return tuple(one_run_calibration(list(cases), cached=False))
+
+
+def one_run_calibration(cases, cached: bool = True) -> list[tuple[str, str, str, int, list[float]]]:
     """(source, model, cluster, runs, signed errors %) per group of two or more runs of one model
     on one GPU in one source: each run in turn is the one measurement a stack is fitted to
     (``fit_stack`` on one run: the one parameter it identifies, as ``perfsim project`` fits), and
     the group's other runs (other batch, schedule, capacity factor or dispatch path) are priced."""
+    if cached:
+        return list(_one_run_cached(tuple(cases)))
     groups: dict[tuple, list] = {}
     for c in cases:
         groups.setdefault((c.source_id, c.model, c.cluster), []).append(c)

@@ -81,6 +81,22 @@ def run_facts() -> dict:
     return {"stacks": out, "ideal": ideal}
 
 
+def plan_facts() -> dict:
+    """How a calibration on one run carries to the same model's other plans on its GPU
+    (``accuracy_runs.one_run_calibration``): per group and the median of the groups' medians,
+    the error a comparison of two plans carries (a same-source check)."""
+    from validation import accuracy_runs as ar
+
+    cases, _, _ = ar.evaluate()
+    groups = []
+    for source, model, cluster, n, errs in ar.one_run_calibration(cases):
+        absolute = [abs(e) for e in errs]
+        groups.append({"source": source, "model": model, "cluster": cluster, "runs": n, "pairs": len(errs),
+                       "mape_pct": _r(sum(absolute) / len(absolute)), "median_abs_pct": _r(statistics.median(absolute))})
+    median = statistics.median(g["median_abs_pct"] for g in groups) if groups else None
+    return {"groups": groups, **({"median_abs_pct": _r(median)} if median is not None else {})}
+
+
 def fabric_facts() -> dict:
     """Cluster profile -> the all_reduce series checked on it (held out: no parameter fitted to
     them; series outside what the profile describes left out), MAPE >= 1 MB and below."""
@@ -101,7 +117,8 @@ def fabric_facts() -> dict:
 def facts() -> dict:
     runs = run_facts()
     return {"source": "validation/accuracy_doc.py (the evaluation behind docs/accuracy.md)",
-            "kernels": kernel_facts(), "stacks": runs["stacks"], "ideal": runs["ideal"], "fabric": fabric_facts()}
+            "kernels": kernel_facts(), "stacks": runs["stacks"], "ideal": runs["ideal"], "plans": plan_facts(),
+            "fabric": fabric_facts()}
 
 
 def render(data: dict | None = None) -> str:

@@ -204,6 +204,13 @@ def fabric_note(cluster: str, shipped: bool = True) -> tuple[dict, str]:
     return {"cluster": cluster, "checked": True, "series": series}, text
 
 
+def plan_to_plan_pct() -> float | None:
+    """The median error of a calibration on one run carried to the same model's other plans on
+    its GPU (docs/accuracy.md, "Calibrated on one run"): how close two plans' predictions may be
+    before their order is within perfsim's own error. None where no figure is shipped."""
+    return figures().get("plans", {}).get("median_abs_pct")
+
+
 def notes(stack: StackSpec, cluster: ClusterSpec, dtype: str, moe: bool,
           libraries: dict[str, str] | None = None) -> dict:
     """The figures a report quotes (``stack``, ``kernels``, ``collectives``) and a line each

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from perfsim import api
-from perfsim.calibration.accuracy import notes as accuracy_notes
+from perfsim.calibration.accuracy import notes as accuracy_notes, plan_to_plan_pct
 from perfsim.errors import ConfigError, InfeasiblePlan
 from perfsim.estimators.analytic import ClosedForm, measured_disagreement
 from perfsim.system.hardware import ClusterSpec
@@ -109,6 +109,7 @@ class SearchResult:
         lines.append(f"winner: {_describe(win)} -- {win.tokens_per_s_per_gpu:,.0f} tok/s/GPU, MFU {win.mfu:.1%} ({win.estimator})")
         if len(self.rows) > 1:
             lines.append(f"runner-up: {_describe(self.rows[1])} -- {self.rows[1].reason}")
+        lines += self._too_close()
         if self.pareto:
             front = ", ".join(f"{p['gpus']} GPUs {p['tokens_per_s']:,.0f} tok/s" for p in self.pareto)
             lines.append(f"Pareto front (GPUs vs throughput): {front}")
@@ -117,6 +118,24 @@ class SearchResult:
             lines.append("accuracy (perfsim's own held-out checks, docs/accuracy.md; the same for every plan here):")
             lines += [f"  {line}" for line in self.accuracy["lines"]]
         return "\n".join(lines)
+
+    def _too_close(self) -> list[str]:
+        """A line counting the ranked plans whose score is nearer the winner's than perfsim's
+        plan-to-plan error (the median error of a one-run calibration carried to other plans of
+        the same model, docs/accuracy.md): their order is within perfsim's own error."""
+        margin, win = plan_to_plan_pct(), self.rows[0]
+        score, label = ("usd_per_mtoken", "cost per token") if self.objective == "cost" else ("step_time_s", "step time")
+        best = getattr(win, score)
+        if margin is None or not best:
+            return []
+        peers = [r for r in self.rows[1:] if r.world_size == win.world_size and getattr(r, score) is not None]
+        close = [r for r in peers if 100 * (getattr(r, score) / best - 1) < margin]
+        if not close:
+            return []
+        return [f"{len(close)} of the other {len(peers)} ranked plans on {win.world_size} GPUs are within {margin:.1f}% "
+                f"of the winner's {label}, perfsim's plan-to-plan error (after a calibration on one run, the same "
+                "model's other plans come out a median that far off: docs/accuracy.md); their order is not settled: "
+                "measure the distinct ones before choosing"]
 
     def confirmation_line(self) -> str:
         capped = f"; stopped at max_confirm={self.confirmed}, more were within the bound" if self.confirm_capped else ""
