@@ -308,6 +308,9 @@ def test_cli_project(capsys, tmp_path):
     assert main(["project", "--runs", path, "--id", "Ra0", "--nodes", "2"]) == 0
     out = capsys.readouterr().out
     assert "16 GPUs" in out and "what changed" in out and "kernels.speed" in out
+    from perfsim.calibration.accuracy import plan_to_plan_pct
+    assert f"other plans on its GPU come out a median {plan_to_plan_pct():.1f}% off" in out  # docs/accuracy.md's figure
+    assert "change of scale itself is unchecked" in out
     assert main(["project", "--runs", path, "--id", "missing", "--nodes", "2"]) == 2
     assert "--id" in capsys.readouterr().err
 

@@ -73,6 +73,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_project(args, dumps) -> int:
+    from perfsim.calibration.accuracy import plan_to_plan_pct
     from perfsim.design.projection import project
 
     cases = {c.id: c for c in runs_mod.read_all(args.runs)}
@@ -95,6 +96,11 @@ def cmd_project(args, dumps) -> int:
     print("what changed (seconds per step, largest first):")
     for name, a, b in p.changes()[:8]:
         print(f"  {name:<20} {a:>12.4g} -> {b:<12.4g} ({b - a:+.4g})")
+    margin = plan_to_plan_pct()
+    if margin is not None:
+        print(f"accuracy: after a calibration on one run, the same model's other plans on its GPU come out a median "
+              f"{margin:.1f}% off (same-source check, docs/accuracy.md); no model in perfsim's reference set was "
+              "measured at two node counts, so the change of scale itself is unchecked")
     return 0
 
 
