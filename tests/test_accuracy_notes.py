@@ -217,3 +217,20 @@ def test_a_search_says_how_many_ranked_plans_are_within_the_plan_to_plan_error(m
 
     monkeypatch.setattr(sys.modules["perfsim.search"], "plan_to_plan_pct", lambda: 0.0)  # no margin: none too close
     assert "plan-to-plan error" not in result.summary()
+
+
+def test_list_accuracy_prints_every_figure(capsys):
+    from perfsim.cli import main
+
+    assert main(["list", "--accuracy"]) == 0
+    out = capsys.readouterr().out
+    facts = accuracy.figures()
+    for name, f in facts["stacks"].items():
+        assert f"  {name:<16} {f['runs']:>3} runs" in out and f["worst_run"] in out
+    for gpu, v in facts["kernels"].items():
+        for key, cell in v["cells"].items():
+            assert f"{key} {cell['held_out_mape_pct']:.1f}% ({cell['points']})" in out
+    for series in (s for v in facts["fabric"].values() for s in v):
+        assert series in out
+    assert f"median {facts['plans']['median_abs_pct']:.1f}% over {len(facts['plans']['groups'])} groups" in out
+    assert f"on NVIDIA GPUs {facts['stacks']['nemo']['by_vendor']['nvidia']['runs']} runs" in out  # per vendor

@@ -454,6 +454,10 @@ def _cmd_list(args) -> int:
             print(f"\nstack {name}:")
             for table, status, source in stack_provenance(load_stack(name)):
                 print(f"  {table:<18} {status:<9} {source}")
+    if getattr(args, "accuracy", False):
+        from perfsim.calibration.accuracy import summary_lines
+
+        print("\n" + "\n".join(summary_lines() or ["no accuracy figures shipped with this build"]))
     return 0
 
 
@@ -501,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
     lst.add_argument("--provenance", action="store_true",
                      help="per GPU: each kernel table, measured (fitted to its own data) or assumed/derived, and its "
                           "source; per stack: each table, fitted (perfsim calibrate --runs), sourced or assumed")
+    lst.add_argument("--accuracy", action="store_true",
+                     help="perfsim's own held-out figures: per stack (published runs), per GPU kernel table, per "
+                          "cluster's collectives, and after a one-run calibration (docs/accuracy.md)")
     lst.set_defaults(func=_cmd_list)
     return parser
 
