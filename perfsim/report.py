@@ -270,7 +270,7 @@ def assemble_report(
     tflops = model.model_flops_per_token(plan.seq) * tokens / step / world / 1e12
     peak = max(memory, key=lambda m: m.total_bytes)
     figures = _named_links(figures, INTRA_NODE_LINK.get(cluster.gpu.vendor, "xgmi"))
-    libraries = _kernel_libraries(plan, cluster)
+    libraries = kernel_libraries(plan.stack, cluster.gpu)
     return Report(
         model=model.name, cluster=cluster.name, plan=plan.priced_dict(), estimator=estimator, world_size=world,
         stack=plan.stack.name, kernel_libraries=libraries,
@@ -281,10 +281,6 @@ def assemble_report(
         warnings=list(warnings or []), spans=spans, bubble_fraction=figures["bubble_s"] / step,
         **figures, **moe_and_stragglers,
     )
-
-
-def _kernel_libraries(plan: ParallelPlan, cluster: ClusterSpec) -> dict[str, str]:
-    return kernel_libraries(plan.stack, cluster.gpu)
 
 
 def kernel_libraries(stack, gpu) -> dict[str, str]:

@@ -97,18 +97,11 @@ def _targets(held) -> list[str]:
     return lines
 
 
-@functools.lru_cache(maxsize=None)
-def _one_run_cached(cases: tuple) -> tuple:
-    return tuple(one_run_calibration(list(cases), cached=False))
-
-
-def one_run_calibration(cases, cached: bool = True) -> list[tuple[str, str, str, int, list[float]]]:
+def one_run_calibration(cases) -> list[tuple[str, str, str, int, list[float]]]:
     """(source, model, cluster, runs, signed errors %) per group of two or more runs of one model
     on one GPU in one source: each run in turn is the one measurement a stack is fitted to
     (``fit_stack`` on one run: the one parameter it identifies, as ``perfsim project`` fits), and
     the group's other runs (other batch, schedule, capacity factor or dispatch path) are priced."""
-    if cached:
-        return list(_one_run_cached(tuple(cases)))
     groups: dict[tuple, list] = {}
     for c in cases:
         groups.setdefault((c.source_id, c.model, c.cluster), []).append(c)
@@ -125,7 +118,14 @@ def one_run_calibration(cases, cached: bool = True) -> list[tuple[str, str, str,
     return out
 
 
-def _one_run(cases) -> list[str]:
+@functools.lru_cache(maxsize=None)
+def shipped_one_run() -> tuple:
+    """``one_run_calibration`` of the reference set (``evaluate``), once per process: the
+    docs section and perfsim/calibration/accuracy.toml both read it."""
+    return tuple(one_run_calibration(evaluate()[0]))
+
+
+def _one_run() -> list[str]:
     lines = ["Calibrated on one run (`perfsim project --runs FILE --id RUN`, or `perfsim calibrate --runs` on a one-row CSV): "
              "each run of a model on one GPU in turn is the one measurement the stack is fitted to (the one parameter "
              "it identifies: the routed-expert speed of an MoE run's dispatch path with kernels of its own, else the "
@@ -135,7 +135,7 @@ def _one_run(cases) -> list[str]:
              "node counts on one GPU, so projection across scale is not checked here.", "",
              "| source | model | cluster | runs | fitted / priced pairs | MAPE | median | worst |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for source, model, cluster, n, errs in one_run_calibration(cases):
+    for source, model, cluster, n, errs in shipped_one_run():
         absolute = [abs(e) for e in errs]
         lines.append(f"| {source} | {model} | {cluster} | {n} | {len(errs)} | {sum(absolute) / len(absolute):.1f}% | "
                      f"{statistics.median(absolute):.1f}% | {max(errs, key=abs):+.1f}% |")
@@ -416,7 +416,7 @@ def section() -> str:
         "",
         *_targets(held),
         "",
-        *_one_run(cases),
+        *_one_run(),
         "",
         *_groups(held),
         "",

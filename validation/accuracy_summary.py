@@ -47,10 +47,10 @@ def kernel_facts() -> dict:
 
 
 def _run_stats(results, gpu_of) -> dict:
-    errs = [abs(r.error_pct) for r in results]
-    worst = max(results, key=lambda r: abs(r.error_pct))
     from validation.accuracy_runs import TARGET_MAX
 
+    errs = [abs(r.error_pct) for r in results]
+    worst = max(results, key=lambda r: abs(r.error_pct))
     return {"runs": len(results), "sources": len({r.case.source_id for r in results}),
             "gpus": sorted({gpu_of[r.case.cluster] for r in results}),
             "held_out_median_abs_pct": _r(statistics.median(errs)), "held_out_mape_pct": _r(sum(errs) / len(errs)),
@@ -87,9 +87,8 @@ def plan_facts() -> dict:
     the error a comparison of two plans carries (a same-source check)."""
     from validation import accuracy_runs as ar
 
-    cases, _, _ = ar.evaluate()
     groups = []
-    for source, model, cluster, n, errs in ar.one_run_calibration(cases):
+    for source, model, cluster, n, errs in ar.shipped_one_run():
         absolute = [abs(e) for e in errs]
         groups.append({"source": source, "model": model, "cluster": cluster, "runs": n, "pairs": len(errs),
                        "mape_pct": _r(sum(absolute) / len(absolute)), "median_abs_pct": _r(statistics.median(absolute))})

@@ -29,7 +29,7 @@ from perfsim.system.stacks import IDEAL, StackSpec, list_stacks, load_stack
 
 VENDORS = {"amd": "AMD", "nvidia": "NVIDIA"}
 MIN_POINTS = 5  # a derived GPU's own cell with fewer rows is quoted at its base GPU's cell
-CLASSES = (("gemm", "GEMM"), ("attention", "attention"), ("grouped_gemm", "grouped GEMM"))
+CLASSES = {"gemm": "GEMM", "attention": "attention", "grouped_gemm": "grouped GEMM"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -164,14 +164,14 @@ def kernel_note(gpu: str, dtype: str, moe: bool, libraries: dict[str, str], ship
         keys.append(("grouped_gemm", dtype if dtype == "fp8" else "bf16"))
     cells, parts = {}, []
     for kind, dt in keys:
-        label = dict(CLASSES)[kind] + ("" if kind == "attention" else f" {dt}")
+        label = CLASSES[kind] + ("" if kind == "attention" else f" {dt}")
         if kind in libraries:
             parts.append(f"{label} at its {libraries[kind]} table (in-sample fit, no held-out figure)")
             continue
         found = _cell(gpu, f"{kind}.{dt}")
         if found is None and kind != "attention" and dt != "bf16":  # an FP8 / FP16 cell falls back to BF16's
             found = _cell(gpu, f"{kind}.bf16")
-            label = dict(CLASSES)[kind] + " bf16"
+            label = CLASSES[kind] + " bf16"
         if found is None:
             parts.append(f"{label} not checked (no measurement of it on this GPU)")
             continue
@@ -202,6 +202,14 @@ def fabric_note(cluster: str, shipped: bool = True) -> tuple[dict, str]:
     text = f"collectives {cluster}: all_reduce on {len(series)} held-out series, MAPE " + (
         f"{span(large)} at >= 1 MB" if large else "") + (f", {span(small)} below" if small else "")
     return {"cluster": cluster, "checked": True, "series": series}, text
+
+
+def text_block(quoted: dict, scope: str = "") -> list[str]:
+    """The printed form of ``quoted`` (what ``notes()`` gives): a heading and its lines indented; none
+    where nothing is quoted. ``scope``: what the heading adds (a search: every plan)."""
+    lines = quoted.get("lines") or []
+    head = f"accuracy (perfsim's own held-out checks, docs/accuracy.md{scope}):"
+    return [head, *(f"  {line}" for line in lines)] if lines else []
 
 
 def plan_to_plan_pct() -> float | None:

@@ -11,6 +11,7 @@ from perfsim.cli import args as a
 from perfsim.errors import ConfigError, InfeasiblePlan, PerfsimError
 from perfsim.system.hardware import list_profiles, load_gpu
 from perfsim.system.kernel_tables import table_provenance
+from perfsim.calibration.accuracy import text_block as accuracy_text
 from perfsim.model.io import list_models
 from perfsim.report import Report
 from perfsim.plan.parallel import FP8_RECIPES, Schedule
@@ -233,9 +234,7 @@ def _format_report(r: Report) -> str:
         if seconds > 0:
             lines.append(f"  {name:<20} {seconds * 1e3:10.2f} ms  {100 * seconds / r.step_time_s:5.1f}%")
     lines += _format_fidelity(r)
-    if r.accuracy.get("lines"):
-        lines.append("accuracy (perfsim's own held-out checks, docs/accuracy.md):")
-        lines += [f"  {line}" for line in r.accuracy["lines"]]
+    lines += accuracy_text(r.accuracy)
     lines += [f"warning: {w}" for w in r.warnings]
     return "\n".join(lines)
 

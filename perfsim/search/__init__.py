@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from perfsim import api
-from perfsim.calibration.accuracy import notes as accuracy_notes, plan_to_plan_pct
+from perfsim.calibration.accuracy import notes as accuracy_notes, plan_to_plan_pct, text_block as accuracy_text
 from perfsim.errors import ConfigError, InfeasiblePlan
 from perfsim.estimators.analytic import ClosedForm, measured_disagreement
 from perfsim.system.hardware import ClusterSpec
@@ -114,9 +114,7 @@ class SearchResult:
             front = ", ".join(f"{p['gpus']} GPUs {p['tokens_per_s']:,.0f} tok/s" for p in self.pareto)
             lines.append(f"Pareto front (GPUs vs throughput): {front}")
         lines.append(self.confirmation_line())
-        if self.accuracy.get("lines"):
-            lines.append("accuracy (perfsim's own held-out checks, docs/accuracy.md; the same for every plan here):")
-            lines += [f"  {line}" for line in self.accuracy["lines"]]
+        lines += accuracy_text(self.accuracy, "; the same for every plan here")
         return "\n".join(lines)
 
     def _too_close(self) -> list[str]:
