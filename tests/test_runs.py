@@ -617,6 +617,28 @@ def test_overlap_switches_are_read_as_stated_and_the_pipeline_rows_state_them_of
 
     assert step(dict(case.knobs)) > step(on)  # the dp gradient reduction is exposed, as the run had it
     path = tmp_path / "runs.csv"
-    path.write_text(RUNS.read_text().replace(",false,false,tokens_per_s", ",no,maybe,tokens_per_s", 1))
+    path.write_text(RUNS.read_text().replace(",false,false,,tokens_per_s", ",no,maybe,,tokens_per_s", 1))
     with pytest.raises(ConfigError, match="overlap_param_gather: expected true or false, got 'maybe'"):
         read_runs(path)
+
+
+def test_a_run_may_name_a_cluster_file_beside_the_csv_and_state_tp_comm_overlap(tmp_path):
+    """A runs CSV can price its cases on a profile file of its own (a variant of a shipped cluster,
+    e.g. torchtitan's power-capped H100 hosts) and state TP communication overlap per run."""
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "slow.toml").write_text(
+        'base = "h100-ib"\nname = "slow"\n[gpu]\nbase = "h100"\nname = "h100-slow"\nclock_under_load_MHz = 1200.0\n')
+    header = HEADER + ",zero,tp_comm_overlap"
+    rows = [f"T{i},s,https://example.org/s,torchtitan,llama3.1-8b,{cluster},1,8,1,1,8,4096,full,tokens_per_s_per_gpu,"
+            f"1000,dense,1,{overlap}"
+            for i, (cluster, overlap) in enumerate((("profiles/slow.toml", "false"), ("h100-ib", "false"),
+                                                    ("profiles/slow.toml", "true")))]
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    slow, shipped, overlapped = (predict(c).predicted for c in read_runs(path))
+    assert slow < shipped  # the variant's lower clock
+    assert overlapped > slow  # TP 8's communication hidden behind the GEMMs
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join([header, rows[0].replace(",false", ",maybe")]) + "\n")
+    with pytest.raises(ConfigError, match="tp_comm_overlap: expected true or false"):
+        read_runs(bad)

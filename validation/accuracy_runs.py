@@ -114,7 +114,8 @@ def one_run_calibration(cases) -> list[tuple[str, str, str, int, list[float]]]:
             fitted = fit_stack([anchor], anchor.stack).stack
             others = [c for c in mine if c is not anchor]
             errs += [r.error_pct for r in validate_runs(others, {c.id: fitted for c in others}).results]
-        out.append((source, model, cluster, len(mine), errs))
+        shown = Path(cluster).name if cluster.endswith(".toml") else cluster  # a profile file beside the CSV
+        out.append((source, model, shown, len(mine), errs))
     return out
 
 
@@ -411,6 +412,20 @@ def section() -> str:
         "out nothing moves (each fold refits the speed; a fold without a run on a vendor now prices that vendor at the "
         "assumed speed, never the shipped fit: `runs_fit.PRIORS`); shipped, the NeMo H100 runs go from +7..+30% to "
         "-12..+10%.",
+        "",
+        "Twenty-second session: a first source for `torchtitan`, whose profile had no published run: torchtitan's "
+        "performance page (December 2024; Llama 3.1 8B / 70B / 405B on 8-512 H100s, FSDP2, TP with and without "
+        "AsyncTP, PP 1F1B and interleaved, CP 1-8 at 32k-256k tokens, Float8, torch.compile, full recompute), 12 "
+        "cases, added before any of their figures was seen and fitted to nothing. Its H100s are 96 GB HBM2e parts "
+        "at a 500 W power limit whose peak the page says it does not know (between the SXM's and NVL's): the cases "
+        "run on a variant of `h100-ib` (`validation/runs/profiles/h100-grandteton.toml`, a profile naming a `base`), "
+        "its clock assumed midway. Every run came out fast, most far outside 25% (rows below; context parallelism "
+        "worst, growing with the CP degree); the page's two 8B tables at 8 and 128 GPUs, which would have checked "
+        "projection across scale, use torchtitan's per-op selective recompute, which perfsim does not model, and are "
+        "not cases. Likely causes, none fitted (validation/runs/SOURCES.md): torchtitan's attention was SDPA's "
+        "FlashAttention-2 backend on H100 (pytorch/pytorch#142132), about half the speed of the FlashAttention-3 "
+        "rows perfsim's H100 attention table is fitted to; the ring attention's per-chunk calls; the power-capped "
+        "clock.",
         "",
         *_summary(held, shipped),
         "",

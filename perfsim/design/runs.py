@@ -26,7 +26,7 @@ REQUIRED = ("id", "source_id", "source", "stack", "model", "cluster", "nodes", "
             "metric", "measured")
 INT_KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq", "first_stage_layers", "last_stage_layers")
 STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch", "fp8_recipe", "zero3_gather")  # plan fields of those names
-BOOL_KNOBS = ("fp8_params", "overlap_grad_reduce", "overlap_param_gather")  # true / false (empty: the stack's
+BOOL_KNOBS = ("fp8_params", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")  # true / false (empty: the stack's
 # default: its [fp8] primary_weights under dtype fp8, its overlap policy)
 OPTIONAL = (*INT_KNOBS, *STR_KNOBS, *BOOL_KNOBS, "capacity_factor", "routing", "family", "data", "assumed", "measured_peak_GB")
 GROUPS = ("stack", "family", "scale", "source_id", "data")  # the splits accuracy is reported by
@@ -168,12 +168,15 @@ def _case(row: dict, where: str, folder: Path) -> RunCase:
         model = str(folder / model)
     if stack.endswith(".toml"):
         stack = str(folder / stack)
+    cluster = row["cluster"].strip()
+    if cluster.endswith(".toml"):  # a cluster profile file beside the CSV (e.g. a GPU variant of a shipped one)
+        cluster = str(folder / cluster)
     try:
         load_stack(stack)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return RunCase(id=row["id"].strip(), source_id=row["source_id"].strip(), source=row["source"].strip(),
-                   stack=stack, model=model, cluster=row["cluster"].strip(),
+                   stack=stack, model=model, cluster=cluster,
                    nodes=_int(row, "nodes", where), knobs=tuple(sorted(knobs.items())), capacity_factor=factor,
                    metric=row["metric"], measured=measured, family=(row.get("family") or "").strip(),
                    data=data, assumed=(row.get("assumed") or "").strip(),

@@ -391,13 +391,48 @@ def list_profiles(kind: str) -> list[str]:
     return sorted(p.stem for p in (PROFILE_DIR / f"{kind}s").glob("*.toml"))
 
 
-def _load_part(kind: str, ref: str | dict, cls: type, where: str):
+MAX_BASE_DEPTH = 8  # profiles naming a base that names a base ...: a loop or a chain this long is an error
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """``over`` laid on ``base``: a table given in both is merged key by key, any other value replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _near(ref: str, folder: Path | None) -> str:
+    """A relative ``.toml`` path inside a profile file is read beside that file (when the file
+    is there; else as given, from the working directory)."""
+    if folder is not None and ref.endswith(".toml") and not Path(ref).is_absolute() and (folder / ref).is_file():
+        return str(folder / ref)
+    return ref
+
+
+def _with_base(kind: str, data: dict, where: str, folder: Path | None, depth: int = 0) -> dict:
+    """A profile's table with its ``base`` (a shipped profile's name or a file of the same
+    kind) laid under it: a variant names what it changes and inherits the rest, e.g. a
+    power-capped GPU (``base = "h100"``, its own clock and HBM) or a cluster with other NICs."""
+    if "base" not in data:
+        return data
+    ref = data["base"]
+    if not isinstance(ref, str) or not ref:
+        raise ConfigError(f"{where}: base: expected a {kind} profile name or file, got {ref!r}")
+    if depth >= MAX_BASE_DEPTH:
+        raise ConfigError(f"{where}: base: more than {MAX_BASE_DEPTH} profiles deep (a loop?)")
+    path = _resolve(kind, _near(ref, folder))
+    base = _with_base(kind, read_toml(path), str(path), path.parent, depth + 1)
+    return _merged(base, {k: v for k, v in data.items() if k != "base"})
+
+
+def _load_part(kind: str, ref: str | dict, cls: type, where: str, folder: Path | None = None):
     if isinstance(ref, dict):
-        return from_dict(cls, ref, f"{where}: {kind}")
+        return from_dict(cls, _with_base(kind, ref, f"{where}: {kind}", folder), f"{where}: {kind}")
     if not isinstance(ref, str):
         raise ConfigError(f"{where}: {kind} must be a profile name or a table, got {ref!r}")
-    path = _resolve(kind, ref)
-    return from_dict(cls, read_toml(path), str(path))
+    path = _resolve(kind, _near(ref, folder))
+    return from_dict(cls, _with_base(kind, read_toml(path), str(path), path.parent), str(path))
 
 
 def load_gpu(name_or_path: str | Path) -> GpuSpec:
@@ -441,12 +476,12 @@ def load_cluster(name_or_path: str | Path, num_nodes: int | None = None) -> Clus
 
 
 def _load_cluster_file(path: Path, num_nodes: int | None) -> ClusterSpec:
-    data = dict(read_toml(path))
     where = str(path)
+    data = dict(_with_base("cluster", read_toml(path), where, path.parent))
     for kind, cls in (("gpu", GpuSpec), ("node", NodeSpec)):
         if kind not in data:
             raise ConfigError(f"{where}: {kind}: missing required key")
-        data[kind] = to_dict(_load_part(kind, data[kind], cls, where))
+        data[kind] = to_dict(_load_part(kind, data[kind], cls, where, path.parent))
     cluster = from_dict(ClusterSpec, data, where)
     return cluster if num_nodes is None else cluster.with_nodes(num_nodes)
 
