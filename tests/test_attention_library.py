@@ -121,3 +121,34 @@ def test_calibrating_attention_drops_the_profiles_library_tables():
     gemm_only = [p for p in ak.points(gpu, "fit") if p.kind == "gemm"][:20]
     kept, _ = kernel_fit.fit_kernels(gemm_only, gpu)
     assert kept.attention_libraries == gpu.attention_libraries
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_hopper_profiles_carry_an_sdpa_flash_table_slower_than_cudnn(gpu):
+    """torch SDPA's flash backend (FlashAttention-2) measured beside its cuDNN backend on the
+    H200 (validation/data/device/h200): both kept as library tables; FA2 runs well below cuDNN."""
+    spec = load_gpu(gpu)
+    flash, cudnn = spec.attention_table("sdpa_flash"), spec.attention_table("cudnn")
+    assert flash is spec.attention_libraries["sdpa_flash"] and "sdpa_flash rows" in flash.source
+    for backward in (False, True):
+        assert (attention_efficiency(spec, backward, 8192, 128, True, "sdpa_flash")
+                < 0.8 * attention_efficiency(spec, backward, 8192, 128, True, "cudnn"))
+    rows = {name: status for name, status, _ in table_provenance(spec)}
+    assert rows["attention.sdpa_flash"] == ("derived" if gpu == "h100" else "measured")
+    assert flash is not cudnn
+
+
+@pytest.mark.parametrize("estimator", ["analytic", "des"])
+def test_torchtitan_runs_sdpas_flash_backend_on_nvidia(estimator):
+    """torchtitan calls SDPA with the flash backend first before Blackwell (its PR #1196), which
+    is FlashAttention-2 on Hopper: its attention core on H100 costs more than nemo's cuDNN one
+    at the same speed, and nothing changes on AMD (no library named there)."""
+    titan = load_stack("torchtitan")
+    assert titan.on_vendor("nvidia").kernels.attention == "sdpa_flash"
+    assert titan.on_vendor("amd").kernels.attention == ""
+    as_cudnn = dataclasses.replace(titan, kernels=dataclasses.replace(titan.kernels, attention_nvidia="cudnn"))
+
+    def core(stack):
+        return api.simulate(cluster="h100-ib", estimator=estimator, stack=stack, **CASE).breakdown["attention_core"]
+
+    assert core(titan) > 1.3 * core(as_cudnn)

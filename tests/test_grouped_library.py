@@ -107,13 +107,14 @@ def test_calibrating_grouped_gemm_drops_the_profiles_library_tables():
 
 def test_the_report_names_the_libraries_that_priced_its_kernels():
     """A report says which of the stack's kernel libraries had a GPU table of their own (the
-    rest ran at the pooled tables): torchtitan's grouped GEMM on H200, nothing on MI300X."""
+    rest ran at the pooled tables): torchtitan's grouped GEMM and SDPA flash attention on H200,
+    nothing on MI300X."""
     import json
     import subprocess
     import sys
 
     h200 = api.simulate(stack="torchtitan", **CASE)
-    assert h200.kernel_libraries == {"grouped_gemm": "torch_grouped_mm"}
+    assert h200.kernel_libraries == {"grouped_gemm": "torch_grouped_mm", "attention": "sdpa_flash"}
     assert api.simulate(stack="torchtitan", **{**CASE, "cluster": "mi300x-pollara"}).kernel_libraries == {}
     assert api.simulate(stack="nemo", **{**CASE, "cluster": "mi300x-pollara"}).kernel_libraries == {"attention": "aiter_v3"}
     args = [sys.executable, "-m", "perfsim.cli", "simulate", "--model", "llama3.1-8b", "--cluster", "h100-ib", "--nodes", "1",

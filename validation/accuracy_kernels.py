@@ -45,8 +45,12 @@ POOLED = {base: tuple(sorted(d for d, b in DERIVED.items() if b == base)) for ba
 # ROCm's CK fused attention runs under NVTE_CK_USES_FWD_V3 / NVTE_CK_USES_BWD_V3
 # cudnn: cuDNN's fused flash attention (torch SDPA's cudnn backend in the H200 device run), which
 # Transformer Engine prefers on Hopper where it and flash-attention both apply
+# sdpa_flash: FlashAttention-2 as torch SDPA's flash backend (the same H200 device run), what SDPA
+# picks on Hopper unless cuDNN is asked for (pytorch/pytorch#138522 made cuDNN opt-in), which
+# torchtitan called on H100
 ATTENTION_LIBRARIES = {"aiter_v3": lambda row, p: "AITER" in row["library"] and p.head_dim in (128, 192),
-                       "cudnn": lambda row, p: row["library"].startswith("cuDNN")}
+                       "cudnn": lambda row, p: row["library"].startswith("cuDNN"),
+                       "sdpa_flash": lambda row, p: row["library"].startswith("FlashAttention-2 (torch SDPA flash")}
 MIN_LIBRARY_ROWS = 20  # fewer rows of one library leave its table to the pooled one (an input bound)
 # per-library grouped-GEMM tables (GpuSpec.grouped_libraries), BF16 rows by the CSV's library
 # column. torch_grouped_mm: torch._grouped_mm (CUTLASS grouped GEMM on Hopper), which

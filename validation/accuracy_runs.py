@@ -425,7 +425,11 @@ def section() -> str:
         "not cases. Likely causes, none fitted (validation/runs/SOURCES.md): torchtitan's attention was SDPA's "
         "FlashAttention-2 backend on H100 (pytorch/pytorch#142132), about half the speed of the FlashAttention-3 "
         "rows perfsim's H100 attention table is fitted to; the ring attention's per-chunk calls; the power-capped "
-        "clock.",
+        "clock. With the figures in view the first of these was made the profile's: `torchtitan` names SDPA's flash "
+        "backend as its NVIDIA attention library, priced at this project's own H200 FlashAttention-2 rows "
+        "(`attention_libraries.sdpa_flash`; torchtitan PR #1196, pytorch/pytorch#142132), nothing fitted to a run: "
+        "median |error| 79.6% -> 36.2%, the rows below; what is left grows with the CP degree and with AsyncTP (perfsim's "
+        "TP overlap hides about four times the communication its measured 5.7% gain implies).",
         "",
         *_summary(held, shipped),
         "",

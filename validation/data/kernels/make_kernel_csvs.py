@@ -372,7 +372,7 @@ def device_rows(gpu: str) -> list[dict]:
     """The library-kernel rows of this project's own run on ``gpu`` (validation/data/device/<gpu>/
     library.csv, measured by ``validation.run --backend torch``): GEMM, grouped GEMM with
     every expert given the same tokens (the kernel CSV carries tokens per expert as one mean),
-    attention (both SDPA backends: ``fastest`` keeps the faster per shape) and copy / triad."""
+    attention (both SDPA backends, each kept: ``fastest``) and copy / triad."""
     path = DEVICE / gpu / "library.csv"
     if not path.exists():
         return []
@@ -440,10 +440,15 @@ def fastest(rows: list[dict]) -> list[dict]:
     """GEMM and attention: where one source family reports several kernels or versions
     for one shape (a baseline and its optimized successor, two backends), keep the
     fastest -- perfsim prices the best tuned production kernel. Grouped GEMM keeps all
-    (its split is by kernel library within a family)."""
+    (its split is by kernel library within a family), and so do the attention rows of this
+    project's own device runs (``device_rows``): they time SDPA's backends side by side on
+    purpose, each a kernel library a stack may name (``GpuSpec.attention_libraries``: cuDNN,
+    which Transformer Engine prefers on Hopper; FlashAttention-2, SDPA's flash backend, which
+    torchtitan called)."""
     best = {}
     for r in rows:
-        key = tuple(r[c] for c in SHAPE) + ((r["library"],) if r["kind"] == "grouped_gemm" else ())
+        own = r["kind"] == "attention" and r["meta_family"].startswith("perfsim-device")
+        key = tuple(r[c] for c in SHAPE) + ((r["library"],) if r["kind"] == "grouped_gemm" or own else ())
         if key not in best or float(r["time_us"]) < float(best[key]["time_us"]):
             best[key] = r
     return list(best.values())
