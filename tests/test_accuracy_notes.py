@@ -199,7 +199,9 @@ def test_plan_to_plan_error_is_the_docs_one_run_table():
     assert [(g["source"], g["model"], g["runs"], g["mape_pct"], g["median_abs_pct"]) for g in quoted["groups"]] == [
         (source, model, int(n), float(mape.rstrip("%")), float(median.rstrip("%")))
         for source, model, _cluster, n, _pairs, mape, median, _worst in rows]
-    assert accuracy.plan_to_plan_pct() == statistics.median(g["median_abs_pct"] for g in quoted["groups"])
+    # written rounded to 0.1 (an even number of groups takes the mean of the middle two)
+    assert accuracy.plan_to_plan_pct() == pytest.approx(statistics.median(g["median_abs_pct"] for g in quoted["groups"]),
+                                                        abs=0.051)
 
 
 def test_a_search_says_how_many_ranked_plans_are_within_the_plan_to_plan_error(monkeypatch):
