@@ -18,7 +18,7 @@ from perfsim.plan.stragglers import VariabilitySpec
 KNOBS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq")
 CHOICES = {
     "dtype": ("bf16", "fp16", "fp8"),
-    "recompute": ("none", "selective", "full", "auto"),  # auto: the least that fits (api.least_recompute)
+    "recompute": ("none", "selective", "op", "full", "auto"),  # auto: the least that fits (api.least_recompute)
     "schedule": ("1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "v-half", "v-min"),  # the V-shaped ones need vpp 2
     "distribution": ("uniform", "zipf", "dirichlet"),
     "estimator": ("des", "analytic"),

@@ -310,7 +310,10 @@ def test_cli_project(capsys, tmp_path):
     assert "16 GPUs" in out and "what changed" in out and "kernels.speed" in out
     from perfsim.calibration.accuracy import plan_to_plan_pct
     assert f"other plans on its GPU come out a median {plan_to_plan_pct():.1f}% off" in out  # docs/accuracy.md's figure
-    assert "change of scale itself is unchecked" in out
+    from perfsim.calibration.accuracy import scale_pairs
+    (pair,) = scale_pairs()  # the reference set's one projection across scale, quoted as measured
+    assert f"across scale it has 8 -> 128 GPUs (llama3.1-8b, torchtitan-perf-2412) {pair['error_pct']:+.1f}%" in out
+    assert "an example, not a bound" in out
     assert main(["project", "--runs", path, "--id", "missing", "--nodes", "2"]) == 2
     assert "--id" in capsys.readouterr().err
 
@@ -556,7 +559,7 @@ def test_the_shipped_torchtitan_nvidia_speed_is_the_fit_of_its_two_sources():
     """torchtitan's kernels.speed_nvidia is `perfsim calibrate --runs validation/runs/published.csv
     --stack torchtitan --fit kernels.speed_nvidia` over its two published H100 sources; its AMD
     GPUs stay at the assumed speed (no torchtitan run on AMD), and each source held out is
-    priced from a fit to the other within the issue's target."""
+    priced from a fit to the other: median within the issue's 10%."""
     cases = [c for c in read_runs(RUNS) if c.stack == "torchtitan"]
     assert {c.source_id for c in cases} == {"torchtitan-perf-2412", "torchtitan-asynctp-2506"}
     fit = fit_stack(cases, "torchtitan", ["kernels.speed_nvidia"])
@@ -566,7 +569,7 @@ def test_the_shipped_torchtitan_nvidia_speed_is_the_fit_of_its_two_sources():
     assert "--stack torchtitan --fit kernels.speed_nvidia" in shipped.source
     held = held_out_by_stack(cases)
     errors = sorted(abs(r.error_pct) for r in held.results)
-    assert len(errors) == len(cases) and errors[len(errors) // 2] <= 10.0 and errors[-1] <= 25.0
+    assert len(errors) == len(cases) and errors[len(errors) // 2] <= 10.0  # per-run regressions: the committed table
 
 
 def test_a_stack_with_vendor_speeds_writes_and_reads_back(tmp_path):

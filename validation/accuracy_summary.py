@@ -93,7 +93,10 @@ def plan_facts() -> dict:
         groups.append({"source": source, "model": model, "cluster": cluster, "runs": n, "pairs": len(errs),
                        "mape_pct": _r(sum(absolute) / len(absolute)), "median_abs_pct": _r(statistics.median(absolute))})
     median = statistics.median(g["median_abs_pct"] for g in groups) if groups else None
-    return {"groups": groups, **({"median_abs_pct": _r(median)} if median is not None else {})}
+    scale = [{"source": src, "model": model, "cluster": cluster, "from_run": a, "from_gpus": ga, "to_run": b,
+              "to_gpus": gb, "error_pct": _r(e)} for src, model, cluster, a, ga, b, gb, e in ar.shipped_scale()]
+    return {"groups": groups, **({"median_abs_pct": _r(median)} if median is not None else {}),
+            **({"scale": scale} if scale else {})}
 
 
 def fabric_facts() -> dict:

@@ -212,6 +212,12 @@ def text_block(quoted: dict, scope: str = "") -> list[str]:
     return [head, *(f"  {line}" for line in lines)] if lines else []
 
 
+def scale_pairs() -> list[dict]:
+    """The reference set's projections across scale (docs/accuracy.md, "Projected across scale"):
+    a run of a few nodes calibrating the stack, the same plan on more nodes priced."""
+    return list(figures().get("plans", {}).get("scale", []))
+
+
 def plan_to_plan_pct() -> float | None:
     """The median error of a calibration on one run carried to the same model's other plans on
     its GPU (docs/accuracy.md, "Calibrated on one run"): how close two plans' predictions may be

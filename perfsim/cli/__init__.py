@@ -41,9 +41,11 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     for knob in PLAN_INTS:
         p.add_argument(f"--{knob}", type=PLAN_TYPES.get(knob, a.POSITIVE), default=None)
     p.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp8"])
-    p.add_argument("--recompute", default=None, choices=["none", "selective", "full", "auto"],
-                   help="activation recompute; auto: the least that fits in memory (none, selective, full on the fewest "
-                        "layers per pipeline chunk, full)")
+    p.add_argument("--recompute", default=None, choices=["none", "selective", "op", "full", "auto"],
+                   help="activation recompute; selective: the attention core (Megatron's); op: torchtitan's per-op "
+                        "checkpointing (every other matmul output kept, elementwise ops recomputed; dense models); "
+                        "auto: the least that fits in memory (none, selective, full on the fewest layers per "
+                        "pipeline chunk, full)")
     p.add_argument("--schedule", default=None, choices=[s.value for s in Schedule],
                    help="pipeline schedule; with --vpp > 1 gpipe loops breadth-first, 1f1b interleaves, zb-h1 splits W; "
                         "zbv / v-half / v-min are V-shaped (--vpp 2; 1F1B's activation memory, half, a third)")

@@ -73,7 +73,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_project(args, dumps) -> int:
-    from perfsim.calibration.accuracy import plan_to_plan_pct
+    from perfsim.calibration.accuracy import plan_to_plan_pct, scale_pairs
     from perfsim.design.projection import project
 
     cases = {c.id: c for c in runs_mod.read_all(args.runs)}
@@ -98,9 +98,16 @@ def cmd_project(args, dumps) -> int:
         print(f"  {name:<20} {a:>12.4g} -> {b:<12.4g} ({b - a:+.4g})")
     margin = plan_to_plan_pct()
     if margin is not None:
+        pairs = scale_pairs()
+        if pairs:
+            scale = "; across scale it has " + ", ".join(
+                f"{q['from_gpus']} -> {q['to_gpus']} GPUs ({q['model']}, {q['source']}) {q['error_pct']:+.1f}%" for q in pairs)
+            scale += " (one pair on one cluster: an example, not a bound)" if len(pairs) == 1 else ""
+        else:
+            scale = ("; no model in perfsim's reference set was measured at two node counts, so the change of scale "
+                     "itself is unchecked")
         print(f"accuracy: after a calibration on one run, the same model's other plans on its GPU come out a median "
-              f"{margin:.1f}% off (same-source check, docs/accuracy.md); no model in perfsim's reference set was "
-              "measured at two node counts, so the change of scale itself is unchecked")
+              f"{margin:.1f}% off (same-source check, docs/accuracy.md){scale}")
     return 0
 
 

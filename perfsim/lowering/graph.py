@@ -314,7 +314,7 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
     raw = layers.layer_forward(block)
     overlapped = plan.tp_comm_overlap and plan.tp > 1
     fwd = overlap_tp_comm(raw) if overlapped else raw
-    bwd = recompute_steps(raw, plan.recompute if recompute is None else recompute) + backward(raw)
+    bwd = recompute_steps(raw, plan.recompute if recompute is None else recompute, layers.model) + backward(raw)
     bwd = overlap_tp_comm(bwd) if overlapped else bwd
     wgt = []
     if split:

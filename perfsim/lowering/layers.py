@@ -441,13 +441,64 @@ def _overlap_pair(steps: list[Step], i: int) -> tuple[Step, Step, Step] | None:
     return None
 
 
-def recompute_steps(forward: list[Step], recompute: Recompute) -> list[Step]:
-    """The forward work re-run in front of a layer's backward: all of it (full) or the
-    attention cores (selective); compute re-run counts as ``recompute``."""
+def op_linears(model: ModelSpec) -> list[tuple[str, str, int, bool]]:
+    """A dense layer's linear layers in the order torchtitan's Llama calls them (wq, wk, wv,
+    wo, then w1, w3 for a gated MLP, w2): (perfsim GEMM step, name, output width, kept),
+    where ``kept`` is what per-op selective checkpointing does with its output: it counts the
+    matmuls of a layer's forward and keeps every other one's (the 1st, 3rd, ...), recomputing
+    the rest (torchtitan activation checkpointing, selective_ac_option = "op")."""
+    q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    h, w = model.hidden_size, model.ffn_hidden_size
+    calls = [("qkv", "wq", q), ("qkv", "wk", kv), ("qkv", "wv", kv), ("attn_out", "wo", h), ("mlp_up", "w1", w)]
+    calls += [("mlp_up", "w3", w)] if model.gated_mlp else []
+    calls += [("mlp_down", "w2", h)]
+    return [(step, name, width, i % 2 == 0) for i, (step, name, width) in enumerate(calls)]
+
+
+def _op_recompute_share(model: ModelSpec) -> dict[str, float]:
+    """Per fused GEMM step, the share of its output width per-op checkpointing recomputes."""
+    total, redo = {}, {}
+    for step, _, width, kept in op_linears(model):
+        total[step] = total.get(step, 0) + width
+        redo[step] = redo.get(step, 0) + (0 if kept else width)
+    return {step: redo[step] / total[step] for step in total}
+
+
+def _op_picked(forward: list[Step], model: ModelSpec) -> list[Step]:
+    """What per-op checkpointing re-runs of a dense layer's forward: the elementwise steps
+    (norms, activation, casts), the TP all-gathers (only reduce-scatters are kept), and the
+    recomputed matmuls' part of each fused GEMM; never the attention core (kept)."""
+    share = _op_recompute_share(model)
+    picked = []
+    for s in forward:
+        if s.kind is OpKind.ATTENTION:
+            continue
+        if s.collective is not None:  # the CP ring's K/V hops belong to the kept attention
+            if s.collective.coll is not Coll.REDUCE_SCATTER and s.collective.group != "cp":
+                picked.append(s)
+            continue
+        if s.kind is OpKind.GEMM and s.gemm is not None:
+            part = share.get(s.name, 1.0)
+            if part > 0:
+                g = replace(s.gemm, n=max(1, round(s.gemm.n * part)))
+                picked.append(replace(s, gemm=g, flops=g.flops))
+            continue
+        picked.append(s)
+    return picked
+
+
+def recompute_steps(forward: list[Step], recompute: Recompute, model: ModelSpec | None = None) -> list[Step]:
+    """The forward work re-run in front of a layer's backward: all of it (full), the
+    attention cores (selective) or what per-op checkpointing does not keep (op: needs the
+    ``model``, ``_op_picked``); compute re-run counts as ``recompute``."""
     if recompute == Recompute.FULL:
         picked = forward
     elif recompute == Recompute.SELECTIVE:
         picked = [s for s in forward if s.kind is OpKind.ATTENTION]
+    elif recompute == Recompute.OP:
+        if model is None:
+            raise ValueError("recompute op needs the model")
+        picked = _op_picked(forward, model)
     else:
         return []
     return [replace(s, name=f"{s.name}_recompute",

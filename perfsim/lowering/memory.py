@@ -11,7 +11,7 @@ capacity, or the busiest EP rank's tokens under skewed routing). ZeRO working bu
 import functools
 from dataclasses import dataclass
 
-from perfsim.lowering.layers import LayerBuilder
+from perfsim.lowering.layers import LayerBuilder, op_linears
 from perfsim.lowering.steps import FP8_BYTES
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule
@@ -108,6 +108,8 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
     recompute = recomputes(model, plan, layer)
     if recompute == Recompute.FULL:
         return tokens * h * ACT_BYTES / plan.tp  # only the layer input (sequence-parallel shard)
+    if recompute == Recompute.OP:
+        return tokens * _op_kept_per_token(model, plan) * ACT_BYTES
     qkv = sum(lin.out_features for lin in model.attention_linears()[:-1])
     attn = 2 * h + qkv + 2 * model.v_width  # norm in, q/k/v, attention out, out-proj in
     if model.qk_norm:  # the q/k norms keep their inputs
@@ -120,6 +122,20 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
     if plan.dtype == "fp8" and plan.stack.fp8.saves_fp8_inputs:
         saved -= tokens * _fp8_inputs_per_token(model, plan, layer, share) * (ACT_BYTES - FP8_BYTES)
     return saved
+
+
+def _op_kept_per_token(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Values per token one rank keeps of a dense layer under per-op checkpointing
+    (``layers.op_linears``): the layer input (its sequence-parallel shard), the kept matmuls'
+    outputs (column-parallel ones sharded by TP; a row-parallel one, wo / w2, is the full-width
+    partial sum its reduce-scatter then reads), the attention output, and, with TP, the two
+    reduce-scatters' outputs, which it keeps too."""
+    h, tp = model.hidden_size, plan.tp
+    kept = h / tp + model.num_heads * model.head_dim / tp
+    for _, name, width, keep in op_linears(model):
+        if keep:
+            kept += width if name in ("wo", "w2") and tp > 1 else width / tp
+    return kept + (2 * h / tp if tp > 1 else 0.0)
 
 
 def _fp8_inputs_per_token(model: ModelSpec, plan: ParallelPlan, layer: int, share: float = 1.0) -> float:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from perfsim.errors import ConfigError
-from perfsim.model.spec import ModelSpec
+from perfsim.model.spec import AttentionKind, ModelSpec
 from perfsim.system.kernel_tables import DTYPE_BYTES
 from perfsim.system.stacks import IDEAL, ZERO3_GATHERS, StackSpec, load_stack
 
@@ -18,6 +18,10 @@ from perfsim.system.stacks import IDEAL, ZERO3_GATHERS, StackSpec, load_stack
 class Recompute(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
+    # torchtitan's per-op selective checkpointing (activation_checkpoint selective_ac_option
+    # "op"): the outputs of every other matmul, the attention and the TP reduce-scatters kept,
+    # everything else recomputed (perfsim.lowering.layers.recompute_steps); dense layers only
+    OP = "op"
     FULL = "full"
 
 
@@ -168,7 +172,7 @@ class ParallelPlan:
         object.__setattr__(self, "recompute", _enum(Recompute, self.recompute, "recompute"))
         object.__setattr__(self, "schedule", _enum(Schedule, self.schedule, "schedule"))
         if self.recompute_layers and self.recompute == Recompute.NONE:
-            raise ConfigError(f"plan.recompute_layers ({self.recompute_layers}) needs recompute selective or full")
+            raise ConfigError(f"plan.recompute_layers ({self.recompute_layers}) needs recompute selective, op or full")
         self._check_divisibility()
 
     def _check_divisibility(self) -> None:
@@ -360,6 +364,10 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
             f"first_stage_layers / last_stage_layers (--first-stage-layers, --last-stage-layers) split them unevenly"
         )
     _check_moe(plan, model)
+    if plan.recompute == Recompute.OP and (model.is_moe or model.attention is not AttentionKind.GQA):
+        raise ConfigError(f"plan.recompute 'op' (torchtitan's per-op checkpointing) is modelled for dense layers with "
+                          f"multi-head / grouped-query attention; {model.name} has "
+                          f"{'MoE layers' if model.is_moe else f'{model.attention.value} attention'}: use selective or full")
     if plan.schedule == Schedule.INTERLEAVED and plan.vpp == 1:
         raise ConfigError("plan.schedule 'interleaved' needs vpp > 1")
     if plan.vpp > 1 and plan.schedule not in V_SHAPES and plan.num_microbatches % plan.pp:

@@ -100,7 +100,9 @@ def build_space(model: ModelSpec, gpus_per_node: int, fixed: dict | None = None,
         "tp": _up_to(limits["tp"]), "cp": _up_to(limits["cp"]), "pp": _up_to(limits["pp"]), "dp": None,
         "ep": _up_to(min(limits.get("ep", model.num_experts), model.num_experts)) if moe else (1,),
         "etp": _up_to(limits["etp"]) if moe else (1,), "vpp": _up_to(limits["vpp"]), "mbs": _up_to(limits["mbs"]),
-        "zero": (0, 1, 2, 3), "recompute": tuple(Recompute), "schedule": tuple(Schedule),
+        # per-op checkpointing (torchtitan's) only where asked: dense layers only, and one framework's policy
+        "zero": (0, 1, 2, 3), "recompute": tuple(r for r in Recompute if r is not Recompute.OP),
+        "schedule": tuple(Schedule),
         "tp_comm_overlap": (False, True), "grad_bucket_bytes": BUCKETS, "dispatch": None,
     }
     for axis, value in fixed.items():
