@@ -35,12 +35,15 @@ BOUNDS = {
     # more than 2000 s per million tokens per GPU (under 500 tokens/s per GPU) would be a
     # stalled pipeline, not a cost of the step
     "data.host_s_per_mtoken": (0.0, 2000.0),
+    # the share of an overlapped TP collective hidden behind its GEMM: none to all of it
+    "overlap.tp_comm_share": (0.0, 1.0),
 }
 # where no run informs a parameter (the input pipeline without a real-data run, a GPU
 # vendor's kernels' speed without a run on that vendor), a fit holding those runs out sets it
 # to the profile's assumed value, not the shipped fit: no input cost, and no speed of the
 # vendor's own (its GPUs run at the stack's kernels.speed)
-PRIORS = {"data.host_s_per_mtoken": 0.0, "kernels.speed_amd": None, "kernels.speed_nvidia": None}
+PRIORS = {"data.host_s_per_mtoken": 0.0, "kernels.speed_amd": None, "kernels.speed_nvidia": None,
+          "overlap.tp_comm_share": 1.0}
 # the default where the runs are dense: one parameter, identified by every run. MoE runs
 # also fit the routed-expert kernels' speed of each dispatch path with its own kernels
 # (``params_for``); a per-layer overhead fitted beside them runs to its bound on the
@@ -123,16 +126,34 @@ def params_for(cases, base: StackSpec | None = None) -> tuple[str, ...]:
         if not (pads and stack.moe.mask_einsum):
             paths.add("moe.padded_speed" if pads else "moe.dropless_speed")
     data = ("data.host_s_per_mtoken",) if identified("data.host_s_per_mtoken", cases) else ()
+    # overlap.tp_comm_share is fitted only where asked (--fit): on torchtitan's two sources,
+    # the runs that identify it, a share fitted on either priced the other worse than the
+    # shipped full overlap (validation/runs/SOURCES.md)
     return (*_speeds(cases, base), *sorted(paths, reverse=True), *data)
+
+
+def _tp_overlap_states(cases) -> set[bool]:
+    """Whether each run with tensor parallelism overlapped its TP communication (as the run
+    states it, else its stack's default): runs in both states tell the overlap's share apart."""
+    states = set()
+    for c in cases:
+        knobs = dict(c.knobs)
+        if knobs.get("tp", 1) > 1:
+            stated = knobs.get("tp_comm_overlap")
+            states.add(bool(load_stack(c.stack).overlap.tp_comm) if stated is None else stated)
+    return states
 
 
 def identified(param: str, cases) -> bool:
     """Whether ``cases`` inform ``param``: every parameter without a prior (``PRIORS``) is
     informed by any run. The input pipeline's cost: only runs on real data beside runs on
     synthetic data (stated as such) tell it apart from the kernels' speed, which stretches both alike.
-    A GPU vendor's kernels' speed: only runs on that vendor's GPUs."""
+    A GPU vendor's kernels' speed: only runs on that vendor's GPUs. The TP overlap's hidden share:
+    only runs with tensor parallelism both with and without the overlap."""
     if param.startswith("kernels.speed_"):
         return any(speed_param(vendor_of(c)) == param for c in cases)
+    if param == "overlap.tp_comm_share":  # the same plans with and without the overlap
+        return _tp_overlap_states(cases) == {True, False}
     return param not in PRIORS or {"real", "synthetic"} <= {c.data for c in cases}
 
 

@@ -313,9 +313,10 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
         return fwd, bwd, wgt
     raw = layers.layer_forward(block)
     overlapped = plan.tp_comm_overlap and plan.tp > 1
-    fwd = overlap_tp_comm(raw) if overlapped else raw
+    share = plan.stack.overlap.tp_comm_share
+    fwd = overlap_tp_comm(raw, share) if overlapped else raw
     bwd = recompute_steps(raw, plan.recompute if recompute is None else recompute, layers.model) + backward(raw)
-    bwd = overlap_tp_comm(bwd) if overlapped else bwd
+    bwd = overlap_tp_comm(bwd, share) if overlapped else bwd
     wgt = []
     if split:
         bwd, wgt = split_weight_grads(bwd)

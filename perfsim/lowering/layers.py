@@ -405,12 +405,15 @@ def _flag(step: Step, key: str) -> bool:
     return bool(_meta(step, key, False))
 
 
-def overlap_tp_comm(steps: list[Step]) -> list[Step]:
+def overlap_tp_comm(steps: list[Step], share: float = 1.0) -> list[Step]:
     """Tensor-parallel communication overlap (Megatron-Core ``--tp-comm-overlap``): an
     all-gather feeding a GEMM, or a reduce-scatter draining one, runs off the chain beside
     that GEMM; the step after the GEMM waits for both. Chunked pipelining is taken as full
-    concurrency: the pair costs max(GEMM, comm). Regions with ring-attention hops in
-    flight, and a comm with no step after its GEMM, stay blocking."""
+    concurrency: the pair costs max(GEMM, comm). ``share`` (the stack's
+    ``overlap.tp_comm_share``): the part of the comm's bytes that runs beside the GEMM; the
+    rest is a blocking call on the chain (before an all-gather's GEMM, after a
+    reduce-scatter's). Regions with ring-attention hops in flight, and a comm with no step
+    after its GEMM, stay blocking."""
     out, pending, i = [], 0, 0
     while i < len(steps):
         step = steps[i]
@@ -421,8 +424,15 @@ def overlap_tp_comm(steps: list[Step]) -> list[Step]:
             i += 1
             continue
         comm, gemm, after = pair
-        out += [replace(comm, meta=comm.meta + (("offchain", True),)), gemm,
-                replace(after, meta=after.meta + (("join", True),))]
+        hidden = replace(comm, meta=comm.meta + (("offchain", True),))
+        exposed = []
+        if share < 1.0:
+            call = comm.collective
+            hidden = replace(hidden, collective=replace(call, size_bytes=call.size_bytes * share))
+            exposed = [replace(comm, name=f"{comm.name}_exposed",
+                               collective=replace(call, size_bytes=call.size_bytes * (1.0 - share)))]
+        before, behind = (exposed, []) if steps[i] is comm else ([], exposed)
+        out += [*before, hidden, gemm, *behind, replace(after, meta=after.meta + (("join", True),))]
         i += 3
     return out
 

@@ -104,11 +104,19 @@ class OverlapPolicy:
     grad_reduce: bool | None = None
     param_gather: bool | None = None  # ZeRO/FSDP parameter gathers prefetched behind compute
     zero3_gather: str | None = None  # ZERO3_GATHERS; unset: per-pass
+    # the share of an overlapped TP collective's bytes its implementation hides behind the
+    # GEMM it feeds or drains (plan.tp_comm_overlap); the rest runs exposed on the chain.
+    # 1: full concurrency (Megatron-Core's userbuffers as priced); a decomposed all-gather /
+    # reduce-scatter (torchtitan's Async TP) hides less
+    tp_comm_share: float = 1.0
     source: str = "assumed"
 
     def __post_init__(self):
         _boolean("overlap", **{k: v for k in ("tp_comm", "grad_reduce", "param_gather")
                                if (v := getattr(self, k)) is not None})
+        share = self.tp_comm_share
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= share <= 1.0:
+            raise ConfigError(f"stack.overlap.tp_comm_share must be in [0, 1], got {share!r}")
         if self.zero3_gather is not None and self.zero3_gather not in ZERO3_GATHERS:
             raise ConfigError(f"stack.overlap.zero3_gather: {self.zero3_gather!r} is not one of {', '.join(ZERO3_GATHERS)}")
 
