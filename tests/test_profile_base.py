@@ -63,3 +63,17 @@ def test_an_inherited_profile_is_not_the_shipped_one_in_the_accuracy_notes(tmp_p
                            recompute="full")
     assert shipped.accuracy["kernels"]["checked"] is True
     assert report.accuracy["kernels"]["checked"] is False  # its GPU's HBM differs from the shipped h100's
+
+
+def test_editing_a_gpu_file_beside_a_cluster_file_is_seen_on_the_next_load(tmp_path):
+    (tmp_path / "g.toml").write_text('base = "h100"\nname = "g"\nhbm_capacity_GB = 96.0\n')
+    (tmp_path / "c.toml").write_text('base = "h100-ib"\nname = "c"\ngpu = "g.toml"\n')
+    assert load_cluster(tmp_path / "c.toml").gpu.hbm_capacity_GB == 96.0
+    (tmp_path / "g.toml").write_text('base = "h100"\nname = "g"\nhbm_capacity_GB = 120.0\n')
+    assert load_cluster(tmp_path / "c.toml").gpu.hbm_capacity_GB == 120.0
+
+
+def test_two_cluster_files_in_one_folder_load_as_themselves(tmp_path):
+    (tmp_path / "a.toml").write_text('base = "h100-ib"\nname = "a"\nnum_nodes = 2\n')
+    (tmp_path / "b.toml").write_text('base = "h100-ib"\nname = "b"\nnum_nodes = 3\n')
+    assert (load_cluster(tmp_path / "a.toml").name, load_cluster(tmp_path / "b.toml").name) == ("a", "b")

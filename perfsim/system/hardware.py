@@ -440,8 +440,11 @@ def load_gpu(name_or_path: str | Path) -> GpuSpec:
 
 
 def _signature(path: Path) -> tuple:
-    """What says a profile (and the GPU / node profiles it may name) is unchanged."""
-    parts = [path]
+    """What says a profile (and the GPU / node profiles it may name, shipped or beside it:
+    a ``base`` or a ``gpu = "file.toml"``) is unchanged."""
+    parts = [path]  # first: the key names the file itself
+    if path.parent != PROFILE_DIR / "clusters":
+        parts += sorted(p for p in path.parent.glob("*.toml") if p != path)
     for kind in ("gpus", "nodes"):
         folder = PROFILE_DIR / kind
         parts += sorted(folder.glob("*.toml")) if folder.is_dir() else []
