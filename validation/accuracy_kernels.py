@@ -391,7 +391,9 @@ def section() -> str:
            "Per-library tables (`attention_libraries`, `grouped_libraries`: a stack names the library it runs) are "
            "fitted to that library's rows alone, in sample; the folds price every row at the pooled tables, so H200's "
            "torch._grouped_mm rows (the only ones of that library) are checked here against the grouped table fitted "
-           "to other grouped kernels. "
+           "to other grouped kernels, and its two SDPA attention backends (cuDNN, `cudnn`; FlashAttention-2, "
+           "`sdpa_flash`) against the attention table fitted to H100's FlashAttention-3 and tritonbench rows, which "
+           "cannot know the library. "
            "Error = (predicted - measured) / measured; MAPE = mean |error|. "
            "Regenerate with `.venv/bin/python validation/accuracy_doc.py`.", "",
            "### Held-out MAPE per GPU, kernel class and dtype", "",
