@@ -231,6 +231,22 @@ def test_recompute_auto_reaches_perfsim_and_the_page_offers_it():
     assert at.session_state["inputs"]["knobs"]["recompute"] == "auto"
 
 
+def test_recompute_op_reaches_perfsim_and_the_page_offers_it():
+    """torchtitan's per-op checkpointing from the planner: the same step as the API's, and an MoE
+    model with it shows the one-line reason instead of a result."""
+    knobs = {"tp": 1, "pp": 1, "dp": 0, "mbs": 1, "gbs": 8, "seq": 8192, "zero": 3, "recompute": "op"}
+    inputs = planner_inputs.normalize({"model": "llama3.1-8b", "nodes": 1, "estimator": "analytic", "knobs": knobs,
+                                       "stack": "torchtitan"})
+    got = planner_inputs.simulate(inputs)
+    want = perfsim.estimate("llama3.1-8b", "mi300x-pollara", nodes=1, mbs=1, gbs=8, seq=8192, zero=3, recompute="op",
+                            stack="torchtitan", check_memory=False)
+    assert got.plan["recompute"] == "op" and got.step_time_s == want.step_time_s
+    at = start()
+    at.selectbox(key="w.recompute").set_value("op").run()
+    assert at.session_state["inputs"]["knobs"]["recompute"] == "op"
+    assert any("recompute 'op'" in e.value for e in at.error)  # zaya1-base is MoE: refused with its reason
+
+
 def test_plan_page_has_the_stage_and_recompute_layer_knobs():
     at = start()
     at.number_input(key="w.pp").set_value(4).run()

@@ -2,6 +2,8 @@
 another clock, HBM or power limit; a cluster with that GPU): the rest is inherited, tables
 merged key by key; bad references are one ConfigError line."""
 
+import json
+
 import pytest
 
 from perfsim import api
@@ -77,3 +79,21 @@ def test_two_cluster_files_in_one_folder_load_as_themselves(tmp_path):
     (tmp_path / "a.toml").write_text('base = "h100-ib"\nname = "a"\nnum_nodes = 2\n')
     (tmp_path / "b.toml").write_text('base = "h100-ib"\nname = "b"\nnum_nodes = 3\n')
     assert (load_cluster(tmp_path / "a.toml").name, load_cluster(tmp_path / "b.toml").name) == ("a", "b")
+
+
+def test_the_cli_prices_a_cluster_variant_and_names_a_bad_one_in_one_line(tmp_path, capsys):
+    from perfsim.cli import main
+
+    (tmp_path / "capped.toml").write_text('base = "h100-ib"\nname = "capped"\n[gpu]\nbase = "h100"\n'
+                                          'name = "h100-capped"\nclock_under_load_MHz = 1200.0\n')
+    args = ["simulate", "--model", "llama3.1-8b", "--nodes", "1", "--gbs", "8", "--seq", "4096", "--zero", "3",
+            "--recompute", "full", "--engine", "analytic", "--json"]
+    assert main([*args, "--cluster", str(tmp_path / "capped.toml")]) == 0
+    capped = json.loads(capsys.readouterr().out)
+    assert main([*args, "--cluster", "h100-ib"]) == 0
+    shipped = json.loads(capsys.readouterr().out)
+    assert capped["step_time_s"] > shipped["step_time_s"] and capped["cluster"] == "capped"
+    (tmp_path / "bad.toml").write_text('base = "h100-ib"\nname = "bad"\n[gpu]\nbase = "no-such-gpu"\n')
+    assert main([*args, "--cluster", str(tmp_path / "bad.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown profile 'no-such-gpu'" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -98,6 +98,11 @@ def _targets(held) -> list[str]:
     return lines
 
 
+def _cluster_label(cluster: str) -> str:
+    """A shipped profile's name, or the file name of a profile beside the CSV (not its path)."""
+    return Path(cluster).name if cluster.endswith(".toml") else cluster
+
+
 def one_run_calibration(cases) -> list[tuple[str, str, str, int, list[float]]]:
     """(source, model, cluster, runs, signed errors %) per group of two or more runs of one model
     on one GPU in one source: each run in turn is the one measurement a stack is fitted to
@@ -115,8 +120,7 @@ def one_run_calibration(cases) -> list[tuple[str, str, str, int, list[float]]]:
             fitted = fit_stack([anchor], anchor.stack).stack
             others = [c for c in mine if c is not anchor]
             errs += [r.error_pct for r in validate_runs(others, {c.id: fitted for c in others}).results]
-        shown = Path(cluster).name if cluster.endswith(".toml") else cluster  # a profile file beside the CSV
-        out.append((source, model, shown, len(mine), errs))
+        out.append((source, model, _cluster_label(cluster), len(mine), errs))
     return out
 
 
@@ -136,10 +140,9 @@ def scale_projection(cases) -> list[tuple[str, str, str, str, int, str, int, flo
             if plan(small) == plan(big) and small.nodes < big.nodes:
                 fitted = fit_stack([small], small.stack).stack
                 (r,) = validate_runs([big], {big.id: fitted}).results
-                shown = Path(small.cluster).name if small.cluster.endswith(".toml") else small.cluster
                 gpus = {c.id: c.nodes * load_cluster(c.cluster).gpus_per_node for c in (small, big)}
-                out.append((small.source_id, small.model, shown, small.id, gpus[small.id], big.id, gpus[big.id],
-                            r.error_pct))
+                out.append((small.source_id, small.model, _cluster_label(small.cluster), small.id, gpus[small.id],
+                            big.id, gpus[big.id], r.error_pct))
     return sorted(out)
 
 

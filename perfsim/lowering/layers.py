@@ -497,17 +497,15 @@ def _op_picked(forward: list[Step], model: ModelSpec) -> list[Step]:
     return picked
 
 
-def recompute_steps(forward: list[Step], recompute: Recompute, model: ModelSpec | None = None) -> list[Step]:
+def recompute_steps(forward: list[Step], recompute: Recompute, model: ModelSpec) -> list[Step]:
     """The forward work re-run in front of a layer's backward: all of it (full), the
-    attention cores (selective) or what per-op checkpointing does not keep (op: needs the
-    ``model``, ``_op_picked``); compute re-run counts as ``recompute``."""
+    attention cores (selective) or what per-op checkpointing does not keep (op,
+    ``_op_picked``); compute re-run counts as ``recompute``."""
     if recompute == Recompute.FULL:
         picked = forward
     elif recompute == Recompute.SELECTIVE:
         picked = [s for s in forward if s.kind is OpKind.ATTENTION]
     elif recompute == Recompute.OP:
-        if model is None:
-            raise ValueError("recompute op needs the model")
         picked = _op_picked(forward, model)
     else:
         return []

@@ -131,7 +131,7 @@ def _op_kept_per_token(model: ModelSpec, plan: ParallelPlan) -> float:
     partial sum its reduce-scatter then reads), the attention output, and, with TP, the two
     reduce-scatters' outputs, which it keeps too."""
     h, tp = model.hidden_size, plan.tp
-    kept = h / tp + model.num_heads * model.head_dim / tp
+    kept = h / tp + model.v_width / tp
     for _, name, width, keep in op_linears(model):
         if keep:
             kept += width if name in ("wo", "w2") and tp > 1 else width / tp
