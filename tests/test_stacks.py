@@ -205,6 +205,7 @@ def test_plan_dict_round_trips_with_its_stack():
     ('name = "x"\n[overlap]\ntp_comm = "yes"\n', "tp_comm"),
     ('name = "x"\n[overlap]\ntp_comm_share = 1.5\n', "tp_comm_share must be in"),
     ('name = "x"\n[overlap]\ntp_comm_share = true\n', "tp_comm_share"),
+    ('name = "x"\n[overlap]\ntp_summed_dgrad = "no"\n', "tp_summed_dgrad"),
     ('name = "x"\ncolour = "red"\n', "colour"),
     ('name = "x"\n[memory]\nweight_bytes = -2\n', "weight_bytes"),
     ('name = "x"\n[memory]\nfragmentation = 1.5\n', "fragmentation"),

@@ -1,5 +1,7 @@
 """Tensor-parallel communication overlap (Megatron-Core --tp-comm-overlap)."""
 
+from dataclasses import replace
+
 import pytest
 
 import perfsim
@@ -9,6 +11,8 @@ from perfsim.lowering.layers import LayerBuilder, backward, overlap_tp_comm
 from perfsim.model.io import load_model
 from perfsim.lowering.ops import OpKind
 from perfsim.plan.parallel import ParallelPlan
+from perfsim.system.stacks import load_stack
+from perfsim.lowering.graph import block_passes
 
 DENSE = dict(gpus=8, tp=8, gbs=8, seq=4096, overlap_grad_reduce=False)
 
@@ -113,3 +117,46 @@ def test_calibrate_fits_the_overlap_share_only_where_asked():
     assert "overlap.tp_comm_share" not in params_for(cases)
     fit = fit_stack(cases, "torchtitan", ["kernels.speed_nvidia", "overlap.tp_comm_share"])
     assert 0.0 < fit.values["overlap.tp_comm_share"] < 0.9  # Async TP hides well under all of it
+
+
+def _blocking_tp_comms(model_name, summed_dgrad):
+    """(forward, backward) names of the TP collectives left on the chain under Async TP."""
+    titan = load_stack("torchtitan")
+    stack = replace(titan, overlap=replace(titan.overlap, tp_summed_dgrad=summed_dgrad))
+    model = load_model(model_name) if isinstance(model_name, str) else model_name
+    plan = perfsim.make_plan(8, tp=8, gbs=8, seq=4096, stack=stack, tp_comm_overlap=True)
+    fwd, bwd, _ = block_passes(LayerBuilder(model, plan), plan, 0)
+
+    def on_chain(chain):
+        return [s.name for s in chain if s.kind is OpKind.COLLECTIVE and s.collective.group == "tp"
+                and not _meta(s, "offchain")]
+    return on_chain(fwd), on_chain(bwd)
+
+
+def test_torchtitans_async_tp_leaves_the_reduce_scatter_of_a_summed_input_gradient_blocking():
+    """PyTorch's micro-pipeline TP fuses a reduce-scatter only with the one matmul producing it;
+    torchtitan runs wq / wk / wv and w1 / w3 as separate matmuls, so the backward's
+    reduce-scatters into them drain a sum and stay on the chain. The forward's collectives and
+    the backward's all-gathers are pipelined; an ungated MLP's up projection is one matmul."""
+    assert load_stack("torchtitan").overlap.tp_summed_dgrad is False
+    assert load_stack("megatron-primus").overlap.tp_summed_dgrad is True
+    assert _blocking_tp_comms("llama3.1-8b", True) == ([], [])
+    fwd, bwd = _blocking_tp_comms("llama3.1-8b", False)
+    assert fwd == [] and sorted(bwd) == ["attn_ag_bwd", "mlp_ag_bwd"]  # the forward all-gathers' mirrors
+    ungated = replace(load_model("llama3.1-8b"), gated_mlp=False)
+    assert _blocking_tp_comms(ungated, False) == ([], ["attn_ag_bwd"])
+
+
+def test_a_blocking_summed_gradient_costs_time_in_both_estimators():
+    from perfsim import api
+    knobs = dict(model="llama3.1-8b", cluster="h100-ib", nodes=8, tp=8, zero=3, mbs=12, gbs=96, seq=8192,
+                 recompute="full", check_memory=False)
+    titan = load_stack("torchtitan")
+    pipelined = replace(titan, overlap=replace(titan.overlap, tp_summed_dgrad=True))
+
+    def step(stack, estimator="analytic", overlap=True):
+        return api.simulate(stack=stack, estimator=estimator, tp_comm_overlap=overlap, **knobs).step_time_s
+
+    full, titan_s, none = step(pipelined), step(titan), step(titan, overlap=False)
+    assert full < titan_s < none
+    assert step(titan, "des") == pytest.approx(titan_s, rel=1e-2)

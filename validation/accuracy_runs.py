@@ -490,6 +490,14 @@ def section() -> str:
         "8B run on 8 and on 128 GPUs: the reference set's first model measured at two scales with one plan (the "
         "next-but-one table); the speed refitted on the 20 runs (0.7322).",
         "",
+        "Twenty-third session, structure read from the implementation, nothing fitted but the speed: torchtitan's "
+        "Async TP is PyTorch's micro-pipeline TP pass, which fuses a reduce-scatter only with the one matmul "
+        "producing its input; torchtitan's Llama runs wq / wk / wv and w1 / w3 as separate matmuls, so the "
+        "backward's reduce-scatters of the input gradients into them (sums of matmuls) stay blocking "
+        "(`[overlap] tp_summed_dgrad = false`; validation/runs/SOURCES.md). The 8B Async TP row's held-out error "
+        "+28.6 -> +21.9%; `kernels.speed_nvidia` refitted, 0.7322 -> 0.7444; `torchtitan` held-out median "
+        "8.4 -> 9.8%, 20 of 20 within 25%.",
+        "",
         *_summary(held, shipped),
         "",
         *_targets(held),

@@ -17,6 +17,7 @@ from perfsim.lowering.layers import (
     overlap_tp_comm,
     recompute_steps,
     split_weight_grads,
+    summed_dgrad_gemms,
 )
 from perfsim.model.spec import ModelSpec
 from perfsim.lowering.ops import Coll, Op, OpKind, Stream
@@ -316,7 +317,8 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
     share = plan.stack.overlap.tp_comm_share
     fwd = overlap_tp_comm(raw, share) if overlapped else raw
     bwd = recompute_steps(raw, plan.recompute if recompute is None else recompute, layers.model) + backward(raw)
-    bwd = overlap_tp_comm(bwd, share) if overlapped else bwd
+    blocking = frozenset() if plan.stack.overlap.tp_summed_dgrad else summed_dgrad_gemms(layers.model)
+    bwd = overlap_tp_comm(bwd, share, blocking) if overlapped else bwd
     wgt = []
     if split:
         bwd, wgt = split_weight_grads(bwd)

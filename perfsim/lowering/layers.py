@@ -405,7 +405,14 @@ def _flag(step: Step, key: str) -> bool:
     return bool(_meta(step, key, False))
 
 
-def overlap_tp_comm(steps: list[Step], share: float = 1.0) -> list[Step]:
+def summed_dgrad_gemms(model: ModelSpec) -> frozenset[str]:
+    """The backward GEMM steps whose input gradient is a sum over separate matmuls when the
+    model code runs each projection on its own (torchtitan's Llama: wq, wk, wv; w1, w3 for a
+    gated MLP): their reduce-scatter drains a sum, not one matmul."""
+    return frozenset({"qkv_bwd", *(("mlp_up_bwd",) if model.gated_mlp else ())})
+
+
+def overlap_tp_comm(steps: list[Step], share: float = 1.0, blocking: frozenset[str] = frozenset()) -> list[Step]:
     """Tensor-parallel communication overlap (Megatron-Core ``--tp-comm-overlap``): an
     all-gather feeding a GEMM, or a reduce-scatter draining one, runs off the chain beside
     that GEMM; the step after the GEMM waits for both. Chunked pipelining is taken as full
@@ -413,12 +420,15 @@ def overlap_tp_comm(steps: list[Step], share: float = 1.0) -> list[Step]:
     ``overlap.tp_comm_share``): the part of the comm's bytes that runs beside the GEMM; the
     rest is a blocking call on the chain (before an all-gather's GEMM, after a
     reduce-scatter's). Regions with ring-attention hops in flight, and a comm with no step
-    after its GEMM, stay blocking."""
+    after its GEMM, stay blocking; so does a reduce-scatter draining a GEMM named in
+    ``blocking`` (``summed_dgrad_gemms``, where the stack's overlap cannot pipeline a sum)."""
     out, pending, i = [], 0, 0
     while i < len(steps):
         step = steps[i]
         pending += _flag(step, "offchain") - (_flag(step, "join") and pending > 0)
         pair = _overlap_pair(steps, i) if pending == 0 else None
+        if pair is not None and pair[1].name in blocking and pair[0].collective.coll is Coll.REDUCE_SCATTER:
+            pair = None
         if pair is None:
             out.append(step)
             i += 1

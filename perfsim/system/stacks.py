@@ -109,10 +109,17 @@ class OverlapPolicy:
     # 1: full concurrency (Megatron-Core's userbuffers as priced); a decomposed all-gather /
     # reduce-scatter (torchtitan's Async TP) hides less
     tp_comm_share: float = 1.0
+    # whether the stack's TP overlap also pipelines the backward's reduce-scatter of an input
+    # gradient summed over several matmuls: the gradient into Q/K/V when the model code runs
+    # wq, wk, wv as separate matmuls, and into the gated MLP's w1 / w3. true: Megatron-Core's
+    # userbuffers (one fused QKV / FC1 GEMM, its dgrad reduce-scatter overlapped); false:
+    # PyTorch's micro-pipeline TP fuses a reduce-scatter only with the one matmul producing it,
+    # so the reduce-scatter of that sum stays blocking
+    tp_summed_dgrad: bool = True
     source: str = "assumed"
 
     def __post_init__(self):
-        _boolean("overlap", **{k: v for k in ("tp_comm", "grad_reduce", "param_gather")
+        _boolean("overlap", **{k: v for k in ("tp_comm", "grad_reduce", "param_gather", "tp_summed_dgrad")
                                if (v := getattr(self, k)) is not None})
         share = self.tp_comm_share
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= share <= 1.0:
