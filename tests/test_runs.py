@@ -6,6 +6,7 @@ committed table (validation/runs/accuracy_runs.csv)."""
 import csv
 import dataclasses
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -568,8 +569,10 @@ def test_the_shipped_torchtitan_nvidia_speed_is_the_fit_of_its_two_sources():
     assert shipped.speed == 1.0 and load_stack("torchtitan").on_vendor("amd").kernels.speed == 1.0
     assert "--stack torchtitan --fit kernels.speed_nvidia" in shipped.source
     held = held_out_by_stack(cases)
-    errors = sorted(abs(r.error_pct) for r in held.results)
-    assert len(errors) == len(cases) and errors[len(errors) // 2] <= 10.0  # per-run regressions: the committed table
+    errors = [abs(r.error_pct) for r in held.results]
+    # the median as docs/accuracy.md reports it (an even count: the mean of the middle two);
+    # per-run regressions: the committed table
+    assert len(errors) == len(cases) and statistics.median(errors) <= 10.0
 
 
 def test_a_stack_with_vendor_speeds_writes_and_reads_back(tmp_path):

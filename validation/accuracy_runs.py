@@ -496,7 +496,9 @@ def section() -> str:
         "backward's reduce-scatters of the input gradients into them (sums of matmuls) stay blocking "
         "(`[overlap] tp_summed_dgrad = false`; validation/runs/SOURCES.md). The 8B Async TP row's held-out error "
         "+28.6 -> +21.9%; `kernels.speed_nvidia` refitted, 0.7322 -> 0.7444; `torchtitan` held-out median "
-        "8.4 -> 9.8%, 20 of 20 within 25%.",
+        "8.4 -> 9.8%, 20 of 20 within 25%. Then the H100 GEMM table gained a public sweep (OpenXLA's sm_90 matmul "
+        "table, validation/data/kernels/SOURCES.md round 15) and the NVIDIA stacks' kernel speeds were refitted "
+        "against it (`nemo` 0.8141 -> 0.8139, `torchtitan` 0.7444 -> 0.7413).",
         "",
         *_summary(held, shipped),
         "",

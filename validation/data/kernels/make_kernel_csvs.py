@@ -99,7 +99,7 @@ def family_of(series: str) -> str:
                         ("deepgemm", "deepgemm"), ("vllm", "vllm"), ("fb_triton", "fb-triton"), ("hipkittens", "hipkittens"),
                         ("tgale96", "tgale96"), ("amd_maf", "amd-maf-blog"), ("pytorch_benchmark", "pytorch-benchmark"),
                         ("tritonbench", "tritonbench"), ("fa_issue", "flash-attention"), ("fa4", "flash-attention"),
-                        ("perfsim_device", "perfsim-device")):
+                        ("perfsim_device", "perfsim-device"), ("openxla", "openxla")):
         if series.startswith(prefix):
             return fam
     return series.split("_")[0]
@@ -362,6 +362,37 @@ def liger_rows(path: Path) -> list[dict]:
     return out
 
 
+XLA_SOURCE = ("https://github.com/tensorflow/tensorflow/blob/a305421c45a1ea5117c170b8d8a00a51f9dcee8f/"
+              "third_party/xla/xla/backends/gpu/cost_model/matmul_interpolator_data.h")
+# columns of public/xla_sm90_matmul.csv: FLOP/s of bf16 x bf16 -> bf16 and f8e4m3fn x f8e4m3fn -> bf16
+# dots. Only bf16 is read: the fp8 column's large dots exceed any Hopper part's dense FP8 peak (up to
+# 2,593 TFLOP/s against 1,979; 4096^3 in 56.7 us where cuBLASLt takes 106-110 us on this project's
+# H200), so its time is not the dot's whole GPU time (XLA's FP8 dot runs more than one kernel and the
+# table keeps a median kernel time); its bf16 column matches this project's H200 cuBLAS rows on the
+# five shapes both have within 1-10%
+XLA_DTYPES = {"bf16": "bf16"}
+
+
+def xla_rows(path: Path) -> list[dict]:
+    """OpenXLA's default matmul performance table for ``sm_90`` (XLA's matmul_perf_table_gen:
+    each dot [b, m, k] x [b, k, n] compiled by XLA's GPU backend and timed as the median kernel
+    time of its traced kernels), every b in {1, 2, 4} and m, n, k in {256, ..., 4096}. The table
+    names the compute capability, not the part: taken as the h100 profile's H100 SXM (an
+    assumption, SOURCES.md). One series per dtype and batch."""
+    out = []
+    for r in csv.DictReader(open(path)):
+        b, m, n, k = (int(r[c]) for c in ("b", "m", "n", "k"))
+        for column, dtype in XLA_DTYPES.items():
+            if not r[column]:
+                continue
+            seconds = 2.0 * b * m * n * k / float(r[column])
+            label = "XLA GPU dot (bf16 x bf16 -> bf16)" if dtype == "bf16" else "XLA GPU dot (f8e4m3fn x f8e4m3fn -> bf16)"
+            out.append(_row("gemm", dtype, "h100", f"openxla_sm90_{dtype}_b{b}", XLA_SOURCE,
+                            f"{label}; sm_90 (part not stated)", m=m, n=n, k=k, batch=b, direction="fwd",
+                            time_us=f"{seconds * 1e6:.6g}"))
+    return out
+
+
 DEVICE = HERE.parent / "device"  # this project's own runs on a lent GPU (validation.gpu_check), each with a README
 DEVICE_GPUS = {"h200": "NVIDIA H200"}
 DEVICE_COPY = ("kind", "dtype", "m", "n", "k", "batch", "seq", "heads", "kv_heads", "head_dim", "causal", "direction",
@@ -524,7 +555,7 @@ def write(rows: list[dict], path: Path) -> None:
 def main(shared: Path) -> None:
     kernels = shared / "kernels"
     rows, notes = drop_fallbacks(gemm_rows(kernels / "gemm.csv") + maf_rows(shared / "gemm_measured.csv")
-                                 + grouped_rows(kernels / "grouped_gemm.csv"))
+                                 + grouped_rows(kernels / "grouped_gemm.csv") + xla_rows(PUBLIC / "xla_sm90_matmul.csv"))
     for note in notes:
         print(f"dropped as a fallback path: {note}")
     rows = cap(fastest(rows + attention_rows(kernels / "attention.csv") + memory_rows(kernels / "membound.csv")
