@@ -145,6 +145,9 @@ def test_torchtitans_async_tp_leaves_the_reduce_scatter_of_a_summed_input_gradie
     assert fwd == [] and sorted(bwd) == ["attn_ag_bwd", "mlp_ag_bwd"]  # the forward all-gathers' mirrors
     ungated = replace(load_model("llama3.1-8b"), gated_mlp=False)
     assert _blocking_tp_comms(ungated, False) == ([], ["attn_ag_bwd"])
+    # MLA: the query path and wkv_a both read the normed input, so its gradient is a sum too
+    mla = load_model("deepseek-v2-lite")
+    assert "attn_ag_bwd" in _blocking_tp_comms(mla, False)[1] and _blocking_tp_comms(mla, True) == ([], [])
 
 
 def test_a_blocking_summed_gradient_costs_time_in_both_estimators():

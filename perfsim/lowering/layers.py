@@ -9,7 +9,7 @@ sharded over tp (dense) or ep x etp (experts). Backward GEMMs do dgrad + wgrad
 import math
 from dataclasses import replace
 
-from perfsim.model.spec import Linear, ModelSpec
+from perfsim.model.spec import AttentionKind, Linear, ModelSpec
 from perfsim.lowering.ops import Coll, Gemm, OpKind, Stream
 from perfsim.lowering.steps import (ACT_BYTES, FP8_BYTES, FP8_DISPATCH_BYTES, LOGIT_BYTES, Step, coll_step,  # noqa: F401 - re-exported
                                     elementwise_step, fp8_cast_bytes, gemm_step, host_step)
@@ -408,8 +408,11 @@ def _flag(step: Step, key: str) -> bool:
 def summed_dgrad_gemms(model: ModelSpec) -> frozenset[str]:
     """The backward GEMM steps whose input gradient is a sum over separate matmuls when the
     model code runs each projection on its own (torchtitan's Llama: wq, wk, wv; w1, w3 for a
-    gated MLP): their reduce-scatter drains a sum, not one matmul."""
-    return frozenset({"qkv_bwd", *(("mlp_up_bwd",) if model.gated_mlp else ())})
+    gated MLP; MLA: the query path and wkv_a both read the normed input, the first of them
+    being the step the TP all-gather feeds, ``q`` or ``q_down``): their reduce-scatter drains
+    a sum, not one matmul."""
+    attention = ("q_bwd", "q_down_bwd") if model.attention is AttentionKind.MLA else ("qkv_bwd",)
+    return frozenset({*attention, *(("mlp_up_bwd",) if model.gated_mlp else ())})
 
 
 def overlap_tp_comm(steps: list[Step], share: float = 1.0, blocking: frozenset[str] = frozenset()) -> list[Step]:
