@@ -1,6 +1,7 @@
 """Kernel fidelity: held-out (by source) MAPE must not regress; per-expert grouped GEMM
 pricing; FP8 steps carry their casts; per-dtype tables with provenance."""
 
+import csv
 import dataclasses
 
 import pytest
@@ -629,3 +630,26 @@ def test_interp_log_is_np_interp_in_log10_on_one_point():
     assert costs.interp_log(5.0, (1.0,), (0.7,)) == 0.7
     assert math.isnan(costs.interp_log(math.nan, xs, ys))
     assert costs.interp_log(3.0, list(xs), list(ys)) == costs.interp_log(3.0, xs, ys)  # lists read as tuples
+
+
+def test_openxla_sm90_table_gives_bf16_rows_only_within_peak():
+    """OpenXLA's sm_90 matmul table (validation/data/kernels/public/xla_sm90_matmul.csv, as
+    published): every (b, m, n, k) of its sweep becomes one BF16 GEMM row of the h100 profile,
+    batched b-fold, at a time no faster than the H100's dense BF16 peak; its FP8 column, whose
+    large dots run faster than the dense FP8 peak, gives no row."""
+    from pathlib import Path
+
+    from validation.data.kernels import make_kernel_csvs as make
+
+    rows = make.xla_rows(Path(make.PUBLIC) / "xla_sm90_matmul.csv")
+    assert len(rows) == 3 * 5 ** 3 and {r["dtype"] for r in rows} == {"bf16"}
+    assert {r["device"] for r in rows} == {"h100"} and {r["meta_family"] for r in rows} == {"openxla"}
+    assert {r["batch"] for r in rows} == {"1", "2", "4"} and {r["meta_series"] for r in rows} == {
+        "openxla_sm90_bf16_b1", "openxla_sm90_bf16_b2", "openxla_sm90_bf16_b4"}
+    peak = load_gpu("h100").peak_flops("bf16")
+    for r in rows:
+        flops = 2.0 * int(r["batch"]) * int(r["m"]) * int(r["n"]) * int(r["k"])
+        assert 0 < flops / (float(r["time_us"]) * 1e-6) <= peak
+    fp8_peak = load_gpu("h100").peak_flops("fp8")
+    published = list(csv.DictReader(open(Path(make.PUBLIC) / "xla_sm90_matmul.csv")))
+    assert max(float(r["fp8"]) for r in published) > fp8_peak  # why the FP8 column is not read
