@@ -206,6 +206,7 @@ def test_plan_dict_round_trips_with_its_stack():
     ('name = "x"\n[overlap]\ntp_comm_share = 1.5\n', "tp_comm_share must be in"),
     ('name = "x"\n[overlap]\ntp_comm_share = true\n', "tp_comm_share"),
     ('name = "x"\n[overlap]\ntp_summed_dgrad = "no"\n', "tp_summed_dgrad"),
+    ('name = "x"\n[fp8]\namax_fused = 1\n', "amax_fused"),
     ('name = "x"\ncolour = "red"\n', "colour"),
     ('name = "x"\n[memory]\nweight_bytes = -2\n', "weight_bytes"),
     ('name = "x"\n[memory]\nfragmentation = 1.5\n', "fragmentation"),
@@ -400,6 +401,36 @@ def test_delayed_scaling_stacks_cast_without_an_amax_pass():
     with_amax, without = casts(current), casts(delayed)
     assert any(k.endswith("_fp8_amax") for k in with_amax) and not any(k.endswith("_fp8_amax") for k in without)
     assert without == {k: v for k, v in with_amax.items() if k.endswith("_fp8_cast")}
+
+
+def test_a_compiled_stack_fuses_the_activation_and_gradient_amax_into_their_producers():
+    """fp8.amax_fused (torchtitan: torchao's float8 model of torch.compile, amax of activations
+    and output gradients fused into the op that produced them): a GEMM's amax pass reads only
+    its weights (k x n, BF16) and its backward amax reads nothing; the casts themselves are
+    current scaling's."""
+    from perfsim.lowering.layers import LayerBuilder, backward
+    from perfsim.lowering.steps import ACT_BYTES
+
+    model = api.load_model("llama3.1-8b")
+    assert load_stack("torchtitan").fp8.amax_fused and not load_stack("ideal").fp8.amax_fused
+    current = load_stack("ideal")
+    fused = dataclasses.replace(current, fp8=dataclasses.replace(current.fp8, amax_fused=True))
+
+    def steps(stack):
+        plan = ParallelPlan(tp=1, dp=1, mbs=1, gbs=1, seq=4096, dtype="fp8", stack=stack)
+        b = LayerBuilder(model, plan)
+        fwd = b.attention_forward() + b.mlp_forward()
+        return ({s.name: s.bytes for s in fwd if s.category == "fp8_cast"},
+                {s.name: s.bytes for s in backward(fwd) if s.category == "fp8_cast"},
+                {s.name: s.gemm for s in fwd if s.gemm is not None})
+
+    (plain_fwd, plain_bwd, gemms), (fused_fwd, fused_bwd, _) = steps(current), steps(fused)
+    for name, gemm in gemms.items():
+        assert fused_fwd[f"{name}_fp8_amax"] == pytest.approx(gemm.k * gemm.n * ACT_BYTES), name
+        assert fused_fwd[f"{name}_fp8_amax"] < plain_fwd[f"{name}_fp8_amax"]
+        assert fused_fwd[f"{name}_fp8_cast"] == plain_fwd[f"{name}_fp8_cast"]
+        assert fused_bwd[f"{name}_fp8_amax_bwd"] == 0.0 < plain_bwd[f"{name}_fp8_amax_bwd"]
+        assert fused_bwd[f"{name}_fp8_cast_bwd"] == plain_bwd[f"{name}_fp8_cast_bwd"]
 
 
 def test_fp8_backward_casts_the_output_gradient_whatever_the_forward_fused():

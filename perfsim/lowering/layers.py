@@ -71,6 +71,9 @@ class LayerBuilder(StackSteps):
         amax, cast = (b * fp8.cast_bytes_factor for b in fp8_cast_bytes(rows * g.k + weights))
         cast += transpose
         grad_amax, grad_cast = (b * fp8.cast_bytes_factor for b in fp8_cast_bytes(tokens * g.n))
+        if fp8.amax_fused:  # the activations' and gradients' abs-max ran in their producers
+            amax = fp8_cast_bytes(weights)[0] * fp8.cast_bytes_factor
+            grad_amax = 0.0
         if rows < tokens:  # the norm-written FP8 input, transposed in the backward (read + write)
             grad_cast += 2 * FP8_BYTES * (tokens - rows) * g.k * fp8.cast_bytes_factor
 

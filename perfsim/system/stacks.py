@@ -137,6 +137,10 @@ class Fp8Recipe:
     # the norm in front of a GEMM writes that GEMM's FP8 input itself (Transformer Engine
     # LayerNormLinear: norm + quantize in one kernel), so its input takes no cast pass
     norm_fused_cast: bool = False
+    # the amax pass of a current-scaling cast of an activation or an output gradient runs
+    # inside the kernel that produced the tensor (a compiler fusing the abs-max reduction into
+    # its producer), so only weights take a separate amax pass
+    amax_fused: bool = False
     # delayed scaling (Transformer Engine DelayedScaling, Megatron-LM's default --fp8-recipe):
     # the scale comes from the amax history of earlier steps and the cast kernel records the
     # tensor's amax as it casts, so no amax pass reads the tensor first; false: current
@@ -162,6 +166,7 @@ class Fp8Recipe:
             _boolean("fp8", primary_weights=self.primary_weights)
         _non_negative("fp8", cast_bytes_factor=self.cast_bytes_factor)
         _boolean("fp8", weights_cast_once=self.weights_cast_once, norm_fused_cast=self.norm_fused_cast,
+                 amax_fused=self.amax_fused,
                  delayed_scaling=self.delayed_scaling, backward_split_accumulator=self.backward_split_accumulator,
                  saves_fp8_inputs=self.saves_fp8_inputs)
 
