@@ -81,7 +81,7 @@ class LayerBuilder(StackSteps):
             return replace(elementwise_step(f"{step.name}_{name}", size, "fp8_cast"),
                            meta=step.meta + (("backward_bytes", backward_size),))
 
-        steps = [] if self.plan.fp8_delayed_scaling else [cast_step("fp8_amax", amax, grad_amax)]
+        steps = [] if self.plan.fp8_delayed_scaling or not amax else [cast_step("fp8_amax", amax, grad_amax)]
         if fp8.backward_split_accumulator:  # its dgrad and wgrad (the backward copies keep the meta)
             step = replace(step, meta=step.meta + (("split_acc", True),))
         return steps + [cast_step("fp8_cast", cast, grad_cast), step]
@@ -350,7 +350,8 @@ def backward(steps: list[Step]) -> list[Step]:
         step = steps[i]
         cp = _meta(step, "ring")
         if cp is None:
-            out.append(_backward_step(step))
+            if _meta(step, "backward_bytes") != 0.0:  # an FP8 amax with nothing to read in the backward: no kernel
+                out.append(_backward_step(step))
             i -= 1
             continue
         core = next(s for s in steps[i - 2 * cp + 2:i + 1] if s.kind is OpKind.ATTENTION)
