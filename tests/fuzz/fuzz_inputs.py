@@ -83,6 +83,16 @@ def cluster_dict() -> dict:
     return tomllib.loads(dump_cluster(load_cluster("mi300x-pollara")))
 
 
+STACKS = ("megatron-primus", "maxtext", "nemo", "torchtitan")  # the shipped profiles with every table set
+
+
+def stack_dict(name: str) -> dict:
+    """A shipped software-stack profile as the TOML a user would copy and edit."""
+    from perfsim.system.stacks import STACK_DIR
+
+    return tomllib.loads((STACK_DIR / f"{name}.toml").read_text(encoding="utf-8"))
+
+
 def mutated_cluster(path: Path, dotted: str, value) -> Path:
     data = cluster_dict()
     *parents, key = dotted.split(".")

@@ -5,7 +5,7 @@ import math
 
 from hypothesis import strategies as st
 
-from fuzz_inputs import GOOD_TIMES, HF_LLAMA, KERNEL_HEADER, cluster_dict, rccl_log
+from fuzz_inputs import GOOD_TIMES, HF_LLAMA, KERNEL_HEADER, STACKS, cluster_dict, rccl_log, stack_dict
 
 # numbers where validation goes wrong: zero, negatives, huge, NaN, inf, fractions, tiny
 EDGE_INTS = st.sampled_from([0, 1, 2, 3, 7, 8, 16, -1, -8, 2 ** 31, 10 ** 20])
@@ -112,6 +112,21 @@ CLUSTER_LEAVES = _leaves(cluster_dict())
 def cluster_mutation(draw) -> tuple[str, object]:
     """(dotted key, value) for one leaf of the self-contained mi300x-pollara profile."""
     return draw(st.sampled_from(CLUSTER_LEAVES)), draw(st.one_of(EDGE_FLOATS, EDGE_INTS, JSON_VALUES))
+
+
+STACK_LEAVES = {name: _leaves(stack_dict(name)) for name in STACKS}
+DELETE = object()  # a mutation that removes the key
+
+
+@st.composite
+def stack_mutation(draw) -> tuple[str, str, object]:
+    """(shipped stack, dotted key, value) for one leaf of a software-stack profile; the value
+    may be DELETE (the key left out), an edge number, a JSON value or an unknown key's."""
+    name = draw(st.sampled_from(STACKS))
+    key = draw(st.one_of(st.sampled_from(STACK_LEAVES[name]), st.sampled_from(["overlap.nope", "nope", "fp8.x"])))
+    value = draw(st.one_of(st.just(DELETE), st.booleans(), EDGE_FLOATS, EDGE_INTS, JSON_VALUES,
+                           st.sampled_from(["", "deepep", "capacity", "dropless", "per-pass", "none", "aiter_v3"])))
+    return name, key, value
 
 
 @st.composite

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 import perfsim
 from fuzz_harness import GOOD, record, run_api, run_cli
-from fuzz_inputs import cluster_dict
-from fuzz_strategies import ANY_VALUE, cluster_mutation, command_argv, hf_config, kernel_csv_text, rccl_text, simulate_argv
+from fuzz_inputs import cluster_dict, stack_dict
+from fuzz_strategies import (ANY_VALUE, DELETE, cluster_mutation, command_argv, hf_config, kernel_csv_text, rccl_text,
+                             simulate_argv, stack_mutation)
 
 FOLDER = Path(tempfile.mkdtemp(prefix="perfsim-fuzz-"))
 QUICK = settings(max_examples=25, deadline=None, derandomize=True, database=None,
@@ -79,6 +80,31 @@ def check_profile(mutation):
     _assert_good("hyp.profile", run_api(call), f"{key} = {value!r}")
 
 
+def check_stack(mutation):
+    """A shipped stack profile with one leaf changed, removed or added, priced on an FP8
+    dense plan with TP and ZeRO (every stack table in play) and an MoE plan with EP."""
+    name, key, value = mutation
+    data = stack_dict(name)
+    *parents, leaf = key.split(".")
+    table = data
+    for p in parents:
+        table = table.setdefault(p, {}) if isinstance(table, dict) else {}
+    if not isinstance(table, dict):
+        return
+    if value is DELETE:
+        table.pop(leaf, None)
+    else:
+        table[leaf] = value
+    try:
+        text = tomli_w.dumps(data)
+    except (TypeError, ValueError):
+        return  # not expressible in TOML
+    path = _file(text, ".toml")
+    for kwargs in (dict(model="llama3.1-8b", tp=2, zero=3, dtype="fp8"), dict(model="olmoe-1b-7b", ep=8)):
+        call = lambda: perfsim.estimate(cluster="mi300x-pollara", nodes=1, gbs=8, seq=512, stack=str(path), **kwargs)  # noqa: E731
+        _assert_good("hyp.stack", run_api(call), f"{name}: {key} = {value!r} ({kwargs['model']})")
+
+
 def check_rccl(text):
     path = _file(text, ".log")
     _assert_good("hyp.measure.rccl", run_api(lambda: perfsim.validate("mi300x-pollara", rccl_logs=[str(path)])), text[-400:])
@@ -95,6 +121,7 @@ SURFACES = {
     "api": (st.tuples(st.sampled_from(API_ARGS), ANY_VALUE), lambda t: check_api(*t)),
     "hf": (hf_config(), check_hf),
     "profile": (cluster_mutation(), check_profile),
+    "stack": (stack_mutation(), check_stack),
     "rccl": (rccl_text(), check_rccl),
     "kernels": (kernel_csv_text(), check_kernels),
 }
