@@ -18,7 +18,7 @@ from perfsim.lowering.memory import plan_memory
 from perfsim.model.spec import ModelSpec
 from perfsim.model.io import load_model as _load_model
 from perfsim.lowering.ops import Coll
-from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, check_plan, derive_dp, group_shape
+from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, check_plan, derive_dp, group_shape, op_recompute_applies
 from perfsim.cost.pricing import price
 from perfsim.report import Report, assemble_report, extrapolate_figures, span_figures
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
@@ -135,24 +135,35 @@ def _inputs(model, cluster, plan, nodes, gpus, knobs,
 def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                     routing: RoutingSpec = UNIFORM) -> ParallelPlan:
     """``plan`` with the least activation recompute that fits in the GPU's memory, as a
-    framework user sets it (``recompute='auto'``): none, then selective, then full
-    recompute of the first N layers of each pipeline chunk for the smallest N that fits
-    (Megatron's --recompute-method block --recompute-num-layers N), then every layer; full
-    when none fits. A ``recompute_layers`` the plan already names is kept (block recompute
-    of those layers: none, selective, then full)."""
+    framework user sets it (``recompute='auto'``): the first setting of the stack's ladder
+    (``stack.recompute.auto``, lightest first) that fits; full when none does. Megatron-style
+    stacks: none, selective, then full recompute of the first N layers of each pipeline chunk
+    for the smallest N that fits (Megatron's --recompute-method block --recompute-num-layers
+    N, "block"), then every layer. Per-op checkpointing ("op") is tried only where it is
+    modelled (dense layers). A ``recompute_layers`` the plan already names is kept (block
+    recompute of those layers at each level)."""
     def fits(candidate: ParallelPlan) -> bool:
         return max(m.total_bytes for m in _plan_memory(model, candidate, routing)) <= cluster.gpu.hbm_bytes
 
     fixed = plan.recompute_layers
-    for level in (Recompute.NONE, Recompute.SELECTIVE):
-        candidate = replace(plan, recompute=level, recompute_layers=0 if level == Recompute.NONE else fixed)
+    full = replace(plan, recompute=Recompute.FULL)
+    for level in plan.stack.recompute.auto:
+        if level == "full":
+            break
+        if level == "block":
+            if fixed:
+                continue  # the plan names its own block
+            layers = fewest_recompute_layers(model, full, lambda n: fits(replace(full, recompute_layers=n)))
+            if layers:
+                return replace(full, recompute_layers=layers)
+            continue
+        recompute = Recompute(level)
+        if recompute == Recompute.OP and not op_recompute_applies(model):
+            continue
+        candidate = replace(plan, recompute=recompute, recompute_layers=0 if recompute == Recompute.NONE else fixed)
         if fits(candidate):
             return candidate
-    full = replace(plan, recompute=Recompute.FULL)
-    if fixed:
-        return full
-    layers = fewest_recompute_layers(model, full, lambda n: fits(replace(full, recompute_layers=n)))
-    return replace(full, recompute_layers=layers) if layers else full
+    return full
 
 
 def _check_options(estimator, check_memory, routing, variability, trace) -> None:

@@ -227,6 +227,48 @@ def test_recompute_auto_recomputes_a_block_of_layers_before_all_of_them():
     assert (kept.plan["recompute"], kept.plan["recompute_layers"]) == ("full", 60)  # the user's block is kept
 
 
+def test_recompute_auto_walks_the_stacks_own_settings():
+    """recompute='auto' picks among what the stack's framework offers (stack.recompute.auto):
+    MaxText has one remat policy for every layer (no selective, no block of N layers), so
+    where Megatron-style stacks recompute a block, maxtext recomputes every layer; torchtitan
+    tries its per-op checkpointing before a block; the search walks the same settings."""
+    from perfsim import api
+    from perfsim.search.space import build_space
+    from perfsim.system.stacks import load_stack
+
+    knobs = dict(tp=8, mbs=2, gbs=16, seq=8192)
+    mega = api.estimate("llama3.1-70b", "mi300x-pollara", nodes=1, recompute="auto", stack="megatron-primus", **knobs)
+    maxt = api.estimate("llama3.1-70b", "mi300x-pollara", nodes=1, recompute="auto", stack="maxtext", **knobs)
+    assert mega.plan["recompute"] == "full" and 0 < mega.plan["recompute_layers"] < 80
+    assert (maxt.plan["recompute"], maxt.plan["recompute_layers"]) == ("full", 0)
+    titan = api.estimate("llama3.1-70b", "mi300x-pollara", nodes=1, recompute="auto", stack="torchtitan", **knobs)
+    op = api.estimate("llama3.1-70b", "mi300x-pollara", nodes=1, recompute="op", stack="torchtitan",
+                      check_memory=False, **knobs)
+    assert titan.plan["recompute"] == ("op" if op.fits else "full")
+    # a plan where nothing but full recompute fits: op does not, so torchtitan takes a block
+    assert not op.fits and 0 < titan.plan["recompute_layers"] < 80
+    model = api.load_model("llama3.1-8b")
+    levels = {name: build_space(model, 8, stack=load_stack(name)).recompute for name in ("maxtext", "torchtitan", "nemo")}
+    assert [r.value for r in levels["maxtext"]] == ["none", "full"]
+    assert [r.value for r in levels["torchtitan"]] == ["none", "op", "full"]
+    assert [r.value for r in levels["nemo"]] == ["none", "selective", "full"]
+    moe = build_space(api.load_model("mixtral-8x7b"), 8, stack=load_stack("torchtitan")).recompute
+    assert [r.value for r in moe] == ["none", "full"]  # per-op checkpointing is modelled for dense layers only
+
+
+@pytest.mark.parametrize("ladder, field", [
+    ('["none", "x", "full"]', "'x'"), ('["full", "none"]', "ending with full"), ('"full"', "list"),
+    ('["none", "none", "full"]', "each setting once"), ("[]", "must be a list")])
+def test_a_bad_recompute_ladder_is_one_line_naming_the_field(tmp_path, capsys, ladder, field):
+    from perfsim.cli import main
+
+    path = tmp_path / "s.toml"
+    path.write_text(f'name = "x"\n[recompute]\nauto = {ladder}\n')
+    code = main(["simulate", "--model", "llama3.1-8b", "--gbs", "8", "--seq", "1024", "--stack", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "recompute.auto" in err and field in err, err
+
+
 def test_fewest_recompute_layers_bisects_the_deepest_chunk():
     from perfsim import api
     from perfsim.plan.parallel import ParallelPlan

@@ -506,7 +506,11 @@ def section() -> str:
         "hold): its Float8 rows come out 2-4 points faster; `kernels.speed_nvidia` 0.7413 -> 0.7282; `torchtitan` "
         "held-out median 9.9 -> 8.4%, worst 22.9 -> 21.3%. Last, an FP8 abs-max with nothing to read runs no kernel "
         "(FP8 primary weights under current scaling, Megatron-Bridge's FP8-CS rows; the backward of a fused amax): "
-        "both had been priced as empty launches; `nemo`'s speed refitted, 0.8139 -> 0.8111.",
+        "both had been priced as empty launches; `nemo`'s speed refitted, 0.8139 -> 0.8111. Then `recompute auto` "
+        "walks the settings the stack's framework offers (`[recompute] auto`): MaxText has one remat policy for every "
+        "layer, so the Kimi-K2 rows at one sequence per device recompute every layer where a Megatron-style block of 57 "
+        "was chosen before (MXS-KIMI-01 / 05 about 0.3 points slower); `maxtext`'s shipped speeds refitted (kernels "
+        "1.244 -> 1.251, dropless 0.3619 -> 0.3701: mostly a drift earlier structure changes had left unrefitted).",
         "",
         *_summary(held, shipped),
         "",

@@ -44,8 +44,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recompute", default=None, choices=["none", "selective", "op", "full", "auto"],
                    help="activation recompute; selective: the attention core (Megatron's); op: torchtitan's per-op "
                         "checkpointing (every other matmul output kept, elementwise ops recomputed; dense models); "
-                        "auto: the least that fits in memory (none, selective, full on the fewest layers per "
-                        "pipeline chunk, full)")
+                        "auto: the least that fits in memory among the stack's settings ([recompute] auto; "
+                        "Megatron-style stacks: none, selective, full on the fewest layers per pipeline chunk, full; "
+                        "torchtitan: none, op, fewest layers, full; maxtext: none, full)")
     p.add_argument("--schedule", default=None, choices=[s.value for s in Schedule],
                    help="pipeline schedule; with --vpp > 1 gpipe loops breadth-first, 1f1b interleaves, zb-h1 splits W; "
                         "zbv / v-half / v-min are V-shaped (--vpp 2; 1F1B's activation memory, half, a third)")
@@ -212,11 +213,12 @@ def _routing(args) -> RoutingSpec:
 def _auto_recompute_note(r: Report) -> str:
     """What --recompute auto chose (api.least_recompute's ladder)."""
     level, layers = r.plan["recompute"], r.plan.get("recompute_layers", 0)
-    chosen = {"none": "no recompute", "selective": "selective recompute (attention core)"}.get(
+    chosen = {"none": "no recompute", "selective": "selective recompute (attention core)",
+              "op": "per-op checkpointing (torchtitan's)"}.get(
         level, f"full recompute of the first {layers} layers of each pipeline chunk" if layers else
         "full recompute of every layer")
     why = "the least that fits in memory" if r.fits else "nothing lighter fits, and this does not fit either"
-    return f"recompute auto   {chosen}: {why}"
+    return f"recompute auto   {chosen}: {why} (among the settings of stack {r.stack})"
 
 
 def _format_report(r: Report) -> str:

@@ -342,6 +342,12 @@ def _check_uneven(plan: ParallelPlan, model: ModelSpec) -> None:
             f"remaining {rest} of the model's {model.num_layers} layers evenly, at least one each")
 
 
+def op_recompute_applies(model: ModelSpec) -> bool:
+    """Per-op checkpointing (Recompute.OP) is modelled for dense layers with multi-head /
+    grouped-query attention."""
+    return not model.is_moe and model.attention is AttentionKind.GQA
+
+
 def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
     """Raise ConfigError naming the first knob that does not fit this model and cluster."""
     if plan.world_size != num_gpus:
@@ -364,7 +370,7 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
             f"first_stage_layers / last_stage_layers (--first-stage-layers, --last-stage-layers) split them unevenly"
         )
     _check_moe(plan, model)
-    if plan.recompute == Recompute.OP and (model.is_moe or model.attention is not AttentionKind.GQA):
+    if plan.recompute == Recompute.OP and not op_recompute_applies(model):
         raise ConfigError(f"plan.recompute 'op' (torchtitan's per-op checkpointing) is modelled for dense layers with "
                           f"multi-head / grouped-query attention; {model.name} has "
                           f"{'MoE layers' if model.is_moe else f'{model.attention.value} attention'}: use selective or full")

@@ -295,8 +295,8 @@ def search(
     counts, routing = gpu_counts(gpus), routing or UNIFORM
     if fixed is not None and not isinstance(fixed, dict):
         raise ConfigError(f"fixed: expected a dict of axis -> value(s), got {fixed!r}")
-    space = build_space(model, base.gpus_per_node, fixed, _bounded(limits, max(counts), gbs, model.num_layers))
     spec = (IDEAL if stack is None else load_stack(stack)).on_vendor(base.gpu.vendor)
+    space = build_space(model, base.gpus_per_node, fixed, _bounded(limits, max(counts), gbs, model.num_layers), spec)
     switches = _plan_switches(plan_knobs, dtype)
     contexts = {w: _context(model, base, w, gbs, seq, dtype, routing, max_memory_fraction, spec, switches)
                 for w in counts}

@@ -21,7 +21,7 @@ from perfsim.estimators.analytic import ClosedForm
 from perfsim.estimators.fastmem import MemoryModel
 from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, check_plan
+from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, check_plan, op_recompute_applies
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.sharding import fewest_recompute_layers
 from perfsim.system.stacks import IDEAL, StackSpec
@@ -87,9 +87,11 @@ def _bad(axis: str, value):
     raise ConfigError(f"fixed.{axis}: {value!r} is not a valid value")
 
 
-def build_space(model: ModelSpec, gpus_per_node: int, fixed: dict | None = None, limits: dict | None = None) -> Space:
-    """Default ranges (tp, etp within a node; cp, vpp, mbs up to ``DEFAULT_LIMITS``),
-    narrowed by ``limits`` ({axis: max}) and replaced by ``fixed`` ({axis: value(s)})."""
+def build_space(model: ModelSpec, gpus_per_node: int, fixed: dict | None = None, limits: dict | None = None,
+                stack: StackSpec = IDEAL) -> Space:
+    """Default ranges (tp, etp within a node; cp, vpp, mbs up to ``DEFAULT_LIMITS``; the
+    recompute settings ``stack`` offers, ``stack.recompute.auto``), narrowed by ``limits``
+    ({axis: max}) and replaced by ``fixed`` ({axis: value(s)})."""
     fixed, limits = dict(fixed or {}), {**DEFAULT_LIMITS, "tp": gpus_per_node, "etp": gpus_per_node, **(limits or {})}
     for name, table in (("fixed", fixed), ("limits", limits)):
         unknown = sorted(set(table) - set(AXES))
@@ -100,8 +102,10 @@ def build_space(model: ModelSpec, gpus_per_node: int, fixed: dict | None = None,
         "tp": _up_to(limits["tp"]), "cp": _up_to(limits["cp"]), "pp": _up_to(limits["pp"]), "dp": None,
         "ep": _up_to(min(limits.get("ep", model.num_experts), model.num_experts)) if moe else (1,),
         "etp": _up_to(limits["etp"]) if moe else (1,), "vpp": _up_to(limits["vpp"]), "mbs": _up_to(limits["mbs"]),
-        # per-op checkpointing (torchtitan's) only where asked: dense layers only, and one framework's policy
-        "zero": (0, 1, 2, 3), "recompute": tuple(r for r in Recompute if r is not Recompute.OP),
+        # the stack's recompute settings (per-op checkpointing only where it is modelled: dense layers)
+        "zero": (0, 1, 2, 3),
+        "recompute": tuple(Recompute(v) for v in stack.recompute.levels()
+                           if v != Recompute.OP.value or op_recompute_applies(model)),
         "schedule": tuple(Schedule),
         "tp_comm_overlap": (False, True), "grad_bucket_bytes": BUCKETS, "dispatch": None,
     }
@@ -316,7 +320,8 @@ def cost_chunk(chunk: Chunk) -> ChunkResult:
                 continue
             fitted = True
             if (plan.recompute == Recompute.FULL and not plan.recompute_layers and chunk.dominance
-                    and chunk.space.recompute != (Recompute.FULL,)):  # not where full is pinned or every variant asked
+                    and chunk.space.recompute != (Recompute.FULL,)  # not where full is pinned or every variant asked
+                    and "block" in chunk.context.stack.recompute.auto):  # a framework that recomputes N layers
                 plan = _least_block(plan, memory, chunk.context)
             if chunk.bound and len(worst) == chunk.keep and coster.lower_bound_s(plan) > -worst[0][0]:
                 res.bounded += 1  # cannot enter the best ``keep``: its bound is already slower

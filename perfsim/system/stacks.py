@@ -239,6 +239,38 @@ class InputPipeline:
         _non_negative("data", host_s_per_mtoken=self.host_s_per_mtoken)
 
 
+# the activation-recompute settings a framework can offer (perfsim.plan.parallel.Recompute,
+# and "block": full recompute of the first N layers of each pipeline chunk, plan.recompute_layers)
+RECOMPUTE_LEVELS = ("none", "selective", "op", "block", "full")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecomputeLadder:
+    """The activation-recompute settings the stack's framework offers, lightest first: what
+    ``recompute='auto'`` walks (the first that fits; full when none does) and ``perfsim
+    search`` tries. Megatron-LM offers selective recompute and full recompute of N layers
+    per chunk (block); torchtitan per-op selective checkpointing; MaxText one remat policy
+    for every layer."""
+
+    auto: tuple[str, ...] = ("none", "selective", "block", "full")
+    source: str = "assumed"
+
+    def __post_init__(self):
+        if isinstance(self.auto, str) or not isinstance(self.auto, list | tuple) or not self.auto:
+            raise ConfigError(f"stack.recompute.auto must be a list of {', '.join(RECOMPUTE_LEVELS)}, got {self.auto!r}")
+        object.__setattr__(self, "auto", tuple(self.auto))
+        for level in self.auto:
+            if level not in RECOMPUTE_LEVELS:
+                raise ConfigError(f"stack.recompute.auto: {level!r} is not one of {', '.join(RECOMPUTE_LEVELS)}")
+        if len(set(self.auto)) != len(self.auto) or self.auto[-1] != "full":
+            raise ConfigError(f"stack.recompute.auto must list each setting once, lightest first, ending with full, "
+                              f"got {list(self.auto)!r}")
+
+    def levels(self) -> tuple[str, ...]:
+        """The plan recompute values among them (block is full recompute of fewer layers)."""
+        return tuple(level for level in self.auto if level != "block")
+
+
 @dataclass(frozen=True, kw_only=True)
 class MemoryPolicy:
     """What the framework keeps per parameter and per logit, and how its allocator packs
@@ -275,6 +307,7 @@ class StackSpec:
     kernels: KernelQuality = field(default_factory=KernelQuality)
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     data: InputPipeline = field(default_factory=InputPipeline)
+    recompute: RecomputeLadder = field(default_factory=RecomputeLadder)
 
     def fused(self, kernel: str) -> bool:
         return kernel in self.fusion.fused
@@ -336,7 +369,7 @@ def _enum(cls: type, value, key: str):
 IDEAL = StackSpec()  # the default: adds nothing (hardware_profiles/stacks/ideal.toml holds the same values)
 
 
-STACK_TABLES = ("launch", "moe", "fusion", "overlap", "fp8", "kernels", "memory", "data")
+STACK_TABLES = ("launch", "moe", "fusion", "overlap", "fp8", "kernels", "memory", "data", "recompute")
 
 
 def stack_provenance(spec: StackSpec) -> list[tuple[str, str, str]]:
