@@ -63,43 +63,40 @@ def check_hf(config):
     _assert_good("hyp.model.hf", run_api(load_and_estimate), json.dumps(config)[:300])
 
 
-def check_profile(mutation):
-    key, value = mutation
-    data = cluster_dict()
+def _mutated_toml(data: dict, key: str, value) -> Path | None:
+    """``data`` with leaf ``key`` (dotted) set to ``value``, or removed where ``value`` is
+    DELETE, written to a fresh TOML file; None where TOML cannot hold it."""
     *parents, leaf = key.split(".")
     table = data
     for p in parents:
-        table = table[p]
-    table[leaf] = value
+        table = table.setdefault(p, {}) if isinstance(table, dict) else None
+    if not isinstance(table, dict):
+        return None
+    if value is DELETE:
+        table.pop(leaf, None)
+    else:
+        table[leaf] = value
     try:
-        text = tomli_w.dumps(data)
+        return _file(tomli_w.dumps(data), ".toml")
     except (TypeError, ValueError):
-        return  # not expressible in TOML
-    path = _file(text, ".toml")
-    call = lambda: perfsim.estimate("llama3.1-8b", str(path), nodes=1, gbs=8, seq=512)  # noqa: E731
-    _assert_good("hyp.profile", run_api(call), f"{key} = {value!r}")
+        return None  # not expressible in TOML
+
+
+def check_profile(mutation):
+    key, value = mutation
+    path = _mutated_toml(cluster_dict(), key, value)
+    if path is not None:
+        call = lambda: perfsim.estimate("llama3.1-8b", str(path), nodes=1, gbs=8, seq=512)  # noqa: E731
+        _assert_good("hyp.profile", run_api(call), f"{key} = {value!r}")
 
 
 def check_stack(mutation):
     """A shipped stack profile with one leaf changed, removed or added, priced on an FP8
     dense plan with TP and ZeRO (every stack table in play) and an MoE plan with EP."""
     name, key, value = mutation
-    data = stack_dict(name)
-    *parents, leaf = key.split(".")
-    table = data
-    for p in parents:
-        table = table.setdefault(p, {}) if isinstance(table, dict) else {}
-    if not isinstance(table, dict):
+    path = _mutated_toml(stack_dict(name), key, value)
+    if path is None:
         return
-    if value is DELETE:
-        table.pop(leaf, None)
-    else:
-        table[leaf] = value
-    try:
-        text = tomli_w.dumps(data)
-    except (TypeError, ValueError):
-        return  # not expressible in TOML
-    path = _file(text, ".toml")
     for kwargs in (dict(model="llama3.1-8b", tp=2, zero=3, dtype="fp8"), dict(model="olmoe-1b-7b", ep=8)):
         call = lambda: perfsim.estimate(cluster="mi300x-pollara", nodes=1, gbs=8, seq=512, stack=str(path), **kwargs)  # noqa: E731
         _assert_good("hyp.stack", run_api(call), f"{name}: {key} = {value!r} ({kwargs['model']})")
