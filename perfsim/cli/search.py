@@ -62,7 +62,8 @@ def add_command(sub) -> None:
                                                  "(default ideal)")
     for axis in FIXABLE_INTS:
         p.add_argument(f"--{axis}", help=f"fix {axis} to a value or a comma list")
-    p.add_argument("--recompute", help="fix recompute (none, selective, full; comma list)")
+    p.add_argument("--recompute", help="fix recompute (none, selective, op, full; comma list; default: the settings "
+                                       "the stack offers, its [recompute] auto)")
     p.add_argument("--schedule", help="fix the pipeline schedule (comma list)")
     p.add_argument("--dispatch", help="MoE dispatch implementations to try where ep > 1 (comma list: alltoall, or the "
                                       "cluster's [dispatch] tables such as mori, deepep; default alltoall)")
