@@ -512,6 +512,18 @@ def section() -> str:
         "was chosen before (MXS-KIMI-01 / 05 about 0.3 points slower); `maxtext`'s shipped speeds refitted (kernels "
         "1.244 -> 1.251, dropless 0.3619 -> 0.3701: mostly a drift earlier structure changes had left unrefitted).",
         "",
+        "Twenty-fifth session, a kernel source re-read, nothing fitted to a run but `nemo`'s speed: the twelfth "
+        "session's H100 grouped-GEMM table rested on tgale96/grouped_gemm PR #37 read as forward times, but its "
+        "TFLOPS are forward FLOPs over the whole step its benchmark times (the forward, out.sum() and the dgrad and "
+        "wgrad GEMMs; the author's run.log prints them beside \"Time per step\": validation/data/kernels/SOURCES.md, "
+        "round 16), so its rows are now priced as forward plus backward plus the loss's two passes over the output; "
+        "and VeOmni's MoE forwards timed whole (its routing-side work inside the timing) are checked, no longer "
+        "fitted. The H100 grouped speed went 0.206 -> 0.457 forward / 0.545 backward of the dense price. "
+        "MB2511-Q30B-H100, whose +9.2% had come from that misread table, is +38.0% held out (+36.5% shipped): "
+        "perfsim now prices Megatron-Bridge's Qwen3-30B-A3B MoE layer on H100 faster than it ran, and what it "
+        "lacks there (Transformer Engine's grouped GEMM on Hopper has no public measurement in the kernel data) "
+        "is open. `nemo`'s NVIDIA speed refitted, 0.8111 -> 0.7917.",
+        "",
         *_summary(held, shipped),
         "",
         *_targets(held),

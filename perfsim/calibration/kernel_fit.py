@@ -73,9 +73,9 @@ def _cast_time(p: KernelPoint, gpu: GpuSpec) -> float:
     groups = p.batch if p.kind == "grouped_gemm" else 1
     if p.kernel == "cast_a":
         return costs.fp8_rowwise_cast_time(groups * p.m * p.k, gpu)
-    if p.direction == "bwd":
-        return costs.fp8_cast_time(groups * p.m * p.n, gpu)
-    return costs.fp8_cast_time(groups * p.m * p.k, gpu) + costs.fp8_cast_time(groups * p.k * p.n, gpu)
+    forward = costs.fp8_cast_time(groups * p.m * p.k, gpu) + costs.fp8_cast_time(groups * p.k * p.n, gpu)
+    backward = costs.fp8_cast_time(groups * p.m * p.n, gpu)
+    return {"bwd": backward, "fwd_bwd": forward + backward}.get(p.direction, forward)
 
 
 def _moe_mlp_time(p: KernelPoint, gpu: GpuSpec) -> float:
@@ -93,17 +93,32 @@ def _moe_mlp_time(p: KernelPoint, gpu: GpuSpec) -> float:
     return permutes + gemms + act
 
 
-def predict_kernel(p: KernelPoint, gpu: GpuSpec) -> float:
-    """Seconds perfsim predicts for one measured kernel call."""
-    backward = p.direction == "bwd"
-    if p.kind == "grouped_gemm" and p.kernel == "moe_mlp":
-        return _moe_mlp_time(p, gpu)
+def _sum_loss_time(p: KernelPoint, gpu: GpuSpec) -> float:
+    """``kernel = sum_loss``: the op timed as a training step on its own with
+    ``output.sum()`` as the loss: one pass reading the output (the sum) and one writing its
+    gradient (the expanded ones made contiguous before the backward GEMMs)."""
+    if p.kernel != "sum_loss":
+        return 0.0
+    out = p.batch * p.m * p.n * ACT_BYTES
+    return 2 * costs.elementwise_time(out, gpu)
+
+
+def _gemm_time(p: KernelPoint, gpu: GpuSpec, backward: bool) -> float:
     if p.kind == "gemm":
         if backward:
-            return costs.gemm_backward_time(Gemm(m=p.m, n=p.n, k=p.k), gpu, p.dtype) * p.batch + _cast_time(p, gpu)
-        return costs.gemm_time(Gemm(m=p.m, n=p.n, k=p.k, batch=p.batch), gpu, p.dtype) + _cast_time(p, gpu)
-    if p.kind == "grouped_gemm":
-        return costs.grouped_gemm_time((p.m,) * p.batch, p.n, p.k, gpu, p.dtype, backward=backward) + _cast_time(p, gpu)
+            return costs.gemm_backward_time(Gemm(m=p.m, n=p.n, k=p.k), gpu, p.dtype) * p.batch
+        return costs.gemm_time(Gemm(m=p.m, n=p.n, k=p.k, batch=p.batch), gpu, p.dtype)
+    return costs.grouped_gemm_time((p.m,) * p.batch, p.n, p.k, gpu, p.dtype, backward=backward)
+
+
+def predict_kernel(p: KernelPoint, gpu: GpuSpec) -> float:
+    """Seconds perfsim predicts for one measured kernel call (a GEMM row's ``direction``:
+    fwd, bwd = dgrad + wgrad, fwd_bwd = both timed together)."""
+    if p.kind == "grouped_gemm" and p.kernel == "moe_mlp":
+        return _moe_mlp_time(p, gpu)
+    if p.kind in ("gemm", "grouped_gemm"):
+        passes = {"bwd": (True,), "fwd_bwd": (False, True)}.get(p.direction, (False,))
+        return sum(_gemm_time(p, gpu, backward) for backward in passes) + _cast_time(p, gpu) + _sum_loss_time(p, gpu)
     if p.kind == "memory":
         return costs.elementwise_time(p.bytes, gpu)
     fwd = dataclasses.replace(p, direction="fwd").flops
@@ -292,7 +307,7 @@ def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool =
         gpu, after = best.gpu, best.mape
         if best.floors:
             note = "; ".join(x for x in (note, host_note(best.floors, mine, gpu)) if x)
-        if ref.kind == "grouped_gemm" and not any(p.direction == "bwd" for p in mine):
+        if ref.kind == "grouped_gemm" and not any(p.direction in ("bwd", "fwd_bwd") for p in mine):
             gpu, derived = derive_backward(gpu, ref.dtype)
             note = "; ".join(x for x in (note, derived) if x)
         fits.append(TableFit(name=ref.name, xs=ref.xs(gpu), ys=ref.ys(gpu), mape_before=before, mape_after=after,

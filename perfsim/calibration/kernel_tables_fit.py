@@ -55,8 +55,14 @@ def in_fit_range(p: KernelPoint) -> bool:
     MEMORY_FIT_MIN_MBYTES; never an inference fused-MoE stage (``kernel = moe_stage``: it
     gathers its tokens by index and scatters them weighted, work a training grouped GEMM
     on permuted tokens does not do; on MI300X such stages run at 0.35-0.65 of the dense
-    price at 128+ tokens per expert where Primus-Turbo's grouped GEMM runs at about 0.9)."""
-    if p.kernel == "moe_stage":
+    price at 128+ tokens per expert where Primus-Turbo's grouped GEMM runs at about 0.9);
+    never a MoE MLP forward timed whole (``kernel = moe_mlp``): its time holds the
+    framework's routing-side work besides the expert GEMMs (VeOmni's torch._grouped_mm
+    path: an expert histogram, a stable argsort, an index gather padded per expert, gate
+    and up as two grouped GEMMs, a scatter into zeros and a top-k sum), which perfsim prices
+    in other ops of its MoE layer or not at all; fitted, the grouped table would carry it
+    (the H100 table fitted to those rows priced torch._grouped_mm itself 2.5x slow)."""
+    if p.kernel in ("moe_stage", "moe_mlp"):
         return False
     return p.kind != "memory" or p.bytes / costs.MBYTE >= MEMORY_FIT_MIN_MBYTES
 

@@ -29,12 +29,16 @@ batch                 GEMM: batched count; grouped_gemm: number of groups;
                       attention: batch size
 seq, heads, kv_heads  attention: sequence length, query heads, key/value heads
 head_dim, causal      attention: head dimension, 1/0 (or true/false)
-direction             attention: fwd | bwd | fwd_bwd
+direction             attention: fwd | bwd | fwd_bwd; gemm / grouped_gemm: fwd (or empty) |
+                      bwd (dgrad + wgrad) | fwd_bwd (forward and backward timed together)
 bytes, kernel         memory: bytes moved (read + written), copy | mul | add | triad | dot;
                       FP8 GEMMs: cast | cast_a (timed with their input casts);
                       grouped_gemm: moe_mlp (a gated MoE MLP forward timed whole: m tokens
                       per expert, n = expert width, k = hidden, batch = experts), moe_stage
-                      (one stage of an inference fused-MoE kernel: priced, never fitted)
+                      (one stage of an inference fused-MoE kernel: priced, never fitted),
+                      sum_loss (direction fwd_bwd: the op timed as a training step on its own,
+                      loss = output.sum(): one pass reading the output for the sum and one
+                      writing its gradient, the expanded ones made contiguous)
 time_us               measured time of one kernel call (microseconds)
 tflops                GEMM/attention achieved TFLOPS (used when time_us is empty)
 TBps                  memory achieved TB/s (used when time_us is empty)
@@ -43,7 +47,7 @@ library, clock_MHz    metadata: kernel library/version, median clock under load
 source, note          metadata: where the number comes from (URL, script), free text
 ====================  ==========================================================
 
-FLOP conventions: GEMM ``2*m*n*k*batch`` (a ``moe_mlp`` row ``6*m*n*k*batch``); attention forward ``4*batch*heads*seq^2*head_dim``
+FLOP conventions: GEMM ``2*m*n*k*batch`` per pass (bwd 2 passes, fwd_bwd 3; a ``moe_mlp`` row ``6*m*n*k*batch``); attention forward ``4*batch*heads*seq^2*head_dim``
 (halved when causal), backward 2.5x forward (Dao'23), fwd_bwd 3.5x. Extra columns must
 start with ``meta_``; anything else unknown is an error (typos should not pass silently).
 """
@@ -72,8 +76,11 @@ KERNEL_TIMINGS = ("device", "host")
 KERNEL_KINDS = ("gemm", "grouped_gemm", "attention", "memory")
 # ``kernel`` labels that change how a row is priced, and the kinds they apply to
 KERNEL_LABEL_KINDS = {"cast": ("gemm", "grouped_gemm"), "cast_a": ("gemm", "grouped_gemm"), "moe_mlp": ("grouped_gemm",),
-                      "moe_stage": ("grouped_gemm",)}
+                      "moe_stage": ("grouped_gemm",), "sum_loss": ("gemm", "grouped_gemm")}
+# labels that time a forward only, and the one that needs forward and backward timed together
+FORWARD_LABELS = ("moe_mlp", "moe_stage")
 ATTENTION_DIRECTIONS = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # x forward FLOPs (Dao'23)
+GEMM_DIRECTIONS = {"": 1.0, "fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.0}  # x forward FLOPs (dgrad + wgrad = 2 GEMMs)
 _REQUIRED = {
     "gemm": ("m", "n", "k"),
     "grouped_gemm": ("m", "n", "k", "batch"),
@@ -312,7 +319,7 @@ class KernelPoint:
         if self.kind == "grouped_gemm" and self.kernel == "moe_mlp":  # gate_up (2n wide) + down
             return 6.0 * self.m * self.n * self.k * self.batch
         if self.kind in ("gemm", "grouped_gemm"):
-            return 2.0 * self.m * self.n * self.k * self.batch
+            return 2.0 * self.m * self.n * self.k * self.batch * GEMM_DIRECTIONS.get(self.direction, 1.0)
         if self.kind == "attention":
             fwd = 4.0 * self.batch * self.heads * self.seq ** 2 * self.head_dim * (0.5 if self.causal else 1.0)
             return fwd * ATTENTION_DIRECTIONS[self.direction]
@@ -355,6 +362,12 @@ def _kernel_point(row: dict, where: str, lineno: int) -> KernelPoint:
         raise ConfigError(f"{where}: kernel {label!r} is for kind {' or '.join(KERNEL_LABEL_KINDS[label])} rows, got kind {kind}")
     if kind == "attention" and direction not in ATTENTION_DIRECTIONS:
         raise ConfigError(f"{where}: direction {direction!r} is not one of {', '.join(ATTENTION_DIRECTIONS)}")
+    if kind in ("gemm", "grouped_gemm") and direction not in GEMM_DIRECTIONS:
+        raise ConfigError(f"{where}: direction {direction!r} is not one of fwd, bwd, fwd_bwd (or empty: fwd) for kind {kind}")
+    if label in FORWARD_LABELS and direction not in ("", "fwd"):
+        raise ConfigError(f"{where}: kernel {label!r} times a forward; direction must be fwd, got {direction!r}")
+    if label == "sum_loss" and direction != "fwd_bwd":
+        raise ConfigError(f"{where}: kernel 'sum_loss' times forward and backward together; direction must be fwd_bwd, got {direction!r}")
     timing = (row.get("timing") or "device").strip().lower()
     if timing not in KERNEL_TIMINGS:
         raise ConfigError(f"{where}: timing {timing!r} is not one of {', '.join(KERNEL_TIMINGS)}")

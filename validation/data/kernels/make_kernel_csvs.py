@@ -171,6 +171,16 @@ _STAGES = re.compile(r"us1=([\d.]+)\s+us2=([\d.]+)")
 _LATENCY_MS = re.compile(r"latency ([\d.]+) ms")
 
 
+# series whose TFLOPS are forward FLOPs over a whole training step of the op on its own
+# (forward, loss = output.sum(), backward): tgale96/grouped_gemm PR #37's table comes from
+# its author's benchmark.py, which times ``out = gmm(x, w); out.sum().backward()`` under the
+# profiler (all kernels' device time per iteration) and divides the forward FLOPs by it; its
+# run.log prints the same numbers as "Forward TFLOPs" beside "Time per step" (2.568 ms for
+# SM90 cooperative, uniform) and "Fwd+Bwd TFLOPs (est)" = 3x (Knarf04/grouped_gemm at
+# 514ad865, run.log and benchmark.py). Such a row is direction fwd_bwd, kernel sum_loss.
+STEP_TIMED = ("tgale96_grouped_gemm_pr37_h100",)
+
+
 def tokens_per_expert(tokens: str, experts: int) -> int | None:
     """Tokens each expert computes on, from the source's token column: ``N per expert`` /
     ``N per group`` as printed; ``N tokens total (uniform routing)`` as N / experts;
@@ -244,9 +254,11 @@ def grouped_rows(path: Path) -> list[dict]:
             continue
         n, k = map(int, nk.groups())
         bwd = layout.startswith("bwd")
-        flops = (4 if bwd else 2) * e * m * n * k
+        flops = (4 if bwd else 2) * e * m * n * k  # what the TFLOPS count (forward FLOPs for a STEP_TIMED series)
+        step = r["series"] in STEP_TIMED
+        kernel = "sum_loss" if step else "cast" if "fp8_tensorwise" in r["series"] else ""
         out.append(_row("grouped_gemm", dtype, gpu, r["series"], r["source_url"], r["library"], m=m, n=n, k=k, batch=e,
-                        direction="bwd" if bwd else "fwd", kernel="cast" if "fp8_tensorwise" in r["series"] else "",
+                        direction="fwd_bwd" if step else "bwd" if bwd else "fwd", kernel=kernel,
                         time_us=f"{flops / (float(r['tflops_or_time_us']) * 1e12) * 1e6:.6g}"))
     return out
 
