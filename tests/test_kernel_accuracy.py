@@ -41,9 +41,10 @@ GATES = {  # (gpu, class, dtype): held-out MAPE %; memory rows read dtype bf16 (
     ("mi355x", "gemm", "bf16"): 25.8,  # 24.2 with the K-loop leak
     ("mi355x", "gemm", "fp8"): 13.9,  # 13.4 with the K-loop leak
     ("mi355x", "memory", "bf16"): 27.6,  # MI350X's rows pooled into the fit
-    # tgale96 read as the step times they are, VeOmni's whole-MoE forwards checked, not fitted
-    # (kernels SOURCES.md round 16): 60.7 before, when tgale96 and VeOmni disagreed by about 3x
-    ("h100", "grouped_gemm", "bf16"): 39.6,
+    # tgale96 read as the step times they are, VeOmni's whole-MoE forwards checked, not fitted,
+    # Transformer Engine PR #2045's rows a third family, grouped fits from a fixed start (kernels
+    # SOURCES.md round 16): 60.7 on 9 rows before, when tgale96 and VeOmni disagreed by about 3x
+    ("h100", "grouped_gemm", "bf16"): 29.5,
     ("h100", "attention", "bf16"): 5.9,
     ("h100", "gemm", "fp8"): 6.4,
     # 3.9 on 6 rows (24.3 before the H200's measured rows were pooled into its fit) until OpenXLA's
@@ -54,7 +55,7 @@ GATES = {  # (gpu, class, dtype): held-out MAPE %; memory rows read dtype bf16 (
     # the H200 device run (validation/data/device/h200), held out as its own family
     ("h200", "gemm", "bf16"): 9.0,  # 19.9 when its fold's H100 rows were six large GEMMs
     ("h200", "attention", "bf16"): 35.1,  # cuDNN and FlashAttention-2 (SDPA flash) rows at the pooled table
-    ("h200", "grouped_gemm", "bf16"): 54.4,  # torch._grouped_mm at the generic grouped table (202.1 before round 16)
+    ("h200", "grouped_gemm", "bf16"): 33.0,  # torch._grouped_mm at the generic grouped table (202.1 before round 16)
     ("h200", "memory", "bf16"): 30.4,
 }
 
@@ -554,6 +555,35 @@ def test_tgale96_rows_are_whole_training_steps():
     assert rows and all((r["direction"], r["kernel"]) == ("fwd_bwd", "sum_loss") for r in rows)
     cooperative = next(r for r in rows if "cooperative" in r["library"])
     assert float(cooperative["time_us"]) == pytest.approx(2 * 65536 * 1536 * 2048 / 160.5e12 * 1e6, rel=1e-4)
+
+
+def test_a_grouped_fit_does_not_start_from_the_table_it_replaces():
+    """Step-timed rows alone leave the forward / backward split open: the fit must settle it
+    from a fixed start, not from the profile's table (fitted to every family, it would carry a
+    held-out family into its own fold)."""
+    from perfsim.calibration import kernel_fit
+    from perfsim.system.kernel_tables import GroupedGemmEfficiency
+
+    rows = [p for p, f in acc.pool("h100") if f == "tgale96"]
+    base = load_gpu("h100")
+    speeds = []
+    for start in (0.3, 1.5):
+        table = GroupedGemmEfficiency(source="a start", tokens=(512.0,), forward_speed=(start,), backward_speed=(start,))
+        gpu = dataclasses.replace(base, grouped_gemm={"bf16": table})
+        fitted, _ = kernel_fit.fit_kernels(rows, gpu)
+        speeds.append((fitted.grouped_gemm["bf16"].forward_speed, fitted.grouped_gemm["bf16"].backward_speed))
+    assert speeds[0] == speeds[1]
+
+
+def test_transformer_engine_grouped_rows_are_forward_calls_at_their_tflops():
+    """Transformer Engine PR #2045's H100 table: g experts of m tokens each (g x m = 32,768 in
+    both shapes), one forward grouped call, at the TFLOPS printed, as the family
+    transformer-engine."""
+    rows = [r for r in csv.DictReader(open(acc.DATA / "check" / "h100.csv")) if r["meta_family"] == "transformer-engine"]
+    assert len(rows) == 8 and all(r["direction"] == "fwd" and r["kind"] == "grouped_gemm" for r in rows)
+    assert {int(r["m"]) * int(r["batch"]) for r in rows} == {32768}
+    te27 = next(r for r in rows if "TE 2.7" in r["library"] and "cuBLAS" in r["library"] and r["batch"] == "8")
+    assert float(te27["time_us"]) == pytest.approx(2 * 8 * 4096 * 768 * 2048 / 627.903e12 * 1e6, rel=1e-4)
 
 
 @pytest.mark.parametrize("cells, message", [

@@ -518,11 +518,13 @@ def section() -> str:
         "wgrad GEMMs; the author's run.log prints them beside \"Time per step\": validation/data/kernels/SOURCES.md, "
         "round 16), so its rows are now priced as forward plus backward plus the loss's two passes over the output; "
         "and VeOmni's MoE forwards timed whole (its routing-side work inside the timing) are checked, no longer "
-        "fitted. The H100 grouped speed went 0.206 -> 0.457 forward / 0.545 backward of the dense price. "
-        "MB2511-Q30B-H100, whose +9.2% had come from that misread table, is +38.0% held out (+36.5% shipped): "
-        "perfsim now prices Megatron-Bridge's Qwen3-30B-A3B MoE layer on H100 faster than it ran, and what it "
-        "lacks there (Transformer Engine's grouped GEMM on Hopper has no public measurement in the kernel data) "
-        "is open. `nemo`'s NVIDIA speed refitted, 0.8111 -> 0.7917.",
+        "fitted; and Transformer Engine's own H100 grouped GEMM (PR #2045: its multi-stream cuBLAS path, the one "
+        "Megatron-Bridge runs by default, and the CUTLASS kernel the PR adds, at Qwen3-30B-A3B's expert shape, "
+        "400-650 TFLOPS) joined as a kernel source. The H100 grouped speed went 0.206 -> 0.745 forward / 0.445 "
+        "backward of the dense price. MB2511-Q30B-H100, whose +9.2% had come from that misread table, is +40.2% "
+        "held out (+38.5% shipped): perfsim now prices Megatron-Bridge's Qwen3-30B-A3B step on H100 well faster "
+        "than it ran, with its expert GEMMs at what Transformer Engine measures for that shape; what the step spends "
+        "beyond perfsim's pricing is open. `nemo`'s NVIDIA speed refitted, 0.8111 -> 0.7905.",
         "",
         *_summary(held, shipped),
         "",

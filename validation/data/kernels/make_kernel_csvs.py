@@ -99,7 +99,7 @@ def family_of(series: str) -> str:
                         ("deepgemm", "deepgemm"), ("vllm", "vllm"), ("fb_triton", "fb-triton"), ("hipkittens", "hipkittens"),
                         ("tgale96", "tgale96"), ("amd_maf", "amd-maf-blog"), ("pytorch_benchmark", "pytorch-benchmark"),
                         ("tritonbench", "tritonbench"), ("fa_issue", "flash-attention"), ("fa4", "flash-attention"),
-                        ("perfsim_device", "perfsim-device"), ("openxla", "openxla")):
+                        ("perfsim_device", "perfsim-device"), ("openxla", "openxla"), ("te_pr2045", "transformer-engine")):
         if series.startswith(prefix):
             return fam
     return series.split("_")[0]
@@ -405,6 +405,30 @@ def xla_rows(path: Path) -> list[dict]:
     return out
 
 
+TE_GROUPED_SOURCE = "https://github.com/NVIDIA/TransformerEngine/pull/2045"
+
+
+def te_grouped_rows(path: Path) -> list[dict]:
+    """Transformer Engine PR #2045's H100 (SM90) BF16 grouped-GEMM table: ``general_grouped_gemm``
+    on (groups, m, n, k) = g experts of m tokens each, [m, k] @ [k, n] (Qwen3-30B-A3B's gate / up
+    projection shape, k = hidden 2048, n = expert width 768), in TFLOPS of 2 g m n k, for TE's
+    default multi-stream cuBLAS path and the CUTLASS grouped kernel the PR adds
+    (NVTE_USE_CUTLASS_GROUPED_GEMM), from the PR's two tables (TE 2.2 and TE 2.7 with CUDA 12.9).
+    Its timing harness (tests/pytorch/test_group_gemm.py in the PR) is not in the merged tree;
+    read as one forward grouped call (an assumption, SOURCES.md round 16). One series per table
+    and backend."""
+    out = []
+    for r in csv.DictReader(open(path)):
+        g, m, n, k = (int(r[c]) for c in ("groups", "m", "n", "k"))
+        seconds = 2.0 * g * m * n * k / (float(r["tflops"]) * 1e12)
+        backend = "cutlass" if r["backend"].startswith("CUTLASS") else "multistream"
+        version = "te27" if "TE 2.7" in r["backend"] else "te22"
+        out.append(_row("grouped_gemm", "bf16", "h100", f"te_pr2045_h100_{backend}_{version}", TE_GROUPED_SOURCE,
+                        f"Transformer Engine general_grouped_gemm, {r['backend']}", m=m, n=n, k=k, batch=g,
+                        direction="fwd", time_us=f"{seconds * 1e6:.6g}"))
+    return out
+
+
 DEVICE = HERE.parent / "device"  # this project's own runs on a lent GPU (validation.gpu_check), each with a README
 DEVICE_GPUS = {"h200": "NVIDIA H200"}
 DEVICE_COPY = ("kind", "dtype", "m", "n", "k", "batch", "seq", "heads", "kv_heads", "head_dim", "causal", "direction",
@@ -567,7 +591,8 @@ def write(rows: list[dict], path: Path) -> None:
 def main(shared: Path) -> None:
     kernels = shared / "kernels"
     rows, notes = drop_fallbacks(gemm_rows(kernels / "gemm.csv") + maf_rows(shared / "gemm_measured.csv")
-                                 + grouped_rows(kernels / "grouped_gemm.csv") + xla_rows(PUBLIC / "xla_sm90_matmul.csv"))
+                                 + grouped_rows(kernels / "grouped_gemm.csv") + xla_rows(PUBLIC / "xla_sm90_matmul.csv")
+                                 + te_grouped_rows(PUBLIC / "te_pr2045_h100_grouped.csv"))
     for note in notes:
         print(f"dropped as a fallback path: {note}")
     rows = cap(fastest(rows + attention_rows(kernels / "attention.csv") + memory_rows(kernels / "membound.csv")
