@@ -231,3 +231,15 @@ def test_host_timed_rows_calibrate_with_a_host_time_and_validate_says_they_are_h
     assert main(["validate", "--cluster", "mi300x-pollara", "--kernel-csv", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"{path}:2: timing 'wall' is not one of device, host" in err
+
+
+def test_validate_prints_each_kernel_point_whole_with_its_direction(tmp_path, capsys):
+    """A grouped row's label (shape, groups, direction) is never cut to the column: a row timed
+    forward and backward together says so, and its 128 groups do not read as 1."""
+    path = write_kernel_csv(tmp_path / "k.csv", [
+        dict(kind="grouped_gemm", dtype="bf16", m=512, n=1536, k=2048, batch=128, direction="fwd_bwd", kernel="sum_loss",
+             time_us="2568.95", device="h100"),
+        dict(kind="gemm", dtype="bf16", m=4096, n=4096, k=4096, direction="bwd", time_us="500", device="h100")])
+    assert main(["validate", "--cluster", "h100-ib", "--kernel-csv", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert " 512x1536x2048 x128 fwd_bwd " in out and " 4096x4096x4096 bwd " in out

@@ -356,9 +356,10 @@ def _cmd_validate(args) -> int:
         print(dumps(result.to_dict()))
     else:
         print(f"# perfsim validate: {result.cluster}; error = (predicted - measured) / measured")
-        print(f"{'category':<58} {'point':>16} {'measured_us':>12} {'predicted_us':>12} {'error_%':>8}")
+        width = max([16] + [len(p.label) for p in result.points])  # a point's label is never cut
+        print(f"{'category':<58} {'point':>{width}} {'measured_us':>12} {'predicted_us':>12} {'error_%':>8}")
         for p in result.points:
-            print(f"{p.category[:58]:<58} {p.label[:16]:>16} {p.measured_s * 1e6:>12.3f} {p.predicted_s * 1e6:>12.3f} "
+            print(f"{p.category[:58]:<58} {p.label:>{width}} {p.measured_s * 1e6:>12.3f} {p.predicted_s * 1e6:>12.3f} "
                   f"{p.error_pct:>+8.2f}")
         for cat, err in result.by_category().items():
             print(f"MAPE {err:6.2f}%  {cat}")
