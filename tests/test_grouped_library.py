@@ -59,8 +59,12 @@ def test_torchtitans_experts_run_at_the_library_speed_in_both_estimators(estimat
         return api.simulate(estimator=estimator, stack=stack, **{**CASE, **kw}).breakdown["experts"]
 
     gpu = load_gpu("h200")
-    ratio = gpu.grouped_libraries["torch_grouped_mm"].forward_speed[0] / gpu.grouped_table("bf16").forward_speed[0]
-    assert experts(generic) / experts(titan) == pytest.approx(ratio, rel=0.15)
+    lib, pooled = gpu.grouped_libraries["torch_grouped_mm"], gpu.grouped_table("bf16")
+    # the experts' forward and backward launches each run at their direction's speed ratio: the
+    # step's ratio lies between the two (within float and launch-gap noise)
+    ratios = (lib.forward_speed[0] / pooled.forward_speed[0], lib.backward_speed[0] / pooled.backward_speed[0])
+    assert min(ratios) * 0.97 <= experts(generic) / experts(titan) <= max(ratios) * 1.03
+    assert experts(generic) / experts(titan) > 1.1  # the library is faster than the pooled table here
     assert experts(titan, cluster="mi300x-pollara") == pytest.approx(experts(generic, cluster="mi300x-pollara"), rel=1e-12)
 
 
@@ -92,7 +96,9 @@ def test_the_table_is_fitted_to_the_librarys_rows_and_beats_the_generic_table_on
             and ak.csv_rows(s, "h200")[p.line]["library"].startswith("torch._grouped_mm")]
     assert len(rows) >= ak.MIN_GROUPED_LIBRARY_ROWS
     with_lib = dataclasses.replace(gpu, grouped_gemm={"bf16": shipped})
-    assert kernel_fit.mape(rows, with_lib) < kernel_fit.mape(rows, gpu) / 5
+    # the pooled table (tgale96's step rows, Transformer Engine's) is within about 2.4x of it
+    # since kernels SOURCES.md round 16 (15x before, when tgale96 was read as forward times)
+    assert kernel_fit.mape(rows, with_lib) < kernel_fit.mape(rows, gpu) / 2
 
 
 def test_calibrating_grouped_gemm_drops_the_profiles_library_tables():

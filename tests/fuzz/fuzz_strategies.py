@@ -5,7 +5,7 @@ import math
 
 from hypothesis import strategies as st
 
-from fuzz_inputs import GOOD_TIMES, HF_LLAMA, KERNEL_HEADER, STACKS, cluster_dict, rccl_log, stack_dict
+from fuzz_inputs import GOOD_TIMES, HF_LLAMA, STACKS, cluster_dict, rccl_log, stack_dict
 
 # numbers where validation goes wrong: zero, negatives, huge, NaN, inf, fractions, tiny
 EDGE_INTS = st.sampled_from([0, 1, 2, 3, 7, 8, 16, -1, -8, 2 ** 31, 10 ** 20])
@@ -142,9 +142,17 @@ def rccl_text(draw) -> str:
 
 @st.composite
 def kernel_csv_text(draw) -> str:
+    """A kernel CSV whose shape and time cells are edge numbers, and whose kind, groups,
+    direction and pricing label are drawn from valid and invalid values together (a grouped
+    row timed forward and backward as a training step, a forward-only label on a backward
+    row, ...)."""
     rows = []
     for _ in range(draw(st.integers(1, 3))):
         m, n, k = (draw(NUMBER_TEXT.filter(lambda t: "," not in t)) if draw(st.booleans()) else "4096" for _ in range(3))
         time_us = draw(NUMBER_TEXT.filter(lambda t: "," not in t)) if draw(st.booleans()) else "200.0"
-        rows.append(f"{draw(st.sampled_from(['gemm', 'attention', 'x']))},bf16,{m},{n},{k},{time_us},MI300X\n")
-    return KERNEL_HEADER + "".join(rows)
+        kind = draw(st.sampled_from(["gemm", "grouped_gemm", "attention", "x"]))
+        batch = draw(st.sampled_from(["", "8", "128", "0", "-1", "x"]))
+        direction = draw(st.sampled_from(["", "fwd", "bwd", "fwd_bwd", "both"]))
+        label = draw(st.sampled_from(["", "sum_loss", "moe_mlp", "moe_stage", "cast", "zz"]))
+        rows.append(f"{kind},bf16,{m},{n},{k},{batch},{direction},{label},{time_us},MI300X\n")
+    return "kind,dtype,m,n,k,batch,direction,kernel,time_us,device\n" + "".join(rows)
