@@ -73,9 +73,9 @@ def _cast_time(p: KernelPoint, gpu: GpuSpec) -> float:
     groups = p.batch if p.kind == "grouped_gemm" else 1
     if p.kernel == "cast_a":
         return costs.fp8_rowwise_cast_time(groups * p.m * p.k, gpu)
-    forward = costs.fp8_cast_time(groups * p.m * p.k, gpu) + costs.fp8_cast_time(groups * p.k * p.n, gpu)
-    backward = costs.fp8_cast_time(groups * p.m * p.n, gpu)
-    return {"bwd": backward, "fwd_bwd": forward + backward}.get(p.direction, forward)
+    return sum(costs.fp8_cast_time(groups * p.m * p.n, gpu) if backward
+               else costs.fp8_cast_time(groups * p.m * p.k, gpu) + costs.fp8_cast_time(groups * p.k * p.n, gpu)
+               for backward in p.gemm_passes)
 
 
 def _moe_mlp_time(p: KernelPoint, gpu: GpuSpec) -> float:
@@ -117,8 +117,7 @@ def predict_kernel(p: KernelPoint, gpu: GpuSpec) -> float:
     if p.kind == "grouped_gemm" and p.kernel == "moe_mlp":
         return _moe_mlp_time(p, gpu)
     if p.kind in ("gemm", "grouped_gemm"):
-        passes = {"bwd": (True,), "fwd_bwd": (False, True)}.get(p.direction, (False,))
-        return sum(_gemm_time(p, gpu, backward) for backward in passes) + _cast_time(p, gpu) + _sum_loss_time(p, gpu)
+        return sum(_gemm_time(p, gpu, backward) for backward in p.gemm_passes) + _cast_time(p, gpu) + _sum_loss_time(p, gpu)
     if p.kind == "memory":
         return costs.elementwise_time(p.bytes, gpu)
     fwd = dataclasses.replace(p, direction="fwd").flops
@@ -307,7 +306,7 @@ def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool =
         gpu, after = best.gpu, best.mape
         if best.floors:
             note = "; ".join(x for x in (note, host_note(best.floors, mine, gpu)) if x)
-        if ref.kind == "grouped_gemm" and not any(p.direction in ("bwd", "fwd_bwd") for p in mine):
+        if ref.kind == "grouped_gemm" and not any(True in p.gemm_passes for p in mine):
             gpu, derived = derive_backward(gpu, ref.dtype)
             note = "; ".join(x for x in (note, derived) if x)
         fits.append(TableFit(name=ref.name, xs=ref.xs(gpu), ys=ref.ys(gpu), mape_before=before, mape_after=after,

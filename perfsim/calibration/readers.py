@@ -80,7 +80,9 @@ KERNEL_LABEL_KINDS = {"cast": ("gemm", "grouped_gemm"), "cast_a": ("gemm", "grou
 # labels that time a forward only, and the one that needs forward and backward timed together
 FORWARD_LABELS = ("moe_mlp", "moe_stage")
 ATTENTION_DIRECTIONS = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # x forward FLOPs (Dao'23)
-GEMM_DIRECTIONS = {"": 1.0, "fwd": 1.0, "bwd": 2.0, "fwd_bwd": 3.0}  # x forward FLOPs (dgrad + wgrad = 2 GEMMs)
+# a GEMM row's direction -> the passes it times (False: the forward GEMM; True: its backward,
+# dgrad + wgrad, twice the forward's FLOPs)
+GEMM_PASSES = {"": (False,), "fwd": (False,), "bwd": (True,), "fwd_bwd": (False, True)}
 _REQUIRED = {
     "gemm": ("m", "n", "k"),
     "grouped_gemm": ("m", "n", "k", "batch"),
@@ -315,11 +317,17 @@ class KernelPoint:
         return self.bytes if self.kind == "memory" else self.flops
 
     @property
+    def gemm_passes(self) -> tuple[bool, ...]:
+        """A GEMM row's timed passes (``GEMM_PASSES``): False the forward, True the backward."""
+        return GEMM_PASSES.get(self.direction, (False,))
+
+    @property
     def flops(self) -> float:
         if self.kind == "grouped_gemm" and self.kernel == "moe_mlp":  # gate_up (2n wide) + down
             return 6.0 * self.m * self.n * self.k * self.batch
         if self.kind in ("gemm", "grouped_gemm"):
-            return 2.0 * self.m * self.n * self.k * self.batch * GEMM_DIRECTIONS.get(self.direction, 1.0)
+            passes = sum(2.0 if backward else 1.0 for backward in self.gemm_passes)
+            return 2.0 * self.m * self.n * self.k * self.batch * passes
         if self.kind == "attention":
             fwd = 4.0 * self.batch * self.heads * self.seq ** 2 * self.head_dim * (0.5 if self.causal else 1.0)
             return fwd * ATTENTION_DIRECTIONS[self.direction]
@@ -362,7 +370,7 @@ def _kernel_point(row: dict, where: str, lineno: int) -> KernelPoint:
         raise ConfigError(f"{where}: kernel {label!r} is for kind {' or '.join(KERNEL_LABEL_KINDS[label])} rows, got kind {kind}")
     if kind == "attention" and direction not in ATTENTION_DIRECTIONS:
         raise ConfigError(f"{where}: direction {direction!r} is not one of {', '.join(ATTENTION_DIRECTIONS)}")
-    if kind in ("gemm", "grouped_gemm") and direction not in GEMM_DIRECTIONS:
+    if kind in ("gemm", "grouped_gemm") and direction not in GEMM_PASSES:
         raise ConfigError(f"{where}: direction {direction!r} is not one of fwd, bwd, fwd_bwd (or empty: fwd) for kind {kind}")
     if label in FORWARD_LABELS and direction not in ("", "fwd"):
         raise ConfigError(f"{where}: kernel {label!r} times a forward; direction must be fwd, got {direction!r}")

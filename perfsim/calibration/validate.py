@@ -93,7 +93,7 @@ def _kernel_rows(path: str, cluster: ClusterSpec) -> tuple[list[Point], list[str
 def _kernel_label(p) -> str:
     if p.kind in ("gemm", "grouped_gemm"):
         return (f"{p.m}x{p.n}x{p.k}" + (f" x{p.batch}" if p.batch > 1 else "")
-                + (f" {p.direction}" if p.direction in ("bwd", "fwd_bwd") else ""))
+                + (f" {p.direction}" if True in p.gemm_passes else ""))
     if p.kind == "attention":
         return f"b{p.batch} s{p.seq} h{p.heads}/{p.kv_heads} d{p.head_dim} {p.direction}"
     return f"{p.kernel} {p.bytes:.3g} B"
