@@ -110,18 +110,25 @@ def experimental(label: str) -> bool:
     return any(tag in low for tag in EXPERIMENTAL)
 
 
-def timing_of(series: str) -> str:
+def timing_of(series: str, library: str = "") -> str:
     """How a series was timed (the ``timing`` column): Primus-Turbo's benchmark harness
     times with torch.utils.benchmark's Timer.timeit, host wall clock over back-to-back
-    calls (shared SOURCES.md, "Timing methods differ across sources"); the others with GPU
-    events or do_bench."""
-    return "host" if family_of(series) == "primus-turbo" else "device"
+    calls (shared SOURCES.md, "Timing methods differ across sources"); so does hipBLASLt's
+    benchmark client, hipblaslt-bench (clients/include/testing_matmul.hpp: the hot calls
+    are issued back to back between two host clock reads, get_time_us_sync, and the time
+    divided by the count; the Azure guide's runner adds --flush and rotating buffers per
+    call, yosoyjay/AI-benchmarking-guide benchmarks/amd/hipBLAS_runner.sh), and its
+    MI300X FP8 rows show the host time: 1024^3, 1024 x 2145 x 1024 and 2048^3, 8x apart in
+    work, all read 40 us; the others with GPU events or do_bench."""
+    if family_of(series) == "primus-turbo" or "hipblaslt-bench" in library.lower():
+        return "host"
+    return "device"
 
 
 def _row(kind, dtype, device, series, source, library, **cells) -> dict:
     row = dict.fromkeys(COLUMNS, "")
     row.update(kind=kind, dtype=dtype, device=device, library=library.replace(",", ";"), source=source,
-               timing=timing_of(series), meta_series=series, meta_family=family_of(series),
+               timing=timing_of(series, library), meta_series=series, meta_family=family_of(series),
                **{k: str(v) for k, v in cells.items()})
     return row
 
