@@ -18,7 +18,7 @@ from perfsim.lowering.memory import plan_memory
 from perfsim.model.spec import ModelSpec
 from perfsim.model.io import load_model as _load_model
 from perfsim.lowering.ops import Coll
-from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, check_plan, derive_dp, group_shape, op_recompute_applies
+from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, check_plan, derive_dp, group_shape, recompute_ladder
 from perfsim.cost.pricing import price
 from perfsim.report import Report, assemble_report, extrapolate_figures, span_figures
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
@@ -140,14 +140,14 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     stacks: none, selective, then full recompute of the first N layers of each pipeline chunk
     for the smallest N that fits (Megatron's --recompute-method block --recompute-num-layers
     N, "block"), then every layer. Per-op checkpointing ("op") is tried only where it is
-    modelled (dense layers). A ``recompute_layers`` the plan already names is kept (block
+    modelled (``recompute_ladder``: dense layers). A ``recompute_layers`` the plan already names is kept (block
     recompute of those layers at each level)."""
     def fits(candidate: ParallelPlan) -> bool:
         return max(m.total_bytes for m in _plan_memory(model, candidate, routing)) <= cluster.gpu.hbm_bytes
 
     fixed = plan.recompute_layers
     full = replace(plan, recompute=Recompute.FULL)
-    for level in plan.stack.recompute.auto:
+    for level in recompute_ladder(plan.stack.recompute.auto, model):
         if level == "full":
             break
         if level == "block":
@@ -158,8 +158,6 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                 return replace(full, recompute_layers=layers)
             continue
         recompute = Recompute(level)
-        if recompute == Recompute.OP and not op_recompute_applies(model):
-            continue
         candidate = replace(plan, recompute=recompute, recompute_layers=0 if recompute == Recompute.NONE else fixed)
         if fits(candidate):
             return candidate

@@ -79,3 +79,20 @@ def test_cli_simulate_recompute_op(capsys):
                  "--seq", "8192", "--zero", "3", "--recompute", "op", "--stack", "torchtitan", "--engine", "analytic"])
     out = capsys.readouterr().out
     assert code == 0 and "recompute=op" in out
+
+
+def test_auto_and_search_walk_one_ladder_that_drops_op_where_it_is_not_modelled():
+    """``recompute='auto'`` and ``perfsim search`` read the same ladder: the stack's settings
+    less per-op checkpointing on MoE or MLA models (``recompute_ladder``)."""
+    from perfsim.plan.parallel import recompute_ladder
+    from perfsim.system.stacks import load_stack
+
+    torchtitan = load_stack("torchtitan").recompute
+    assert "op" in torchtitan.auto
+    dense, moe, mla = (api.load_model(m) for m in ("llama3.1-8b", "qwen3-30b-a3b", "deepseek-v2-lite"))
+    assert recompute_ladder(torchtitan.auto, dense) == torchtitan.auto
+    for model in (moe, mla):
+        assert recompute_ladder(torchtitan.auto, model) == tuple(v for v in torchtitan.auto if v != "op")
+    space = build_space(moe, 8, stack=load_stack("torchtitan"))
+    assert Recompute.OP not in space.recompute and Recompute.FULL in space.recompute
+    assert Recompute.OP in build_space(dense, 8, stack=load_stack("torchtitan")).recompute

@@ -348,6 +348,13 @@ def op_recompute_applies(model: ModelSpec) -> bool:
     return not model.is_moe and model.attention is AttentionKind.GQA
 
 
+def recompute_ladder(levels: tuple[str, ...], model: ModelSpec) -> tuple[str, ...]:
+    """A stack's recompute settings (``stack.recompute.auto`` or ``.levels()``) that can be
+    priced on ``model``: per-op checkpointing only where it is modelled
+    (``op_recompute_applies``). What ``recompute='auto'`` walks and ``perfsim search`` tries."""
+    return tuple(level for level in levels if level != Recompute.OP.value or op_recompute_applies(model))
+
+
 def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
     """Raise ConfigError naming the first knob that does not fit this model and cluster."""
     if plan.world_size != num_gpus:

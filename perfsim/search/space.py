@@ -21,7 +21,7 @@ from perfsim.estimators.analytic import ClosedForm
 from perfsim.estimators.fastmem import MemoryModel
 from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, check_plan, op_recompute_applies
+from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, check_plan, recompute_ladder
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.sharding import fewest_recompute_layers
 from perfsim.system.stacks import IDEAL, StackSpec
@@ -104,8 +104,7 @@ def build_space(model: ModelSpec, gpus_per_node: int, fixed: dict | None = None,
         "etp": _up_to(limits["etp"]) if moe else (1,), "vpp": _up_to(limits["vpp"]), "mbs": _up_to(limits["mbs"]),
         # the stack's recompute settings (per-op checkpointing only where it is modelled: dense layers)
         "zero": (0, 1, 2, 3),
-        "recompute": tuple(Recompute(v) for v in stack.recompute.levels()
-                           if v != Recompute.OP.value or op_recompute_applies(model)),
+        "recompute": tuple(Recompute(v) for v in recompute_ladder(stack.recompute.levels(), model)),
         "schedule": tuple(Schedule),
         "tp_comm_overlap": (False, True), "grad_bucket_bytes": BUCKETS, "dispatch": None,
     }
