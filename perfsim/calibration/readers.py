@@ -74,11 +74,15 @@ KERNEL_CSV_COLUMNS = (
 # host's time to issue it, so a small call times the harness, not the kernel)
 KERNEL_TIMINGS = ("device", "host")
 KERNEL_KINDS = ("gemm", "grouped_gemm", "attention", "memory")
-# ``kernel`` labels that change how a row is priced, and the kinds they apply to
-KERNEL_LABEL_KINDS = {"cast": ("gemm", "grouped_gemm"), "cast_a": ("gemm", "grouped_gemm"), "moe_mlp": ("grouped_gemm",),
-                      "moe_stage": ("grouped_gemm",), "sum_loss": ("gemm", "grouped_gemm")}
-# labels that time a forward only, and the one that needs forward and backward timed together
-FORWARD_LABELS = ("moe_mlp", "moe_stage")
+# ``kernel`` labels that change how a row is priced: label -> (the kinds it applies to, the
+# directions it allows (None: any), what it times where that restricts them)
+KERNEL_LABELS = {
+    "cast": (("gemm", "grouped_gemm"), None, ""),
+    "cast_a": (("gemm", "grouped_gemm"), None, ""),
+    "moe_mlp": (("grouped_gemm",), ("", "fwd"), "times a forward"),
+    "moe_stage": (("grouped_gemm",), ("", "fwd"), "times a forward"),
+    "sum_loss": (("gemm", "grouped_gemm"), ("fwd_bwd",), "times forward and backward together"),
+}
 ATTENTION_DIRECTIONS = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # x forward FLOPs (Dao'23)
 # a GEMM row's direction -> the passes it times (False: the forward GEMM; True: its backward,
 # dgrad + wgrad, twice the forward's FLOPs)
@@ -366,16 +370,16 @@ def _kernel_point(row: dict, where: str, lineno: int) -> KernelPoint:
             raise ConfigError(f"{where}: column {key!r} is required for kind {kind}")
     direction = (row.get("direction") or "").strip()
     label = (row.get("kernel") or "").strip()
-    if label in KERNEL_LABEL_KINDS and kind not in KERNEL_LABEL_KINDS[label]:
-        raise ConfigError(f"{where}: kernel {label!r} is for kind {' or '.join(KERNEL_LABEL_KINDS[label])} rows, got kind {kind}")
+    kinds, directions, times = KERNEL_LABELS.get(label, (KERNEL_KINDS, None, ""))
+    if kind not in kinds:
+        raise ConfigError(f"{where}: kernel {label!r} is for kind {' or '.join(kinds)} rows, got kind {kind}")
     if kind == "attention" and direction not in ATTENTION_DIRECTIONS:
         raise ConfigError(f"{where}: direction {direction!r} is not one of {', '.join(ATTENTION_DIRECTIONS)}")
     if kind in ("gemm", "grouped_gemm") and direction not in GEMM_PASSES:
         raise ConfigError(f"{where}: direction {direction!r} is not one of fwd, bwd, fwd_bwd (or empty: fwd) for kind {kind}")
-    if label in FORWARD_LABELS and direction not in ("", "fwd"):
-        raise ConfigError(f"{where}: kernel {label!r} times a forward; direction must be fwd, got {direction!r}")
-    if label == "sum_loss" and direction != "fwd_bwd":
-        raise ConfigError(f"{where}: kernel 'sum_loss' times forward and backward together; direction must be fwd_bwd, got {direction!r}")
+    if directions is not None and direction not in directions:
+        allowed = " or ".join(d for d in directions if d)
+        raise ConfigError(f"{where}: kernel {label!r} {times}; direction must be {allowed}, got {direction!r}")
     timing = (row.get("timing") or "device").strip().lower()
     if timing not in KERNEL_TIMINGS:
         raise ConfigError(f"{where}: timing {timing!r} is not one of {', '.join(KERNEL_TIMINGS)}")
