@@ -383,7 +383,7 @@ def section() -> str:
            "within it (a weak split). The shipped tables are fitted to all families. MI325X, MI350X and H200 "
            "take the MI300X / MI355X / H100 tables (same die, own peak, clock under load and HBM), fitted "
            "without the family checked (all its backends, on the base GPU's rows too). FP8 rows timed with their input casts are fitted and priced as GEMM + modelled casts. "
-           "Host-timed rows (`timing = host`: Primus-Turbo's Timer.timeit harness) are fitted as the longer of the GPU time "
+           "Host-timed rows (`timing = host`: Primus-Turbo's Timer.timeit harness, hipblaslt-bench's host-clocked loop of back-to-back calls) are fitted as the longer of the GPU time "
            "and a host time per call fitted per series that shows one (`kernel_fit.host_floors`), and checked at their GPU "
            "time. "
            "The stages of AITER's inference fused-MoE kernel (class `fused_moe`: stage 1 gathers its tokens by "
