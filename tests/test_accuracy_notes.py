@@ -236,3 +236,34 @@ def test_list_accuracy_prints_every_figure(capsys):
         assert series in out
     assert f"median {facts['plans']['median_abs_pct']:.1f}% over {len(facts['plans']['groups'])} groups" in out
     assert f"on NVIDIA GPUs {facts['stacks']['nemo']['by_vendor']['nvidia']['runs']} runs" in out  # per vendor
+
+
+def test_stack_memory_figures_are_the_docs_memory_table():
+    """Per stack, the predicted peaks against the printed ones and the runs predicted not to
+    fit (all of them ran) are docs/accuracy.md's memory table."""
+    stacks = accuracy.figures()["stacks"]
+    rows = _doc_rows("Memory per stack")
+    assert {r[0] for r in rows} == set(stacks)
+    for stack, runs, peaks, median, spread, oom in rows:
+        f = stacks[stack]
+        assert int(runs) == f["runs"] and int(oom) == f["predicted_not_to_fit"]
+        assert int(peaks) == f.get("peaks", 0)
+        if f.get("peaks"):
+            lo, hi = (float(x.rstrip("%")) for x in spread.split(" to "))
+            assert float(median.rstrip("%")) == pytest.approx(f["peak_median_abs_pct"], abs=0.06)
+            assert (lo, hi) == (pytest.approx(f["peak_error_min_pct"], abs=0.06),
+                                pytest.approx(f["peak_error_max_pct"], abs=0.06))
+    # the committed runs table's peak column agrees: torchtitan prints its peaks, perfsim's run below them
+    assert stacks["torchtitan"]["peaks"] >= 10 and stacks["torchtitan"]["peak_error_max_pct"] < 0
+
+
+def test_a_report_quotes_how_far_its_stacks_peaks_were_from_the_printed_ones():
+    f = accuracy.figures()["stacks"]["torchtitan"]
+    line = _notes(tiny_dense(), "h100-ib", gpus=8, dp=8, zero=3, gbs=16, stack="torchtitan")["lines"][0]
+    assert f"peak memory against {f['peaks']} printed peaks (+ = predicted above): median |error| " \
+           f"{f['peak_median_abs_pct']:.0f}%" in line
+    maxtext = accuracy.figures()["stacks"]["maxtext"]
+    assert maxtext["predicted_not_to_fit"] > 0 and "peaks" not in maxtext
+    line = _notes(tiny_moe(), "mi355x-pollara", gpus=8, dp=8, ep=4, gbs=16, stack="maxtext")["lines"][0]
+    assert f"{maxtext['predicted_not_to_fit']} of {maxtext['runs']} runs that ran predicted not to fit" in line
+    assert "printed peak" not in line

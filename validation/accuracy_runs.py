@@ -189,6 +189,22 @@ def _scale() -> list[str]:
     return lines
 
 
+def _memory(held) -> list[str]:
+    """Per stack: the predicted per-GPU peak against the peaks the sources print, and the runs
+    (all of which ran) predicted not to fit; memory is fitted to nothing."""
+    lines = ["Memory per stack (issue 16: a run that ran must be predicted to fit; its peak compared where the "
+             "source prints one; + = predicted above the printed peak):", "",
+             "| stack | runs | printed peaks | median abs peak error | peak error range | predicted not to fit |",
+             "| --- | ---: | ---: | ---: | --- | ---: |"]
+    for stack in sorted({r.stack for r in held.results}):
+        mine = [r for r in held.results if r.stack == stack]
+        peaks = [r.memory_error_pct for r in mine if r.memory_error_pct is not None]
+        spread = (f"{statistics.median(abs(e) for e in peaks):.1f}% | {min(peaks):+.1f}% to {max(peaks):+.1f}%"
+                  if peaks else "- | -")
+        lines.append(f"| {stack} | {len(mine)} | {len(peaks)} | {spread} | {sum(not r.fits for r in mine)} |")
+    return lines
+
+
 def _groups(held) -> list[str]:
     lines = ["| split | group | held-out MAPE |", "| --- | --- | --- |"]
     for key in ("stack", "family", "scale", "data"):
@@ -529,6 +545,8 @@ def section() -> str:
         *_summary(held, shipped),
         "",
         *_targets(held),
+        "",
+        *_memory(held),
         "",
         *_one_run(),
         "",

@@ -55,7 +55,19 @@ def _run_stats(results, gpu_of) -> dict:
             "gpus": sorted({gpu_of[r.case.cluster] for r in results}),
             "held_out_median_abs_pct": _r(statistics.median(errs)), "held_out_mape_pct": _r(sum(errs) / len(errs)),
             "worst_run": worst.case.id, "worst_error_pct": _r(worst.error_pct),
-            "within_25_pct": sum(e <= TARGET_MAX for e in errs)}
+            "within_25_pct": sum(e <= TARGET_MAX for e in errs), **_memory_stats(results)}
+
+
+def _memory_stats(results) -> dict:
+    """The predicted per-GPU peak against the peaks the sources print (memory is fitted to
+    nothing, so held out and shipped alike), and how many of the runs, all of which ran,
+    perfsim predicts not to fit."""
+    peaks = [r.memory_error_pct for r in results if r.memory_error_pct is not None]
+    out = {"predicted_not_to_fit": sum(not r.fits for r in results)}
+    if peaks:
+        out.update(peaks=len(peaks), peak_median_abs_pct=_r(statistics.median(abs(e) for e in peaks)),
+                   peak_error_min_pct=_r(min(peaks)), peak_error_max_pct=_r(max(peaks)))
+    return out
 
 
 def run_facts() -> dict:

@@ -136,7 +136,21 @@ def stack_note(stack: StackSpec, gpu: str, vendor: str) -> tuple[dict, str]:
     return {"stack": stack.name, "checked": True, **mine}, (
         f"stack {stack.name}: {shown['runs']} published runs{scope} ({n} source{'s' * (n > 1)}, "
         f"{'/'.join(shown['gpus'])}{off}), {held}: median |error| {shown['held_out_median_abs_pct']:.1f}%, worst "
-        f"{_pct(shown['worst_error_pct'])} ({shown['worst_run']}), {shown['within_25_pct']} of {shown['runs']} within 25%")
+        f"{_pct(shown['worst_error_pct'])} ({shown['worst_run']}), {shown['within_25_pct']} of {shown['runs']} within 25%"
+        + _memory_clause(shown))
+
+
+def _memory_clause(shown: dict) -> str:
+    """How far the stack's predicted peaks were from the peaks its sources print, and how many
+    of its runs (all of which ran) perfsim predicted not to fit."""
+    parts = []
+    if shown.get("peaks"):
+        parts.append(f"peak memory against {shown['peaks']} printed peak{'s' * (shown['peaks'] > 1)} (+ = predicted above): median |error| "
+                     f"{shown['peak_median_abs_pct']:.0f}%, {_pct(shown['peak_error_min_pct'])} to "
+                     f"{_pct(shown['peak_error_max_pct'])}")
+    if shown.get("predicted_not_to_fit"):
+        parts.append(f"{shown['predicted_not_to_fit']} of {shown['runs']} runs that ran predicted not to fit")
+    return "; " + "; ".join(parts) if parts else ""
 
 
 def _cell(gpu: str, key: str) -> tuple[str, dict] | None:
@@ -258,6 +272,9 @@ def summary_lines() -> list[str]:
         out.append(f"  {name:<16} {f['runs']:>3} runs, {f['sources']} source{'s' * (f['sources'] > 1)} "
                    f"({'/'.join(f['gpus'])}): median |error| {f['held_out_median_abs_pct']:.1f}%, "
                    f"worst {_pct(f['worst_error_pct'])} ({f['worst_run']}), {f['within_25_pct']}/{f['runs']} within 25%")
+        memory = _memory_clause(f).removeprefix("; ")
+        if memory:
+            out.append(f"  {'':<16}     {memory}")
         by_vendor = f.get("by_vendor", {})
         for vendor, v in sorted(by_vendor.items()) if len(by_vendor) > 1 else ():
             out.append(f"  {'':<16}     on {VENDORS.get(vendor, vendor)} GPUs {v['runs']} runs: median |error| "
