@@ -707,3 +707,27 @@ def test_a_run_may_name_a_cluster_file_beside_the_csv_and_state_tp_comm_overlap(
     bad.write_text("\n".join([header, rows[0].replace(",false", ",maybe")]) + "\n")
     with pytest.raises(ConfigError, match="tp_comm_overlap: expected true or false"):
         read_runs(bad)
+
+
+def test_cli_validate_runs_shows_peaks_against_the_printed_ones_and_runs_that_would_not_fit(capsys, tmp_path):
+    """Each run's predicted per-GPU peak, with the printed peak and its signed error where the
+    source prints one; a memory line sums them up and counts the runs (all of which ran)
+    predicted not to fit, in the text table and the HTML report."""
+    rows = dense_rows()
+    header = HEADER + ",measured_peak_GB"
+    fits = predict(read_runs(small_csv(tmp_path, rows[:1], "one.csv"))[0])
+    printed = fits.peak_memory_bytes / 1e9 * 1.25  # the source prints 25% more than perfsim predicts
+    huge = rows[0].replace("Ra0,", "Rb0,").replace(",1,1,1,32,", ",1,1,16,128,").replace("4096,selective", "32768,none")
+    path = tmp_path / "peaks.csv"
+    path.write_text("\n".join([header, rows[0] + f",{printed:.3f}", huge + ","]) + "\n")
+    assert main(["validate", "--runs", str(path)]) == 0
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.startswith("Ra0"))
+    assert f"({printed:.1f}, -20%)" in line and "peak_GB (printed)" in out
+    assert "NO" in next(l for l in out.splitlines() if l.startswith("Rb0"))  # mbs 16 at 32k tokens, no recompute
+    assert "memory: 1 printed peak, median |error| 20.0% (-20.0% to -20.0%); 1 of 2 runs predicted not to fit" in out
+    pytest.importorskip("plotly")
+    html_path = tmp_path / "peaks.html"
+    assert main(["validate", "--runs", str(path), "--html", str(html_path)]) == 0
+    page = html_path.read_text()
+    assert "1 of 2 runs predicted not to fit" in page and f"({printed:.1f}, -20%)" in page

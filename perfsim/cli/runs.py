@@ -3,6 +3,7 @@ training runs against perfsim (design.runs), and a stack profile fitted to them
 (design.runs_fit). Presentation only."""
 
 import html
+import statistics
 import sys
 from pathlib import Path
 
@@ -16,17 +17,39 @@ from perfsim.system.stacks import load_stack, write_stack
 def table(result: runs_mod.RunsValidation) -> list[str]:
     lines = [f"# perfsim validate --runs{' (' + result.label + ')' if result.label else ''}; "
              "error = (predicted - measured) / measured",
-             f"{'run':<22} {'stack':<16} {'metric':<22} {'measured':>10} {'predicted':>10} {'error_%':>8} {'fits':>5}"]
+             f"{'run':<22} {'stack':<16} {'metric':<22} {'measured':>10} {'predicted':>10} {'error_%':>8} {'fits':>5} "
+             f"{'peak_GB (printed)':>22}"]
     for r in result.results:
         lines.append(f"{r.case.id[:22]:<22} {r.stack[:16]:<16} {r.case.metric[:22]:<22} {r.case.measured:>10.4g} "
-                     f"{r.predicted:>10.4g} {r.error_pct:>+8.1f} {'yes' if r.fits else 'NO':>5}")
+                     f"{r.predicted:>10.4g} {r.error_pct:>+8.1f} {'yes' if r.fits else 'NO':>5} {peak(r):>22}")
     for key in runs_mod.GROUPS:
         for group, err in result.by(key).items():
             lines.append(f"MAPE {err:6.1f}%  {key} {group}")
     lines.append(f"MAPE {result.mape:6.1f}%  overall ({len(result.results)} runs), median |error| "
                  f"{result.median_abs_pct:.1f}%")
+    memory = memory_line(result)
+    lines += [memory] if memory else []
     note = runs_mod.routing_note([r.case for r in result.results])
     return lines + ([f"note: {note}"] if note else [])
+
+
+def peak(r: runs_mod.RunResult) -> str:
+    """The predicted per-GPU peak in GB, with the printed one and the signed error where the
+    run's source prints it."""
+    shown = f"{r.peak_memory_bytes / 1e9:.0f}"
+    printed = r.case.measured_peak_bytes
+    return shown if printed is None else f"{shown} ({printed / 1e9:.1f}, {r.memory_error_pct:+.0f}%)"
+
+
+def memory_line(result: runs_mod.RunsValidation) -> str:
+    """How far the predicted peaks were from the printed ones, and the runs predicted not to
+    fit (every run in the file ran)."""
+    errs = [r.memory_error_pct for r in result.results if r.memory_error_pct is not None]
+    unfit = sum(not r.fits for r in result.results)
+    parts = ([f"{len(errs)} printed peak{'s' * (len(errs) > 1)}, median |error| "
+              f"{statistics.median(abs(e) for e in errs):.1f}% ({min(errs):+.1f}% to {max(errs):+.1f}%)"] if errs else [])
+    parts += [f"{unfit} of {len(result.results)} runs predicted not to fit"] if unfit else []
+    return "memory: " + "; ".join(parts) if parts else ""
 
 
 def cmd_validate(args, dumps) -> int:
@@ -125,14 +148,16 @@ def write_html(result: runs_mod.RunsValidation, path: str) -> Path:
     fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="predicted = measured"))
     fig.update_layout(title="predicted vs measured", xaxis_title="measured", yaxis_title="predicted")
     rows = "".join(f"<tr><td>{html.escape(r.case.id)}</td><td>{html.escape(r.stack)}</td><td>{r.case.measured:.4g}</td>"
-                   f"<td>{r.predicted:.4g}</td><td>{r.error_pct:+.1f}</td><td>{html.escape(r.case.assumed)}</td></tr>"
+                   f"<td>{r.predicted:.4g}</td><td>{r.error_pct:+.1f}</td><td>{'yes' if r.fits else 'NO'}</td>"
+                   f"<td>{html.escape(peak(r))}</td><td>{html.escape(r.case.assumed)}</td></tr>"
                    for r in result.results)
     groups = "".join(f"<li>{key} {html.escape(g)}: {m:.1f}%</li>" for key in runs_mod.GROUPS for g, m in result.by(key).items())
     note = runs_mod.routing_note([r.case for r in result.results])
     body = (f"<h1>perfsim validate --runs</h1><p>{html.escape(result.label)}: MAPE {result.mape:.1f}% over "
             f"{len(result.results)} runs</p><ul>{groups}</ul>{f'<p>{html.escape(note)}</p>' if note else ''}"
             f"{fig.to_html(full_html=False, include_plotlyjs=True)}"
+            f"{f'<p>{html.escape(memory_line(result))}</p>' if memory_line(result) else ''}"
             "<table><tr><th>run</th><th>stack</th><th>measured</th><th>predicted</th><th>error %</th>"
-            f"<th>assumed</th></tr>{rows}</table>")
+            f"<th>fits</th><th>peak GB (printed, error)</th><th>assumed</th></tr>{rows}</table>")
     page = f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>perfsim runs</title></head><body>{body}</body></html>"
     return write_atomic(path, page, "--html")
