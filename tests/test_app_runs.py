@@ -37,6 +37,13 @@ def test_shipped_runs_show_the_validate_figures():
     assert len(at.dataframe[0].value) == len(want.results)
     notes = [c.value for c in at.caption if "state no routing" in c.value]
     assert len(notes) == 1 and "DROPLESS-DSV3-23" in notes[0]  # the C4 rows, as perfsim validate says
+    table = at.dataframe[0].value
+    titan = table[table["run"] == "TT2412-L8B-8-CP1"].iloc[0]  # its page prints the peak: perfsim's, its, the error
+    ran = next(r for r in want.results if r.case.id == "TT2412-L8B-8-CP1")
+    assert titan["printed peak GB"] == pytest.approx(ran.case.measured_peak_bytes / 1e9, abs=0.06)
+    assert titan["peak error %"] == pytest.approx(ran.memory_error_pct, abs=0.06)
+    memory = [c.value.replace("\\", "") for c in at.caption if c.value.startswith("memory")]  # markdown-escaped
+    assert len(memory) == 1 and "printed peaks, median |error|" in memory[0] and "predicted not to fit" in memory[0]
 
 
 def test_fit_on_the_page_matches_calibrate_runs():

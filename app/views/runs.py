@@ -10,7 +10,7 @@ import streamlit as st
 
 import common
 import fmt
-from perfsim.design.runs import GROUPS, read_all, routing_note, validate_runs
+from perfsim.design.runs import GROUPS, memory_note, read_all, routing_note, validate_runs
 from perfsim.design.runs_fit import BOUNDS, fit_stack, held_out_summary, leave_one_out, params_for
 from perfsim.system.stacks import dump_stack, list_stacks, load_stack
 
@@ -64,10 +64,16 @@ fig.update_layout(title="Predicted vs measured", xaxis_title="measured", yaxis_t
 st.plotly_chart(fig, width="stretch", key="r.chart")
 st.dataframe([{"run": r.case.id, "stack": r.stack, "metric": r.case.metric, "measured": r.case.measured,
                "predicted": round(r.predicted, 4), "error %": round(r.error_pct, 1), "fits": r.fits,
+               "peak GB": round(r.peak_memory_bytes / 1e9, 1),
+               "printed peak GB": None if r.case.measured_peak_bytes is None else round(r.case.measured_peak_bytes / 1e9, 1),
+               "peak error %": None if r.memory_error_pct is None else round(r.memory_error_pct, 1),
                "source": r.case.source_id, "assumed": r.case.assumed} for r in result.results],
              hide_index=True, width="stretch", key="r.table")
 st.dataframe([{"split": key, "group": g, "MAPE %": round(m, 1)} for key in GROUPS
               for g, m in result.by(key).items()], hide_index=True, key="r.groups")
+memory = memory_note(result)
+if memory:
+    st.caption(fmt.md(memory + " (every uploaded run ran: one predicted not to fit is a miss)"))
 note = routing_note(cases)
 if note:
     st.caption(fmt.md(note))

@@ -3,7 +3,6 @@ training runs against perfsim (design.runs), and a stack profile fitted to them
 (design.runs_fit). Presentation only."""
 
 import html
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ def table(result: runs_mod.RunsValidation) -> list[str]:
             lines.append(f"MAPE {err:6.1f}%  {key} {group}")
     lines.append(f"MAPE {result.mape:6.1f}%  overall ({len(result.results)} runs), median |error| "
                  f"{result.median_abs_pct:.1f}%")
-    memory = memory_line(result)
+    memory = runs_mod.memory_note(result)
     lines += [memory] if memory else []
     note = runs_mod.routing_note([r.case for r in result.results])
     return lines + ([f"note: {note}"] if note else [])
@@ -39,17 +38,6 @@ def peak(r: runs_mod.RunResult) -> str:
     shown = f"{r.peak_memory_bytes / 1e9:.0f}"
     printed = r.case.measured_peak_bytes
     return shown if printed is None else f"{shown} ({printed / 1e9:.1f}, {r.memory_error_pct:+.0f}%)"
-
-
-def memory_line(result: runs_mod.RunsValidation) -> str:
-    """How far the predicted peaks were from the printed ones, and the runs predicted not to
-    fit (every run in the file ran)."""
-    errs = [r.memory_error_pct for r in result.results if r.memory_error_pct is not None]
-    unfit = sum(not r.fits for r in result.results)
-    parts = ([f"{len(errs)} printed peak{'s' * (len(errs) > 1)}, median |error| "
-              f"{statistics.median(abs(e) for e in errs):.1f}% ({min(errs):+.1f}% to {max(errs):+.1f}%)"] if errs else [])
-    parts += [f"{unfit} of {len(result.results)} runs predicted not to fit"] if unfit else []
-    return "memory: " + "; ".join(parts) if parts else ""
 
 
 def cmd_validate(args, dumps) -> int:
@@ -156,7 +144,7 @@ def write_html(result: runs_mod.RunsValidation, path: str) -> Path:
     body = (f"<h1>perfsim validate --runs</h1><p>{html.escape(result.label)}: MAPE {result.mape:.1f}% over "
             f"{len(result.results)} runs</p><ul>{groups}</ul>{f'<p>{html.escape(note)}</p>' if note else ''}"
             f"{fig.to_html(full_html=False, include_plotlyjs=True)}"
-            f"{f'<p>{html.escape(memory_line(result))}</p>' if memory_line(result) else ''}"
+            f"{f'<p>{html.escape(runs_mod.memory_note(result))}</p>' if runs_mod.memory_note(result) else ''}"
             "<table><tr><th>run</th><th>stack</th><th>measured</th><th>predicted</th><th>error %</th>"
             f"<th>fits</th><th>peak GB (printed, error)</th><th>assumed</th></tr>{rows}</table>")
     page = f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>perfsim runs</title></head><body>{body}</body></html>"

@@ -261,6 +261,18 @@ def routing_note(cases) -> str:
             f"(give a routing column to price their expert skew): {', '.join(skewed)}")
 
 
+def memory_note(result: RunsValidation) -> str:
+    """How far the predicted per-GPU peaks were from the peaks the runs' sources print, and
+    how many runs perfsim predicts not to fit (every run in a runs file ran); empty when
+    neither applies."""
+    errs = [r.memory_error_pct for r in result.results if r.memory_error_pct is not None]
+    unfit = sum(not r.fits for r in result.results)
+    parts = ([f"{len(errs)} printed peak{'s' * (len(errs) > 1)}, median |error| "
+              f"{statistics.median(abs(e) for e in errs):.1f}% ({min(errs):+.1f}% to {max(errs):+.1f}%)"] if errs else [])
+    parts += [f"{unfit} of {len(result.results)} runs predicted not to fit"] if unfit else []
+    return "memory: " + "; ".join(parts) if parts else ""
+
+
 def read_all(paths) -> tuple[RunCase, ...]:
     if not isinstance(paths, list | tuple) or not paths:
         raise ConfigError(f"--runs: expected one or more runs CSV files, got {paths!r}")
