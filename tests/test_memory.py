@@ -248,3 +248,35 @@ def test_routed_experts_hold_their_padded_capacity_or_the_busiest_ranks_tokens()
     a = simulate(moe, "mi300x-pollara", **knobs)
     b = simulate(moe, "mi300x-pollara", routing=padded, **knobs)
     assert b.memory[0]["activations_bytes"] - a.memory[0]["activations_bytes"] == pytest.approx(0.25 * 16_384 * 1024 * 2 * 8)
+
+
+def test_a_fully_recomputed_layer_holds_its_rerun_forward_while_its_backward_runs(tmp_path, capsys):
+    """Full recompute stores each layer's input, and while a layer's backward runs its rerun
+    forward's saved tensors are held too (PyTorch's activation checkpointing): one layer's
+    activations as without recompute, for one microbatch. A stack whose compiler schedules
+    the rerun to fit (maxtext: XLA) adds none; a bad switch is one line naming the field."""
+    from dataclasses import replace
+
+    from perfsim.cli import main
+    from perfsim.plan.parallel import Recompute
+    from perfsim.system.stacks import load_stack
+
+    model = tiny_dense()
+    full = ParallelPlan(tp=2, dp=DP, gbs=8, seq=1024, recompute=Recompute.FULL)
+    none = replace(full, recompute=Recompute.NONE)
+    (mem,) = plan_memory(model, full)
+    inputs = sum(layer_activation_bytes(model, full, layer) for layer in range(model.num_layers))
+    one_layer = layer_activation_bytes(model, none, 0)
+    assert one_layer > 10 * layer_activation_bytes(model, full, 0)  # a layer's tensors, not just its input
+    assert mem.activations_bytes == pytest.approx(inputs * in_flight_microbatches(full, 0) + one_layer)
+    (without,) = plan_memory(model, replace(none, recompute=Recompute.SELECTIVE))
+    assert mem.activations_bytes < without.activations_bytes  # still far below keeping every layer
+    xla = replace(full, stack=load_stack("maxtext"))
+    (compiled,) = plan_memory(model, xla)
+    assert compiled.activations_bytes == pytest.approx(inputs * in_flight_microbatches(xla, 0))
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\n[memory]\nrecompute_working_set = "yes"\n')
+    assert main(["simulate", "--model", "llama3.1-8b", "--nodes", "1", "--gbs", "8", "--seq", "2048",
+                 "--stack", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "recompute_working_set" in err[0] and "'yes'" in err[0]

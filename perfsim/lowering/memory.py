@@ -8,6 +8,7 @@ capacity, or the busiest EP rank's tokens under skewed routing). ZeRO working bu
 ``zero_buffers``.
 """
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -122,6 +123,23 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
     if plan.dtype == "fp8" and plan.stack.fp8.saves_fp8_inputs:
         saved -= tokens * _fp8_inputs_per_token(model, plan, layer, share) * (ACT_BYTES - FP8_BYTES)
     return saved
+
+
+def recompute_working_set(model: ModelSpec, plan: ParallelPlan, layers, share: float = 1.0) -> float:
+    """What a fully recomputed layer holds while its backward runs, beside the stored layer
+    inputs ``layer_activation_bytes`` counts: PyTorch's activation checkpointing
+    (torch.utils.checkpoint, Megatron-LM's CheckpointFunction) reruns the layer's forward at
+    its backward with autograd on, so every tensor that forward saves is held, for one
+    microbatch, until the layer's backward frees them (Korthikanti et al. 2022, sec. 5, count
+    only the inputs). The largest such layer of the stage; none where the stack's compiler
+    schedules the rerun to fit (``stack.memory.recompute_working_set`` false)."""
+    if not plan.stack.memory.recompute_working_set:
+        return 0.0
+    full = [l for l in layers if recomputes(model, plan, l) == Recompute.FULL]
+    if not full:
+        return 0.0
+    kept = dataclasses.replace(plan, recompute=Recompute.NONE, recompute_layers=0)
+    return max(layer_activation_bytes(model, kept, l, share) for l in full)
 
 
 def _op_kept_per_token(model: ModelSpec, plan: ParallelPlan) -> float:
@@ -244,8 +262,9 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: Rout
     grads = (sharded if plan.step_zero >= 2 else params) * _policy(plan, "grad_bytes", MAIN_GRAD_BYTES)
     opt = (sharded if plan.step_zero >= 1 else params) * _policy(plan, "optimizer_bytes", OPTIMIZER_STATE_BYTES)
     share = routed_share(model, plan, routing)
-    per_mb = sum(layer_activation_bytes(model, plan, l, share) for l in stage_layer_ids(model, plan, stage))
-    acts = per_mb * in_flight_microbatches(plan, stage)
+    layers = stage_layer_ids(model, plan, stage)
+    per_mb = sum(layer_activation_bytes(model, plan, l, share) for l in layers)
+    acts = per_mb * in_flight_microbatches(plan, stage) + recompute_working_set(model, plan, layers, share)
     logits = 0.0
     if stage == head_stage(plan):  # logits + their gradient (FP32 each by default)
         logits = plan.mbs * plan.seq / plan.cp * model.vocab_size / plan.tp * _policy(plan, "logit_bytes", 2 * LOGIT_BYTES)

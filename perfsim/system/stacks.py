@@ -283,6 +283,10 @@ class MemoryPolicy:
     optimizer_bytes: float | None = None  # per parameter: master copy (if any) + optimizer moments
     logit_bytes: float | None = None  # per logit held at the loss (logits kept + their gradient)
     fragmentation: float | None = None  # share of transient bytes lost to allocator fragmentation
+    # a fully recomputed layer's backward holds every tensor its rerun forward saves, beside the
+    # stored layer inputs (PyTorch's activation checkpointing); False where the framework's
+    # compiler schedules that rerun to fit the device (XLA's rematerialization pass)
+    recompute_working_set: bool = True
     source: str = "assumed"
 
     def __post_init__(self):
@@ -290,6 +294,8 @@ class MemoryPolicy:
             value = getattr(self, key)
             if value is not None:
                 _non_negative("memory", **{key: value})
+        if not isinstance(self.recompute_working_set, bool):
+            raise ConfigError(f"stack.memory.recompute_working_set must be true or false, got {self.recompute_working_set!r}")
         if self.fragmentation is not None and self.fragmentation >= 1:
             raise ConfigError(f"stack.memory.fragmentation must be below 1, got {self.fragmentation!r}")
 
