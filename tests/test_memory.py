@@ -253,8 +253,9 @@ def test_routed_experts_hold_their_padded_capacity_or_the_busiest_ranks_tokens()
 def test_a_fully_recomputed_layer_holds_its_rerun_forward_while_its_backward_runs(tmp_path, capsys):
     """Full recompute stores each layer's input, and while a layer's backward runs its rerun
     forward's saved tensors are held too (PyTorch's activation checkpointing): one layer's
-    activations as without recompute, for one microbatch. A stack whose compiler schedules
-    the rerun to fit (maxtext: XLA) adds none; a bad switch is one line naming the field."""
+    activations as without recompute less its stored input, for one microbatch; selective
+    recompute holds the attention core it reruns. A stack whose compiler schedules the rerun
+    to fit (maxtext: XLA) adds none; a bad switch is one line naming the field."""
     from dataclasses import replace
 
     from perfsim.cli import main
@@ -266,11 +267,16 @@ def test_a_fully_recomputed_layer_holds_its_rerun_forward_while_its_backward_run
     none = replace(full, recompute=Recompute.NONE)
     (mem,) = plan_memory(model, full)
     inputs = sum(layer_activation_bytes(model, full, layer) for layer in range(model.num_layers))
-    one_layer = layer_activation_bytes(model, none, 0)
+    one_layer = layer_activation_bytes(model, none, 0) - layer_activation_bytes(model, full, 0)
     assert one_layer > 10 * layer_activation_bytes(model, full, 0)  # a layer's tensors, not just its input
     assert mem.activations_bytes == pytest.approx(inputs * in_flight_microbatches(full, 0) + one_layer)
-    (without,) = plan_memory(model, replace(none, recompute=Recompute.SELECTIVE))
-    assert mem.activations_bytes < without.activations_bytes  # still far below keeping every layer
+    selective = replace(none, recompute=Recompute.SELECTIVE)
+    (sel,) = plan_memory(model, selective)
+    stored = sum(layer_activation_bytes(model, selective, layer) for layer in range(model.num_layers))
+    rerun = layer_activation_bytes(model, none, 0) - layer_activation_bytes(model, selective, 0)
+    assert 0 < rerun < one_layer / 5  # the attention core only
+    assert sel.activations_bytes == pytest.approx(stored * in_flight_microbatches(selective, 0) + rerun)
+    assert mem.activations_bytes < sel.activations_bytes  # still far below keeping every layer
     xla = replace(full, stack=load_stack("maxtext"))
     (compiled,) = plan_memory(model, xla)
     assert compiled.activations_bytes == pytest.approx(inputs * in_flight_microbatches(xla, 0))

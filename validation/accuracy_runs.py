@@ -570,8 +570,8 @@ def section() -> str:
         "where perfsim's peak is the bytes allocated plus its fragmentation budget (10% of the transient bytes, "
         f"assumed), so perfsim's figure runs below the printed one ({min(titan, default=0):+.0f}% to "
         f"{max(titan, default=0):+.0f}% on those rows); nothing is fitted to close it. Twenty-sixth session, with "
-        "these peaks in view, structure: a fully recomputed layer's rerun forward is held while that layer's backward "
-        "runs (PyTorch's activation checkpointing reruns it with autograd on; `stack.memory.recompute_working_set`, "
+        "these peaks in view, structure: what a recomputed layer reruns is held while that layer's backward runs "
+        "(PyTorch's activation checkpointing reruns it with autograd on; `stack.memory.recompute_working_set`, "
         "off for `maxtext`, whose XLA step rematerializes to fit the device): the torchtitan rows' median |peak "
         "error| 20.8% -> 16%, no run's throughput or predicted fit changed.",
         "",

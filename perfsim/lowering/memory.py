@@ -126,20 +126,23 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
 
 
 def recompute_working_set(model: ModelSpec, plan: ParallelPlan, layers, share: float = 1.0) -> float:
-    """What a fully recomputed layer holds while its backward runs, beside the stored layer
-    inputs ``layer_activation_bytes`` counts: PyTorch's activation checkpointing
-    (torch.utils.checkpoint, Megatron-LM's CheckpointFunction) reruns the layer's forward at
-    its backward with autograd on, so every tensor that forward saves is held, for one
-    microbatch, until the layer's backward frees them (Korthikanti et al. 2022, sec. 5, count
-    only the inputs). The largest such layer of the stage; none where the stack's compiler
-    schedules the rerun to fit (``stack.memory.recompute_working_set`` false)."""
+    """What a recomputed layer holds while its backward runs, beyond what it stored
+    (``layer_activation_bytes``): PyTorch's activation checkpointing (torch.utils.checkpoint,
+    selective / per-op policies included, and Megatron-LM's CheckpointFunction) reruns the
+    dropped part of the layer's forward at its backward with autograd on, so the tensors that
+    rerun saves are held, for one microbatch, until the layer's backward frees them
+    (Korthikanti et al. 2022, sec. 5, count the stored part only): the layer's activations
+    without recompute less those it stored. The largest such layer of the stage; none where
+    the stack's compiler schedules the rerun to fit (``stack.memory.recompute_working_set``
+    false)."""
     if not plan.stack.memory.recompute_working_set:
         return 0.0
-    full = [l for l in layers if recomputes(model, plan, l) == Recompute.FULL]
-    if not full:
+    rerun = [l for l in layers if recomputes(model, plan, l) != Recompute.NONE]
+    if not rerun:
         return 0.0
     kept = dataclasses.replace(plan, recompute=Recompute.NONE, recompute_layers=0)
-    return max(layer_activation_bytes(model, kept, l, share) for l in full)
+    return max(layer_activation_bytes(model, kept, l, share) - layer_activation_bytes(model, plan, l, share)
+               for l in rerun)
 
 
 def _op_kept_per_token(model: ModelSpec, plan: ParallelPlan) -> float:
