@@ -283,9 +283,9 @@ class MemoryPolicy:
     optimizer_bytes: float | None = None  # per parameter: master copy (if any) + optimizer moments
     logit_bytes: float | None = None  # per logit held at the loss (logits kept + their gradient)
     fragmentation: float | None = None  # share of transient bytes lost to allocator fragmentation
-    # a fully recomputed layer's backward holds every tensor its rerun forward saves, beside the
-    # stored layer inputs (PyTorch's activation checkpointing); False where the framework's
-    # compiler schedules that rerun to fit the device (XLA's rematerialization pass)
+    # a recomputed layer's backward holds the tensors its rerun saves, beside what the layer
+    # stored (PyTorch's activation checkpointing); False where the framework's compiler
+    # schedules that rerun to fit the device (XLA's rematerialization pass)
     recompute_working_set: bool = True
     source: str = "assumed"
 
