@@ -286,3 +286,35 @@ def test_a_fully_recomputed_layer_holds_its_rerun_forward_while_its_backward_run
                  "--stack", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "recompute_working_set" in err[0] and "'yes'" in err[0]
+
+
+def test_fsdp2_shards_are_the_fp32_master_so_no_bf16_shard_is_kept(tmp_path, capsys):
+    """torchtitan's FSDP2 keeps FP32 shards that are the optimizer's master and gathers a BF16
+    copy only to compute: per-pass ZeRO-3 holds no weight shard beside the optimizer's bytes
+    (16 B per parameter where Megatron-style keeps 18); weights kept gathered through the step
+    are the BF16 copy of every parameter, as before."""
+    from dataclasses import replace
+
+    from perfsim.cli import main
+    from perfsim.system.stacks import load_stack
+
+    model = tiny_dense()
+    megatron = ParallelPlan(tp=2, dp=DP, zero=3, gbs=8, seq=1024)
+    titan = replace(megatron, stack=load_stack("torchtitan"))
+    (m,), (t,) = plan_memory(model, megatron), plan_memory(model, titan)
+    assert m.weights_bytes == pytest.approx(RANK_PARAMS / DP * 2) and t.weights_bytes == 0
+    assert (t.gradients_bytes, t.optimizer_bytes) == (m.gradients_bytes, m.optimizer_bytes)
+    per_param = (t.weights_bytes + t.gradients_bytes + t.optimizer_bytes) / (RANK_PARAMS / DP)
+    assert per_param == pytest.approx(16) and (m.weights_bytes + m.gradients_bytes + m.optimizer_bytes) / (
+        RANK_PARAMS / DP) == pytest.approx(18)
+    gathered = replace(titan, pp=2, dp=DP // 2, zero3_gather="once")
+    assert gathered.step_zero != 3
+    (g, _) = plan_memory(model, gathered)
+    (mg, _) = plan_memory(model, replace(gathered, stack=megatron.stack))
+    assert g.weights_bytes == mg.weights_bytes > 0  # the gathered BF16 copy, either way
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\n[memory]\nsharded_master = 1\n')
+    assert main(["simulate", "--model", "llama3.1-8b", "--nodes", "1", "--gbs", "8", "--seq", "2048",
+                 "--stack", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sharded_master" in err[0]

@@ -261,6 +261,8 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: Rout
     params = dense + expert
     sharded = dense / d_shard + expert / e_shard
     weight_bytes = plan.param_bytes if plan.fp8_params else _policy(plan, "weight_bytes", WEIGHT_BYTES)
+    if plan.step_zero == 3 and plan.stack.memory.sharded_master:
+        weight_bytes = 0.0  # the shards are the FP32 master (optimizer bytes); the compute copy only gathered
     weights = (sharded if plan.step_zero == 3 else params) * weight_bytes + fp8_weight_cache(model, plan, stage)
     grads = (sharded if plan.step_zero >= 2 else params) * _policy(plan, "grad_bytes", MAIN_GRAD_BYTES)
     opt = (sharded if plan.step_zero >= 1 else params) * _policy(plan, "optimizer_bytes", OPTIMIZER_STATE_BYTES)

@@ -287,6 +287,11 @@ class MemoryPolicy:
     # stored (PyTorch's activation checkpointing); False where the framework's compiler
     # schedules that rerun to fit the device (XLA's rematerialization pass)
     recompute_working_set: bool = True
+    # ZeRO-3 whose sharded parameters are the optimizer's FP32 master (PyTorch FSDP2 under a
+    # MixedPrecisionPolicy): no compute-precision shard is kept beside them, the compute copy
+    # exists only gathered (the ZeRO working buffers, or the whole step where the weights stay
+    # gathered); False: a compute-precision shard beside the master (Megatron-style)
+    sharded_master: bool = False
     source: str = "assumed"
 
     def __post_init__(self):
@@ -294,8 +299,9 @@ class MemoryPolicy:
             value = getattr(self, key)
             if value is not None:
                 _non_negative("memory", **{key: value})
-        if not isinstance(self.recompute_working_set, bool):
-            raise ConfigError(f"stack.memory.recompute_working_set must be true or false, got {self.recompute_working_set!r}")
+        for key in ("recompute_working_set", "sharded_master"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"stack.memory.{key} must be true or false, got {getattr(self, key)!r}")
         if self.fragmentation is not None and self.fragmentation >= 1:
             raise ConfigError(f"stack.memory.fragmentation must be below 1, got {self.fragmentation!r}")
 
