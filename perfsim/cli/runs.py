@@ -141,10 +141,11 @@ def write_html(result: runs_mod.RunsValidation, path: str) -> Path:
                    for r in result.results)
     groups = "".join(f"<li>{key} {html.escape(g)}: {m:.1f}%</li>" for key in runs_mod.GROUPS for g, m in result.by(key).items())
     note = runs_mod.routing_note([r.case for r in result.results])
+    memory = runs_mod.memory_note(result)
     body = (f"<h1>perfsim validate --runs</h1><p>{html.escape(result.label)}: MAPE {result.mape:.1f}% over "
             f"{len(result.results)} runs</p><ul>{groups}</ul>{f'<p>{html.escape(note)}</p>' if note else ''}"
             f"{fig.to_html(full_html=False, include_plotlyjs=True)}"
-            f"{f'<p>{html.escape(runs_mod.memory_note(result))}</p>' if runs_mod.memory_note(result) else ''}"
+            f"{f'<p>{html.escape(memory)}</p>' if memory else ''}"
             "<table><tr><th>run</th><th>stack</th><th>measured</th><th>predicted</th><th>error %</th>"
             f"<th>fits</th><th>peak GB (printed, error)</th><th>assumed</th></tr>{rows}</table>")
     page = f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>perfsim runs</title></head><body>{body}</body></html>"
