@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from perfsim.design.runs import read_all, validate_runs  # noqa: E402
+from perfsim.design.runs import memory_stats, read_all, validate_runs  # noqa: E402
 from perfsim.design.runs_fit import fit_stack, held_out_by_stack, params_for, sources_by_stack, vendor_of  # noqa: E402
 from perfsim.system.hardware import load_cluster  # noqa: E402
 from perfsim.system.stacks import IDEAL  # noqa: E402
@@ -198,10 +198,10 @@ def _memory(held) -> list[str]:
              "| --- | ---: | ---: | ---: | --- | ---: |"]
     for stack in sorted({r.stack for r in held.results}):
         mine = [r for r in held.results if r.stack == stack]
-        peaks = [r.memory_error_pct for r in mine if r.memory_error_pct is not None]
-        spread = (f"{statistics.median(abs(e) for e in peaks):.1f}% | {min(peaks):+.1f}% to {max(peaks):+.1f}%"
-                  if peaks else "- | -")
-        lines.append(f"| {stack} | {len(mine)} | {len(peaks)} | {spread} | {sum(not r.fits for r in mine)} |")
+        m = memory_stats(mine)
+        spread = (f"{m['peak_median_abs_pct']:.1f}% | {m['peak_error_min_pct']:+.1f}% to {m['peak_error_max_pct']:+.1f}%"
+                  if "peaks" in m else "- | -")
+        lines.append(f"| {stack} | {len(mine)} | {m.get('peaks', 0)} | {spread} | {m['predicted_not_to_fit']} |")
     return lines
 
 

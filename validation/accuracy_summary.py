@@ -59,15 +59,11 @@ def _run_stats(results, gpu_of) -> dict:
 
 
 def _memory_stats(results) -> dict:
-    """The predicted per-GPU peak against the peaks the sources print (memory is fitted to
-    nothing, so held out and shipped alike), and how many of the runs, all of which ran,
-    perfsim predicts not to fit."""
-    peaks = [r.memory_error_pct for r in results if r.memory_error_pct is not None]
-    out = {"predicted_not_to_fit": sum(not r.fits for r in results)}
-    if peaks:
-        out.update(peaks=len(peaks), peak_median_abs_pct=_r(statistics.median(abs(e) for e in peaks)),
-                   peak_error_min_pct=_r(min(peaks)), peak_error_max_pct=_r(max(peaks)))
-    return out
+    """``design.runs.memory_stats`` rounded (memory is fitted to nothing, so held out and
+    shipped alike)."""
+    from perfsim.design.runs import memory_stats
+
+    return {k: v if isinstance(v, int) else _r(v) for k, v in memory_stats(results).items()}
 
 
 def run_facts() -> dict:

@@ -261,15 +261,25 @@ def routing_note(cases) -> str:
             f"(give a routing column to price their expert skew): {', '.join(skewed)}")
 
 
+def memory_stats(results) -> dict:
+    """The predicted per-GPU peaks against the printed ones (``peaks``, ``peak_median_abs_pct``,
+    ``peak_error_min_pct``, ``peak_error_max_pct``: only where a source prints one) and the runs
+    perfsim predicts not to fit (``predicted_not_to_fit``: every run in a runs file ran)."""
+    errs = [r.memory_error_pct for r in results if r.memory_error_pct is not None]
+    out = {"predicted_not_to_fit": sum(not r.fits for r in results)}
+    if errs:
+        out.update(peaks=len(errs), peak_median_abs_pct=statistics.median(abs(e) for e in errs),
+                   peak_error_min_pct=min(errs), peak_error_max_pct=max(errs))
+    return out
+
+
 def memory_note(result: RunsValidation) -> str:
-    """How far the predicted per-GPU peaks were from the peaks the runs' sources print, and
-    how many runs perfsim predicts not to fit (every run in a runs file ran); empty when
-    neither applies."""
-    errs = [r.memory_error_pct for r in result.results if r.memory_error_pct is not None]
-    unfit = sum(not r.fits for r in result.results)
-    parts = ([f"{len(errs)} printed peak{'s' * (len(errs) > 1)}, median |error| "
-              f"{statistics.median(abs(e) for e in errs):.1f}% ({min(errs):+.1f}% to {max(errs):+.1f}%)"] if errs else [])
-    parts += [f"{unfit} of {len(result.results)} runs predicted not to fit"] if unfit else []
+    """``memory_stats`` as one line; empty when neither applies."""
+    m = memory_stats(result.results)
+    parts = ([f"{m['peaks']} printed peak{'s' * (m['peaks'] > 1)}, median |error| {m['peak_median_abs_pct']:.1f}% "
+              f"({m['peak_error_min_pct']:+.1f}% to {m['peak_error_max_pct']:+.1f}%)"] if "peaks" in m else [])
+    if m["predicted_not_to_fit"]:
+        parts.append(f"{m['predicted_not_to_fit']} of {len(result.results)} runs predicted not to fit")
     return "memory: " + "; ".join(parts) if parts else ""
 
 

@@ -125,7 +125,8 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
     return saved
 
 
-def recompute_working_set(model: ModelSpec, plan: ParallelPlan, layers, share: float = 1.0) -> float:
+def recompute_working_set(model: ModelSpec, plan: ParallelPlan, layers, share: float = 1.0,
+                          stored: dict | None = None) -> float:
     """What a recomputed layer holds while its backward runs, beyond what it stored
     (``layer_activation_bytes``): PyTorch's activation checkpointing (torch.utils.checkpoint,
     selective / per-op policies included, and Megatron-LM's CheckpointFunction) reruns the
@@ -134,15 +135,15 @@ def recompute_working_set(model: ModelSpec, plan: ParallelPlan, layers, share: f
     (Korthikanti et al. 2022, sec. 5, count the stored part only): the layer's activations
     without recompute less those it stored. The largest such layer of the stage; none where
     the stack's compiler schedules the rerun to fit (``stack.memory.recompute_working_set``
-    false)."""
+    false). ``stored``: the layers' ``layer_activation_bytes`` where the caller has them."""
     if not plan.stack.memory.recompute_working_set:
         return 0.0
     rerun = [l for l in layers if recomputes(model, plan, l) != Recompute.NONE]
     if not rerun:
         return 0.0
     kept = dataclasses.replace(plan, recompute=Recompute.NONE, recompute_layers=0)
-    return max(layer_activation_bytes(model, kept, l, share) - layer_activation_bytes(model, plan, l, share)
-               for l in rerun)
+    stored = stored or {l: layer_activation_bytes(model, plan, l, share) for l in rerun}
+    return max(layer_activation_bytes(model, kept, l, share) - stored[l] for l in rerun)
 
 
 def _op_kept_per_token(model: ModelSpec, plan: ParallelPlan) -> float:
@@ -268,8 +269,9 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: Rout
     opt = (sharded if plan.step_zero >= 1 else params) * _policy(plan, "optimizer_bytes", OPTIMIZER_STATE_BYTES)
     share = routed_share(model, plan, routing)
     layers = stage_layer_ids(model, plan, stage)
-    per_mb = sum(layer_activation_bytes(model, plan, l, share) for l in layers)
-    acts = per_mb * in_flight_microbatches(plan, stage) + recompute_working_set(model, plan, layers, share)
+    stored = {l: layer_activation_bytes(model, plan, l, share) for l in layers}
+    acts = sum(stored.values()) * in_flight_microbatches(plan, stage) + recompute_working_set(
+        model, plan, layers, share, stored)
     logits = 0.0
     if stage == head_stage(plan):  # logits + their gradient (FP32 each by default)
         logits = plan.mbs * plan.seq / plan.cp * model.vocab_size / plan.tp * _policy(plan, "logit_bytes", 2 * LOGIT_BYTES)
