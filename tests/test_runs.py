@@ -390,8 +390,32 @@ def test_default_free_parameters_follow_the_dispatch_paths_the_runs_use():
     nemo = [c for c in cases if c.stack == "nemo"]
     dense = [c for c in nemo if c.family == "dense"]
     assert params_for(dense) == ("kernels.speed_amd", "kernels.speed_nvidia")
-    # the Megatron-Bridge Qwen3-30B-A3B run adds the dropless experts' speed
-    assert params_for(nemo) == ("kernels.speed_amd", "kernels.speed_nvidia", "moe.dropless_speed")
+    # Megatron-Bridge's dropless MoE runs add the dropless experts' speed, its 25.09 token-drop runs
+    # (capacity factor 1, padded: Megatron-Core's drop-and-pad) the padded experts'
+    assert params_for(nemo) == ("kernels.speed_amd", "kernels.speed_nvidia", "moe.padded_speed", "moe.dropless_speed")
+    dropless = [c for c in nemo if c.family == "moe" and not c.capacity_factor]
+    assert params_for(dropless) == ("kernels.speed_nvidia", "moe.dropless_speed")
+
+
+def test_a_fold_without_a_run_on_a_dispatch_path_prices_it_at_the_prior():
+    """A dispatch path's routed-expert speed is identified only by MoE runs on that path: a
+    held-out source that alone runs a path is priced at the prior (1.0), never at a profile
+    value fitted with that source in it."""
+    from perfsim.design.runs_fit import identified
+
+    cases = [c for c in read_runs(RUNS) if c.stack == "nemo"]
+    padded = [c for c in cases if c.capacity_factor]
+    assert padded and {c.source_id for c in padded} == {"megatron-bridge-perf-summary-25.09"}
+    rest = [c for c in cases if c.source_id != "megatron-bridge-perf-summary-25.09"]
+    assert identified("moe.dropless_speed", rest) and not identified("moe.padded_speed", rest)
+    moe = [c for c in cases if c.family == "moe"]
+    leaky = load_stack("nemo").with_values(**{"moe.padded_speed": 1.6})  # as if shipped fitted on 25.09
+    held = leave_one_out(moe, leaky, ["moe.padded_speed"])
+    honest = leave_one_out(moe, "nemo", ["moe.padded_speed"])
+    by_id = {r.case.id: r.predicted for r in held.results}
+    for r in honest.results:
+        if r.case.capacity_factor:
+            assert by_id[r.case.id] == pytest.approx(r.predicted, rel=1e-9)
 
 
 def test_maxtext_runs_that_ran_on_deepseek_v3_are_predicted_to_fit():

@@ -134,15 +134,20 @@ def test_maxtext_waits_for_its_fsdp_gathers_in_both_estimators():
 
 
 def test_maxtext_and_megatron_differ_by_dispatch_path_and_syncs():
+    # dropless (no capacity factor): Megatron-Core's alltoall dispatcher syncs the split sizes to
+    # the host once per layer, MaxText's static XLA program never does
+    dropless = {**MOE, "model": dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=0.0)}
+    mx0, mg0 = step("des", "maxtext", **dropless), step("des", "megatron-primus", **dropless)
+    assert mg0.breakdown.get("host_sync", 0) > 0 == mx0.breakdown.get("host_sync", 0)
     # capacity factor 2: maxtext's batched einsums compute twice the routed tokens at the dense
-    # price, megatron's grouped kernels the routed ones at their measured speed (MI300X: 0.72
-    # to 0.91 of the dense price, so a 1.25 padding and that speed roughly cancel)
-    model = dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=2.0)
-    case = {**MOE, "model": model}
+    # price; Megatron-Core drops and pads (static split sizes: no sync) and its grouped kernels
+    # compute the padded capacity at their measured speed
+    padded = {**MOE, "model": dataclasses.replace(api.load_model(MOE["model"]), capacity_factor=2.0)}
     tuned = load_stack("maxtext").with_values(**{"moe.padded_speed": 1.0, "kernels.speed": 1.0})  # the path alone, at tuned speed
-    mx, mg = step("des", tuned, **case), step("des", "megatron-primus", **case)
-    assert mx.breakdown["experts"] > mg.breakdown["experts"]  # maxtext pads to capacity
-    assert mg.breakdown.get("host_sync", 0) > 0 == mx.breakdown.get("host_sync", 0)
+    mx, mg = step("des", tuned, **padded), step("des", "megatron-primus", **padded)
+    assert mx.breakdown["moe_dispatch"] > 0 == mg.breakdown.get("moe_dispatch", 0)  # maxtext's one-hot einsums
+    assert mg.breakdown["experts"] > 1.5 * mg0.breakdown["experts"]  # megatron computes its padding
+    assert mg.breakdown.get("host_sync", 0) == 0
 
 
 def test_fp8_recipe_cast_factor_scales_the_casts():

@@ -542,6 +542,32 @@ def section() -> str:
         "than it ran, with its expert GEMMs at what Transformer Engine measures for that shape; what the step spends "
         "beyond perfsim's pricing is open. `nemo`'s NVIDIA speed refitted, 0.8111 -> 0.7905.",
         "",
+        "Twenty-seventh session, new public data, added as found (validation/runs/SOURCES.md): the Megatron-Bridge "
+        "performance-summary archive prints the DGX-H100 rows of the 25.09 and 26.02 containers beside 25.11's, so "
+        "two `nemo` sources joined (25.09: Llama-3 8B / 70B, Llama-3.1-405B and Qwen3-30B-A3B / Qwen3-235B-A22B "
+        "run with token drop; 26.02: Llama-3 70B, Llama-3.1-405B, Qwen3-30B-A3B, Qwen3-235B-A22B) and 25.11 gained "
+        "its Qwen3-235B-A22B row, which the 25.11 page prints one column short: 75 -> 85 runs. Their DeepSeek-V3 row "
+        "is not a case (a multi-token-prediction layer and a last pipeline stage without decoder layers). Read from "
+        "the sources, before any figure: Megatron-Core picks the MoE path by the capacity factor, dropless without "
+        "one and drop-and-pad with one (Megatron-Bridge's 25.09 token drop: factor 1.0, padded), and under "
+        "drop-and-pad its dispatcher's split sizes are static, so it makes no device->host sync "
+        "(`nemo` / `megatron-primus` `[moe] dispatch = capacity`; the host sync priced on the dropless path only). "
+        "A protocol fix, also before: a dispatch path's routed-expert speed is identified only by runs on that "
+        "path, so a fold whose other sources run no such path prices it at the prior 1.0 rather than at the "
+        "profile's value (`runs_fit.identified`; no shipped profile had fitted a path only one source runs, so "
+        "no figure moved). `nemo`'s NVIDIA speed refitted on its 19 H100 runs, 0.7905 -> 0.8106; its routed "
+        "experts' speeds stay assumed (the `nemo` profile says why). Held out: MB2511-Q30B-H100 +40.2% -> "
+        "+12.8% (its fold now fits the dropless experts' speed on 26.02's MoE rows); the new rows' misses are "
+        "three things perfsim does not model: NVIDIA names its own dropless Qwen3-30B-A3B runs of 25.11 about 2x "
+        "slower than 25.09's token-drop ones, a regression to fix (NVIDIA-NeMo/Megatron-Bridge issue #1998), and "
+        "26.02 still runs at 25.11's speed (MB2602-Q30B-H100 +66.7%); the 25.11 / 26.02 Qwen3-235B-A22B recipes "
+        "overlap the expert-parallel all-to-all with another microbatch's compute (moe_a2a_overlap: "
+        "overlap_moe_expert_parallel_comm with delayed wgrad), where perfsim serializes it (-37.2% / -32.2%; "
+        "their all-to-all is about half of perfsim's step); and MB2509-Q30B-H100 (-25.1%) runs at 2 sequences "
+        "per microbatch, where `recompute auto` recomputes every layer (without recompute perfsim needs 90 GB of "
+        "80; the 25.09 recipe found sets none at 1 sequence). Median over all runs 6.4% -> 6.5%, worst 40.2% -> "
+        "66.7%, within 25% 72/75 -> 79/85.",
+        "",
         *_summary(held, shipped),
         "",
         *_targets(held),

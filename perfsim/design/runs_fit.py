@@ -43,7 +43,10 @@ BOUNDS = {
 # to the profile's assumed value, not the shipped fit: no input cost, and no speed of the
 # vendor's own (its GPUs run at the stack's kernels.speed)
 PRIORS = {"data.host_s_per_mtoken": 0.0, "kernels.speed_amd": None, "kernels.speed_nvidia": None,
-          "overlap.tp_comm_share": 1.0}
+          "overlap.tp_comm_share": 1.0, "moe.padded_speed": 1.0, "moe.dropless_speed": 1.0}
+# the routed-expert speed of a dispatch path: informed only by MoE runs on that path (its
+# prior 1: the tuned grouped kernels the GPU's tables price)
+PATH_SPEEDS = ("moe.padded_speed", "moe.dropless_speed")
 # the default where the runs are dense: one parameter, identified by every run. MoE runs
 # also fit the routed-expert kernels' speed of each dispatch path with its own kernels
 # (``params_for``); a per-layer overhead fitted beside them runs to its bound on the
@@ -117,6 +120,17 @@ def params_for(cases, base: StackSpec | None = None) -> tuple[str, ...]:
     the padded experts as batched dense GEMMs, ``moe.mask_einsum``, which are the dense
     kernels the speed already covers: the two would be one parameter fitted twice), plus
     the input pipeline's cost where runs on real and on synthetic data are both present."""
+    paths = _path_speeds(cases)
+    data = ("data.host_s_per_mtoken",) if identified("data.host_s_per_mtoken", cases) else ()
+    # overlap.tp_comm_share is fitted only where asked (--fit): on torchtitan's two sources,
+    # the runs that identify it, a share fitted on either priced the other worse than the
+    # shipped full overlap (validation/runs/SOURCES.md)
+    return (*_speeds(cases, base), *sorted(paths, reverse=True), *data)
+
+
+def _path_speeds(cases) -> set[str]:
+    """The routed-expert speeds (``PATH_SPEEDS``) the MoE runs among ``cases`` price: each
+    run's dispatch path under its stack, where that path has kernels of its own."""
     paths = set()
     for c in cases:
         if not api.load_model(c.model).is_moe:
@@ -125,11 +139,7 @@ def params_for(cases, base: StackSpec | None = None) -> tuple[str, ...]:
         pads = stack.moe.dispatch is Dispatch.CAPACITY and (c.capacity_factor or 0) > 0
         if not (pads and stack.moe.mask_einsum):
             paths.add("moe.padded_speed" if pads else "moe.dropless_speed")
-    data = ("data.host_s_per_mtoken",) if identified("data.host_s_per_mtoken", cases) else ()
-    # overlap.tp_comm_share is fitted only where asked (--fit): on torchtitan's two sources,
-    # the runs that identify it, a share fitted on either priced the other worse than the
-    # shipped full overlap (validation/runs/SOURCES.md)
-    return (*_speeds(cases, base), *sorted(paths, reverse=True), *data)
+    return paths
 
 
 def _tp_overlap_states(cases) -> set[bool]:
@@ -149,11 +159,15 @@ def identified(param: str, cases) -> bool:
     informed by any run. The input pipeline's cost: only runs on real data beside runs on
     synthetic data (stated as such) tell it apart from the kernels' speed, which stretches both alike.
     A GPU vendor's kernels' speed: only runs on that vendor's GPUs. The TP overlap's hidden share:
-    only runs with tensor parallelism both with and without the overlap."""
+    only runs with tensor parallelism both with and without the overlap. A dispatch path's
+    routed-expert speed: only MoE runs on that path (a fold without one prices the path at its
+    prior, never at a shipped fit that saw the held-out runs)."""
     if param.startswith("kernels.speed_"):
         return any(speed_param(vendor_of(c)) == param for c in cases)
     if param == "overlap.tp_comm_share":  # the same plans with and without the overlap
         return _tp_overlap_states(cases) == {True, False}
+    if param in PATH_SPEEDS:  # only runs on that dispatch path
+        return param in _path_speeds(cases)
     return param not in PRIORS or {"real", "synthetic"} <= {c.data for c in cases}
 
 

@@ -44,9 +44,12 @@ class StackSteps:
         return [host_step("framework_overhead", seconds, "framework")] if seconds > 0 else []
 
     def _moe_host_sync(self) -> list[Step]:
-        """Device->host syncs of an MoE layer (token counts to the host for the split sizes)."""
+        """Device->host syncs of an MoE layer (token counts to the host for the split sizes).
+        None on the padded path: every expert takes its full capacity, so the split sizes are
+        static and known on the host (Megatron-Core MoEAlltoAllTokenDispatcher.preprocess
+        returns before any device->host copy under drop-and-pad)."""
         moe = self.stack.moe
-        if not moe.host_syncs_per_layer or moe.host_sync_us <= 0:
+        if not moe.host_syncs_per_layer or moe.host_sync_us <= 0 or self._pads():
             return []
         return [host_step("moe_host_sync", units.us_to_s(moe.host_syncs_per_layer * moe.host_sync_us), "host_sync")]
 

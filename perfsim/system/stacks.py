@@ -37,7 +37,8 @@ ZERO3_GATHERS = ("per-pass", "once", "pipeline")
 
 class Dispatch(StrEnum):
     DROPLESS = "dropless"  # experts compute only the tokens routed to them (grouped GEMM)
-    CAPACITY = "capacity"  # experts compute their full capacity, padded (dense dispatch)
+    CAPACITY = "capacity"  # with a capacity factor, experts compute their full capacity, padded (dense
+    # dispatch); without one (0), dropless
     ROUTING = "routing"  # whatever the RoutingSpec says (ideal: perfsim's default)
 
 
