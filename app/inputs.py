@@ -38,7 +38,7 @@ DEFAULT = {
     # the rest of `perfsim simulate`'s plan knobs, at the CLI's defaults (ParallelPlan / ModelSpec)
     "fidelity": {
         # None: the software stack's overlap policy decides (its plan defaults); True/False override it
-        "tp_comm_overlap": None, "overlap_grad_reduce": None, "overlap_param_gather": None, "overlap_cu_share": 0.0, "dma_offload": False,
+        "tp_comm_overlap": None, "ep_comm_overlap": None, "overlap_grad_reduce": None, "overlap_param_gather": None, "overlap_cu_share": 0.0, "dma_offload": False,
         "grad_bucket_mb": 80.0, "capacity_factor": None, "gpu_variability": 0.0, "variability_seed": 0,
         "first_stage_layers": 0, "last_stage_layers": 0, "recompute_layers": 0,
         # MoE dispatch/combine implementation (--dispatch): alltoall or one of the cluster's [dispatch.<name>]
@@ -95,8 +95,9 @@ def with_plan(inputs: dict, plan: dict) -> dict:
         fidelity["dispatch"] = str(plan["dispatch"])
     if "recompute_layers" in plan:
         fidelity["recompute_layers"] = int(plan["recompute_layers"] or 0)
-    if plan.get("tp_comm_overlap") is not None:
-        fidelity["tp_comm_overlap"] = bool(plan["tp_comm_overlap"])
+    for key in ("tp_comm_overlap", "ep_comm_overlap"):
+        if plan.get(key) is not None:
+            fidelity[key] = bool(plan[key])
     if plan.get("grad_bucket_bytes"):
         fidelity["grad_bucket_mb"] = float(plan["grad_bucket_bytes"]) / 1e6
     if plan.get("zero3_gather") in ZERO3_GATHERS:
@@ -151,8 +152,8 @@ def routing_spec(inputs: dict) -> RoutingSpec:
 def fidelity_knobs(inputs: dict) -> dict:
     """The Plan page's fidelity knobs as ParallelPlan fields (as `perfsim simulate` passes them)."""
     f = {**DEFAULT["fidelity"], **(inputs.get("fidelity") or {})}
-    overlap = {k: bool(f[k]) for k in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
-               if f[k] is not None}
+    overlap = {k: bool(f[k]) for k in ("tp_comm_overlap", "ep_comm_overlap", "overlap_grad_reduce",
+                                       "overlap_param_gather") if f[k] is not None}
     return {**overlap,  # unset: the stack's overlap policy (api.simulate applies its plan defaults)
             "comm_compute_interference": float(f["overlap_cu_share"]), "dma_offload": bool(f["dma_offload"]),
             "grad_bucket_bytes": int(float(f["grad_bucket_mb"]) * 1e6),

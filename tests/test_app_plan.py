@@ -74,6 +74,19 @@ def test_tp_comm_overlap_toggle_changes_the_step():
     assert at.session_state["inputs"]["fidelity"]["tp_comm_overlap"] is True
 
 
+def test_ep_comm_overlap_knob_reaches_perfsim():
+    inputs = planner_inputs.normalize({
+        "model": "olmoe-1b-7b", "nodes": 2, "estimator": "analytic",
+        "knobs": {"tp": 1, "pp": 2, "vpp": 2, "ep": 8, "dp": 0, "gbs": 32, "seq": 4096, "schedule": "interleaved"},
+        "fidelity": {"ep_comm_overlap": True}})
+    got = planner_inputs.simulate(inputs)
+    want = perfsim.estimate("olmoe-1b-7b", "mi300x-pollara", nodes=2, tp=1, pp=2, vpp=2, ep=8, gbs=32, seq=4096,
+                            schedule="interleaved", ep_comm_overlap=True, check_memory=False)
+    assert got.plan["ep_comm_overlap"] is True and got.step_time_s == pytest.approx(want.step_time_s)
+    serial = planner_inputs.simulate({**inputs, "fidelity": {"ep_comm_overlap": False}})
+    assert serial.step_time_s > got.step_time_s
+
+
 def test_the_stack_overlap_policy_is_the_default_and_the_knobs_override_it():
     """maxtext's policy turns gradient-reduce overlap off unless the page sets it."""
     policy = planner_inputs.simulate(planner_inputs.normalize({"stack": "maxtext", "estimator": "analytic"}))

@@ -612,14 +612,18 @@ def test_a_shipped_vendor_speed_does_not_price_a_held_out_vendor_no_other_source
 
 
 def test_the_shipped_nemo_speed_is_the_fit_its_source_text_names():
-    """nemo's kernels.speed_nvidia is what `perfsim calibrate --runs validation/runs/published.csv
-    --stack nemo --fit kernels.speed_nvidia` gives (two H100 sources inform it)."""
+    """nemo's kernels.speed_nvidia and moe.dropless_speed are what `perfsim calibrate --runs
+    validation/runs/published.csv --stack nemo --fit kernels.speed_nvidia --fit moe.dropless_speed`
+    gives (several H100 sources inform the speed, two the dropless path)."""
     cases = [c for c in read_runs(RUNS) if c.stack == "nemo"]
-    fit = fit_stack(cases, "nemo", ["kernels.speed_nvidia"])
-    shipped = load_stack("nemo").kernels
-    assert fit.values["kernels.speed_nvidia"] == pytest.approx(shipped.speed_nvidia, abs=6e-4)
-    assert shipped.speed_amd is None and shipped.speed == 1.0  # one AMD source: assumed
-    assert "calibrate --runs validation/runs/published.csv --stack nemo --fit kernels.speed_nvidia" in shipped.source
+    fit = fit_stack(cases, "nemo", ["kernels.speed_nvidia", "moe.dropless_speed"])
+    shipped = load_stack("nemo")
+    assert fit.values["kernels.speed_nvidia"] == pytest.approx(shipped.kernels.speed_nvidia, abs=6e-4)
+    assert fit.values["moe.dropless_speed"] == pytest.approx(shipped.moe.dropless_speed, abs=6e-4)
+    assert shipped.kernels.speed_amd is None and shipped.kernels.speed == 1.0  # one AMD source: assumed
+    assert shipped.moe.padded_speed == 1.0  # one source runs the padded path: assumed
+    assert ("calibrate --runs validation/runs/published.csv --stack nemo --fit kernels.speed_nvidia "
+            "--fit moe.dropless_speed") in shipped.kernels.source
 
 
 def test_the_shipped_torchtitan_nvidia_speed_is_the_fit_of_its_two_sources():
@@ -706,7 +710,7 @@ def test_overlap_switches_are_read_as_stated_and_the_pipeline_rows_state_them_of
 
     assert step(dict(case.knobs)) > step(on)  # the dp gradient reduction is exposed, as the run had it
     path = tmp_path / "runs.csv"
-    path.write_text(RUNS.read_text().replace(",false,false,,tokens_per_s", ",no,maybe,,tokens_per_s", 1))
+    path.write_text(RUNS.read_text().replace(",false,false,,,tokens_per_s", ",no,maybe,,,tokens_per_s", 1))
     with pytest.raises(ConfigError, match="overlap_param_gather: expected true or false, got 'maybe'"):
         read_runs(path)
 

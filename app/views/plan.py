@@ -171,6 +171,10 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     f = st.columns(5)
     fidelity["tp_comm_overlap"] = _overlap(f[0], "TP comm overlap", "tp_comm_overlap", fidelity,
                                            "--tp-comm-overlap: TP all-gather/reduce-scatter beside the GEMM")
+    fidelity["ep_comm_overlap"] = _overlap(f[0], "EP all-to-all overlap", "ep_comm_overlap", fidelity,
+                                           "--ep-comm-overlap: an MoE layer's all-to-alls beside another "
+                                           "microbatch's compute (Megatron-Core's combined 1F1B; pp 1 or vpp > 1, "
+                                           "no TP-comm overlap or cp > 1)")
     fidelity["overlap_grad_reduce"] = _overlap(f[0], "Overlap grad reduce", "overlap_grad_reduce", fidelity,
                                                "off = --no-overlap")
     fidelity["overlap_param_gather"] = _overlap(f[0], "Prefetch param gathers", "overlap_param_gather", fidelity,

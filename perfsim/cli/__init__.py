@@ -65,8 +65,15 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap-cu-share", type=a.FRACTION_BELOW_ONE, default=None,
                    help="share of compute throughput lost while comm overlaps it (default 0)")
     p.add_argument("--dma-offload", action="store_true", help="comm on DMA engines: no compute interference")
-    p.add_argument("--tp-comm-overlap", action="store_true",
-                   help="overlap TP all-gather/reduce-scatter with the adjacent GEMM (Megatron userbuffers)")
+    tp_overlap = p.add_mutually_exclusive_group()
+    tp_overlap.add_argument("--tp-comm-overlap", action="store_true",
+                            help="overlap TP all-gather/reduce-scatter with the adjacent GEMM (Megatron userbuffers)")
+    tp_overlap.add_argument("--no-tp-comm-overlap", action="store_true",
+                            help="TP all-gather/reduce-scatter on the chain, where the stack overlaps them by default")
+    p.add_argument("--ep-comm-overlap", action="store_true",
+                   help="overlap an MoE layer's expert-parallel all-to-alls with another microbatch's compute "
+                        "(Megatron-Core --overlap-moe-expert-parallel-comm, Megatron-Bridge moe_a2a_overlap: "
+                        "pp 1 or vpp > 1; not with TP-comm overlap or cp > 1; fully recomputed layers keep them)")
     p.add_argument("--first-stage-layers", type=a.integer(0, 1 << 20), default=None,
                    help="layers on the first pipeline stage, the other stages splitting the rest evenly "
                         "(Megatron --decoder-first-pipeline-num-layers; with vpp > 1 the first virtual stage, "

@@ -83,7 +83,8 @@ FRACTION_BELOW_ONE = number(0.0, 1.0, hi_open=True)  # [0, 1)
 SWITCH_FLAGS = (("no_overlap", "overlap_grad_reduce", False), ("no_param_prefetch", "overlap_param_gather", False),
                 ("no_clip_grad", "clip_grad", False), ("dispatch_fp8", "dispatch_fp8", True),
                 ("real_data", "real_data", True), ("fp8_params", "fp8_params", True),
-                ("no_fp8_params", "fp8_params", False))
+                ("no_fp8_params", "fp8_params", False), ("no_tp_comm_overlap", "tp_comm_overlap", False),
+                ("ep_comm_overlap", "ep_comm_overlap", True))
 
 
 def switch_knobs(args) -> dict:

@@ -26,7 +26,7 @@ REQUIRED = ("id", "source_id", "source", "stack", "model", "cluster", "nodes", "
             "metric", "measured")
 INT_KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq", "first_stage_layers", "last_stage_layers")
 STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch", "fp8_recipe", "zero3_gather")  # plan fields of those names
-BOOL_KNOBS = ("fp8_params", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")  # true / false (empty: the stack's
+BOOL_KNOBS = ("fp8_params", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "ep_comm_overlap")  # true / false (empty: the stack's
 # default: its [fp8] primary_weights under dtype fp8, its overlap policy)
 OPTIONAL = (*INT_KNOBS, *STR_KNOBS, *BOOL_KNOBS, "capacity_factor", "routing", "family", "data", "assumed", "measured_peak_GB")
 GROUPS = ("stack", "family", "scale", "source_id", "data")  # the splits accuracy is reported by

@@ -37,13 +37,16 @@ BOUNDS = {
     "data.host_s_per_mtoken": (0.0, 2000.0),
     # the share of an overlapped TP collective hidden behind its GEMM: none to all of it
     "overlap.tp_comm_share": (0.0, 1.0),
+    # the share of an overlapped expert-parallel all-to-all hidden behind the other pass
+    "overlap.ep_comm_share": (0.0, 1.0),
 }
 # where no run informs a parameter (the input pipeline without a real-data run, a GPU
 # vendor's kernels' speed without a run on that vendor), a fit holding those runs out sets it
 # to the profile's assumed value, not the shipped fit: no input cost, and no speed of the
 # vendor's own (its GPUs run at the stack's kernels.speed)
 PRIORS = {"data.host_s_per_mtoken": 0.0, "kernels.speed_amd": None, "kernels.speed_nvidia": None,
-          "overlap.tp_comm_share": 1.0, "moe.padded_speed": 1.0, "moe.dropless_speed": 1.0}
+          "overlap.tp_comm_share": 1.0, "overlap.ep_comm_share": 1.0, "moe.padded_speed": 1.0,
+          "moe.dropless_speed": 1.0}
 # the routed-expert speed of a dispatch path: informed only by MoE runs on that path (its
 # prior 1: the tuned grouped kernels the GPU's tables price)
 PATH_SPEEDS = ("moe.padded_speed", "moe.dropless_speed")
@@ -154,18 +157,33 @@ def _tp_overlap_states(cases) -> set[bool]:
     return states
 
 
+def _ep_overlap_states(cases) -> set[bool]:
+    """Whether each MoE run with expert parallelism overlapped its all-to-alls with the other
+    pass (``ep_comm_overlap`` as the run states it, else its stack's default)."""
+    states = set()
+    for c in cases:
+        knobs = dict(c.knobs)
+        if knobs.get("ep", 1) > 1:
+            stated = knobs.get("ep_comm_overlap")
+            states.add(bool(load_stack(c.stack).overlap.ep_comm) if stated is None else stated)
+    return states
+
+
 def identified(param: str, cases) -> bool:
     """Whether ``cases`` inform ``param``: every parameter without a prior (``PRIORS``) is
     informed by any run. The input pipeline's cost: only runs on real data beside runs on
     synthetic data (stated as such) tell it apart from the kernels' speed, which stretches both alike.
     A GPU vendor's kernels' speed: only runs on that vendor's GPUs. The TP overlap's hidden share:
-    only runs with tensor parallelism both with and without the overlap. A dispatch path's
+    only runs with tensor parallelism both with and without the overlap; the expert-parallel
+    overlap's likewise, with expert parallelism. A dispatch path's
     routed-expert speed: only MoE runs on that path (a fold without one prices the path at its
     prior, never at a shipped fit that saw the held-out runs)."""
     if param.startswith("kernels.speed_"):
         return any(speed_param(vendor_of(c)) == param for c in cases)
     if param == "overlap.tp_comm_share":  # the same plans with and without the overlap
         return _tp_overlap_states(cases) == {True, False}
+    if param == "overlap.ep_comm_share":  # expert-parallel runs with and without the overlap
+        return _ep_overlap_states(cases) == {True, False}
     if param in PATH_SPEEDS:  # only runs on that dispatch path
         return param in _path_speeds(cases)
     return param not in PRIORS or {"real", "synthetic"} <= {c.data for c in cases}

@@ -14,6 +14,7 @@ from perfsim.lowering.layers import (
     Step,
     backward,
     coll_step,
+    overlap_ep_comm,
     overlap_tp_comm,
     recompute_steps,
     split_weight_grads,
@@ -322,6 +323,15 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
     wgt = []
     if split:
         bwd, wgt = split_weight_grads(bwd)
+    layer_recompute = plan.recompute if recompute is None else recompute
+    if plan.ep_comm_overlap and plan.ep > 1 and layer_recompute != Recompute.FULL and not overlapped \
+            and plan.cp == 1:
+        # Megatron-Core's combined 1F1B refuses full recompute; a layer recomputed whole (a
+        # search variant, a recompute block) keeps its all-to-alls on the chain, and so does a
+        # pass whose TP collectives or ring-attention hops already run off it (plan validation
+        # refuses both; a search variant toggling TP overlap keeps that one)
+        share = plan.stack.overlap.ep_comm_share
+        fwd, bwd = overlap_ep_comm(fwd, share), overlap_ep_comm(bwd, share)
     return fwd, bwd, wgt
 
 

@@ -454,6 +454,33 @@ def overlap_tp_comm(steps: list[Step], share: float = 1.0, blocking: frozenset[s
     return out
 
 
+def overlap_ep_comm(steps: list[Step], share: float = 1.0) -> list[Step]:
+    """Expert-parallel all-to-all overlap (Megatron-Core ``--overlap-moe-expert-parallel-comm``,
+    Megatron-Bridge ``moe_a2a_overlap``): its combined 1F1B schedule runs one microbatch's
+    forward of a layer beside another microbatch's backward of it, each pass's dispatch and
+    combine all-to-alls beside the other pass's compute. Within one pass that is taken as the
+    pass's all-to-alls running off the chain, from the layer's start, beside its compute: the
+    layer lasts the longer of its compute and its all-to-alls, each joined at the layer's end.
+    ``share`` (the stack's ``overlap.ep_comm_share``): the part of each all-to-all's bytes
+    hidden so; the rest is a blocking call where the all-to-all was."""
+    hidden, chain = [], []
+    for step in steps:
+        if step.category != "ep_a2a" or step.collective is None:
+            chain.append(step)
+            continue
+        call = step.collective
+        hidden.append(replace(step, meta=step.meta + (("offchain", True),),
+                              collective=replace(call, size_bytes=call.size_bytes * share)))
+        if share < 1.0:
+            chain.append(replace(step, name=f"{step.name}_exposed",
+                                 collective=replace(call, size_bytes=call.size_bytes * (1.0 - share))))
+    if not hidden:
+        return steps
+    joins = [replace(host_step(f"{h.name}_wait", 0.0, "ep_a2a"), meta=(("host_s", 0.0), ("join", True)))
+             for h in hidden]
+    return [*hidden, *chain, *joins]
+
+
 def _overlap_pair(steps: list[Step], i: int) -> tuple[Step, Step, Step] | None:
     """(comm, gemm, step after) when steps[i:i+3] is comm->GEMM->x or GEMM->comm->x."""
     if i + 2 >= len(steps):

@@ -92,6 +92,10 @@ class ParallelPlan:
     # Megatron-Core --tp-comm-overlap (userbuffers): a TP all-gather runs beside the GEMM
     # that consumes it and a TP reduce-scatter beside the GEMM that produces it
     tp_comm_overlap: bool = False
+    # Megatron-Core --overlap-moe-expert-parallel-comm (Megatron-Bridge moe_a2a_overlap): the
+    # combined 1F1B schedule runs one microbatch's forward beside another's backward, so an
+    # MoE layer's expert-parallel all-to-alls run beside the other pass's compute
+    ep_comm_overlap: bool = False
     # uneven pipeline stages (Megatron --decoder-first/last-pipeline-num-layers): layers on the
     # first / last stage, the other stages splitting the rest evenly; 0 = an even split
     first_stage_layers: int = 0
@@ -155,7 +159,7 @@ class ParallelPlan:
             raise ConfigError(f"plan.dispatch must be an implementation name such as alltoall, deepep or mori, "
                               f"got {self.dispatch!r}")
         for key in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "dma_offload", "tp_comm_overlap",
-                    "dispatch_fp8", "clip_grad", "real_data", "fp8_params"):
+                    "ep_comm_overlap", "dispatch_fp8", "clip_grad", "real_data", "fp8_params"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"plan.{key} must be true or false, got {getattr(self, key)!r}")
         if self.zero not in (0, 1, 2, 3):
@@ -184,6 +188,15 @@ class ParallelPlan:
             )
         if self.vpp > 1 and self.pp == 1:
             raise ConfigError(f"plan.vpp ({self.vpp}) needs pp > 1")
+        if self.ep_comm_overlap and self.ep > 1 and ((self.tp_comm_overlap and self.tp > 1) or self.cp > 1):
+            raise ConfigError(f"plan.ep_comm_overlap with {'tp_comm_overlap' if self.cp == 1 else 'cp'} "
+                              f"(tp {self.tp}, cp {self.cp}): perfsim overlaps one kind of communication per pass; "
+                              "set tp_comm_overlap false, or cp 1 (Megatron-Core warns against tensor or context "
+                              "parallelism with this overlap before Blackwell)")
+        if self.ep_comm_overlap and self.pp > 1 and self.vpp == 1:
+            raise ConfigError(f"plan.ep_comm_overlap needs virtual pipeline stages (vpp > 1) with pp {self.pp}: "
+                              "Megatron-Core pairs one microbatch's forward with another's backward only under "
+                              "the interleaved (or V-shape) schedules")
         if self.seq % self.cp or (self.cp > 1 and (self.seq // self.cp) % 2):
             raise ConfigError(f"plan.seq ({self.seq}) must be divisible by 2*cp ({2 * self.cp})")
 
@@ -280,6 +293,7 @@ class ParallelPlan:
         parts += [f"recompute-{self.recompute}"] if self.recompute != Recompute.NONE else []
         parts += [f"of{self.recompute_layers}"] if self.recompute_layers else []
         parts += ["tp-comm-overlap"] if self.tp_comm_overlap else []
+        parts += ["ep-comm-overlap"] if self.ep_comm_overlap and self.ep > 1 else []
         parts += ["no-param-prefetch"] if not self.overlap_param_gather and self.zero else []
         parts += ["zero3-gather-once"] if self.keeps_weights_gathered else []
         parts += [f"first{self.first_stage_layers}"] if self.first_stage_layers else []

@@ -117,14 +117,20 @@ class OverlapPolicy:
     # PyTorch's micro-pipeline TP fuses a reduce-scatter only with the one matmul producing it,
     # so the reduce-scatter of that sum stays blocking
     tp_summed_dgrad: bool = True
+    # the plan's ep_comm_overlap unless set (Megatron-Core's combined 1F1B: an MoE layer's
+    # expert-parallel all-to-alls beside another microbatch's compute)
+    ep_comm: bool | None = None
+    # the share of an overlapped all-to-all's bytes hidden that way; the rest runs exposed
+    ep_comm_share: float = 1.0
     source: str = "assumed"
 
     def __post_init__(self):
-        _boolean("overlap", **{k: v for k in ("tp_comm", "grad_reduce", "param_gather", "tp_summed_dgrad")
+        _boolean("overlap", **{k: v for k in ("tp_comm", "grad_reduce", "param_gather", "tp_summed_dgrad", "ep_comm")
                                if (v := getattr(self, k)) is not None})
-        share = self.tp_comm_share
-        if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= share <= 1.0:
-            raise ConfigError(f"stack.overlap.tp_comm_share must be in [0, 1], got {share!r}")
+        for key in ("tp_comm_share", "ep_comm_share"):
+            share = getattr(self, key)
+            if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 <= share <= 1.0:
+                raise ConfigError(f"stack.overlap.{key} must be in [0, 1], got {share!r}")
         if self.zero3_gather is not None and self.zero3_gather not in ZERO3_GATHERS:
             raise ConfigError(f"stack.overlap.zero3_gather: {self.zero3_gather!r} is not one of {', '.join(ZERO3_GATHERS)}")
 
@@ -328,7 +334,8 @@ class StackSpec:
     def plan_defaults(self, dtype: str = "bf16") -> dict:
         """Plan knobs the stack sets unless the user sets them (for a plan of ``dtype``: the FP8
         primary weights only under fp8)."""
-        pairs = (("tp_comm_overlap", self.overlap.tp_comm), ("overlap_grad_reduce", self.overlap.grad_reduce),
+        pairs = (("tp_comm_overlap", self.overlap.tp_comm), ("ep_comm_overlap", self.overlap.ep_comm),
+                 ("overlap_grad_reduce", self.overlap.grad_reduce),
                  ("overlap_param_gather", self.overlap.param_gather),
                  ("fp8_params", self.fp8.primary_weights if dtype == "fp8" else None))
         return {k: v for k, v in pairs if v is not None}

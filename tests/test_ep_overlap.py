@@ -1,0 +1,130 @@
+"""Expert-parallel all-to-all overlap (Megatron-Core --overlap-moe-expert-parallel-comm,
+Megatron-Bridge moe_a2a_overlap): an MoE layer's all-to-alls run beside compute, in both
+estimators, as a plan knob, a stack default, a CLI flag and a runs-CSV column."""
+
+import csv
+import json
+
+import pytest
+
+from perfsim import api
+from perfsim.cli import main
+from perfsim.design.runs import read_runs
+from perfsim.design.runs_fit import identified
+from perfsim.errors import ConfigError
+from perfsim.lowering.layers import overlap_ep_comm
+from perfsim.lowering.ops import Coll
+from perfsim.lowering.steps import coll_step, gemm_step
+from perfsim.plan.parallel import ParallelPlan
+from perfsim.system.stacks import load_stack
+
+# 2 nodes of 8, pp 2 x vpp 2 (the combined 1F1B needs virtual stages), ep 8 inside a node
+MOE = dict(model="olmoe-1b-7b", cluster="mi300x-pollara", nodes=2, tp=1, pp=2, vpp=2, ep=8, mbs=1, gbs=32,
+           seq=4096, schedule="interleaved", recompute="none")
+
+
+def step(estimator="analytic", **knobs) -> api.Report:
+    return api.simulate(estimator=estimator, check_memory=False, **{**MOE, **knobs})
+
+
+def test_the_all_to_alls_run_beside_the_compute_in_both_estimators():
+    for estimator in ("analytic", "des"):
+        serial, hidden = step(estimator), step(estimator, ep_comm_overlap=True)
+        assert hidden.breakdown["ep_a2a"] < 0.5 * serial.breakdown["ep_a2a"]
+        assert hidden.step_time_s < serial.step_time_s
+        # compute is untouched: the overlap moves time, it does not remove work
+        assert hidden.breakdown["experts"] == pytest.approx(serial.breakdown["experts"], rel=1e-6)
+    closed, engine = step("analytic", ep_comm_overlap=True), step("des", ep_comm_overlap=True)
+    assert closed.step_time_s == pytest.approx(engine.step_time_s, rel=0.05)
+
+
+def test_the_hidden_share_scales_between_no_overlap_and_full():
+    base = step("analytic").step_time_s
+    full = step("analytic", ep_comm_overlap=True).step_time_s
+    none = step("analytic", ep_comm_overlap=True,
+                stack=load_stack("ideal").with_values(**{"overlap.ep_comm_share": 0.0})).step_time_s
+    half = step("analytic", ep_comm_overlap=True,
+                stack=load_stack("ideal").with_values(**{"overlap.ep_comm_share": 0.5})).step_time_s
+    assert none == pytest.approx(base, rel=1e-3)
+    assert full < half < none
+
+
+def test_a_layer_recomputed_whole_keeps_its_all_to_alls_on_the_chain():
+    # Megatron-Core refuses the overlap with full recompute; a fully recomputed layer (recompute
+    # auto's last rung, a search variant) is priced without it
+    full = step("analytic", recompute="full")
+    assert step("analytic", recompute="full", ep_comm_overlap=True).step_time_s == pytest.approx(full.step_time_s)
+
+
+def test_the_transform_hoists_each_all_to_all_and_joins_it_at_the_pass_end():
+    a2a = coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", 1e6, "ep_a2a")
+    gemm = gemm_step("expert_up", 1024, 1024, 1024, "experts")
+    out = overlap_ep_comm([gemm, a2a, gemm], share=0.25)
+    assert [s.name for s in out] == ["dispatch_a2a", "expert_up", "dispatch_a2a_exposed", "expert_up",
+                                     "dispatch_a2a_wait"]
+    assert dict(out[0].meta)["offchain"] and dict(out[-1].meta)["join"]
+    assert out[0].collective.size_bytes == pytest.approx(0.25e6)
+    assert out[2].collective.size_bytes == pytest.approx(0.75e6)
+    assert overlap_ep_comm([gemm, gemm]) == [gemm, gemm]  # a dense layer: nothing to move
+
+
+@pytest.mark.parametrize("knobs, field", [
+    (dict(tp=2, pp=2, vpp=1, ep=8, dp=8), "vpp"),
+    (dict(tp=2, pp=1, ep=8, dp=8, tp_comm_overlap=True), "tp_comm_overlap"),
+    (dict(tp=1, pp=1, cp=2, ep=8, dp=8), "cp"),
+])
+def test_plans_the_overlap_cannot_run_are_refused(knobs, field):
+    with pytest.raises(ConfigError, match="plan.ep_comm_overlap") as err:
+        ParallelPlan(mbs=1, gbs=64, seq=4096, ep_comm_overlap=True, **knobs)
+    assert field in str(err.value)
+    ParallelPlan(mbs=1, gbs=64, seq=4096, ep_comm_overlap=False, **knobs)  # the same plan without it is fine
+
+
+def test_the_stack_default_and_the_megatron_switch_set_it():
+    spec = load_stack("megatron-primus").with_values(**{"overlap.ep_comm": True})
+    assert spec.plan_defaults()["ep_comm_overlap"] is True
+    assert "ep_comm_overlap" not in load_stack("nemo").plan_defaults()
+    from perfsim.plan.megatron import BOOL_KNOBS
+    assert BOOL_KNOBS["overlap_moe_expert_parallel_comm"] == ("ep_comm_overlap", True)
+    with pytest.raises(ConfigError, match="ep_comm_share"):
+        load_stack("ideal").with_values(**{"overlap.ep_comm_share": 1.5})
+
+
+def test_cli_flag_and_its_errors(capsys):
+    args = ["simulate", "--model", "olmoe-1b-7b", "--cluster", "mi300x-pollara", "--nodes", "2", "--pp", "2",
+            "--vpp", "2", "--ep", "8", "--mbs", "1", "--gbs", "32", "--seq", "4096", "--schedule", "interleaved",
+            "--recompute", "none", "--json"]
+    assert main(args + ["--ep-comm-overlap"]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["ep_comm_overlap"] is True
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["ep_comm_overlap"] is False
+    bad = ["simulate", "--model", "olmoe-1b-7b", "--cluster", "mi300x-pollara", "--nodes", "2", "--pp", "2",
+           "--ep", "8", "--mbs", "1", "--gbs", "32", "--seq", "4096", "--ep-comm-overlap"]
+    assert main(bad) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "plan.ep_comm_overlap" in err[0] and "Traceback" not in err[0]
+
+
+def test_runs_csv_column_and_what_identifies_the_hidden_share(tmp_path):
+    cases = [c for c in read_runs("validation/runs/published.csv") if c.stack == "nemo"]
+    overlapped = {c.id for c in cases if dict(c.knobs).get("ep_comm_overlap")}
+    assert overlapped == {"MB2511-Q30B-H100", "MB2511-Q235B-H100", "MB2602-Q30B-H100", "MB2602-Q235B-H100"}
+    # runs with expert parallelism with and without the overlap tell its share apart
+    assert identified("overlap.ep_comm_share", cases)
+    assert not identified("overlap.ep_comm_share", [c for c in cases if c.id in overlapped])
+    path = tmp_path / "runs.csv"
+    with open("validation/runs/published.csv") as f:
+        rows = list(csv.DictReader(f))
+    row = next(r for r in rows if r["id"] == "MB2511-Q235B-H100")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        w.writeheader()
+        w.writerow({**row, "ep_comm_overlap": "maybe"})
+    with pytest.raises(ConfigError, match="ep_comm_overlap"):
+        read_runs(path)
+
+
+def test_the_report_shows_the_all_to_alls_mostly_hidden():
+    rep = step("analytic", ep_comm_overlap=True)
+    a2a = [v for k, v in rep.comm_by_collective.items() if "a2a" in k]
+    assert a2a and sum(v["exposed_s"] for v in a2a) < 0.5 * sum(v["total_s"] for v in a2a)
