@@ -18,6 +18,8 @@ from perfsim.lowering.steps import coll_step, gemm_step
 from perfsim.plan.parallel import ParallelPlan
 from perfsim.system.stacks import load_stack
 
+from conftest import tiny_moe
+
 # 2 nodes of 8, pp 2 x vpp 2 (the combined 1F1B needs virtual stages), ep 8 inside a node
 MOE = dict(model="olmoe-1b-7b", cluster="mi300x-pollara", nodes=2, tp=1, pp=2, vpp=2, ep=8, mbs=1, gbs=32,
            seq=4096, schedule="interleaved", recompute="none")
@@ -128,3 +130,37 @@ def test_the_report_shows_the_all_to_alls_mostly_hidden():
     rep = step("analytic", ep_comm_overlap=True)
     a2a = [v for k, v in rep.comm_by_collective.items() if "a2a" in k]
     assert a2a and sum(v["exposed_s"] for v in a2a) < 0.5 * sum(v["total_s"] for v in a2a)
+
+
+
+def test_search_tries_the_overlap_only_where_it_can_run():
+    import perfsim
+
+    small = dict(gpus=16, gbs=32, seq=1024, limits={"cp": 2, "vpp": 2, "mbs": 1, "pp": 2}, top=40, confirm=0,
+                 executor="serial")
+    plain = perfsim.search(tiny_moe(), "mi300x-pollara", **small)
+    assert not any(r.plan.get("ep_comm_overlap") for r in plain.rows)
+    both = perfsim.search(tiny_moe(), "mi300x-pollara", fixed={"ep_comm_overlap": (False, True)}, **small)
+    assert both.enumerated > plain.enumerated
+    tried = [r for r in both.rows if r.plan["ep_comm_overlap"]]
+    assert tried
+    for r in tried:
+        p = r.plan
+        assert p["ep"] > 1 and p["cp"] == 1 and (p["pp"] == 1 or p["vpp"] > 1)
+        assert not (p["tp_comm_overlap"] and p["tp"] > 1)
+        knobs = {k: p[k] for k in ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "recompute", "schedule",
+                                   "tp_comm_overlap", "grad_bucket_bytes", "dispatch", "recompute_layers")}
+        again = perfsim.simulate(tiny_moe(), "mi300x-pollara", nodes=2, gbs=32, seq=1024, dp=p["dp"],
+                                 ep_comm_overlap=True, check_memory=False, estimator=r.estimator, **knobs)
+        assert again.step_time_s == pytest.approx(r.step_time_s, rel=1e-9)
+    assert both.rows[0].step_time_s <= plain.rows[0].step_time_s
+
+
+def test_search_cli_flag_tries_the_overlap(capsys):
+    args = ["search", "--model", "olmoe-1b-7b", "--cluster", "mi300x-pollara", "--gpus", "16", "--gbs", "32",
+            "--seq", "2048", "--tp", "1", "--pp", "2", "--ep", "8", "--max-vpp", "2", "--max-mbs", "1", "--top", "3",
+            "--executor", "serial"]
+    assert main(args) == 0
+    assert "ep-overlap" not in capsys.readouterr().out
+    assert main(args + ["--ep-comm-overlap"]) == 0
+    assert "ep-overlap" in capsys.readouterr().out

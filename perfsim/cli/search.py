@@ -67,6 +67,10 @@ def add_command(sub) -> None:
     p.add_argument("--schedule", help="fix the pipeline schedule (comma list)")
     p.add_argument("--dispatch", help="MoE dispatch implementations to try where ep > 1 (comma list: alltoall, or the "
                                       "cluster's [dispatch] tables such as mori, deepep; default alltoall)")
+    p.add_argument("--ep-comm-overlap", action="store_true",
+                   help="also try the expert-parallel all-to-all overlap (Megatron-Core's combined 1F1B, "
+                        "--overlap-moe-expert-parallel-comm) where it can run: ep > 1, cp 1, pp 1 or vpp > 1, "
+                        "without TP-comm overlap (default: the stack's setting alone)")
     for axis in LIMITS:
         p.add_argument(f"--max-{axis}", type=a.POSITIVE, help=f"largest {axis} to try")
     p.add_argument("--max-memory", type=a.number(0, 1, lo_open=True), default=DEFAULT_MAX_MEMORY_FRACTION,
@@ -114,6 +118,8 @@ def _constraints(args) -> tuple[dict, dict]:
     for axis in ("recompute", "schedule", "dispatch"):
         if getattr(args, axis) is not None:
             fixed[axis] = _values(getattr(args, axis), axis, str)
+    if getattr(args, "ep_comm_overlap", False):
+        fixed["ep_comm_overlap"] = (False, True)
     limits = {a: getattr(args, f"max_{a}") for a in LIMITS if getattr(args, f"max_{a}") is not None}
     return fixed, _clamp(limits, max(gpu_counts(args.gpus)), args.gbs)
 
@@ -165,6 +171,7 @@ def run(args) -> int:
     if args.fp8_recipe and args.dtype != "fp8":
         raise ConfigError(f"--fp8-recipe: an FP8 scaling recipe needs --dtype fp8 (got {args.dtype})")
     knobs = a.switch_knobs(args) | ({"fp8_recipe": args.fp8_recipe} if args.fp8_recipe else {})
+    knobs.pop("ep_comm_overlap", None)  # an axis here (_constraints): tried both ways, not pinned
     knobs |= {"zero3_gather": args.zero3_gather} if args.zero3_gather else {}
     counts = gpu_counts(args.gpus)
     fixed, limits = _constraints(args)

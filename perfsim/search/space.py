@@ -27,7 +27,7 @@ from perfsim.plan.sharding import fewest_recompute_layers
 from perfsim.system.stacks import IDEAL, StackSpec
 
 AXES = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "recompute", "schedule", "tp_comm_overlap",
-        "grad_bucket_bytes", "dispatch")
+        "grad_bucket_bytes", "dispatch", "ep_comm_overlap")
 DEFAULT_BUCKET = ParallelPlan.__dataclass_fields__["grad_bucket_bytes"].default  # Megatron-Core DDP's 40M params, bf16
 # bucket sizes tried where gradients are reduced over data parallelism: the default and a
 # quarter of it (a smaller last bucket drains sooner behind the backward, more calls pay latency)
@@ -38,6 +38,7 @@ DEFAULT_LIMITS = {"cp": 8, "vpp": 8, "mbs": 8, "pp": 64}  # tp and etp: the GPUs
 OOM = "out of memory"
 GBS_RULE = "plan.gbs must be divisible by mbs*dp"
 DOMINATED = "dominated: the same plan with less recompute fits"
+EP_WITH_TP = "plan.ep_comm_overlap with tp_comm_overlap: one overlap kind per pass"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +60,9 @@ class Space:
     grad_bucket_bytes: tuple[int, ...] = BUCKETS  # tried only where gradients cross data parallelism
     # MoE dispatch implementations tried where ep > 1; None: the plan's own (alltoall, or the stack's)
     dispatch: tuple[str, ...] | None = None
+    # the expert-parallel all-to-all overlap (ep_comm_overlap), tried only where Megatron-Core can
+    # run it (``ep_overlaps``); default the stack's setting alone
+    ep_comm_overlap: tuple[bool, ...] = (False,)
 
 
 def _up_to(limit: int) -> tuple[int, ...]:
@@ -75,7 +79,7 @@ def _values(axis: str, value) -> tuple:
         return tuple(Schedule(v) if v in {s.value for s in Schedule} else _bad(axis, v) for v in values)
     if axis == "dispatch":  # names; the cluster's [dispatch] tables are checked per chunk (cost_chunk)
         return tuple(dict.fromkeys(v if isinstance(v, str) and v else _bad(axis, v) for v in values))
-    if axis == "tp_comm_overlap":
+    if axis in ("tp_comm_overlap", "ep_comm_overlap"):
         return tuple(sorted({v if isinstance(v, bool) else _bad(axis, v) for v in values}))
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1 and axis != "zero" or axis == "zero" and v not in (0, 1, 2, 3):
@@ -107,6 +111,7 @@ def build_space(model: ModelSpec, gpus_per_node: int, fixed: dict | None = None,
         "recompute": tuple(Recompute(v) for v in recompute_ladder(stack.recompute.levels(), model)),
         "schedule": tuple(Schedule),
         "tp_comm_overlap": (False, True), "grad_bucket_bytes": BUCKETS, "dispatch": None,
+        "ep_comm_overlap": (bool(stack.overlap.ep_comm),),
     }
     for axis, value in fixed.items():
         axes[axis] = _values(axis, value)
@@ -154,7 +159,8 @@ def plan_key(plan: ParallelPlan) -> tuple:
     """Deterministic tie-break order of plans (the search's plan tuple)."""
     return (plan.tp, plan.pp, plan.vpp, plan.dp, plan.ep, plan.etp, plan.cp, plan.zero, plan.mbs,
             _RECOMPUTE_ORDER[plan.recompute], _SCHEDULE_ORDER[plan.schedule], plan.tp_comm_overlap,
-            -plan.grad_bucket_bytes, plan.dispatch != dispatch_impls.LIBRARY, _name_order(plan.dispatch))
+            -plan.grad_bucket_bytes, plan.dispatch != dispatch_impls.LIBRARY, _name_order(plan.dispatch),
+            plan.ep_comm_overlap)
 
 
 def _name_order(name: str) -> int:
@@ -235,26 +241,35 @@ def _base_plans(chunk: Chunk, res: ChunkResult):
             scheds = schedules(space, pp, vpp)
             if not scheds:
                 continue
-            res.enumerated += inner * len(scheds)
+            eps = len(ep_overlaps(space, ep, cp, pp, vpp))
+            res.enumerated += inner * eps * len(scheds)
             try:
                 base = ParallelPlan(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, gbs=ctx.gbs, seq=ctx.seq,
                                     dtype=ctx.dtype, mbs=1, schedule=scheds[0], stack=ctx.stack,
-                                    **{**ctx.stack.plan_defaults(ctx.dtype), **dict(ctx.plan_knobs)})
+                                    **{**ctx.stack.plan_defaults(ctx.dtype), **dict(ctx.plan_knobs),
+                                       "ep_comm_overlap": False})  # its variants set it (ep_overlaps)
                 check_plan(base, ctx.model, ctx.num_gpus)
             except ConfigError as exc:
-                _reject(res, reason_of(exc), inner * len(scheds))
+                _reject(res, reason_of(exc), inner * eps * len(scheds))
                 continue
             yield base, scheds
 
 
+def ep_overlaps(space: Space, ep: int, cp: int, pp: int, vpp: int) -> tuple[bool, ...]:
+    """The expert-parallel all-to-all overlap values worth trying for a structure: only where
+    Megatron-Core runs it (ep > 1; pp 1 or virtual stages) and perfsim prices it (cp 1)."""
+    legal = ep > 1 and cp == 1 and (pp == 1 or vpp > 1)
+    return space.ep_comm_overlap if legal else (False,)
+
+
 def _variant(plan: ParallelPlan, zero: int, recompute: Recompute, overlap: bool, bucket: int,
-             impl: str) -> ParallelPlan:
+             impl: str, ep_overlap: bool = False) -> ParallelPlan:
     """``plan`` with another zero stage, recompute, TP-comm overlap, bucket size and dispatch,
     without re-running validation: each only needs to be a member of its set, which
     ``build_space`` checked (this is the sweep's hot loop; replace() would double its cost)."""
     new = object.__new__(ParallelPlan)
     new.__dict__.update(plan.__dict__, zero=zero, recompute=recompute, tp_comm_overlap=overlap,
-                        grad_bucket_bytes=bucket, dispatch=impl)
+                        grad_bucket_bytes=bucket, dispatch=impl, ep_comm_overlap=ep_overlap)
     return new
 
 
@@ -276,7 +291,8 @@ def _groups(chunk: Chunk, res: ChunkResult):
     recomputes = sorted(space.recompute, key=list(Recompute).index)
     for base, scheds in _base_plans(chunk, res):
         overlaps, buckets, impls = knob_values(space, base)
-        variants = len(space.zero) * len(recomputes) * len(overlaps) * len(buckets) * len(impls)
+        eps = ep_overlaps(space, base.ep, base.cp, base.pp, base.vpp)
+        variants = len(space.zero) * len(recomputes) * len(overlaps) * len(buckets) * len(impls) * len(eps)
         for schedule in scheds:
             for mbs in space.mbs:
                 if ctx.gbs % (mbs * base.dp):  # ParallelPlan's rule, without building the plan
@@ -292,7 +308,12 @@ def _groups(chunk: Chunk, res: ChunkResult):
                     for overlap in overlaps:
                         for bucket in buckets:
                             for impl in impls:
-                                yield [_variant(plan, zero, r, overlap, bucket, impl) for r in recomputes]
+                                for ep_overlap in eps:
+                                    if ep_overlap and overlap and plan.tp > 1:  # one overlap kind per pass
+                                        _reject(res, EP_WITH_TP, len(recomputes))
+                                        continue
+                                    yield [_variant(plan, zero, r, overlap, bucket, impl, ep_overlap)
+                                           for r in recomputes]
 
 
 def cost_chunk(chunk: Chunk) -> ChunkResult:
