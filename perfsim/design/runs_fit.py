@@ -145,27 +145,16 @@ def _path_speeds(cases) -> set[str]:
     return paths
 
 
-def _tp_overlap_states(cases) -> set[bool]:
-    """Whether each run with tensor parallelism overlapped its TP communication (as the run
-    states it, else its stack's default): runs in both states tell the overlap's share apart."""
+def _overlap_states(cases, degree: str, knob: str, policy: str) -> set[bool]:
+    """Whether each run with ``degree`` > 1 (tp, ep) overlapped that communication (``knob`` as
+    the run states it, else its stack's ``overlap.<policy>``): runs in both states tell the
+    overlap's hidden share apart."""
     states = set()
     for c in cases:
         knobs = dict(c.knobs)
-        if knobs.get("tp", 1) > 1:
-            stated = knobs.get("tp_comm_overlap")
-            states.add(bool(load_stack(c.stack).overlap.tp_comm) if stated is None else stated)
-    return states
-
-
-def _ep_overlap_states(cases) -> set[bool]:
-    """Whether each MoE run with expert parallelism overlapped its all-to-alls with the other
-    pass (``ep_comm_overlap`` as the run states it, else its stack's default)."""
-    states = set()
-    for c in cases:
-        knobs = dict(c.knobs)
-        if knobs.get("ep", 1) > 1:
-            stated = knobs.get("ep_comm_overlap")
-            states.add(bool(load_stack(c.stack).overlap.ep_comm) if stated is None else stated)
+        if knobs.get(degree, 1) > 1:
+            stated = knobs.get(knob)
+            states.add(bool(getattr(load_stack(c.stack).overlap, policy)) if stated is None else stated)
     return states
 
 
@@ -181,9 +170,9 @@ def identified(param: str, cases) -> bool:
     if param.startswith("kernels.speed_"):
         return any(speed_param(vendor_of(c)) == param for c in cases)
     if param == "overlap.tp_comm_share":  # the same plans with and without the overlap
-        return _tp_overlap_states(cases) == {True, False}
+        return _overlap_states(cases, "tp", "tp_comm_overlap", "tp_comm") == {True, False}
     if param == "overlap.ep_comm_share":  # expert-parallel runs with and without the overlap
-        return _ep_overlap_states(cases) == {True, False}
+        return _overlap_states(cases, "ep", "ep_comm_overlap", "ep_comm") == {True, False}
     if param in PATH_SPEEDS:  # only runs on that dispatch path
         return param in _path_speeds(cases)
     return param not in PRIORS or {"real", "synthetic"} <= {c.data for c in cases}
