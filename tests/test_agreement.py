@@ -35,6 +35,7 @@ def test_sample_spans_the_knobs():
     assert {str(p.recompute) for p in plans} == {"none", "selective", "full"}
     assert any(p.tp_comm_overlap for p in plans) and any(p.cp > 1 for p in plans) and any(p.vpp > 1 for p in plans)
     assert any(p.ep > 1 for p in plans) and any(p.etp > 1 for p in plans)
+    assert any(p.ep_comm_overlap and p.pp > 1 for p in plans) and any(p.ep_comm_overlap and p.pp == 1 for p in plans)
     assert any(c.routing.distribution != "uniform" for c in cases)
     assert {c.cluster for c in cases} == set(agreement.CLUSTERS)
 

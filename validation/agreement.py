@@ -1,7 +1,7 @@
 """The closed form against the engine on a seeded sample of valid plans.
 
 The sample spans ZeRO 0-3 (ZeRO-3 gathering per pass or once), tp/pp/vpp/cp/ep/etp, every schedule, recompute, TP-comm
-overlap, DP overlap on/off, MoE routing skew and three clusters (MI300X, MI355X +
+overlap, the expert-parallel all-to-all overlap, DP overlap on/off, MoE routing skew and three clusters (MI300X, MI355X +
 Pollara, H100 + InfiniBand), on 8-64 GPUs. Models are published shapes cut to a few
 layers (so the engine stays fast) plus the tests' tiny models. Used by
 ``tests/test_agreement.py`` (the bound) and ``validation/bench_estimators.py`` (the
@@ -76,6 +76,8 @@ def sample(count: int, seed: int = 0) -> list[Case]:
     rng, specs, out = random.Random(seed), models(), []
     # ZeRO-3's gather policy from a stream of its own, so the rest of the seeded sample stays as it was
     gather_rng = random.Random(f"zero3_gather-{seed}")
+    # the expert-parallel all-to-all overlap likewise, where Megatron-Core runs it and perfsim prices it
+    ep_rng = random.Random(f"ep_comm_overlap-{seed}")
     while len(out) < count:
         model, cluster, num_gpus = rng.choice(specs), rng.choice(CLUSTERS), rng.choice(GPUS)
         k = _knobs(rng, model, num_gpus)
@@ -88,6 +90,9 @@ def sample(count: int, seed: int = 0) -> list[Case]:
             check_plan(plan, model, num_gpus)
         except ConfigError:
             continue
+        if plan.ep > 1 and plan.cp == 1 and (plan.pp == 1 or plan.vpp > 1) \
+                and not (plan.tp_comm_overlap and plan.tp > 1) and ep_rng.random() < 0.5:
+            plan = dataclasses.replace(plan, ep_comm_overlap=True)
         routing = RoutingSpec(distribution="zipf", skew=rng.choice([0.5, 1.0]), seed=seed) \
             if model.is_moe and plan.ep > 1 and rng.random() < 0.3 else RoutingSpec()
         out.append(Case(model=model, cluster=cluster, num_gpus=num_gpus, plan=plan, routing=routing))
