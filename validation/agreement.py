@@ -112,6 +112,8 @@ def under_stacks(cases: list[Case], seed: int = 0) -> list[Case]:
     for case in cases:
         stack = load_stack(rng.choice(STACKS))
         drawn = {f.name for f in dataclasses.fields(ParallelPlan) if getattr(case.plan, f.name) != f.default}
+        if case.plan.ep_comm_overlap:  # drawn without TP-comm overlap, the one overlap kind its passes take
+            drawn.add("tp_comm_overlap")
         defaults = {k: v for k, v in stack.plan_defaults(case.plan.dtype).items() if k not in drawn}
         out.append(dataclasses.replace(case, plan=dataclasses.replace(case.plan, stack=stack, **defaults)))
     return out
