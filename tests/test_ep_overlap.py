@@ -164,3 +164,15 @@ def test_search_cli_flag_tries_the_overlap(capsys):
     assert "ep-overlap" not in capsys.readouterr().out
     assert main(args + ["--ep-comm-overlap"]) == 0
     assert "ep-overlap" in capsys.readouterr().out
+
+
+def test_a_stacks_tp_overlap_default_is_turned_off_from_the_cli(capsys):
+    args = ["simulate", "--model", "olmoe-1b-7b", "--cluster", "mi300x-pollara", "--nodes", "2", "--tp", "2",
+            "--ep", "8", "--mbs", "1", "--gbs", "32", "--seq", "4096", "--stack", "nemo", "--engine", "analytic",
+            "--ep-comm-overlap", "--json"]
+    assert main(args) == 2  # nemo overlaps TP communication by default
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--no-tp-comm-overlap" in err[0]
+    assert main(args + ["--no-tp-comm-overlap"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["ep_comm_overlap"] is True and plan["tp_comm_overlap"] is False

@@ -191,7 +191,8 @@ class ParallelPlan:
         if self.ep_comm_overlap and self.ep > 1 and ((self.tp_comm_overlap and self.tp > 1) or self.cp > 1):
             raise ConfigError(f"plan.ep_comm_overlap with {'tp_comm_overlap' if self.cp == 1 else 'cp'} "
                               f"(tp {self.tp}, cp {self.cp}): perfsim overlaps one kind of communication per pass; "
-                              "set tp_comm_overlap false, or cp 1 (Megatron-Core warns against tensor or context "
+                              "set tp_comm_overlap false (--no-tp-comm-overlap), or cp 1 (Megatron-Core warns "
+                              "against tensor or context "
                               "parallelism with this overlap before Blackwell)")
         if self.ep_comm_overlap and self.pp > 1 and self.vpp == 1:
             raise ConfigError(f"plan.ep_comm_overlap needs virtual pipeline stages (vpp > 1) with pp {self.pp}: "
