@@ -310,6 +310,10 @@ def test_search_page_fix_axes_and_bad_input(monkeypatch):
     next(b for b in at.button if b.label == "Run search").click().run()
     ok(at)
     assert calls[-1][2]["fixed"] == {"tp": 1}
+    at.checkbox(key="w.s_ep_overlap").check().run()
+    next(b for b in at.button if b.label == "Run search").click().run()
+    ok(at)
+    assert calls[-1][2]["fixed"] == {"tp": 1, "ep_comm_overlap": (False, True)}
 
 
 def test_search_page_real_errors_are_inline():

@@ -50,6 +50,10 @@ with st.expander("Constraints and execution"):
                            help="local-spawn: a pool of fresh worker processes, closed when the search ends "
                                 "(a forked pool would inherit the planner's threads and signal handlers); "
                                 "serial: in this process; dask-local: a Dask LocalCluster")
+    ep_overlap = st.checkbox("Also try the expert-parallel all-to-all overlap", key="w.s_ep_overlap",
+                             help="--ep-comm-overlap: each plan with and without Megatron-Core's combined 1F1B "
+                                  "(an MoE layer's all-to-alls beside another microbatch's compute), where it can "
+                                  "run: ep > 1, cp 1, pp 1 or vpp > 1, without TP-comm overlap")
 
 dtype, stack = inputs["knobs"].get("dtype", "bf16"), inputs.get("stack") or "ideal"
 switches = search_switches(inputs, model_spec({**inputs, "model": model, "model_config": None}))
@@ -66,6 +70,8 @@ with common.shown_errors("Invalid search"):
     pinned = {axis: (v.strip() if axis == "recompute" else
                      tuple(n.strip() for n in v.split(",") if n.strip()) if axis == "dispatch" else int(v))
               for axis, v in fixed.items() if v.strip()}
+    if ep_overlap:
+        pinned["ep_comm_overlap"] = (False, True)
     args = {"model": model, "cluster": cluster, "gpus": gpus.strip(), "gbs": int(gbs), "seq": int(seq),
             "top": int(top), "max_memory_fraction": float(mem), "objective": objective, "fixed": pinned or None,
             "usd_per_gpu_hour": float(price) if objective == "cost" else None, "confirm": int(confirm),
