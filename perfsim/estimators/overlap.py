@@ -83,16 +83,17 @@ def _segments(ops: tuple) -> tuple:
     return segments
 
 
-def fluid_chain_s(w: Window) -> float:
+def fluid_chain_s(w: Window, contended: bool = False) -> float:
     """Play the chain op by op against the prefetch started with it: latency and compute
     leave the prefetch its links, a comm op shares them with it max-min (both slow
     down); an ``offchain`` op (ring-attention hop, overlapped TP collective) starts on
     its own queue, one at a time, when the chain reaches it; a ``join`` op waits for the oldest one not yet joined (as
     ``lowering.graph`` wires them). The chain's comm op, the op beside it and the
-    prefetch share the links max-min, as in the engine."""
+    prefetch share the links max-min, as in the engine. ``contended``: play the chain
+    even with no prefetch, for the contention of its own comm with the ops beside it."""
     g_share = {link: busy / w.prefetch_s for link, busy in w.prefetch_links.items()}
     segments = _segments(w.ops)
-    if not any(g_share.keys() & seg[2].keys() for seg in segments if seg[2]):
+    if not contended and not any(g_share.keys() & seg[2].keys() for seg in segments if seg[2]):
         return max(w.chain_s, w.prefetch_s)  # no link in common: the prefetch runs beside the chain untouched
     g_key = tuple(sorted(g_share.items()))
     g = w.prefetch_s
