@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import perfsim
 from perfsim.errors import ConfigError
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import ParallelPlan, Schedule, check_plan
+from perfsim.plan.parallel import ParallelPlan, Schedule, check_plan, ep_overlap_conflict
 from perfsim.plan.routing import RoutingSpec
 from perfsim.system.stacks import load_stack
 
@@ -90,8 +90,7 @@ def sample(count: int, seed: int = 0) -> list[Case]:
             check_plan(plan, model, num_gpus)
         except ConfigError:
             continue
-        if plan.ep > 1 and plan.cp == 1 and (plan.pp == 1 or plan.vpp > 1) \
-                and not (plan.tp_comm_overlap and plan.tp > 1) and ep_rng.random() < 0.5:
+        if plan.ep > 1 and not ep_overlap_conflict(plan) and ep_rng.random() < 0.5:
             plan = dataclasses.replace(plan, ep_comm_overlap=True)
         routing = RoutingSpec(distribution="zipf", skew=rng.choice([0.5, 1.0]), seed=seed) \
             if model.is_moe and plan.ep > 1 and rng.random() < 0.3 else RoutingSpec()

@@ -67,7 +67,7 @@ def add_command(sub) -> None:
     p.add_argument("--schedule", help="fix the pipeline schedule (comma list)")
     p.add_argument("--dispatch", help="MoE dispatch implementations to try where ep > 1 (comma list: alltoall, or the "
                                       "cluster's [dispatch] tables such as mori, deepep; default alltoall)")
-    p.add_argument("--ep-comm-overlap", action="store_true",
+    p.add_argument("--ep-comm-overlap", action="store_true", dest="try_ep_comm_overlap",
                    help="also try the expert-parallel all-to-all overlap (Megatron-Core's combined 1F1B, "
                         "--overlap-moe-expert-parallel-comm) where it can run: ep > 1, cp 1, pp 1 or vpp > 1, "
                         "without TP-comm overlap (default: the stack's setting alone)")
@@ -118,7 +118,7 @@ def _constraints(args) -> tuple[dict, dict]:
     for axis in ("recompute", "schedule", "dispatch"):
         if getattr(args, axis) is not None:
             fixed[axis] = _values(getattr(args, axis), axis, str)
-    if getattr(args, "ep_comm_overlap", False):
+    if args.try_ep_comm_overlap:
         fixed["ep_comm_overlap"] = (False, True)
     limits = {a: getattr(args, f"max_{a}") for a in LIMITS if getattr(args, f"max_{a}") is not None}
     return fixed, _clamp(limits, max(gpu_counts(args.gpus)), args.gbs)
@@ -171,7 +171,6 @@ def run(args) -> int:
     if args.fp8_recipe and args.dtype != "fp8":
         raise ConfigError(f"--fp8-recipe: an FP8 scaling recipe needs --dtype fp8 (got {args.dtype})")
     knobs = a.switch_knobs(args) | ({"fp8_recipe": args.fp8_recipe} if args.fp8_recipe else {})
-    knobs.pop("ep_comm_overlap", None)  # an axis here (_constraints): tried both ways, not pinned
     knobs |= {"zero3_gather": args.zero3_gather} if args.zero3_gather else {}
     counts = gpu_counts(args.gpus)
     fixed, limits = _constraints(args)

@@ -324,12 +324,10 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
     if split:
         bwd, wgt = split_weight_grads(bwd)
     layer_recompute = plan.recompute if recompute is None else recompute
-    if plan.ep_comm_overlap and plan.ep > 1 and layer_recompute != Recompute.FULL and not overlapped \
-            and plan.cp == 1:
+    if plan.ep_comm_overlap and plan.ep > 1 and layer_recompute != Recompute.FULL:
         # Megatron-Core's combined 1F1B refuses full recompute; a layer recomputed whole (a
-        # search variant, a recompute block) keeps its all-to-alls on the chain, and so does a
-        # pass whose TP collectives or ring-attention hops already run off it (plan validation
-        # refuses both; a search variant toggling TP overlap keeps that one)
+        # search variant, a recompute block) keeps its all-to-alls on the chain. Plans where the
+        # overlap cannot run never get here (``ep_overlap_conflict``: validation and the search)
         share = plan.stack.overlap.ep_comm_share
         fwd, bwd = overlap_ep_comm(fwd, share), overlap_ep_comm(bwd, share)
     return fwd, bwd, wgt

@@ -476,9 +476,8 @@ def overlap_ep_comm(steps: list[Step], share: float = 1.0) -> list[Step]:
                                  collective=replace(call, size_bytes=call.size_bytes * (1.0 - share))))
     if not hidden:
         return steps
-    joins = [replace(host_step(f"{h.name}_wait", 0.0, "ep_a2a"), meta=(("host_s", 0.0), ("join", True)))
-             for h in hidden]
-    return [*hidden, *chain, *joins]
+    waits = (host_step(f"{h.name}_wait", 0.0, "ep_a2a") for h in hidden)
+    return [*hidden, *chain, *(replace(w, meta=w.meta + (("join", True),)) for w in waits)]
 
 
 def _overlap_pair(steps: list[Step], i: int) -> tuple[Step, Step, Step] | None:

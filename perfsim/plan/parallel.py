@@ -61,6 +61,23 @@ FP8_ONLY = {"dispatch_fp8": "FP8 dispatch feeds FP8 expert GEMMs, so it needs",
 LIBRARY_DISPATCH = ("alltoall", "rccl", "nccl")
 
 
+
+def ep_overlap_conflict(plan) -> str:
+    """Why the expert-parallel all-to-all overlap cannot run on ``plan`` (its tp, cp, pp,
+    vpp, ep and tp_comm_overlap), '' where it can: Megatron-Core pairs one microbatch's
+    forward with another's backward only under virtual pipeline stages (or no pipeline),
+    and perfsim overlaps one kind of communication per pass, so not beside TP-comm overlap
+    or ring attention. The one rule plan validation, the search and the estimators' sample
+    apply."""
+    if plan.pp > 1 and plan.vpp == 1:
+        return (f"needs virtual pipeline stages (vpp > 1) with pp {plan.pp}: Megatron-Core pairs one microbatch's "
+                "forward with another's backward only under the interleaved (or V-shape) schedules")
+    if plan.ep > 1 and ((plan.tp_comm_overlap and plan.tp > 1) or plan.cp > 1):
+        return (f"with {'tp_comm_overlap' if plan.cp == 1 else 'cp'} (tp {plan.tp}, cp {plan.cp}): perfsim overlaps "
+                "one kind of communication per pass; set tp_comm_overlap false (--no-tp-comm-overlap), or cp 1 "
+                "(Megatron-Core warns against tensor or context parallelism with this overlap before Blackwell)")
+    return ""
+
 @dataclass(frozen=True, kw_only=True)
 class ParallelPlan:
     tp: int = 1
@@ -188,16 +205,9 @@ class ParallelPlan:
             )
         if self.vpp > 1 and self.pp == 1:
             raise ConfigError(f"plan.vpp ({self.vpp}) needs pp > 1")
-        if self.ep_comm_overlap and self.ep > 1 and ((self.tp_comm_overlap and self.tp > 1) or self.cp > 1):
-            raise ConfigError(f"plan.ep_comm_overlap with {'tp_comm_overlap' if self.cp == 1 else 'cp'} "
-                              f"(tp {self.tp}, cp {self.cp}): perfsim overlaps one kind of communication per pass; "
-                              "set tp_comm_overlap false (--no-tp-comm-overlap), or cp 1 (Megatron-Core warns "
-                              "against tensor or context "
-                              "parallelism with this overlap before Blackwell)")
-        if self.ep_comm_overlap and self.pp > 1 and self.vpp == 1:
-            raise ConfigError(f"plan.ep_comm_overlap needs virtual pipeline stages (vpp > 1) with pp {self.pp}: "
-                              "Megatron-Core pairs one microbatch's forward with another's backward only under "
-                              "the interleaved (or V-shape) schedules")
+        why = ep_overlap_conflict(self) if self.ep_comm_overlap else ""
+        if why:
+            raise ConfigError(f"plan.ep_comm_overlap {why}")
         if self.seq % self.cp or (self.cp > 1 and (self.seq // self.cp) % 2):
             raise ConfigError(f"plan.seq ({self.seq}) must be divisible by 2*cp ({2 * self.cp})")
 

@@ -13,6 +13,7 @@ constraint binds.
 import heapq
 import re
 import time
+from types import SimpleNamespace
 from dataclasses import dataclass, field, replace
 
 from perfsim.cost import dispatch as dispatch_impls
@@ -21,7 +22,8 @@ from perfsim.estimators.analytic import ClosedForm
 from perfsim.estimators.fastmem import MemoryModel
 from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, check_plan, recompute_ladder
+from perfsim.plan.parallel import (V_SHAPES, ParallelPlan, Recompute, Schedule, check_plan, ep_overlap_conflict,
+                                   recompute_ladder)
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.sharding import fewest_recompute_layers
 from perfsim.system.stacks import IDEAL, StackSpec
@@ -38,7 +40,6 @@ DEFAULT_LIMITS = {"cp": 8, "vpp": 8, "mbs": 8, "pp": 64}  # tp and etp: the GPUs
 OOM = "out of memory"
 GBS_RULE = "plan.gbs must be divisible by mbs*dp"
 DOMINATED = "dominated: the same plan with less recompute fits"
-EP_WITH_TP = "plan.ep_comm_overlap with tp_comm_overlap: one overlap kind per pass"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,7 +242,7 @@ def _base_plans(chunk: Chunk, res: ChunkResult):
             scheds = schedules(space, pp, vpp)
             if not scheds:
                 continue
-            eps = len(ep_overlaps(space, ep, cp, pp, vpp))
+            eps = len(ep_overlaps(space, SimpleNamespace(tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep, tp_comm_overlap=False)))
             res.enumerated += inner * eps * len(scheds)
             try:
                 base = ParallelPlan(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, gbs=ctx.gbs, seq=ctx.seq,
@@ -255,11 +256,11 @@ def _base_plans(chunk: Chunk, res: ChunkResult):
             yield base, scheds
 
 
-def ep_overlaps(space: Space, ep: int, cp: int, pp: int, vpp: int) -> tuple[bool, ...]:
-    """The expert-parallel all-to-all overlap values worth trying for a structure: only where
-    Megatron-Core runs it (ep > 1; pp 1 or virtual stages) and perfsim prices it (cp 1)."""
-    legal = ep > 1 and cp == 1 and (pp == 1 or vpp > 1)
-    return space.ep_comm_overlap if legal else (False,)
+def ep_overlaps(space: Space, shape) -> tuple[bool, ...]:
+    """The expert-parallel all-to-all overlap values worth trying for a structure (``shape``:
+    its tp, cp, pp, vpp, ep, no TP-comm overlap): only where there is expert parallelism and
+    the overlap can run (``ep_overlap_conflict``, plan validation's rule)."""
+    return space.ep_comm_overlap if shape.ep > 1 and not ep_overlap_conflict(shape) else (False,)
 
 
 def _variant(plan: ParallelPlan, zero: int, recompute: Recompute, overlap: bool, bucket: int,
@@ -291,7 +292,7 @@ def _groups(chunk: Chunk, res: ChunkResult):
     recomputes = sorted(space.recompute, key=list(Recompute).index)
     for base, scheds in _base_plans(chunk, res):
         overlaps, buckets, impls = knob_values(space, base)
-        eps = ep_overlaps(space, base.ep, base.cp, base.pp, base.vpp)
+        eps = ep_overlaps(space, base)
         variants = len(space.zero) * len(recomputes) * len(overlaps) * len(buckets) * len(impls) * len(eps)
         for schedule in scheds:
             for mbs in space.mbs:
@@ -309,11 +310,13 @@ def _groups(chunk: Chunk, res: ChunkResult):
                         for bucket in buckets:
                             for impl in impls:
                                 for ep_overlap in eps:
-                                    if ep_overlap and overlap and plan.tp > 1:  # one overlap kind per pass
-                                        _reject(res, EP_WITH_TP, len(recomputes))
+                                    group = [_variant(plan, zero, r, overlap, bucket, impl, ep_overlap)
+                                             for r in recomputes]
+                                    why = ep_overlap_conflict(group[0]) if ep_overlap else ""
+                                    if why:  # beside this variant's TP-comm overlap
+                                        _reject(res, reason_of(f"plan.ep_comm_overlap {why}"), len(recomputes))
                                         continue
-                                    yield [_variant(plan, zero, r, overlap, bucket, impl, ep_overlap)
-                                           for r in recomputes]
+                                    yield group
 
 
 def cost_chunk(chunk: Chunk) -> ChunkResult:
