@@ -13,7 +13,7 @@ MODEL_FIELDS = (  # ModelSpec field, label
     ("expert_ffn_hidden_size", "expert FFN width"),
 )
 HARDWARE_FIELDS = (  # key, label, unit
-    ("dense_tflops", "dense TFLOPS (plan dtype)", "TFLOPS"), ("hbm_capacity_GB", "HBM capacity", "GB"),
+    ("dense_tflops", "dense TFLOPS (plan dtype)", "TFLOPS"), ("hbm_capacity_GB", "HBM capacity (vendor GB, read as GiB)", "GB"),
     ("hbm_bw_GBps", "HBM bandwidth", "GB/s"), ("link_bw_GBps", "xGMI/NVLink per link", "GB/s"),
     ("nic_bw_Gbps", "NIC bandwidth", "Gb/s"),
 )

@@ -206,6 +206,9 @@ def cluster_spec(inputs: dict):
         scale = edits["dense_tflops"] / gpu.peak_tflops.get(dtype, gpu.peak_tflops["bf16"])
         gpu = dataclasses.replace(gpu, peak_tflops={k: v * scale for k, v in gpu.peak_tflops.items()})
     gpu = dataclasses.replace(gpu, **{k: edits[k] for k in ("hbm_capacity_GB", "hbm_bw_GBps") if k in edits})
+    if "hbm_capacity_GB" in edits:
+        gpu = dataclasses.replace(gpu, hbm_capacity_source=f"edited in the planner: {edits['hbm_capacity_GB']:g} GB as GiB, "
+                                  f"less the profile's driver reserve ({gpu.hbm_reserved_MiB:g} MiB)")
     if "link_bw_GBps" in edits:
         ratio = edits["link_bw_GBps"] / node.link_bw_GBps
         node = dataclasses.replace(node, link_bw_GBps=edits["link_bw_GBps"], link_bw_raw_GBps=node.link_bw_raw_GBps * ratio)

@@ -28,6 +28,7 @@ from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.stacks import load_stack
 from perfsim.system.specio import check_int, check_number, check_type
+from perfsim import units
 from perfsim.units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -141,14 +142,19 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     for the smallest N that fits (Megatron's --recompute-method block --recompute-num-layers
     N, "block"), then every layer. Per-op checkpointing ("op") is tried only where it is
     modelled (``recompute_ladder``: dense layers). A ``recompute_layers`` the plan already names is kept (block
-    recompute of those layers at each level)."""
+    recompute of those layers at each level). Under the expert-parallel all-to-all overlap
+    Megatron-Core refuses full recompute, of every layer or a block ("disable full
+    recomputation when enabling overlap_moe_expert_parallel_comm", megatron/training/arguments.py):
+    the ladder stops before it, and a plan none of whose remaining settings fits keeps the
+    lightest of them (reported out of memory)."""
     def fits(candidate: ParallelPlan) -> bool:
         return max(m.total_bytes for m in _plan_memory(model, candidate, routing)) <= cluster.gpu.hbm_bytes
 
     fixed = plan.recompute_layers
     full = replace(plan, recompute=Recompute.FULL)
+    no_full = plan.ep_comm_overlap and plan.ep > 1
     for level in recompute_ladder(plan.stack.recompute.auto, model):
-        if level == "full":
+        if level == "full" or (no_full and level == "block"):
             break
         if level == "block":
             if fixed:
@@ -161,6 +167,8 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         candidate = replace(plan, recompute=recompute, recompute_layers=0 if recompute == Recompute.NONE else fixed)
         if fits(candidate):
             return candidate
+        if no_full:
+            full = candidate  # the lightest setting Megatron-Core allows beside the overlap
     return full
 
 
@@ -197,6 +205,10 @@ def _memory_hint(plan: ParallelPlan) -> str:
     for FP8 with BF16 working weights, FP8 primary weights: half the weights' bytes)."""
     weights = ("; FP8 primary weights (fp8_params=True, --fp8-params) halve the working weights"
                if plan.dtype == "fp8" and not plan.fp8_params else "")
+    if plan.ep_comm_overlap and plan.ep > 1 and plan.recompute != Recompute.FULL:
+        return ("Megatron-Core refuses full recompute beside the expert-parallel all-to-all overlap: "
+                "without it (ep_comm_overlap=False, no --ep-comm-overlap) recompute='auto' may fit, or try a "
+                "smaller mbs or more pp / ep" + weights)
     if plan.recompute != Recompute.FULL or plan.recompute_layers:
         return "recompute='auto' (--recompute auto) picks the least recompute that fits" + weights
     if plan.keeps_weights_gathered:  # its weights and gradients unsharded through the step
@@ -218,7 +230,8 @@ def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, ch
             f"optimizer {format_bytes(worst.optimizer_bytes)}, activations {format_bytes(worst.activations_bytes)}, "
             f"logits {format_bytes(worst.logits_bytes)}, fragmentation {format_bytes(worst.fragmentation_bytes)}"
             + (f", ZeRO buffers {format_bytes(worst.zero_buffers_bytes)}" if worst.zero_buffers_bytes else "") + ") "
-            f"but {cluster.gpu.name} has {format_bytes(cluster.gpu.hbm_bytes)}; {_memory_hint(plan)}"
+            f"but {cluster.gpu.name} has {format_bytes(cluster.gpu.hbm_bytes)} "
+            f"({cluster.gpu.hbm_bytes / units.GiB:.2f} GiB usable of {cluster.gpu.hbm_capacity_GB:g}); {_memory_hint(plan)}"
         )
         if check_memory:
             raise InfeasiblePlan(message)

@@ -176,3 +176,43 @@ def test_a_stacks_tp_overlap_default_is_turned_off_from_the_cli(capsys):
     assert main(args + ["--no-tp-comm-overlap"]) == 0
     plan = json.loads(capsys.readouterr().out)["plan"]
     assert plan["ep_comm_overlap"] is True and plan["tp_comm_overlap"] is False
+
+
+def test_the_extra_warmup_forward_holds_one_more_chunk():
+    """Megatron-Core schedules one more forward before the steady 1F1B steps under the
+    overlap: one model chunk's activations more, a microbatch's 1 / vpp (the fast search
+    memory model keys it too)."""
+    from perfsim.estimators.fastmem import MemoryModel
+    from perfsim.lowering.memory import in_flight_microbatches, plan_memory
+
+    model = api.load_model("olmoe-1b-7b")
+    plan = ParallelPlan(tp=1, pp=2, vpp=2, dp=8, ep=8, mbs=1, gbs=32, seq=4096, schedule="interleaved")
+    over = ParallelPlan(tp=1, pp=2, vpp=2, dp=8, ep=8, mbs=1, gbs=32, seq=4096, schedule="interleaved",
+                        ep_comm_overlap=True)
+    assert in_flight_microbatches(over, 0) == pytest.approx(in_flight_microbatches(plan, 0) + 1 / 2)
+    layers = model.num_layers // 4  # one chunk
+    base, extra = plan_memory(model, plan)[0], plan_memory(model, over)[0]
+    per_chunk = base.activations_bytes / in_flight_microbatches(plan, 0) / 2
+    assert extra.activations_bytes - base.activations_bytes == pytest.approx(per_chunk)
+    assert layers * 2 * 2 == model.num_layers
+    fast = MemoryModel(model)
+    assert fast.peak(plan)[0] < fast.peak(over)[0] == pytest.approx(max(m.total_bytes for m in plan_memory(model, over)))
+    no_pp = ParallelPlan(tp=1, dp=16, ep=8, mbs=1, gbs=32, seq=4096, ep_comm_overlap=True)
+    assert in_flight_microbatches(no_pp, 0) == 2  # the forward of the next beside the backward of this one
+
+
+def test_recompute_auto_stops_before_full_recompute_beside_the_overlap():
+    """Megatron-Core refuses full recompute (every layer or a block) with the overlap, so
+    recompute auto walks none and selective only; where neither fits the plan keeps selective
+    and is reported out of memory, with a hint that names the overlap."""
+    knobs = dict(model="olmoe-1b-7b", cluster="mi300x-pollara", nodes=2, tp=1, pp=2, vpp=2, ep=8, gbs=128,
+                 schedule="interleaved", recompute="auto", stack="megatron-primus")
+    fits = api.simulate(mbs=1, seq=4096, ep_comm_overlap=True, **knobs)
+    assert fits.plan["recompute"] == "none"
+    big = dict(mbs=8, seq=16384)
+    plain = api.simulate(check_memory=False, **big, **knobs)
+    assert plain.plan["recompute"] == "full"  # without the overlap auto reaches full recompute
+    with pytest.raises(api.InfeasiblePlan, match="refuses full recompute beside the expert-parallel"):
+        api.simulate(ep_comm_overlap=True, **big, **knobs)
+    report = api.simulate(ep_comm_overlap=True, check_memory=False, **big, **knobs)
+    assert report.plan["recompute"] == "selective" and not report.fits

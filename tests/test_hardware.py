@@ -347,8 +347,23 @@ def test_peak_flops_of_unknown_dtype_is_a_config_error(name):
 def test_peak_flops_converts_tflops_to_si():
     gpu = load_gpu("mi300x")
     assert gpu.peak_flops("bf16") == pytest.approx(1307.4e12)
-    assert gpu.hbm_bytes == pytest.approx(192e9)
+    assert gpu.hbm_bytes == 192 * 2**30  # the vendor's "192 GB" is binary (ROCm's spec table: GiB)
     assert gpu.hbm_Bps == pytest.approx(5325e9)
+
+
+def test_hbm_capacity_is_binary_less_the_driver_reserve(tmp_path):
+    """An H100 80GB holds 80 GiB, of which NVML reports 81,559 MiB: 85.52 GB a program can use,
+    not the 80e9 bytes a decimal reading of the spec sheet gives."""
+    h100 = load_gpu("h100")
+    assert h100.hbm_bytes == 81559 * 2**20
+    assert h100.hbm_bytes / 1e9 == pytest.approx(85.52, abs=0.01)
+    assert load_gpu("h200").hbm_bytes == 143771 * 2**20
+    from perfsim.system.kernel_tables import table_provenance
+    rows = {name: (status, text) for name, status, text in table_provenance(h100)}
+    assert rows["hbm_capacity"][0] == "measured" and "81,559 MiB" in rows["hbm_capacity"][1]
+    path = write_variant(tmp_path, "gpu", "h100", "hbm_reserved_MiB = 361.0", "hbm_reserved_MiB = 90000.0")
+    with pytest.raises(ConfigError, match="hbm_reserved_MiB"):
+        load_gpu(path)
 
 
 # ---- reference numbers (specs_peak.csv, the public source of the profiles) ---------------

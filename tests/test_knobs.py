@@ -86,7 +86,9 @@ def test_recompute_never_less_compute(model, mi300x):
     assert none < selective <= full
     assert runs["none"].step_time_s < runs["full"].step_time_s
     mem = {r: runs[r].peak_memory_bytes for r in runs}
-    assert mem["full"] < mem["selective"] < mem["none"]
+    # selective keeps what none does under BF16 (flash attention: the attention output is the
+    # output projection's input, kept either way), at more compute
+    assert mem["full"] < mem["selective"] <= mem["none"]
 
 
 def test_bigger_gbs_more_tokens_per_s(mi300x):

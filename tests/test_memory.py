@@ -6,7 +6,7 @@ import re
 import pytest
 from conftest import tiny_dense, tiny_moe
 
-from perfsim import InfeasiblePlan, simulate
+from perfsim import InfeasiblePlan, api, simulate
 from perfsim.lowering.memory import in_flight_microbatches, layer_activation_bytes, plan_memory
 from perfsim.plan.parallel import ParallelPlan
 
@@ -167,7 +167,7 @@ def test_oom_raises_infeasible_plan_with_numbers(mi300x):
     message = str(info.value)
     assert "out of memory" in message
     assert re.search(r"needs [\d.]+ [GT]B per GPU", message)
-    assert re.search(r"has 192(\.0+)? GB", message)
+    assert "has 206.16 GB (192.00 GiB usable of 192)" in message  # the vendor's 192 GB is GiB
     assert "\n" not in message
     assert message.endswith("recompute='auto' (--recompute auto) picks the least recompute that fits")
     # auto recompute cannot save 70B of unsharded optimizer state: the hint then names what can
@@ -270,10 +270,18 @@ def test_a_fully_recomputed_layer_holds_its_rerun_forward_while_its_backward_run
     one_layer = layer_activation_bytes(model, none, 0) - layer_activation_bytes(model, full, 0)
     assert one_layer > 10 * layer_activation_bytes(model, full, 0)  # a layer's tensors, not just its input
     assert mem.activations_bytes == pytest.approx(inputs * in_flight_microbatches(full, 0) + one_layer)
+    # under BF16 the attention's output is the output projection's input, kept either way:
+    # selective recompute keeps what none does (flash attention keeps no score matrix)
+    assert layer_activation_bytes(model, replace(none, recompute=Recompute.SELECTIVE), 0) == \
+        layer_activation_bytes(model, none, 0)
+    # under FP8 on a Transformer Engine stack the projection keeps an FP8 copy: the rerun
+    # attention core's BF16 output is what selective recompute drops
+    none = replace(none, dtype="fp8", stack=load_stack("nemo"))
     selective = replace(none, recompute=Recompute.SELECTIVE)
     (sel,) = plan_memory(model, selective)
     stored = sum(layer_activation_bytes(model, selective, layer) for layer in range(model.num_layers))
     rerun = layer_activation_bytes(model, none, 0) - layer_activation_bytes(model, selective, 0)
+    assert rerun == pytest.approx(1024 * model.v_width / 2 * 2)  # tokens x v / tp, BF16
     assert 0 < rerun < one_layer / 5  # the attention core only
     assert sel.activations_bytes == pytest.approx(stored * in_flight_microbatches(selective, 0) + rerun)
     assert mem.activations_bytes < sel.activations_bytes  # still far below keeping every layer
@@ -318,3 +326,17 @@ def test_fsdp2_shards_are_the_fp32_master_so_no_bf16_shard_is_kept(tmp_path, cap
                  "--stack", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sharded_master" in err[0]
+
+
+def test_a_bf16_dense_layer_keeps_the_tensors_megatron_keeps():
+    """Per token, a BF16 dense layer without recompute keeps (Transformer Engine / Megatron-Core
+    with flash attention, no dropout): the first norm's input and output (the QKV input), q / k / v,
+    the attention output (which is also the output projection's input: one tensor), the second
+    norm's input and output (the up projection's input), the up projection's output (the gated
+    activation's input) and the activation's output (the down projection's input)."""
+    model = api.load_model("llama3.1-8b")
+    plan = ParallelPlan(tp=1, dp=8, mbs=1, gbs=8, seq=4096)
+    h, w, v = model.hidden_size, model.ffn_hidden_size, model.v_width
+    qkv = sum(lin.out_features for lin in model.attention_linears()[:-1])
+    values = 2 * h + qkv + v + 2 * h + 2 * w + w
+    assert layer_activation_bytes(model, plan, 0) == 4096 * values * 2

@@ -5,7 +5,7 @@ depend on few plan fields: model states (weights, gradients, optimizer, ZeRO buf
 vpp, the ZeRO shard degrees and stage, the stack's memory policy; ZeRO-2/3's overlap flags and bucket size) and transient memory (everything else:
 activations, logits, fragmentation: tp, cp, mbs, seq, recompute, sp, pp, vpp, schedule,
 microbatches, the stack's memory policy, FP8 inputs kept in FP8; ep, etp and the stack's MoE dispatch path,
-for the routed experts' tokens). Plans that share both keys cost two look-ups (microseconds instead of
+for the routed experts' tokens; the expert-parallel overlap's extra forward). Plans that share both keys cost two look-ups (microseconds instead of
 ~0.5 ms); agreement with ``plan_memory`` is tested on sampled plans.
 """
 
@@ -26,7 +26,8 @@ def transient_key(plan: ParallelPlan) -> tuple:
     return (plan.tp, plan.cp, plan.mbs, plan.seq, plan.recompute, plan.sequence_parallel, plan.pp, plan.vpp,
             plan.schedule, plan.num_microbatches, plan.first_stage_layers, plan.last_stage_layers, plan.recompute_layers,
             plan.stack.memory, plan.dtype == "fp8" and plan.stack.fp8.saves_fp8_inputs,
-            plan.ep, plan.etp, plan.stack.moe.dispatch)  # the routed experts' share (memory.routed_share)
+            plan.ep, plan.etp, plan.stack.moe.dispatch,  # the routed experts' share (memory.routed_share)
+            plan.ep_comm_overlap and plan.ep > 1)  # its extra warmup forward (memory.in_flight_microbatches)
 
 
 class MemoryModel:

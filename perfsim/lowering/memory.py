@@ -112,15 +112,24 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
     if recompute == Recompute.OP:
         return tokens * _op_kept_per_token(model, plan) * ACT_BYTES
     qkv = sum(lin.out_features for lin in model.attention_linears()[:-1])
-    attn = 2 * h + qkv + 2 * model.v_width  # norm in, q/k/v, attention out, out-proj in
+    fp8_copies = plan.dtype == "fp8" and plan.stack.fp8.saves_fp8_inputs
+    # norm in, its output (the QKV input), q/k/v, the attention output: flash attention keeps it
+    # and the output projection keeps its input, one tensor unless that projection keeps an FP8
+    # copy of it (Transformer Engine's FP8 Linear saves the cast input, the BF16 one is the
+    # attention's)
+    attn = 2 * h + qkv + model.v_width * (2 if fp8_copies else 1)
     if model.qk_norm:  # the q/k norms keep their inputs
         attn += model.qk_width
-    if recompute == Recompute.SELECTIVE:
+    if recompute == Recompute.SELECTIVE and fp8_copies:
+        # the attention core rerun at backward: its BF16 output is not kept, the projection's
+        # FP8 copy is (under BF16 the projection keeps that very output: nothing saved)
         attn -= model.v_width
-    per_token = attn / plan.tp + 2 * h / plan.tp  # + residual stream copies (sharded by SP)
+    # + the second norm's input (the residual stream after attention; sharded by SP). No dropout
+    # masks: the presets train without dropout, and PyTorch's dropout at p = 0 returns its input
+    per_token = attn / plan.tp + h / plan.tp
     per_token += _mlp_per_token(model, plan, layer, share)
     saved = tokens * per_token * ACT_BYTES
-    if plan.dtype == "fp8" and plan.stack.fp8.saves_fp8_inputs:
+    if fp8_copies:
         saved -= tokens * _fp8_inputs_per_token(model, plan, layer, share) * (ACT_BYTES - FP8_BYTES)
     return saved
 
@@ -189,17 +198,23 @@ def _mlp_per_token(model: ModelSpec, plan: ParallelPlan, layer: int, share: floa
 
 
 def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
-    """Microbatches whose activations a stage holds at its peak."""
+    """Microbatches whose activations a stage holds at its peak. Under the expert-parallel
+    all-to-all overlap Megatron-Core schedules one more forward before the steady 1F1B steps
+    (so each step's forward and backward are independent: NVIDIA/Megatron-LM
+    megatron/core/pipeline_parallel/schedules.py, "if overlap_moe_expert_parallel_comm:
+    num_warmup_microbatches = num_warmup_microbatches + 1"): one more model chunk's
+    activations, a microbatch's 1 / vpp."""
     m = plan.num_microbatches
     if plan.schedule == Schedule.GPIPE:
         return m
+    extra = 1 / plan.vpp if plan.ep_comm_overlap and plan.ep > 1 else 0.0
     if plan.schedule in V_SHAPES:  # the chunks the schedule may hold (F to W), two a stage
-        return v_chunks_held(plan.schedule, plan.pp, m) / plan.vpp
+        return min(m, v_chunks_held(plan.schedule, plan.pp, m) / plan.vpp + extra)
     if plan.vpp > 1:  # Narayanan'21 sec. 2.2: (1 + (pp-1)/(pp*vpp)) x pp for the first stage
-        return min(m, (plan.pp - stage) * (1 + (plan.pp - 1) / (plan.pp * plan.vpp)))
+        return min(m, (plan.pp - stage) * (1 + (plan.pp - 1) / (plan.pp * plan.vpp)) + extra)
     if plan.schedule == Schedule.ZB_H1:  # stage s also keeps s deferred W passes' inputs
-        return min(m, max(plan.pp - stage, stage + 1))  # peak (stage 0) = 1F1B's (Qi'23)
-    return min(m, plan.pp - stage)
+        return min(m, max(plan.pp - stage, stage + 1) + extra)  # peak (stage 0) = 1F1B's (Qi'23)
+    return min(m, plan.pp - stage + extra)
 
 
 def _policy(plan: ParallelPlan, key: str, default: float) -> float:

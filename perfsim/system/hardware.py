@@ -65,6 +65,9 @@ class GpuSpec:
     source: str
     num_compute_units: int
     peak_tflops: dict[str, float]
+    # the vendor's HBM figure ("80 GB", "192 GB"): DRAM is sized in powers of two, so the figure is
+    # binary, GiB (an H100 80GB's five 16 GiB stacks; AMD's GPU specification table, ROCm docs
+    # reference/gpu-specs, prints MI300X 192, MI325X 256, MI355X 288 as "VRAM (GiB)")
     hbm_capacity_GB: float
     hbm_bw_GBps: float
     clock_peak_MHz: float
@@ -83,6 +86,10 @@ class GpuSpec:
     # 1: the GPU's FP8 matrix instructions accumulate at full precision already (no fast mode)
     fp8_split_accumulator_speed: float = 1.0
     fp8_split_accumulator_source: str = "assumed"
+    # what the driver keeps of the HBM: the capacity a program sees (NVML's / rocm-smi's total)
+    # is the binary capacity less this; 0 where no device's total is on record (assumed)
+    hbm_reserved_MiB: float = 0.0
+    hbm_capacity_source: str = "assumed: the vendor's figure as GiB, nothing reserved by the driver"
     # memory-bound LLM kernels (norms, rotary, activations, casts, router, permutes, loss):
     # achieved fraction of peak HBM bandwidth vs bytes, fitted to measured kernels; None =
     # priced as the streaming copy (``hbm``)
@@ -110,6 +117,9 @@ class GpuSpec:
         )
         if self.kernel_launch_us < 0:
             raise ConfigError(f"gpu.kernel_launch_us must be >= 0, got {self.kernel_launch_us!r}")
+        if not 0 <= self.hbm_reserved_MiB < self.hbm_capacity_GB * 1024:
+            raise ConfigError("gpu.hbm_reserved_MiB must be >= 0 and below the capacity "
+                              f"({self.hbm_capacity_GB * 1024:g} MiB), got {self.hbm_reserved_MiB!r}")
         if not 0 < self.fp8_split_accumulator_speed <= 1:
             raise ConfigError("gpu.fp8_split_accumulator_speed must be in (0, 1] (a split accumulator is never "
                               f"faster than the fast one), got {self.fp8_split_accumulator_speed!r}")
@@ -153,7 +163,9 @@ class GpuSpec:
 
     @property
     def hbm_bytes(self) -> float:
-        return units.GB_to_bytes(self.hbm_capacity_GB)
+        """Bytes a program can allocate: the vendor's figure as GiB (``hbm_capacity_GB``) less
+        what the driver reserves (``hbm_reserved_MiB``)."""
+        return self.hbm_capacity_GB * units.GiB - self.hbm_reserved_MiB * units.MiB
 
     @property
     def hbm_Bps(self) -> float:

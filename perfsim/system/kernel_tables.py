@@ -154,7 +154,10 @@ def table_provenance(gpu) -> list[tuple[str, str, str]]:
     return rows + [("clock_under_load", _status(gpu.clock_source), f"{gpu.clock_under_load_MHz} MHz: {gpu.clock_source}"),
                    ("kernel_launch", _status(gpu.kernel_launch_source), f"{gpu.kernel_launch_us} us: {gpu.kernel_launch_source}"),
                    ("fp8_split_accumulator", _status(gpu.fp8_split_accumulator_source),
-                    f"speed {gpu.fp8_split_accumulator_speed}: {gpu.fp8_split_accumulator_source}")]
+                    f"speed {gpu.fp8_split_accumulator_speed}: {gpu.fp8_split_accumulator_source}"),
+                   ("hbm_capacity", _status(gpu.hbm_capacity_source),
+                    f"{gpu.hbm_bytes / 1e9:.2f} GB usable ({gpu.hbm_capacity_GB:g} GiB less {gpu.hbm_reserved_MiB:g} MiB): "
+                    f"{gpu.hbm_capacity_source}")]
 
 
 def _status(source: str) -> str:
