@@ -388,3 +388,53 @@ def test_per_pass_zero3_casts_its_gathered_weights_every_microbatch():
     assert per_pass > zero1 == pytest.approx(once)
     primary = [weight_cast_bytes(zero=z, fp8_params=True) for z in (1, 3)]
     assert primary[1] > primary[0]  # FP8 primary weights: the transpose every microbatch under per-pass ZeRO-3
+
+
+# ---- FP8 grouped GEMMs: per-expert counts padded to the kernels' alignment ------------------
+
+
+def _moe_steps(stack, dtype="fp8", capacity_factor=None):
+    model = api.load_model("qwen3-30b-a3b")
+    if capacity_factor is not None:
+        model = dataclasses.replace(model, capacity_factor=capacity_factor)
+    plan = ParallelPlan(tp=1, dp=8, ep=8, mbs=1, gbs=8, seq=4096, dtype=dtype, stack=stack)
+    builder = LayerBuilder(model, plan)
+    return model, builder, {s.name: s for s in builder.moe_forward()}
+
+
+def test_te_grouped_gemms_pad_dropless_counts_under_fp8():
+    """Megatron-Core's TEGroupedMLP pads each expert's token count to a multiple of 16 under FP8
+    (fp8_padding / fp8_unpadding): on the dropless path a copy of the received tokens in front
+    of the first expert GEMM and one of the output after the last, the same again in the
+    backward; none under BF16 or on a stack whose kernels take any split."""
+    from perfsim.lowering.layers import backward
+
+    model, builder, steps = _moe_steps(load_stack("nemo"))
+    assert load_stack("nemo").fp8.grouped_pad_align == 16 and load_stack("ideal").fp8.grouped_pad_align == 0
+    received = builder.local_tokens * model.top_k  # uniform routing: every token copy lands once
+    copy = 2 * received * model.hidden_size * 2
+    names = list(steps)
+    assert names.index("fp8_pad") < names.index("expert_up") < names.index("expert_down") < names.index("fp8_unpad")
+    assert steps["fp8_pad"].bytes == steps["fp8_unpad"].bytes == pytest.approx(copy)
+    back = {s.name: s for s in backward(list(steps.values()))}
+    assert back["fp8_pad_bwd"].bytes == back["fp8_unpad_bwd"].bytes == pytest.approx(copy)
+    assert "fp8_pad" not in _moe_steps(load_stack("nemo"), dtype="bf16")[2]
+    assert "fp8_pad" not in _moe_steps(load_stack("ideal"))[2]
+    slower = api.estimate("qwen3-30b-a3b", "h100-ib", nodes=1, ep=8, gbs=64, seq=4096, dtype="fp8", stack="nemo",
+                          recompute="full", check_memory=False)
+    aligned = api.estimate("qwen3-30b-a3b", "h100-ib", nodes=1, ep=8, gbs=64, seq=4096, dtype="fp8", recompute="full",
+                           stack=load_stack("nemo").with_values(**{"fp8.grouped_pad_align": 0}), check_memory=False)
+    assert slower.breakdown["moe_permute"] > aligned.breakdown["moe_permute"]
+    assert slower.step_time_s > aligned.step_time_s
+
+
+def test_a_padded_capacity_is_copied_only_when_it_is_not_aligned():
+    # capacity factor 1.0: 4096 tokens x 8 / 128 experts = 256 per expert, a multiple of 16
+    assert "fp8_pad" not in _moe_steps(load_stack("nemo"), capacity_factor=1.0)[2]
+    # 1.1: ceil(256 x 1.1) = 282 per expert, not a multiple of 16
+    assert "fp8_pad" in _moe_steps(load_stack("nemo"), capacity_factor=1.1)[2]
+
+
+def test_a_bad_pad_alignment_names_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="fp8.grouped_pad_align"):
+        load_stack("nemo").with_values(**{"fp8.grouped_pad_align": -1})

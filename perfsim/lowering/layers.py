@@ -263,13 +263,31 @@ class LayerBuilder(StackSteps):
             steps.append(coll_step("etp_ag", Coll.ALL_GATHER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
         # the stack's grouped-GEMM library (its GPU table where fitted); a batched einsum is dense
         library = (("grouped_library", plan.stack.kernels.grouped),) if plan.stack.kernels.grouped and not batched else ()
+        pad, unpad = self._fp8_padding(tokens, received, meta)
+        steps += pad
         steps += self._fp8(replace(_grouped("expert_up", loads, up, m.hidden_size), meta=meta + library))
         steps.append(replace(elementwise_step("expert_act", received * (up + width) * ACT_BYTES, "activation"), meta=meta))
         steps += self._unfused_act("expert_act", received, width, meta)
         steps += self._fp8(replace(_grouped("expert_down", loads, m.hidden_size, width), meta=meta + library))
+        steps += unpad
         if plan.etp > 1:
             steps.append(coll_step("etp_rs", Coll.REDUCE_SCATTER, "etp", received * m.hidden_size * ACT_BYTES, "tp_comm"))
         return steps
+
+    def _fp8_padding(self, tokens: tuple, received: float, meta: tuple) -> tuple[list[Step], list[Step]]:
+        """The copies a stack's FP8 grouped GEMMs need where a per-expert token count is not a
+        multiple of ``stack.fp8.grouped_pad_align`` (Megatron-Core TEGroupedMLP's fp8_padding
+        before the first expert GEMM, fp8_unpadding after the last): the received tokens read
+        and written once each way, and the same copies of their gradients in the backward.
+        Dropless routing's counts are data-dependent, so they are taken as unaligned; a
+        padded capacity is checked. None under BF16 or where the stack's kernels take any split."""
+        align = self.stack.fp8.grouped_pad_align
+        if not (self.fp8 and align) or (self._pads() and not any(x % align for x in tokens)):
+            return [], []
+        copy = 2 * received * self.model.hidden_size * ACT_BYTES
+        steps = [replace(elementwise_step(name, copy, "moe_permute"), meta=meta + (("backward_bytes", copy),))
+                 for name in ("fp8_pad", "fp8_unpad")]
+        return steps[:1], steps[1:]
 
     def embedding_forward(self) -> list[Step]:
         return self._kernel_speed([elementwise_step("embedding", 2 * self.local_tokens * self.model.hidden_size * ACT_BYTES, "embedding")])

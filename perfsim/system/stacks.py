@@ -166,11 +166,21 @@ class Fp8Recipe:
     # FP8 primary weights by default under dtype fp8 (the plan's ``fp8_params`` unless the user
     # sets it: NeMo's FP8 recipes set Megatron's fp8_param_gather); None: the plan's default (off)
     primary_weights: bool | None = None
+    # the grouped expert GEMMs take per-expert token counts in multiples of this under FP8:
+    # the routed tokens are copied into a padded buffer before the first GEMM and the output
+    # copied back after the last, forward and backward (Megatron-Core TEGroupedMLP:
+    # fp8_padding / fp8_unpadding, Transformer Engine Fp8Padding / Fp8Unpadding); a copy only
+    # where a count is not a multiple already (dropless routing's counts are data-dependent;
+    # a padded capacity may be aligned). 0: the kernels take any split, no copy
+    grouped_pad_align: int = 0
     source: str = "assumed"
 
     def __post_init__(self):
         if self.primary_weights is not None:
             _boolean("fp8", primary_weights=self.primary_weights)
+        if isinstance(self.grouped_pad_align, bool) or not isinstance(self.grouped_pad_align, int) \
+                or self.grouped_pad_align < 0:
+            raise ConfigError(f"fp8.grouped_pad_align must be an integer >= 0, got {self.grouped_pad_align!r}")
         _non_negative("fp8", cast_bytes_factor=self.cast_bytes_factor)
         _boolean("fp8", weights_cast_once=self.weights_cast_once, norm_fused_cast=self.norm_fused_cast,
                  amax_fused=self.amax_fused,
