@@ -582,6 +582,26 @@ def section() -> str:
         "1 sequence); MB2511-Q30B-H100, at the same 2 sequences with moe_a2a_overlap, ran without full recompute "
         "(Megatron-Core refuses the two together), where perfsim's memory says it would not fit.",
         "",
+        "Twenty-eighth session, memory in the units the hardware and the logs use, traced from that over-count "
+        "before any throughput figure was looked at (validation/runs/SOURCES.md): GPU memory is binary (the spec "
+        "sheet's 80 GB is 80 GiB, of which NVML reports 81,559 MiB = 85.52 GB on an H100; AMD's specification "
+        "table lists MI300X / MI325X / MI355X VRAM as 192 / 256 / 288 GiB), so every GPU offered 7% more than "
+        "perfsim had allowed; the Primus-pipeline rows' peaks are GiB (Primus logs rocm-smi's used VRAM / 1024^3), "
+        "converted; and a layer no longer keeps a dropout mask's worth of residual (the presets train without "
+        "dropout) or, under BF16, the attention output twice (flash attention's output is the output projection's "
+        "input). Two limits of the expert-parallel overlap were built from Megatron-Core's code: the extra warmup "
+        "forward it schedules (one more model chunk in flight) and its refusal of full recompute (`recompute auto` "
+        "stops at selective beside it). MB2509-Q30B-H100 -24.6 -> -6.3% held out (it fits without recompute, as it "
+        "ran); MB2511-Q30B-H100 keeps selective recompute and is predicted 86.05 GB of 85.52 (the one run of 85 "
+        "predicted not to fit: the assumed 10% fragmentation budget is too large for it); the Qwen3-235B "
+        "Primus-pipeline rows at VP3 / VP4 fit without recompute, as in the source (+3.8 / +2.6 -> +8.4 / +8.7%, "
+        "peaks -5% against the printed device-level figures). Then, read from Megatron-Core's TEGroupedMLP: under "
+        "FP8 each expert's token count is padded to a multiple of 16 (fp8_padding / fp8_unpadding, a copy of the "
+        "routed tokens in and out, forward and backward: `[fp8] grouped_pad_align`), a cost twice as heavy against "
+        "Qwen3-30B-A3B's narrow experts as against Qwen3-235B-A22B's. `nemo` refitted (0.8277, dropless 0.468). "
+        "Held out: MB2511-Q30B-H100 +23.7%, MB2602-Q30B-H100 +27.0% (was +55.3%), the dropless Qwen3-235B rows "
+        "-19.2 / -21.1%; all runs median 6.4 -> 6.5%, worst 55.3 -> 33.1%, 82 of 85 within 25%.",
+        "",
         *_summary(held, shipped),
         "",
         *_targets(held),
