@@ -151,8 +151,8 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         return max(m.total_bytes for m in _plan_memory(model, candidate, routing)) <= cluster.gpu.hbm_bytes
 
     fixed = plan.recompute_layers
-    full = replace(plan, recompute=Recompute.FULL)
     no_full = plan.ep_comm_overlap and plan.ep > 1
+    full = None if no_full else replace(plan, recompute=Recompute.FULL)
     for level in recompute_ladder(plan.stack.recompute.auto, model):
         if level == "full" or (no_full and level == "block"):
             break
@@ -169,7 +169,7 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
             return candidate
         if no_full:
             full = candidate  # the lightest setting Megatron-Core allows beside the overlap
-    return full
+    return full or replace(plan, recompute=Recompute.NONE, recompute_layers=0)
 
 
 def _check_options(estimator, check_memory, routing, variability, trace) -> None:

@@ -51,11 +51,19 @@ def test_the_hidden_share_scales_between_no_overlap_and_full():
     assert full < half < none
 
 
-def test_a_layer_recomputed_whole_keeps_its_all_to_alls_on_the_chain():
-    # Megatron-Core refuses the overlap with full recompute; a fully recomputed layer (recompute
-    # auto's last rung, a search variant) is priced without it
-    full = step("analytic", recompute="full")
-    assert step("analytic", recompute="full", ep_comm_overlap=True).step_time_s == pytest.approx(full.step_time_s)
+def test_full_recompute_beside_the_overlap_is_refused_as_megatron_refuses_it(capsys):
+    # Megatron-Core: "disable full recomputation when enabling overlap_moe_expert_parallel_comm",
+    # of every layer or a block of them
+    with pytest.raises(ConfigError, match="plan.ep_comm_overlap with full recompute: Megatron-Core refuses"):
+        step("analytic", recompute="full", ep_comm_overlap=True)
+    with pytest.raises(ConfigError, match="plan.ep_comm_overlap with full recompute"):
+        step("analytic", recompute="full", recompute_layers=2, ep_comm_overlap=True)
+    assert step("analytic", recompute="selective", ep_comm_overlap=True).step_time_s > 0
+    code = main(["simulate", "--model", "olmoe-1b-7b", "--cluster", "mi300x-pollara", "--nodes", "2", "--pp", "2",
+                 "--vpp", "2", "--ep", "8", "--gbs", "32", "--seq", "4096", "--schedule", "interleaved",
+                 "--recompute", "full", "--ep-comm-overlap"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "full recompute" in err
 
 
 def test_the_transform_hoists_each_all_to_all_and_joins_it_at_the_pass_end():

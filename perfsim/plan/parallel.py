@@ -64,11 +64,11 @@ LIBRARY_DISPATCH = ("alltoall", "rccl", "nccl")
 
 def ep_overlap_conflict(plan) -> str:
     """Why the expert-parallel all-to-all overlap cannot run on ``plan`` (its tp, cp, pp,
-    vpp, ep and tp_comm_overlap), '' where it can: Megatron-Core pairs one microbatch's
-    forward with another's backward only under virtual pipeline stages (or no pipeline),
-    and perfsim overlaps one kind of communication per pass, so not beside TP-comm overlap
-    or ring attention. The one rule plan validation, the search and the estimators' sample
-    apply."""
+    vpp, ep, tp_comm_overlap and recompute), '' where it can: Megatron-Core pairs one
+    microbatch's forward with another's backward only under virtual pipeline stages (or no
+    pipeline) and refuses full recompute beside it, and perfsim overlaps one kind of
+    communication per pass, so not beside TP-comm overlap or ring attention. The one rule
+    plan validation, the search and the estimators' sample apply."""
     if plan.pp > 1 and plan.vpp == 1:
         return (f"needs virtual pipeline stages (vpp > 1) with pp {plan.pp}: Megatron-Core pairs one microbatch's "
                 "forward with another's backward only under the interleaved (or V-shape) schedules")
@@ -76,6 +76,10 @@ def ep_overlap_conflict(plan) -> str:
         return (f"with {'tp_comm_overlap' if plan.cp == 1 else 'cp'} (tp {plan.tp}, cp {plan.cp}): perfsim overlaps "
                 "one kind of communication per pass; set tp_comm_overlap false (--no-tp-comm-overlap), or cp 1 "
                 "(Megatron-Core warns against tensor or context parallelism with this overlap before Blackwell)")
+    if plan.ep > 1 and getattr(plan, "recompute", None) == Recompute.FULL:  # a search shape has none yet
+        return ("with full recompute: Megatron-Core refuses the two together (\"disable full recomputation when "
+                "enabling overlap_moe_expert_parallel_comm\", megatron/training/arguments.py); use recompute none or "
+                "selective (recompute auto stops at selective beside the overlap)")
     return ""
 
 @dataclass(frozen=True, kw_only=True)

@@ -316,7 +316,14 @@ def _groups(chunk: Chunk, res: ChunkResult):
                                     if why:  # beside this variant's TP-comm overlap
                                         _reject(res, reason_of(f"plan.ep_comm_overlap {why}"), len(recomputes))
                                         continue
-                                    yield group
+                                    if ep_overlap:  # Megatron-Core refuses full recompute beside it
+                                        refused = [p for p in group if ep_overlap_conflict(p)]
+                                        if refused:
+                                            _reject(res, reason_of(f"plan.ep_comm_overlap {ep_overlap_conflict(refused[0])}"),
+                                                    len(refused))
+                                            group = [p for p in group if not ep_overlap_conflict(p)]
+                                    if group:
+                                        yield group
 
 
 def cost_chunk(chunk: Chunk) -> ChunkResult:
