@@ -28,8 +28,7 @@ from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.stacks import load_stack
 from perfsim.system.specio import check_int, check_number, check_type
-from perfsim import units
-from perfsim.units import format_bytes
+from perfsim.units import GiB, format_bytes
 
 log = logging.getLogger(__name__)
 ESTIMATORS = ("des", "analytic")
@@ -151,8 +150,10 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         return max(m.total_bytes for m in _plan_memory(model, candidate, routing)) <= cluster.gpu.hbm_bytes
 
     fixed = plan.recompute_layers
-    no_full = plan.ep_comm_overlap and plan.ep > 1
+    no_full = plan.overlaps_ep_comm
     full = None if no_full else replace(plan, recompute=Recompute.FULL)
+    # returned when nothing fits: full recompute, or beside the overlap the last (heaviest) level tried
+    fallback = replace(plan, recompute=Recompute.NONE, recompute_layers=0) if no_full else full
     for level in recompute_ladder(plan.stack.recompute.auto, model):
         if level == "full" or (no_full and level == "block"):
             break
@@ -168,8 +169,8 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
         if fits(candidate):
             return candidate
         if no_full:
-            full = candidate  # the lightest setting Megatron-Core allows beside the overlap
-    return full or replace(plan, recompute=Recompute.NONE, recompute_layers=0)
+            fallback = candidate
+    return fallback
 
 
 def _check_options(estimator, check_memory, routing, variability, trace) -> None:
@@ -205,7 +206,7 @@ def _memory_hint(plan: ParallelPlan) -> str:
     for FP8 with BF16 working weights, FP8 primary weights: half the weights' bytes)."""
     weights = ("; FP8 primary weights (fp8_params=True, --fp8-params) halve the working weights"
                if plan.dtype == "fp8" and not plan.fp8_params else "")
-    if plan.ep_comm_overlap and plan.ep > 1 and plan.recompute != Recompute.FULL:
+    if plan.overlaps_ep_comm and plan.recompute != Recompute.FULL:
         return ("Megatron-Core refuses full recompute beside the expert-parallel all-to-all overlap: "
                 "without it (ep_comm_overlap=False, no --ep-comm-overlap) recompute='auto' may fit, or try a "
                 "smaller mbs or more pp / ep" + weights)
@@ -231,7 +232,7 @@ def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, ch
             f"logits {format_bytes(worst.logits_bytes)}, fragmentation {format_bytes(worst.fragmentation_bytes)}"
             + (f", ZeRO buffers {format_bytes(worst.zero_buffers_bytes)}" if worst.zero_buffers_bytes else "") + ") "
             f"but {cluster.gpu.name} has {format_bytes(cluster.gpu.hbm_bytes)} "
-            f"({cluster.gpu.hbm_bytes / units.GiB:.2f} GiB usable of {cluster.gpu.hbm_capacity_GB:g}); {_memory_hint(plan)}"
+            f"({cluster.gpu.hbm_bytes / GiB:.2f} GiB usable of {cluster.gpu.hbm_capacity_GB:g}); {_memory_hint(plan)}"
         )
         if check_memory:
             raise InfeasiblePlan(message)

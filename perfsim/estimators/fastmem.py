@@ -27,7 +27,7 @@ def transient_key(plan: ParallelPlan) -> tuple:
             plan.schedule, plan.num_microbatches, plan.first_stage_layers, plan.last_stage_layers, plan.recompute_layers,
             plan.stack.memory, plan.dtype == "fp8" and plan.stack.fp8.saves_fp8_inputs,
             plan.ep, plan.etp, plan.stack.moe.dispatch,  # the routed experts' share (memory.routed_share)
-            plan.ep_comm_overlap and plan.ep > 1)  # its extra warmup forward (memory.in_flight_microbatches)
+            plan.overlaps_ep_comm)  # its extra warmup forward (memory.in_flight_microbatches)
 
 
 class MemoryModel:

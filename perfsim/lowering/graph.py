@@ -324,7 +324,7 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
     if split:
         bwd, wgt = split_weight_grads(bwd)
     layer_recompute = plan.recompute if recompute is None else recompute
-    if plan.ep_comm_overlap and plan.ep > 1 and layer_recompute != Recompute.FULL:
+    if plan.overlaps_ep_comm and layer_recompute != Recompute.FULL:
         # Megatron-Core's combined 1F1B refuses full recompute; a layer recomputed whole (a
         # search variant, a recompute block) keeps its all-to-alls on the chain. Plans where the
         # overlap cannot run never get here (``ep_overlap_conflict``: validation and the search)

@@ -207,14 +207,15 @@ def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
     m = plan.num_microbatches
     if plan.schedule == Schedule.GPIPE:
         return m
-    extra = 1 / plan.vpp if plan.ep_comm_overlap and plan.ep > 1 else 0.0
     if plan.schedule in V_SHAPES:  # the chunks the schedule may hold (F to W), two a stage
-        return min(m, v_chunks_held(plan.schedule, plan.pp, m) / plan.vpp + extra)
-    if plan.vpp > 1:  # Narayanan'21 sec. 2.2: (1 + (pp-1)/(pp*vpp)) x pp for the first stage
-        return min(m, (plan.pp - stage) * (1 + (plan.pp - 1) / (plan.pp * plan.vpp)) + extra)
-    if plan.schedule == Schedule.ZB_H1:  # stage s also keeps s deferred W passes' inputs
-        return min(m, max(plan.pp - stage, stage + 1) + extra)  # peak (stage 0) = 1F1B's (Qi'23)
-    return min(m, plan.pp - stage + extra)
+        held = v_chunks_held(plan.schedule, plan.pp, m) / plan.vpp
+    elif plan.vpp > 1:  # Narayanan'21 sec. 2.2: (1 + (pp-1)/(pp*vpp)) x pp for the first stage
+        held = (plan.pp - stage) * (1 + (plan.pp - 1) / (plan.pp * plan.vpp))
+    elif plan.schedule == Schedule.ZB_H1:  # stage s also keeps s deferred W passes' inputs
+        held = max(plan.pp - stage, stage + 1)  # peak (stage 0) = 1F1B's (Qi'23)
+    else:
+        held = plan.pp - stage
+    return min(m, held + (1 / plan.vpp if plan.overlaps_ep_comm else 0.0))
 
 
 def _policy(plan: ParallelPlan, key: str, default: float) -> float:

@@ -216,6 +216,11 @@ class ParallelPlan:
             raise ConfigError(f"plan.seq ({self.seq}) must be divisible by 2*cp ({2 * self.cp})")
 
     @property
+    def overlaps_ep_comm(self) -> bool:
+        """The expert-parallel all-to-all overlap in effect: asked for, with experts to exchange."""
+        return self.ep_comm_overlap and self.ep > 1
+
+    @property
     def keeps_weights_gathered(self) -> bool:
         """ZeRO-3 whose weights stay gathered through the step (``zero3_gather`` once, or
         pipeline with pp > 1; the plan's, else the stack's): one gather per step before the
@@ -308,7 +313,7 @@ class ParallelPlan:
         parts += [f"recompute-{self.recompute}"] if self.recompute != Recompute.NONE else []
         parts += [f"of{self.recompute_layers}"] if self.recompute_layers else []
         parts += ["tp-comm-overlap"] if self.tp_comm_overlap else []
-        parts += ["ep-comm-overlap"] if self.ep_comm_overlap and self.ep > 1 else []
+        parts += ["ep-comm-overlap"] if self.overlaps_ep_comm else []
         parts += ["no-param-prefetch"] if not self.overlap_param_gather and self.zero else []
         parts += ["zero3-gather-once"] if self.keeps_weights_gathered else []
         parts += [f"first{self.first_stage_layers}"] if self.first_stage_layers else []

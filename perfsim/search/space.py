@@ -312,16 +312,11 @@ def _groups(chunk: Chunk, res: ChunkResult):
                                 for ep_overlap in eps:
                                     group = [_variant(plan, zero, r, overlap, bucket, impl, ep_overlap)
                                              for r in recomputes]
-                                    why = ep_overlap_conflict(group[0]) if ep_overlap else ""
-                                    if why:  # beside this variant's TP-comm overlap
-                                        _reject(res, reason_of(f"plan.ep_comm_overlap {why}"), len(recomputes))
-                                        continue
-                                    if ep_overlap:  # Megatron-Core refuses full recompute beside it
-                                        refused = [p for p in group if ep_overlap_conflict(p)]
-                                        if refused:
-                                            _reject(res, reason_of(f"plan.ep_comm_overlap {ep_overlap_conflict(refused[0])}"),
-                                                    len(refused))
-                                            group = [p for p in group if not ep_overlap_conflict(p)]
+                                    if ep_overlap:  # beside this variant's TP-comm overlap or full recompute
+                                        whys = [ep_overlap_conflict(p) for p in group]
+                                        for why in filter(None, whys):
+                                            _reject(res, reason_of(f"plan.ep_comm_overlap {why}"))
+                                        group = [p for p, why in zip(group, whys) if not why]
                                     if group:
                                         yield group
 

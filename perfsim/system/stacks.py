@@ -19,7 +19,7 @@ from pathlib import Path
 from perfsim.errors import ConfigError
 import tomli_w
 
-from perfsim.system.specio import from_dict, read_toml, resolve_profile, to_dict, write_atomic
+from perfsim.system.specio import check_int, from_dict, read_toml, resolve_profile, to_dict, write_atomic
 
 STACK_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles" / "stacks"
 FUSIBLE = ("rmsnorm", "swiglu", "rope", "loss")  # kernels a stack may run fused (one HBM pass)
@@ -178,9 +178,7 @@ class Fp8Recipe:
     def __post_init__(self):
         if self.primary_weights is not None:
             _boolean("fp8", primary_weights=self.primary_weights)
-        if isinstance(self.grouped_pad_align, bool) or not isinstance(self.grouped_pad_align, int) \
-                or self.grouped_pad_align < 0:
-            raise ConfigError(f"fp8.grouped_pad_align must be an integer >= 0, got {self.grouped_pad_align!r}")
+        check_int("fp8.grouped_pad_align", self.grouped_pad_align, lo=0)
         _non_negative("fp8", cast_bytes_factor=self.cast_bytes_factor)
         _boolean("fp8", weights_cast_once=self.weights_cast_once, norm_fused_cast=self.norm_fused_cast,
                  amax_fused=self.amax_fused,
