@@ -347,7 +347,7 @@ def test_peak_flops_of_unknown_dtype_is_a_config_error(name):
 def test_peak_flops_converts_tflops_to_si():
     gpu = load_gpu("mi300x")
     assert gpu.peak_flops("bf16") == pytest.approx(1307.4e12)
-    assert gpu.hbm_bytes == 192 * 2**30  # the vendor's "192 GB" is binary (ROCm's spec table: GiB)
+    assert gpu.hbm_bytes == 192 * 2**30 - 16 * 2**20  # the vendor's "192 GB" is binary (ROCm's spec table: GiB), less the driver's 16 MiB
     assert gpu.hbm_Bps == pytest.approx(5325e9)
 
 
@@ -358,9 +358,14 @@ def test_hbm_capacity_is_binary_less_the_driver_reserve(tmp_path):
     assert h100.hbm_bytes == 81559 * 2**20
     assert h100.hbm_bytes / 1e9 == pytest.approx(85.52, abs=0.01)
     assert load_gpu("h200").hbm_bytes == 143771 * 2**20
+    assert load_gpu("mi300x").hbm_bytes == 206_141_652_992  # rocm-smi's VRAM total: 192 GiB less 16 MiB
     from perfsim.system.kernel_tables import table_provenance
     rows = {name: (status, text) for name, status, text in table_provenance(h100)}
     assert rows["hbm_capacity"][0] == "measured" and "81,559 MiB" in rows["hbm_capacity"][1]
+    # MI300X's reserve is read off a device total; the other AMD GPUs borrow it, and say so
+    statuses = {name: dict((n, s) for n, s, _ in table_provenance(load_gpu(name)))["hbm_capacity"]
+                for name in ("mi300x", "mi325x", "mi355x")}
+    assert statuses == {"mi300x": "measured", "mi325x": "assumed", "mi355x": "assumed"}
     path = write_variant(tmp_path, "gpu", "h100", "hbm_reserved_MiB = 361.0", "hbm_reserved_MiB = 90000.0")
     with pytest.raises(ConfigError, match="hbm_reserved_MiB"):
         load_gpu(path)
