@@ -9,6 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import perfsim
+from perfsim.errors import ConfigError
 from perfsim.plan.routing import RoutingSpec
 from perfsim.plan.stragglers import VariabilitySpec
 
@@ -85,6 +86,19 @@ def test_ep_comm_overlap_knob_reaches_perfsim():
     assert got.plan["ep_comm_overlap"] is True and got.step_time_s == pytest.approx(want.step_time_s)
     serial = planner_inputs.simulate({**inputs, "fidelity": {"ep_comm_overlap": False}})
     assert serial.step_time_s > got.step_time_s
+
+
+def test_the_planner_refuses_full_recompute_beside_the_ep_overlap_as_the_api_does():
+    """Megatron-Core refuses the pair; the page gets the API's one-line reason, not a priced step."""
+    inputs = planner_inputs.normalize({
+        "model": "olmoe-1b-7b", "nodes": 2, "estimator": "analytic",
+        "knobs": {"tp": 1, "pp": 2, "vpp": 2, "ep": 8, "dp": 0, "gbs": 32, "seq": 4096, "schedule": "interleaved",
+                  "recompute": "full"},
+        "fidelity": {"ep_comm_overlap": True}})
+    with pytest.raises(ConfigError, match=r"plan\.ep_comm_overlap with full recompute"):
+        planner_inputs.simulate(inputs)
+    inputs["knobs"]["recompute"] = "selective"
+    assert planner_inputs.simulate(inputs).plan["recompute"] == "selective"
 
 
 def test_the_stack_overlap_policy_is_the_default_and_the_knobs_override_it():
