@@ -142,6 +142,29 @@ def test_cli_validate_runs_bad_file_is_exit_2_one_line(capsys, tmp_path):
     assert len(err) == 1 and "missing.csv" in err[0]
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["validate", "--runs", "RUNS", "--fit", "kernels.speed"], "--fit"),  # validate prices, --loso refits
+    (["validate", "--runs", "RUNS", "--loso", "--stack", "nemo"], "--stack"),
+    (["validate", "--runs", "RUNS", "--cluster", "h100-ib"], "--cluster"),  # the runs name their clusters
+    (["validate", "--runs", "RUNS", "--kernel-csv", "k.csv"], "--kernel-csv"),
+    (["validate", "--loso"], "--loso"),
+    (["validate", "--stack", "nemo"], "--stack"),
+    (["calibrate", "--runs", "RUNS", "--rccl-log", "r.log", "--out", "OUT"], "--rccl-log"),
+    (["calibrate", "--runs", "RUNS", "--regenerate-gemm", "--out", "OUT"], "--regenerate-gemm"),
+    (["calibrate", "--fit", "kernels.speed", "--out", "OUT"], "--fit"),
+])
+def test_an_option_the_mode_would_ignore_is_refused_in_one_line(capsys, tmp_path, argv, flag):
+    """calibrate and validate measure hardware or fit stacks to runs; an option of the other
+    mode is named (exit 2), not silently dropped, and nothing is written."""
+    path = small_csv(tmp_path, dense_rows())
+    out = tmp_path / "out.toml"
+    argv = [str(path) if a == "RUNS" else str(out) if a == "OUT" else a for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"perfsim: error: {flag}:"), err
+    assert not out.exists()
+
+
 def test_cli_validate_runs_html(capsys, tmp_path):
     pytest.importorskip("plotly")
     out = tmp_path / "runs.html"

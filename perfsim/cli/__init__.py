@@ -318,8 +318,12 @@ def _cmd_calibrate(args) -> int:
     if args.runs:
         from perfsim.cli import runs
 
+        _unused(args, RUNS_UNUSED["calibrate"], "not used with --runs (the runs name their own clusters; "
+                "calibrate --runs fits a stack profile)")
         return runs.cmd_calibrate(args)
+    _unused(args, {"--stack": "stack", "--fit": "fit"}, "needs --runs (a stack profile is fitted to measured runs)")
     check_output(args.out, args.force, "--out")
+    args.cluster = args.cluster or DEFAULT_CLUSTER
     result = calibrate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.gemm_csv, p2p=args.p2p, out=args.out,
                        force=args.force, fit_windows=not args.fix_windows, in_place=args.in_place,
                        regenerate_gemm=args.regenerate_gemm, collective_tables=args.collective_csv,
@@ -331,6 +335,24 @@ def _cmd_calibrate(args) -> int:
     for note in result.notes:
         print(f"note: {note}")
     return 0
+
+
+DEFAULT_CLUSTER = "mi300x-pollara"
+# options of calibrate / validate that measure hardware, which a --runs call would silently ignore
+_HARDWARE = {"--cluster": "cluster", "--rccl-log": "rccl_log", "--in-place": "in_place"}
+RUNS_UNUSED = {
+    "calibrate": {**_HARDWARE, "--kernel-csv": "gemm_csv", "--p2p": "p2p", "--collective-csv": "collective_csv",
+                  "--series": "series", "--dispatch-csv": "dispatch_csv", "--fix-windows": "fix_windows",
+                  "--regenerate-gemm": "regenerate_gemm"},
+    "validate": {**_HARDWARE, "--kernel-csv": "kernel_csv"},
+}
+
+
+def _unused(args, flags: dict[str, str], why: str) -> None:
+    """One line (exit 2) for an option the chosen mode would otherwise silently ignore."""
+    for flag, dest in flags.items():
+        if getattr(args, dest) not in (None, False, []):
+            raise ConfigError(f"{flag}: {why}")
 
 
 def _need_plotly(flag: str) -> None:
@@ -348,13 +370,22 @@ def _cmd_validate(args) -> int:
     if args.runs:
         from perfsim.cli import runs
 
+        _unused(args, RUNS_UNUSED["validate"], "not used with --runs (the runs name their own clusters)")
+        if args.fit and not args.loso:
+            raise ConfigError("--fit: needs --loso (validate --runs prices the runs at the stack profiles as they are; "
+                              "perfsim calibrate --runs fits one)")
+        if args.stack and args.loso:
+            raise ConfigError("--stack: with --loso each stack is refitted to its own runs; drop --stack, or drop "
+                              "--loso to price every run under it")
         if args.html:
             _need_plotly("--html")
         return runs.cmd_validate(args, dumps)
+    _unused(args, {"--stack": "stack", "--fit": "fit", "--loso": "loso"}, "needs --runs")
     if args.html:
         _need_plotly("--html")
     if args.html:
         check_output(args.html, args.force, "--html")
+    args.cluster = args.cluster or DEFAULT_CLUSTER
     result = validate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.kernel_csv, in_place=args.in_place)
     if args.html:
         write_html(result, args.html, plotlyjs=args.plotlyjs)
@@ -381,7 +412,7 @@ def _cmd_validate(args) -> int:
 
 def _add_calibration_parsers(sub) -> None:
     cal = sub.add_parser("calibrate", help="fit a cluster profile to measurements; write a new profile")
-    cal.add_argument("--cluster", default="mi300x-pollara", help="base profile name or .toml path")
+    cal.add_argument("--cluster", default=None, help=f"base profile name or .toml path (default {DEFAULT_CLUSTER})")
     cal.add_argument("--rccl-log", action="append", default=[], help="rccl-tests/nccl-tests stdout log (repeatable)")
     cal.add_argument("--gemm-csv", "--kernel-csv", dest="gemm_csv", action="append", default=[],
                      help="kernel sweep CSV (schema: validation/KERNEL_CSV.md; repeatable)")
@@ -400,7 +431,7 @@ def _add_calibration_parsers(sub) -> None:
                         "and write it to --out")
     cal.set_defaults(func=_cmd_calibrate)
     val = sub.add_parser("validate", help="predicted vs measured; exit 1 when --max-mape is exceeded")
-    val.add_argument("--cluster", default="mi300x-pollara", help="profile name or .toml path")
+    val.add_argument("--cluster", default=None, help=f"profile name or .toml path (default {DEFAULT_CLUSTER})")
     val.add_argument("--rccl-log", action="append", default=[], help="rccl-tests/nccl-tests stdout log (repeatable)")
     val.add_argument("--kernel-csv", "--gemm-csv", dest="kernel_csv", action="append", default=[],
                      help="kernel sweep CSV (repeatable)")
