@@ -123,6 +123,13 @@ BAD = {
     "tp-not-dividing-heads": ("simulate --model llama3.1-8b --gpus 6 --tp 6 --gbs 8 --seq 1024", "plan.tp (6)"),
     "gbs-not-dividing": ("simulate --model llama3.1-8b --nodes 1 --gbs 12 --seq 1024", "plan.gbs (12)"),
     "ep-on-dense": ("simulate --model llama3.1-8b --nodes 1 --ep 2 --gbs 8 --seq 1024", "plan.ep"),
+    # an MoE-only option on a dense model is named, not silently dropped
+    "capacity-on-dense": ("simulate --model llama3.1-8b --nodes 1 --capacity-factor 1.25 --gbs 8 --seq 1024",
+                          "--capacity-factor: applies to MoE models; llama3.1-8b is dense"),
+    "dispatch-on-dense": ("simulate --model llama3.1-8b --nodes 1 --dispatch mori --gbs 8 --seq 1024", "--dispatch:"),
+    "routing-on-dense": ("simulate --model llama3.1-8b --nodes 1 --routing zipf --gbs 8 --seq 1024", "--routing:"),
+    "ep-overlap-on-dense": ("simulate --model llama3.1-8b --nodes 1 --ep-comm-overlap --gbs 8 --seq 1024",
+                            "--ep-comm-overlap:"),
     "does-not-fit": ("simulate --model llama3.1-70b --nodes 1 --zero 0 --gbs 8 --seq 4096", "out of memory"),
     "unknown-flag": ("simulate --model llama3.1-8b --frobnicate 1", "--frobnicate"),
     "negative-tp": ("simulate --model llama3.1-8b --nodes 1 --tp -2 --gbs 8 --seq 1024", "-2"),

@@ -148,6 +148,10 @@ def _cmd_simulate(args) -> int:
     from perfsim.cli import frameworks
 
     knobs, model = frameworks.apply(args, _plan_knobs(args), api.load_model(args.model))
+    if not model.is_moe:
+        _unused(args, MOE_ONLY, f"applies to MoE models; {model.name} is dense")
+        if args.routing != "uniform":
+            raise ConfigError(f"--routing: applies to MoE models; {model.name} is dense")
     knobs.setdefault("gbs", None)
     knobs.setdefault("seq", None)
     if knobs["gbs"] is None or knobs["seq"] is None:
@@ -346,6 +350,11 @@ RUNS_UNUSED = {
                   "--regenerate-gemm": "regenerate_gemm"},
     "validate": {**_HARDWARE, "--kernel-csv": "kernel_csv"},
 }
+
+# simulate's options that only an MoE model reads
+MOE_ONLY = {"--capacity-factor": "capacity_factor", "--dispatch": "dispatch", "--dispatch-fp8": "dispatch_fp8",
+            "--ep-comm-overlap": "ep_comm_overlap", "--routing-histogram": "routing_histogram",
+            "--expert-placement": "expert_placement"}
 
 
 def _unused(args, flags: dict[str, str], why: str) -> None:
