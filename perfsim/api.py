@@ -206,7 +206,7 @@ def _memory_hint(plan: ParallelPlan) -> str:
     for FP8 with BF16 working weights, FP8 primary weights: half the weights' bytes)."""
     weights = ("; FP8 primary weights (fp8_params=True, --fp8-params) halve the working weights"
                if plan.dtype == "fp8" and not plan.fp8_params else "")
-    if plan.overlaps_ep_comm and plan.recompute != Recompute.FULL:
+    if plan.overlaps_ep_comm:  # never with full recompute (ep_overlap_conflict)
         return ("Megatron-Core refuses full recompute beside the expert-parallel all-to-all overlap: "
                 "without it (ep_comm_overlap=False, no --ep-comm-overlap) recompute='auto' may fit, or try a "
                 "smaller mbs or more pp / ep" + weights)

@@ -323,11 +323,9 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
     wgt = []
     if split:
         bwd, wgt = split_weight_grads(bwd)
-    layer_recompute = plan.recompute if recompute is None else recompute
-    if plan.overlaps_ep_comm and layer_recompute != Recompute.FULL:
-        # Megatron-Core's combined 1F1B refuses full recompute; a layer recomputed whole (a
-        # search variant, a recompute block) keeps its all-to-alls on the chain. Plans where the
-        # overlap cannot run never get here (``ep_overlap_conflict``: validation and the search)
+    if plan.overlaps_ep_comm:
+        # plans where the overlap cannot run (full recompute of every layer or a block among
+        # them) never get here: ``ep_overlap_conflict`` refuses them in validation and the search
         share = plan.stack.overlap.ep_comm_share
         fwd, bwd = overlap_ep_comm(fwd, share), overlap_ep_comm(bwd, share)
     return fwd, bwd, wgt
