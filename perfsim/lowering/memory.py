@@ -112,7 +112,7 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
     if recompute == Recompute.OP:
         return tokens * _op_kept_per_token(model, plan) * ACT_BYTES
     qkv = sum(lin.out_features for lin in model.attention_linears()[:-1])
-    fp8_copies = plan.dtype == "fp8" and plan.stack.fp8.saves_fp8_inputs
+    fp8_copies = plan.keeps_fp8_inputs
     # norm in, its output (the QKV input), q/k/v, the attention output: flash attention keeps it
     # and the output projection keeps its input, one tensor unless that projection keeps an FP8
     # copy of it (Transformer Engine's FP8 Linear saves the cast input, the BF16 one is the

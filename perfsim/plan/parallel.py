@@ -221,6 +221,12 @@ class ParallelPlan:
         return self.ep_comm_overlap and self.ep > 1
 
     @property
+    def keeps_fp8_inputs(self) -> bool:
+        """FP8 linear layers keep their cast input for the backward, not the BF16 one (the
+        stack's ``fp8.saves_fp8_inputs``, under dtype fp8)."""
+        return self.dtype == "fp8" and self.stack.fp8.saves_fp8_inputs
+
+    @property
     def keeps_weights_gathered(self) -> bool:
         """ZeRO-3 whose weights stay gathered through the step (``zero3_gather`` once, or
         pipeline with pp > 1; the plan's, else the stack's): one gather per step before the
