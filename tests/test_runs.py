@@ -441,6 +441,20 @@ def test_a_fold_without_a_run_on_a_dispatch_path_prices_it_at_the_prior():
             assert by_id[r.case.id] == pytest.approx(r.predicted, rel=1e-9)
 
 
+def test_a_dispatch_path_speed_from_one_gpu_vendor_never_prices_another():
+    """megatron-primus runs Qwen3-235B-A22B dropless on MI355X (Primus) and on H100 (the
+    Megatron-MoE-ModelZoo): different grouped kernels, as the kernels' speed is one per vendor,
+    so a fold holding one vendor's source out prices its dropless experts at the prior, not
+    at a speed fitted on the other vendor's runs."""
+    cases = [c for c in read_runs(RUNS) if c.stack == "megatron-primus" and c.family == "moe"]
+    assert {c.source_id for c in cases} == {"rocm-blog-primus-pipeline", "megatron-moe-modelzoo-qwen3"}
+    leaky = load_stack("megatron-primus").with_values(**{"moe.dropless_speed": 1.6})
+    held = leave_one_out(cases, leaky, ["moe.dropless_speed"])
+    assert len(held.results) == len(cases)
+    for r in held.results:  # each fold reset the speed to its prior (1.0, the profile's) and fitted nothing
+        assert r.predicted == pytest.approx(predict(r.case).predicted, rel=1e-9), r.case.id
+
+
 def test_maxtext_runs_that_ran_on_deepseek_v3_are_predicted_to_fit():
     """Issue 16.5: the DeepSeek-V3 runs the source printed throughput for ran, so their
     predicted peak (MaxText's memory policy) fits the 288 GB of an MI355X."""

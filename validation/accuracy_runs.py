@@ -602,6 +602,21 @@ def section() -> str:
         "Held out: MB2511-Q30B-H100 +23.7%, MB2602-Q30B-H100 +27.0% (was +55.3%), the dropless Qwen3-235B rows "
         "-19.2 / -21.1%; all runs median 6.4 -> 6.5%, worst 55.3 -> 33.1%, 82 of 85 within 25%.",
         "",
+        "Twenty-ninth session, a new source added as it came out, nothing fitted (validation/runs/SOURCES.md): "
+        "the Megatron-MoE-ModelZoo's Qwen3-235B-A22B runs on 256 H100 (NVIDIA's Megatron-Core MoE team, named by "
+        "the Megatron-Core MoE report, arXiv 2603.07685, for reproducing its runs), four plans that differ in "
+        "where expert parallelism runs (EP32 across nodes with and without the all-to-all overlap, EP8 in a node "
+        "under Megatron-FSDP or TP4 PP8), priced under `megatron-primus` (Megatron-LM's defaults; decided before "
+        "the figures were seen: `nemo`'s values come from NVIDIA's NeMo performance scripts, and its fitted "
+        "dropless speed, NVIDIA's named regression of two containers, would price them 12-110% slow). "
+        "`megatron-primus` now spans both vendors, one source each: as a kernels' speed is one per vendor, a "
+        "dispatch path's routed-expert speed in a held-out fold is now informed only by runs on the held-out "
+        "runs' vendor (a change made with the first fold's figures in view: fitted on the H100 runs, it priced "
+        "the Primus MI355X Qwen3 rows 30-47% fast), so both sources are priced at the assumed profile. "
+        "MZ-Q235-H100-01 -0.5%, -02 (the overlap) +26.5% (the overlap saves 2.1 s where perfsim hides 5.8 s of "
+        "all-to-all), -03 (Megatron-FSDP) -15.2%, -04 (TP4, EP8 in a node: the slowest run, ranked second "
+        "fastest) +54.7%; all 89 runs median 6.5%, worst 54.7%, 84 of 89 within 25%.",
+        "",
         *_summary(held, shipped),
         "",
         *_targets(held),

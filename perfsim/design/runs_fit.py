@@ -219,6 +219,17 @@ def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None) -> Stack
                     num_runs=len(cases), rms_log_error=rms, at_bound=at_bound)
 
 
+def _informing(param: str, rest: list[RunCase], held: list[RunCase]) -> list[RunCase]:
+    """The runs of ``rest`` that may inform ``param`` for pricing ``held``: a dispatch path's
+    routed-expert speed only runs on the held-out runs' GPU vendors, where the runs span
+    vendors (the stack's grouped kernels differ by vendor, as its kernels' speed does:
+    ``kernels.speed_amd`` / ``speed_nvidia``); every other parameter, all of them."""
+    if param not in PATH_SPEEDS:
+        return rest
+    vendors = {vendor_of(c) for c in held}
+    return [c for c in rest if vendor_of(c) in vendors]
+
+
 def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> RunsValidation:
     """Each held-out group (a source; a run when there is one source) priced by a fit to the
     rest (``params``: default those the runs identify, ``params_for``)."""
@@ -233,7 +244,7 @@ def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> R
         rest = [c for c in cases if c not in held]
         if not rest:
             continue
-        fold = [p for p in params if identified(p, rest) and _prices(p, rest, base)]
+        fold = [p for p in params if identified(p, _informing(p, rest, held)) and _prices(p, rest, base)]
         # uninformed: the prior, or the profile's own value (a vendor's speed: the stack's speed)
         start = base.with_values(**{p: PRIORS[p] for p in params if p not in fold and p in PRIORS})
         fitted = fit_stack(rest, start, fold).stack if fold else start  # nothing the rest informs: as assumed
