@@ -10,7 +10,7 @@ import json
 
 import perfsim
 from perfsim.model import io as modelio
-from perfsim.plan.parallel import FP8_RECIPES, PLAN_SWITCHES
+from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, FP8_RECIPES, PLAN_SWITCHES
 from perfsim.system.stacks import ZERO3_GATHERS
 from perfsim.plan.routing import RoutingSpec
 from perfsim.plan.stragglers import VariabilitySpec
@@ -41,6 +41,8 @@ DEFAULT = {
         "tp_comm_overlap": None, "ep_comm_overlap": None, "overlap_grad_reduce": None, "overlap_param_gather": None, "overlap_cu_share": 0.0, "dma_offload": False,
         "grad_bucket_mb": 80.0, "capacity_factor": None, "gpu_variability": 0.0, "variability_seed": 0,
         "first_stage_layers": 0, "last_stage_layers": 0, "recompute_layers": 0,
+        # --recompute-modules: what selective recompute re-runs (Megatron's); used under recompute selective / auto
+        "recompute_modules": ["core_attn"],
         # MoE dispatch/combine implementation (--dispatch): alltoall or one of the cluster's [dispatch.<name>]
         "dispatch": "alltoall",
         # --dispatch-fp8: FP8 (+ scales) in the dispatch direction; only under dtype fp8, on an MoE model
@@ -95,6 +97,8 @@ def with_plan(inputs: dict, plan: dict) -> dict:
         fidelity["dispatch"] = str(plan["dispatch"])
     if "recompute_layers" in plan:
         fidelity["recompute_layers"] = int(plan["recompute_layers"] or 0)
+    if plan.get("recompute_modules"):
+        fidelity["recompute_modules"] = [str(m) for m in plan["recompute_modules"]]
     for key in ("tp_comm_overlap", "ep_comm_overlap"):
         if plan.get(key) is not None:
             fidelity[key] = bool(plan[key])
@@ -160,7 +164,17 @@ def fidelity_knobs(inputs: dict) -> dict:
             "first_stage_layers": int(f["first_stage_layers"]), "last_stage_layers": int(f["last_stage_layers"]),
             "recompute_layers": int(f["recompute_layers"]), "clip_grad": bool(f["clip_grad"]),
             "real_data": bool(f["real_data"]), "zero3_gather": zero3_gather_choice(inputs),
-            **fp8_params_choice(inputs)}
+            **recompute_modules_choice(inputs), **fp8_params_choice(inputs)}
+
+
+def recompute_modules_choice(inputs: dict) -> dict:
+    """``recompute_modules`` where the plan's recompute is selective or auto and the page names
+    other modules than the attention core (the API refuses them beside another recompute)."""
+    modules = tuple((inputs.get("fidelity") or {}).get("recompute_modules") or DEFAULT_RECOMPUTE_MODULES)
+    recompute = (inputs.get("knobs") or {}).get("recompute")
+    if recompute not in ("selective", "auto") or modules == DEFAULT_RECOMPUTE_MODULES:
+        return {}
+    return {"recompute_modules": modules}
 
 
 def fp8_params_choice(inputs: dict) -> dict:

@@ -613,9 +613,12 @@ def section() -> str:
         "dispatch path's routed-expert speed in a held-out fold is now informed only by runs on the held-out "
         "runs' vendor (a change made with the first fold's figures in view: fitted on the H100 runs, it priced "
         "the Primus MI355X Qwen3 rows 30-47% fast), so both sources are priced at the assumed profile. "
-        "MZ-Q235-H100-01 -0.5%, -02 (the overlap) +26.5% (the overlap saves 2.1 s where perfsim hides 5.8 s of "
-        "all-to-all), -03 (Megatron-FSDP) -15.2%, -04 (TP4, EP8 in a node: the slowest run, ranked second "
-        "fastest) +54.7%; all 89 runs median 6.5%, worst 54.7%, 84 of 89 within 25%.",
+        "Two of the runs recompute the MoE layer's norm and the experts' activation (Megatron's "
+        "--recompute-modules layernorm moe_act), which perfsim's selective recompute (the attention core) could "
+        "not express: Megatron-Core's recompute modules were built (`recompute_modules`: core_attn, layernorm, "
+        "moe_act, mlp, moe), and those two runs fit as they ran (82 / 83 of 85.52 GB). MZ-Q235-H100-01 -1.1%, -02 "
+        "(the overlap) +25.5% (the overlap saves 2.1 s where perfsim hides 5.8 s of all-to-all), -03 "
+        "(Megatron-FSDP) -15.2%, -04 (TP4, EP8 in a node: the slowest run, ranked second fastest) +54.7%.",
         "",
         *_summary(held, shipped),
         "",

@@ -14,7 +14,7 @@ from perfsim.system.kernel_tables import table_provenance
 from perfsim.calibration.accuracy import text_block as accuracy_text
 from perfsim.model.io import list_models
 from perfsim.report import Report
-from perfsim.plan.parallel import FP8_RECIPES, Schedule
+from perfsim.plan.parallel import FP8_RECIPES, RECOMPUTE_MODULES, Schedule
 from perfsim.system.stacks import ZERO3_GATHERS
 from perfsim.plan.routing import MAX_ROUTING_PARAM, RoutingSpec, load_histogram, routing_fields
 from perfsim.plan.stragglers import VariabilitySpec
@@ -47,6 +47,12 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                         "auto: the least that fits in memory among the stack's settings ([recompute] auto; "
                         "Megatron-style stacks: none, selective, full on the fewest layers per pipeline chunk, full; "
                         "torchtitan: none, op, fewest layers, full; maxtext: none, full)")
+    p.add_argument("--recompute-modules", type=a.recompute_modules, default=None,
+                   help="with --recompute selective (or auto): what it re-runs, comma-separated, as Megatron's "
+                        f"--recompute-modules: {', '.join(RECOMPUTE_MODULES)} (default core_attn; layernorm: an MoE "
+                        "layer's pre-MLP norm, the others being fused into the next linear under Transformer Engine; "
+                        "moe_act: the routed experts' activation; mlp: a dense layer's MLP; moe: an MoE layer's "
+                        "router, dispatch, experts and combine)")
     p.add_argument("--schedule", default=None, choices=[s.value for s in Schedule],
                    help="pipeline schedule; with --vpp > 1 gpipe loops breadth-first, 1f1b interleaves, zb-h1 splits W; "
                         "zbv / v-half / v-min are V-shaped (--vpp 2; 1F1B's activation memory, half, a third)")
@@ -141,6 +147,7 @@ def _plan_knobs(args) -> dict:
     knobs["zero3_gather"] = args.zero3_gather
     knobs["first_stage_layers"], knobs["last_stage_layers"] = args.first_stage_layers, args.last_stage_layers
     knobs["recompute_layers"] = args.recompute_layers
+    knobs["recompute_modules"] = args.recompute_modules
     return {k: v for k, v in knobs.items() if v is not None}
 
 
@@ -224,7 +231,8 @@ def _routing(args) -> RoutingSpec:
 def _auto_recompute_note(r: Report) -> str:
     """What --recompute auto chose (api.least_recompute's ladder)."""
     level, layers = r.plan["recompute"], r.plan.get("recompute_layers", 0)
-    chosen = {"none": "no recompute", "selective": "selective recompute (attention core)",
+    modules = ", ".join(r.plan.get("recompute_modules") or ("core_attn",))
+    chosen = {"none": "no recompute", "selective": f"selective recompute ({modules})",
               "op": "per-op checkpointing (torchtitan's)"}.get(
         level, f"full recompute of the first {layers} layers of each pipeline chunk" if layers else
         "full recompute of every layer")

@@ -69,6 +69,14 @@ def size(lo: float = 0.0, hi: float = MAX_BYTES):
     return parse
 
 
+def recompute_modules(text: str) -> tuple[str, ...]:
+    """--recompute-modules: a comma-separated list (checked against the known modules by the plan)."""
+    names = tuple(x.strip() for x in text.split(","))
+    if not text.strip() or not all(names):
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of modules, got {text!r}")
+    return names
+
+
 POSITIVE = integer(1, MAX_GPUS)
 GPUS = integer(1, MAX_GPUS)
 NODES = integer(1, MAX_NODES)

@@ -10,6 +10,7 @@ the error is signed, ``100 * (predicted - measured) / measured``.
 import csv
 import dataclasses
 import io
+import re
 import math
 import statistics
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ INT_KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq", 
 STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch", "fp8_recipe", "zero3_gather")  # plan fields of those names
 BOOL_KNOBS = ("fp8_params", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "ep_comm_overlap")  # true / false (empty: the stack's
 # default: its [fp8] primary_weights under dtype fp8, its overlap policy)
-OPTIONAL = (*INT_KNOBS, *STR_KNOBS, *BOOL_KNOBS, "capacity_factor", "routing", "family", "data", "assumed", "measured_peak_GB")
+OPTIONAL = (*INT_KNOBS, *STR_KNOBS, *BOOL_KNOBS, "recompute_modules", "capacity_factor", "routing", "family", "data",
+            "assumed", "measured_peak_GB")
 GROUPS = ("stack", "family", "scale", "source_id", "data")  # the splits accuracy is reported by
 METRICS = ("tokens_per_s_per_gpu", "tokens_per_s", "samples_per_s", "step_time_s")
 MAX_RUNS = 10_000  # input bound: rows one runs file may hold
@@ -150,6 +152,9 @@ def _case(row: dict, where: str, folder: Path) -> RunCase:
             raise ConfigError(f"{where}: {key}: expected true or false, got {row[key]!r}")
         if text:
             knobs[key] = text in ("true", "1", "yes")
+    modules = (row.get("recompute_modules") or "").strip()
+    if modules:  # Megatron's --recompute-modules as written: names separated by spaces (or commas)
+        knobs["recompute_modules"] = tuple(re.split(r"[\s,;+]+", modules))
     if row["metric"] not in METRICS:
         raise ConfigError(f"{where}: metric: {row['metric']!r} is not one of {', '.join(METRICS)}")
     measured = _float(row, "measured", where)

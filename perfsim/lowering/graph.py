@@ -317,7 +317,8 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
     overlapped = plan.tp_comm_overlap and plan.tp > 1
     share = plan.stack.overlap.tp_comm_share
     fwd = overlap_tp_comm(raw, share) if overlapped else raw
-    bwd = recompute_steps(raw, plan.recompute if recompute is None else recompute, layers.model) + backward(raw)
+    bwd = recompute_steps(raw, plan.recompute if recompute is None else recompute, layers.model,
+                          plan.recompute_modules) + backward(raw)
     blocking = frozenset() if plan.stack.overlap.tp_summed_dgrad else summed_dgrad_gemms(layers.model)
     bwd = overlap_tp_comm(bwd, share, blocking) if overlapped else bwd
     wgt = []

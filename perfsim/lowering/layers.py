@@ -558,14 +558,36 @@ def _op_picked(forward: list[Step], model: ModelSpec) -> list[Step]:
     return picked
 
 
-def recompute_steps(forward: list[Step], recompute: Recompute, model: ModelSpec) -> list[Step]:
+# the forward steps each --recompute-modules module re-runs (plan.RECOMPUTE_MODULES; the
+# attention core by kind): an MoE layer's pre-MLP norm (the other norms are fused into the
+# linear after them under Megatron-Core's Transformer Engine spec), the routed experts'
+# activation, and a dense layer's whole MLP, its fused norm and TP collectives with it
+MODULE_STEPS = {"layernorm": ("moe_norm",), "moe_act": ("expert_act",),
+                "mlp": ("mlp_norm", "mlp_ag", "mlp_up", "mlp_act", "mlp_down", "mlp_rs")}
+
+
+def _module_picked(forward: list[Step], modules: tuple[str, ...]) -> list[Step]:
+    """What selective recompute of ``modules`` re-runs of a layer's forward, in its order:
+    ``moe`` the whole MoE part after its norm (router, dispatch, experts, combine)."""
+    names = {name for m in modules for name in MODULE_STEPS.get(m, ())}
+    moe_from = next((i for i, s in enumerate(forward) if s.name == "moe_norm"), None) if "moe" in modules else None
+    picked = []
+    for i, s in enumerate(forward):
+        if ("core_attn" in modules and s.kind is OpKind.ATTENTION) or s.name in names \
+                or (moe_from is not None and i > moe_from and s.category != "framework"):
+            picked.append(s)
+    return picked
+
+
+def recompute_steps(forward: list[Step], recompute: Recompute, model: ModelSpec,
+                    modules: tuple[str, ...] = ("core_attn",)) -> list[Step]:
     """The forward work re-run in front of a layer's backward: all of it (full), the
-    attention cores (selective) or what per-op checkpointing does not keep (op,
-    ``_op_picked``); compute re-run counts as ``recompute``."""
+    selective ``modules`` (default the attention cores; ``_module_picked``) or what per-op
+    checkpointing does not keep (op, ``_op_picked``); compute re-run counts as ``recompute``."""
     if recompute == Recompute.FULL:
         picked = forward
     elif recompute == Recompute.SELECTIVE:
-        picked = [s for s in forward if s.kind is OpKind.ATTENTION]
+        picked = _module_picked(forward, modules)
     elif recompute == Recompute.OP:
         picked = _op_picked(forward, model)
     else:

@@ -120,7 +120,8 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
     attn = 2 * h + qkv + model.v_width * (2 if fp8_copies else 1)
     if model.qk_norm:  # the q/k norms keep their inputs
         attn += model.qk_width
-    if recompute == Recompute.SELECTIVE and fp8_copies:
+    modules = plan.recompute_modules if recompute == Recompute.SELECTIVE else ()
+    if "core_attn" in modules and fp8_copies:
         # the attention core rerun at backward: its BF16 output is not kept, the projection's
         # FP8 copy is (under BF16 the projection keeps that very output: nothing saved)
         attn -= model.v_width
@@ -131,7 +132,38 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
     saved = tokens * per_token * ACT_BYTES
     if fp8_copies:
         saved -= tokens * _fp8_inputs_per_token(model, plan, layer, share) * (ACT_BYTES - FP8_BYTES)
-    return saved
+    return saved - tokens * _modules_rerun_per_token(model, plan, layer, share, modules)
+
+
+def _modules_rerun_per_token(model: ModelSpec, plan: ParallelPlan, layer: int, share: float,
+                             modules: tuple[str, ...]) -> float:
+    """Bytes per token (one rank) a layer does not keep because selective recompute re-runs
+    the modules that made them (Megatron-Core --recompute-modules, as its Transformer Engine
+    layer spec builds a layer: the input norm and a dense layer's pre-MLP norm are fused into
+    the linear after them, so ``layernorm`` re-runs only an MoE layer's pre-MLP norm):
+    ``layernorm`` its output (the router's and the experts' input); ``moe_act`` the routed
+    experts' activation output (the down projection's input); ``mlp`` a dense layer's whole
+    MLP but its input; ``moe`` an MoE layer's whole MoE part but its input. An FP8 linear's
+    input is counted at the bytes it is kept in (``saves_fp8_inputs``)."""
+    if not modules or modules == ("core_attn",):
+        return 0.0
+    inp = FP8_BYTES if plan.keeps_fp8_inputs else ACT_BYTES  # an FP8 linear layer's kept input
+    h, gate = model.hidden_size, 2 if model.gated_mlp else 1
+    dropped = 0.0
+    if not is_moe_layer(model, layer):
+        if "mlp" in modules:  # norm output (fc1's input), up output, activation output (fc2's input)
+            w = model.ffn_hidden_size
+            dropped = h * inp + gate * w * ACT_BYTES + w * inp
+        return dropped / plan.tp
+    w, sw = model.expert_ffn_hidden_size, model.shared_ffn_hidden_size
+    if "layernorm" in modules:
+        dropped += h * ACT_BYTES
+    if "moe" in modules:  # permuted in (twice: one copy is the up projection's input), up out, act out; shared
+        dropped += share * model.top_k * (h * ACT_BYTES + h * inp + gate * w * ACT_BYTES + w * inp)
+        dropped += gate * sw * ACT_BYTES + sw * inp
+    elif "moe_act" in modules:
+        dropped += share * model.top_k * w * inp
+    return dropped / plan.tp
 
 
 def recompute_working_set(model: ModelSpec, plan: ParallelPlan, layers, share: float = 1.0,

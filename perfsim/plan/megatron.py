@@ -16,6 +16,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from perfsim.errors import ConfigError
+from perfsim.plan.parallel import RECOMPUTE_MODULES
 
 # Megatron argument (underscored) -> perfsim knob; values are integers.
 INT_KNOBS = {
@@ -75,7 +76,6 @@ NOT_MODELLED = {
                                           "num-layers here; with those, the loss's accounting is not applied",
     "recompute_num_layers": "with --recompute-method uniform every layer recomputes (the checkpoint grouping "
                             "is not modelled)",
-    "recompute_modules": "selective recompute is the attention core only",
     "use_torch_fsdp2": "Megatron's PyTorch FSDP2 path (weights gathered before every pass, gradients accumulated "
                        "unsharded under no_sync and reduce-scattered once) is not one of perfsim's ZeRO stages; "
                        "--zero 3 prices its per-pass gathers, --zero 3 --zero3-gather once its memory's upper end",
@@ -202,6 +202,15 @@ def from_mapping(args: dict) -> MegatronPlan:
             if str(value) not in ("full", "selective"):
                 raise ConfigError(f"--recompute-granularity: expected full or selective, got {value!r}")
             knobs["recompute"] = str(value)
+        elif name == "recompute_modules":  # what selective recompute re-runs (a list, or names separated by spaces)
+            names = [str(v) for v in value] if isinstance(value, list | tuple) else str(value).split()
+            modelled = tuple(m for m in names if m in RECOMPUTE_MODULES)
+            if modelled:
+                knobs["recompute_modules"] = modelled
+            for m in names:
+                if m not in RECOMPUTE_MODULES:
+                    not_modelled.append(("recompute_modules", f"module {m} is not modelled (perfsim re-runs "
+                                                              f"{', '.join(RECOMPUTE_MODULES)})"))
         elif name == "recompute_method":
             if str(value) not in ("uniform", "block"):
                 raise ConfigError(f"--recompute-method: expected uniform or block, got {value!r}")
@@ -274,10 +283,11 @@ def parse_args(text: str) -> dict:
         if not token.startswith("--"):
             raise ConfigError(f"--megatron-args: {token!r} is not a --flag or a flag's value")
         name, eq, value = token[2:].partition("=")
-        if not eq:
-            has_value = i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
-            value = tokens[i + 1] if has_value else True
-            i += has_value
+        if not eq:  # a switch, one value, or several (nargs='+': --recompute-modules layernorm moe_act)
+            end = next((k for k in range(i + 1, len(tokens)) if tokens[k].startswith("--")), len(tokens))
+            values = tokens[i + 1:end]
+            value = True if not values else values[0] if len(values) == 1 else values
+            i = end - 1
         out[name.replace("-", "_")] = value
         i += 1
     return out

@@ -25,6 +25,17 @@ class Recompute(StrEnum):
     FULL = "full"
 
 
+# Megatron-Core's --recompute-modules (TransformerConfig.recompute_modules), what selective
+# recompute re-runs: the attention core (its default), the norms not fused into the linear
+# after them, the expert activation, a dense layer's whole MLP, an MoE layer's whole MoE part
+# (router, dispatch, experts, combine); lowering.layers.recompute_steps and
+# lowering.memory.layer_activation_bytes price each. Megatron's mla_up_proj and
+# shared_experts are not modelled.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mlp", "moe")
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+MOE_RECOMPUTE_MODULES = ("moe_act", "moe")
+
+
 class Schedule(StrEnum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
@@ -124,6 +135,8 @@ class ParallelPlan:
     # recompute only the first N layers of each pipeline stage (each virtual chunk): Megatron's
     # --recompute-method block --recompute-num-layers N; 0 = every layer
     recompute_layers: int = 0
+    # what selective recompute re-runs (RECOMPUTE_MODULES: Megatron's --recompute-modules)
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     # the software stack the step runs under (framework costs, fused kernels, dispatch path;
     # system.stacks); a profile name is loaded
     stack: StackSpec = IDEAL
@@ -198,7 +211,29 @@ class ParallelPlan:
         object.__setattr__(self, "schedule", _enum(Schedule, self.schedule, "schedule"))
         if self.recompute_layers and self.recompute == Recompute.NONE:
             raise ConfigError(f"plan.recompute_layers ({self.recompute_layers}) needs recompute selective, op or full")
+        self._check_recompute_modules()
         self._check_divisibility()
+
+    def _check_recompute_modules(self) -> None:
+        modules = self.recompute_modules
+        if isinstance(modules, str) or not isinstance(modules, (tuple, list)) or not modules:
+            raise ConfigError(f"plan.recompute_modules must be a non-empty list of {', '.join(RECOMPUTE_MODULES)}, "
+                              f"got {modules!r}")
+        for name in modules:
+            if name not in RECOMPUTE_MODULES:
+                raise ConfigError(f"plan.recompute_modules: {name!r} is not one of {', '.join(RECOMPUTE_MODULES)} "
+                                  "(Megatron's mla_up_proj and shared_experts are not modelled)")
+        if len(set(modules)) != len(modules):
+            raise ConfigError(f"plan.recompute_modules names a module twice: {modules!r}")
+        # one order, so that plans alike in what they re-run are equal (and share memoized answers)
+        object.__setattr__(self, "recompute_modules", tuple(m for m in RECOMPUTE_MODULES if m in modules))
+
+    @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """What this plan's recompute re-runs by module: its ``recompute_modules`` under
+        selective recompute, none otherwise (a plan recompute auto settles on none or full
+        keeps the modules it was given, unused)."""
+        return self.recompute_modules if self.recompute == Recompute.SELECTIVE else ()
 
     def _check_divisibility(self) -> None:
         if self.gbs % (self.mbs * self.dp):
@@ -317,6 +352,7 @@ class ParallelPlan:
         parts += [f"etp{self.etp}"] if self.etp > 1 else []
         parts += [f"zero{self.zero}", f"mbs{self.mbs}", f"gbs{self.gbs}", f"seq{self.seq}", self.dtype]
         parts += [f"recompute-{self.recompute}"] if self.recompute != Recompute.NONE else []
+        parts += ["+".join(self.selective_modules)] if self.selective_modules not in ((), DEFAULT_RECOMPUTE_MODULES) else []
         parts += [f"of{self.recompute_layers}"] if self.recompute_layers else []
         parts += ["tp-comm-overlap"] if self.tp_comm_overlap else []
         parts += ["ep-comm-overlap"] if self.overlaps_ep_comm else []
@@ -433,6 +469,9 @@ def _check_moe(plan: ParallelPlan, model: ModelSpec) -> None:
     if not model.is_moe:
         if plan.ep > 1 or plan.etp > 1:
             raise ConfigError(f"plan.ep/etp ({plan.ep}/{plan.etp}) need an MoE model; {model.name} is dense")
+        moe_only = [m for m in plan.selective_modules if m in MOE_RECOMPUTE_MODULES]
+        if moe_only:
+            raise ConfigError(f"plan.recompute_modules: {moe_only[0]} needs an MoE model; {model.name} is dense")
         return
     if model.num_experts % plan.ep:
         raise ConfigError(f"plan.ep ({plan.ep}) must divide the model's experts ({model.num_experts})")

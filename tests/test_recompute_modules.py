@@ -1,0 +1,145 @@
+"""Megatron-Core's --recompute-modules (plan.recompute_modules): what selective recompute
+re-runs, priced in memory (lowering.memory) and in time (lowering.layers.recompute_steps),
+the same in both estimators, from the API, the CLI, a Megatron command line, a runs CSV and
+the planner."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import perfsim
+from perfsim.cli import main
+from perfsim.design.runs import read_runs
+from perfsim.errors import ConfigError
+from perfsim.lowering.memory import layer_activation_bytes
+from perfsim.lowering.steps import ACT_BYTES, FP8_BYTES
+from perfsim.plan.megatron import from_args
+from perfsim.plan.parallel import ParallelPlan
+
+ROOT = Path(__file__).resolve().parent.parent
+MOE = "olmoe-1b-7b"  # 64 experts, top-8, every layer MoE
+KNOBS = dict(tp=1, pp=1, ep=8, gbs=32, seq=4096, mbs=1, stack="megatron-primus")
+
+
+def _plan(model, **kw):
+    return ParallelPlan(**{"dp": 8, "gbs": 32, "seq": 4096, "mbs": 1, **kw})
+
+
+def test_each_module_drops_the_tensors_it_reruns_from_what_a_layer_keeps():
+    model = perfsim.load_model(MOE)
+    tokens, h, w, k = 4096, model.hidden_size, model.expert_ffn_hidden_size, model.top_k
+    base = layer_activation_bytes(model, _plan(model, ep=8, recompute="selective"), 1)
+    assert base == layer_activation_bytes(model, _plan(model, ep=8), 1)  # BF16 core_attn: flash keeps its output
+    act = layer_activation_bytes(model, _plan(model, ep=8, recompute="selective", recompute_modules=("moe_act",)), 1)
+    assert base - act == pytest.approx(tokens * k * w * ACT_BYTES)  # the routed experts' activation output
+    norm = layer_activation_bytes(model, _plan(model, ep=8, recompute="selective", recompute_modules=("layernorm",)), 1)
+    assert base - norm == pytest.approx(tokens * h * ACT_BYTES)  # the MoE layer's pre-MLP norm output
+    both = layer_activation_bytes(model, _plan(model, ep=8, recompute="selective",
+                                                recompute_modules=("layernorm", "moe_act")), 1)
+    assert base - both == pytest.approx((base - act) + (base - norm))
+    whole = layer_activation_bytes(model, _plan(model, ep=8, recompute="selective", recompute_modules=("moe",)), 1)
+    assert whole < both  # the whole MoE part: its permuted tokens, up and activation outputs too
+    # under FP8 (a stack keeping FP8 linear inputs) the activation output is the down projection's FP8 input
+    fp8 = _plan(model, ep=8, recompute="selective", dtype="fp8", stack="nemo")
+    fp8_act = _plan(model, ep=8, recompute="selective", recompute_modules=("core_attn", "moe_act"), dtype="fp8",
+                    stack="nemo")
+    assert layer_activation_bytes(model, fp8, 1) - layer_activation_bytes(model, fp8_act, 1) == \
+        pytest.approx(tokens * k * w * FP8_BYTES)
+
+
+def test_mlp_reruns_a_dense_layers_mlp_and_layernorm_nothing_fused():
+    model = perfsim.load_model("llama3.1-8b")
+    plan = _plan(model, recompute="selective")
+    base = layer_activation_bytes(model, plan, 0)
+    mlp = layer_activation_bytes(model, _plan(model, recompute="selective", recompute_modules=("mlp",)), 0)
+    h, w = model.hidden_size, model.ffn_hidden_size
+    assert base - mlp == pytest.approx(4096 * (h + 3 * w) * ACT_BYTES)  # norm out, gate+up out, activation out
+    # a dense layer's norms are fused into the linear after them (Transformer Engine): nothing to re-run
+    norm = layer_activation_bytes(model, _plan(model, recompute="selective", recompute_modules=("layernorm",)), 0)
+    assert norm == base
+
+
+@pytest.mark.parametrize("modules", [("core_attn",), ("layernorm", "moe_act"), ("moe",)])
+def test_both_estimators_price_the_rerun_alike_and_it_costs_time(modules):
+    knobs = dict(KNOBS, recompute="selective", recompute_modules=modules)
+    none = perfsim.simulate(MOE, "mi300x-pollara", nodes=1, estimator="analytic", check_memory=False, **KNOBS)
+    got = [perfsim.simulate(MOE, "mi300x-pollara", nodes=1, estimator=e, check_memory=False, **knobs)
+           for e in ("analytic", "des")]
+    assert got[0].step_time_s == pytest.approx(got[1].step_time_s, rel=0.03)
+    assert got[0].step_time_s > none.step_time_s
+    assert got[0].breakdown["recompute"] > 0
+    if modules == ("moe",):  # the whole MoE part re-runs its dispatch and combine too
+        assert got[0].comm_by_collective["ep_a2a/all_to_all"]["count"] > \
+            none.comm_by_collective["ep_a2a/all_to_all"]["count"]
+    assert tuple(got[0].plan["recompute_modules"]) == modules
+
+
+def test_modules_lower_the_peak_and_auto_keeps_them_unused_where_none_fits():
+    knobs = dict(KNOBS, recompute="selective")
+    core = perfsim.estimate(MOE, "mi300x-pollara", nodes=1, check_memory=False, **knobs)
+    act = perfsim.estimate(MOE, "mi300x-pollara", nodes=1, check_memory=False, recompute_modules=("moe_act",),
+                           **knobs)
+    assert act.peak_memory_bytes < core.peak_memory_bytes
+    auto = perfsim.estimate(MOE, "mi300x-pollara", nodes=1, check_memory=False,
+                            **dict(KNOBS, recompute="auto", recompute_modules=("moe_act",)))
+    assert auto.plan["recompute"] == "none"  # it fits without any: auto keeps the modules unused
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(recompute="selective", recompute_modules=("attention",)), "'attention' is not one of"),
+    (dict(recompute="selective", recompute_modules=("moe_act", "moe_act")), "names a module twice"),
+    (dict(recompute="selective", recompute_modules=()), "non-empty"),
+    (dict(recompute="selective", recompute_modules="moe_act"), "non-empty list"),
+    (dict(recompute="full", recompute_modules=("moe_act",)), "needs recompute selective or auto"),
+])
+def test_bad_modules_are_one_clear_error(kw, needle):
+    with pytest.raises(ConfigError, match=needle):
+        perfsim.estimate(MOE, "mi300x-pollara", nodes=1, check_memory=False, **{**KNOBS, **kw})
+
+
+def test_an_moe_module_on_a_dense_model_is_refused():
+    with pytest.raises(ConfigError, match="moe_act needs an MoE model"):
+        perfsim.estimate("llama3.1-8b", "mi300x-pollara", nodes=1, check_memory=False, tp=1, gbs=8, seq=2048,
+                         recompute="selective", recompute_modules=("moe_act",))
+
+
+def test_cli_takes_a_comma_list_and_says_what_auto_chose(capsys):
+    args = ["simulate", "--model", MOE, "--nodes", "1", "--ep", "8", "--gbs", "32", "--seq", "4096", "--engine",
+            "analytic", "--stack", "megatron-primus", "--recompute", "selective", "--recompute-modules",
+            "moe_act,layernorm", "--json"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["recompute_modules"] == ["layernorm", "moe_act"]
+    assert main(args[:-1] + ["--recompute-modules", "moe_act,,"]) == 2
+    assert "--recompute-modules" in capsys.readouterr().err
+
+
+def test_a_megatron_command_line_with_several_modules_reaches_the_plan():
+    got = from_args("pretrain_gpt.py --recompute-granularity selective --recompute-modules layernorm moe_act "
+                    "mla_up_proj --expert-model-parallel-size 8")
+    assert got.knobs["recompute_modules"] == ("layernorm", "moe_act") and got.knobs["ep"] == 8
+    assert any("mla_up_proj" in why for _, why in got.not_modelled)
+
+
+def test_a_runs_csv_names_the_modules_as_megatron_writes_them(tmp_path):
+    header = "id,source_id,source,stack,model,cluster,nodes,ep,mbs,gbs,seq,recompute,recompute_modules,metric,measured"
+    path = tmp_path / "runs.csv"
+    path.write_text(header + f"\nR1,a,https://example.org,megatron-primus,{MOE},mi300x-pollara,1,8,1,32,4096,selective,"
+                    "layernorm moe_act,tokens_per_s_per_gpu,10000\n")
+    (case,) = read_runs(path)
+    assert dict(case.knobs)["recompute_modules"] == ("layernorm", "moe_act")
+
+
+def test_the_planner_passes_the_modules_only_beside_selective_or_auto():
+    sys.path.insert(0, str(ROOT / "app"))
+    import inputs as planner_inputs
+
+    inputs = planner_inputs.normalize({"model": MOE, "nodes": 1, "estimator": "analytic", "stack": "megatron-primus",
+                                       "knobs": {"tp": 1, "pp": 1, "ep": 8, "dp": 0, "gbs": 32, "seq": 4096,
+                                                 "recompute": "selective"},
+                                       "fidelity": {"recompute_modules": ["moe_act"]}})
+    got = planner_inputs.simulate(inputs)
+    assert list(got.plan["recompute_modules"]) == ["moe_act"]
+    inputs["knobs"]["recompute"] = "full"  # the page keeps the choice but does not pass it
+    assert list(planner_inputs.simulate(inputs).plan["recompute_modules"]) == ["core_attn"]
