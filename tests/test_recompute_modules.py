@@ -99,10 +99,11 @@ def test_bad_modules_are_one_clear_error(kw, needle):
         perfsim.estimate(MOE, "mi300x-pollara", nodes=1, check_memory=False, **{**KNOBS, **kw})
 
 
-def test_an_moe_module_on_a_dense_model_is_refused():
+@pytest.mark.parametrize("recompute", ["selective", "auto"])
+def test_an_moe_module_on_a_dense_model_is_refused(recompute):
     with pytest.raises(ConfigError, match="moe_act needs an MoE model"):
         perfsim.estimate("llama3.1-8b", "mi300x-pollara", nodes=1, check_memory=False, tp=1, gbs=8, seq=2048,
-                         recompute="selective", recompute_modules=("moe_act",))
+                         recompute=recompute, recompute_modules=("moe_act",))
 
 
 def test_cli_takes_a_comma_list_and_says_what_auto_chose(capsys):

@@ -13,7 +13,7 @@ from perfsim.model.spec import AttentionKind, Linear, ModelSpec
 from perfsim.lowering.ops import Coll, Gemm, OpKind, Stream
 from perfsim.lowering.steps import (ACT_BYTES, FP8_BYTES, FP8_DISPATCH_BYTES, LOGIT_BYTES, Step, coll_step,  # noqa: F401 - re-exported
                                     elementwise_step, fp8_cast_bytes, gemm_step, host_step)
-from perfsim.plan.parallel import LIBRARY_DISPATCH, ParallelPlan, Recompute
+from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, LIBRARY_DISPATCH, ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalance, slowest_expert_rank
 from perfsim.lowering.stack_steps import StackSteps
 
@@ -580,7 +580,7 @@ def _module_picked(forward: list[Step], modules: tuple[str, ...]) -> list[Step]:
 
 
 def recompute_steps(forward: list[Step], recompute: Recompute, model: ModelSpec,
-                    modules: tuple[str, ...] = ("core_attn",)) -> list[Step]:
+                    modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES) -> list[Step]:
     """The forward work re-run in front of a layer's backward: all of it (full), the
     selective ``modules`` (default the attention cores; ``_module_picked``) or what per-op
     checkpointing does not keep (op, ``_op_picked``); compute re-run counts as ``recompute``."""

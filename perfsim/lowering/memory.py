@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from perfsim.lowering.layers import LayerBuilder, op_linears
 from perfsim.lowering.steps import FP8_BYTES
 from perfsim.model.spec import ModelSpec
-from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule
+from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, V_SHAPES, ParallelPlan, Recompute, Schedule
 from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalance
 from perfsim.plan.schedules import head_stage, v_chunks_held
 from perfsim.plan.sharding import (
@@ -145,7 +145,7 @@ def _modules_rerun_per_token(model: ModelSpec, plan: ParallelPlan, layer: int, s
     experts' activation output (the down projection's input); ``mlp`` a dense layer's whole
     MLP but its input; ``moe`` an MoE layer's whole MoE part but its input. An FP8 linear's
     input is counted at the bytes it is kept in (``saves_fp8_inputs``)."""
-    if not modules or modules == ("core_attn",):
+    if not modules or modules == DEFAULT_RECOMPUTE_MODULES:
         return 0.0
     inp = FP8_BYTES if plan.keeps_fp8_inputs else ACT_BYTES  # an FP8 linear layer's kept input
     h, gate = model.hidden_size, 2 if model.gated_mlp else 1

@@ -469,7 +469,7 @@ def _check_moe(plan: ParallelPlan, model: ModelSpec) -> None:
     if not model.is_moe:
         if plan.ep > 1 or plan.etp > 1:
             raise ConfigError(f"plan.ep/etp ({plan.ep}/{plan.etp}) need an MoE model; {model.name} is dense")
-        moe_only = [m for m in plan.selective_modules if m in MOE_RECOMPUTE_MODULES]
+        moe_only = [m for m in plan.recompute_modules if m in MOE_RECOMPUTE_MODULES]
         if moe_only:
             raise ConfigError(f"plan.recompute_modules: {moe_only[0]} needs an MoE model; {model.name} is dense")
         return
