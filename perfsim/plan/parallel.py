@@ -385,6 +385,8 @@ class ParallelPlan:
 def _plain(value):
     if isinstance(value, StackSpec):
         return value.name
+    if isinstance(value, tuple):  # recompute_modules: a JSON list, as a report writes it
+        return list(value)
     return str(value) if isinstance(value, StrEnum) else value
 
 
