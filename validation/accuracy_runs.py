@@ -618,7 +618,9 @@ def section() -> str:
         "not express: Megatron-Core's recompute modules were built (`recompute_modules`: core_attn, layernorm, "
         "moe_act, mlp, moe), and those two runs fit as they ran (82 / 83 of 85.52 GB). MZ-Q235-H100-01 -1.1%, -02 "
         "(the overlap) +25.5% (the overlap saves 2.1 s where perfsim hides 5.8 s of all-to-all), -03 "
-        "(Megatron-FSDP) -15.2%, -04 (TP4, EP8 in a node: the slowest run, ranked second fastest) +54.7%.",
+        "(Megatron-FSDP) -15.2%, -04 (TP4, EP8 in a node: the slowest run, ranked second fastest) +54.7%; the "
+        "report's own H100 Qwen3-235B figure (Table 11, the zoo's later script for the -02 plan, with CUDA graphs) "
+        "joined the source as -05, +9.6%.",
         "",
         *_summary(held, shipped),
         "",
