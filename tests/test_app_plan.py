@@ -101,6 +101,18 @@ def test_the_planner_refuses_full_recompute_beside_the_ep_overlap_as_the_api_doe
     assert planner_inputs.simulate(inputs).plan["recompute"] == "selective"
 
 
+def test_the_recompute_modules_widget_reprices_the_plan():
+    """zaya1-base is MoE: naming moe_act beside selective recompute lowers the peak the page shows."""
+    at = start()
+    at.selectbox(key="w.recompute").set_value("selective").run()
+    ok(at)
+    before = metric(at, "Peak memory").value
+    at.multiselect(key="w.recompute_modules").set_value(["core_attn", "moe_act"]).run()
+    ok(at)
+    assert at.session_state["inputs"]["fidelity"]["recompute_modules"] == ["core_attn", "moe_act"]
+    assert metric(at, "Peak memory").value != before
+
+
 def test_the_stack_overlap_policy_is_the_default_and_the_knobs_override_it():
     """maxtext's policy turns gradient-reduce overlap off unless the page sets it."""
     policy = planner_inputs.simulate(planner_inputs.normalize({"stack": "maxtext", "estimator": "analytic"}))

@@ -144,3 +144,11 @@ def test_the_planner_passes_the_modules_only_beside_selective_or_auto():
     assert list(got.plan["recompute_modules"]) == ["moe_act"]
     inputs["knobs"]["recompute"] = "full"  # the page keeps the choice but does not pass it
     assert list(planner_inputs.simulate(inputs).plan["recompute_modules"]) == ["core_attn"]
+
+
+def test_a_primus_yaml_list_of_modules_reaches_the_plan():
+    from perfsim.plan.megatron import from_mapping
+
+    got = from_mapping({"recompute_granularity": "selective", "recompute_modules": ["moe_act", "shared_experts"]})
+    assert got.knobs["recompute_modules"] == ("moe_act",)
+    assert any("shared_experts" in why for _, why in got.not_modelled)
