@@ -10,7 +10,7 @@ import json
 
 import perfsim
 from perfsim.model import io as modelio
-from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, FP8_RECIPES, PLAN_SWITCHES
+from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, FP8_RECIPES, PLAN_SWITCHES, RECOMPUTE_MODULE_LEVELS
 from perfsim.system.stacks import ZERO3_GATHERS
 from perfsim.plan.routing import RoutingSpec
 from perfsim.plan.stragglers import VariabilitySpec
@@ -172,7 +172,7 @@ def recompute_modules_choice(inputs: dict) -> dict:
     other modules than the attention core (the API refuses them beside another recompute)."""
     modules = tuple((inputs.get("fidelity") or {}).get("recompute_modules") or DEFAULT_RECOMPUTE_MODULES)
     recompute = (inputs.get("knobs") or {}).get("recompute")
-    if recompute not in ("selective", "auto") or modules == DEFAULT_RECOMPUTE_MODULES:
+    if recompute not in RECOMPUTE_MODULE_LEVELS or modules == DEFAULT_RECOMPUTE_MODULES:
         return {}
     return {"recompute_modules": modules}
 

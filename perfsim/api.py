@@ -18,8 +18,8 @@ from perfsim.lowering.memory import plan_memory
 from perfsim.model.spec import ModelSpec
 from perfsim.model.io import load_model as _load_model
 from perfsim.lowering.ops import Coll
-from perfsim.plan.parallel import (DEFAULT_RECOMPUTE_MODULES, V_SHAPES, ParallelPlan, Recompute, check_plan, derive_dp,
-                                    group_shape, recompute_ladder)
+from perfsim.plan.parallel import (DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULE_LEVELS, V_SHAPES, ParallelPlan, Recompute,
+                                    check_plan, derive_dp, group_shape, recompute_ladder)
 from perfsim.cost.pricing import price
 from perfsim.report import Report, assemble_report, extrapolate_figures, span_figures
 from perfsim.plan.routing import UNIFORM, RoutingSpec, dropped_fraction, imbalance
@@ -119,8 +119,8 @@ def _inputs(model, cluster, plan, nodes, gpus, knobs,
     num_gpus = gpus if gpus is not None else cluster.num_gpus
     auto = knobs.get("recompute") == AUTO_RECOMPUTE
     modules = knobs.get("recompute_modules")
-    if modules is not None and tuple(modules) != DEFAULT_RECOMPUTE_MODULES \
-            and knobs.get("recompute") not in (Recompute.SELECTIVE, Recompute.SELECTIVE.value, AUTO_RECOMPUTE):
+    if isinstance(modules, tuple | list) and tuple(modules) != DEFAULT_RECOMPUTE_MODULES \
+            and str(knobs.get("recompute")) not in RECOMPUTE_MODULE_LEVELS:
         raise ConfigError(f"plan.recompute_modules ({', '.join(modules)}) needs recompute selective or auto "
                           f"(Megatron's --recompute-granularity selective), got recompute {knobs.get('recompute') or 'none'}")
     if plan is None:

@@ -13,7 +13,7 @@ import inputs as planner_inputs
 import perfsim
 from inputs import CHOICES, KNOBS, PLACEMENTS, default_inputs
 from perfsim.system.stacks import list_stacks
-from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES
+from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULE_LEVELS, RECOMPUTE_MODULES
 
 DEFAULT_DISPATCH = default_inputs()["fidelity"]["dispatch"]
 OVERLAP_CHOICES = {"stack's": None, "on": True, "off": False}  # the stack's overlap policy unless overridden
@@ -229,7 +229,7 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     fidelity["recompute_modules"] = st.multiselect(
         "Selective recompute modules", list(RECOMPUTE_MODULES),
         key=common.seed("recompute_modules", list(fidelity.get("recompute_modules") or DEFAULT_RECOMPUTE_MODULES)),
-        disabled=knobs["recompute"] not in ("selective", "auto"),
+        disabled=knobs["recompute"] not in RECOMPUTE_MODULE_LEVELS,
         help="--recompute-modules (Megatron's, with recompute selective or auto): core_attn the attention core; "
              "layernorm an MoE layer's pre-MLP norm (the other norms are fused into the next linear under Transformer "
              "Engine); moe_act the routed experts' activation; mlp a dense layer's MLP; moe an MoE layer's router, "

@@ -14,7 +14,7 @@ from perfsim.system.kernel_tables import table_provenance
 from perfsim.calibration.accuracy import text_block as accuracy_text
 from perfsim.model.io import list_models
 from perfsim.report import Report
-from perfsim.plan.parallel import FP8_RECIPES, RECOMPUTE_MODULES, Schedule
+from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, FP8_RECIPES, RECOMPUTE_MODULES, Schedule
 from perfsim.system.stacks import ZERO3_GATHERS
 from perfsim.plan.routing import MAX_ROUTING_PARAM, RoutingSpec, load_histogram, routing_fields
 from perfsim.plan.stragglers import VariabilitySpec
@@ -231,7 +231,7 @@ def _routing(args) -> RoutingSpec:
 def _auto_recompute_note(r: Report) -> str:
     """What --recompute auto chose (api.least_recompute's ladder)."""
     level, layers = r.plan["recompute"], r.plan.get("recompute_layers", 0)
-    modules = ", ".join(r.plan.get("recompute_modules") or ("core_attn",))
+    modules = ", ".join(r.plan.get("recompute_modules") or DEFAULT_RECOMPUTE_MODULES)
     chosen = {"none": "no recompute", "selective": f"selective recompute ({modules})",
               "op": "per-op checkpointing (torchtitan's)"}.get(
         level, f"full recompute of the first {layers} layers of each pipeline chunk" if layers else

@@ -5,6 +5,7 @@ bounded where work scales with it. A bad value becomes argparse's one-line error
 import argparse
 import math
 
+from perfsim.plan.parallel import split_recompute_modules
 from perfsim.units import parse_size
 
 # Bounds on what one command may ask for: past them the work (or the memory) a command
@@ -71,7 +72,7 @@ def size(lo: float = 0.0, hi: float = MAX_BYTES):
 
 def recompute_modules(text: str) -> tuple[str, ...]:
     """--recompute-modules: a comma-separated list (checked against the known modules by the plan)."""
-    names = tuple(x.strip() for x in text.split(","))
+    names = split_recompute_modules(text)
     if not text.strip() or not all(names):
         raise argparse.ArgumentTypeError(f"must be a comma-separated list of modules, got {text!r}")
     return names

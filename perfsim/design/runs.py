@@ -10,7 +10,6 @@ the error is signed, ``100 * (predicted - measured) / measured``.
 import csv
 import dataclasses
 import io
-import re
 import math
 import statistics
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import perfsim.api as api
 from perfsim.errors import ConfigError, InfeasiblePlan
+from perfsim.plan.parallel import split_recompute_modules
 from perfsim.plan.routing import RoutingSpec, routing_fields
 from perfsim.system.specio import as_path, read_text
 from perfsim.system.stacks import StackSpec, load_stack
@@ -154,7 +154,7 @@ def _case(row: dict, where: str, folder: Path) -> RunCase:
             knobs[key] = text in ("true", "1", "yes")
     modules = (row.get("recompute_modules") or "").strip()
     if modules:  # Megatron's --recompute-modules as written: names separated by spaces (or commas)
-        knobs["recompute_modules"] = tuple(re.split(r"[\s,;+]+", modules))
+        knobs["recompute_modules"] = split_recompute_modules(modules)
     if row["metric"] not in METRICS:
         raise ConfigError(f"{where}: metric: {row['metric']!r} is not one of {', '.join(METRICS)}")
     measured = _float(row, "measured", where)

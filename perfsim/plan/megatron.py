@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from perfsim.errors import ConfigError
-from perfsim.plan.parallel import RECOMPUTE_MODULES
+from perfsim.plan.parallel import RECOMPUTE_MODULES, split_recompute_modules
 
 # Megatron argument (underscored) -> perfsim knob; values are integers.
 INT_KNOBS = {
@@ -203,7 +203,7 @@ def from_mapping(args: dict) -> MegatronPlan:
                 raise ConfigError(f"--recompute-granularity: expected full or selective, got {value!r}")
             knobs["recompute"] = str(value)
         elif name == "recompute_modules":  # what selective recompute re-runs (a list, or names separated by spaces)
-            names = [str(v) for v in value] if isinstance(value, list | tuple) else str(value).split()
+            names = [str(v) for v in value] if isinstance(value, list | tuple) else split_recompute_modules(str(value))
             modelled = tuple(m for m in names if m in RECOMPUTE_MODULES)
             if modelled:
                 knobs["recompute_modules"] = modelled

@@ -34,6 +34,14 @@ class Recompute(StrEnum):
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mlp", "moe")
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 MOE_RECOMPUTE_MODULES = ("moe_act", "moe")
+# the recompute settings a module list applies under: selective, or auto (which may settle on it)
+RECOMPUTE_MODULE_LEVELS = ("selective", "auto")
+
+
+def split_recompute_modules(text: str) -> tuple[str, ...]:
+    """A written module list -> names: Megatron's space-separated form, or commas (the CLI's);
+    an empty name where two separators or an end leave one (the plan refuses it)."""
+    return tuple(re.split(r"[\s,;+]+", text.strip()))
 
 
 class Schedule(StrEnum):
