@@ -3,6 +3,7 @@ Megatron-Bridge moe_a2a_overlap): an MoE layer's all-to-alls run beside compute,
 estimators, as a plan knob, a stack default, a CLI flag and a runs-CSV column."""
 
 import csv
+import dataclasses
 import json
 
 import pytest
@@ -224,3 +225,58 @@ def test_recompute_auto_stops_before_full_recompute_beside_the_overlap():
         api.simulate(ep_comm_overlap=True, **big, **knobs)
     report = api.simulate(ep_comm_overlap=True, check_memory=False, **big, **knobs)
     assert report.plan["recompute"] == "selective" and not report.fits
+
+
+# ---- the compute units a dispatch implementation's kernels hold (DeepEP's SMs) ----------
+
+# h100-ib: DeepEP across 2 nodes (ep 16), pp 2 x vpp 2
+DEEPEP = dict(model="qwen3-30b-a3b", cluster="h100-ib", nodes=2, tp=1, pp=2, vpp=2, ep=8, mbs=1, gbs=16, seq=4096,
+              schedule="interleaved", recompute="selective", dispatch="deepep")
+
+
+def _holding(units: int):
+    cluster = api.load_cluster("h100-ib")
+    deepep = dataclasses.replace(cluster.dispatch["deepep"], compute_units=units)
+    return dataclasses.replace(cluster, dispatch={**cluster.dispatch, "deepep": deepep})
+
+
+def deepep(estimator="analytic", **knobs) -> api.Report:
+    return api.simulate(estimator=estimator, check_memory=False, **{**DEEPEP, **knobs})
+
+
+def test_deepep_holds_its_sms_and_the_overlapped_compute_runs_on_the_rest_in_both_estimators():
+    assert api.load_cluster("h100-ib").dispatch["deepep"].compute_units == 20  # DeepEP's and Megatron-Core's default
+    for estimator in ("analytic", "des"):
+        free = deepep(estimator, ep_comm_overlap=True, cluster=_holding(0))
+        held = deepep(estimator, ep_comm_overlap=True)
+        more = deepep(estimator, ep_comm_overlap=True, cluster=_holding(60))
+        assert free.step_time_s < held.step_time_s < more.step_time_s
+    closed, engine = deepep("analytic", ep_comm_overlap=True), deepep("des", ep_comm_overlap=True)
+    assert closed.step_time_s == pytest.approx(engine.step_time_s, rel=0.01)
+    # the closed form names the cost; it is at most the hidden all-to-alls' time at 20/112 (the
+    # compute beside them runs at 112/132 of its speed) and the passes grow by exactly it (the
+    # pipeline bubble, paced by the passes, grows with them)
+    free, held = deepep(ep_comm_overlap=True, cluster=_holding(0)), deepep(ep_comm_overlap=True)
+    lost = held.breakdown["comm_interference"]
+
+    def passes(r):
+        return r.step_time_s - r.breakdown["pipeline_bubble"]
+
+    assert lost == pytest.approx(passes(held) - passes(free), rel=1e-6)
+    assert held.breakdown["pipeline_bubble"] > free.breakdown["pipeline_bubble"]
+    assert 0 < lost <= deepep().breakdown["ep_a2a"] * 20 / 112 * 1.001
+    assert "comm_interference" not in free.breakdown
+
+
+def test_without_the_overlap_or_with_hookless_kernels_nothing_is_lost():
+    # blocking all-to-alls: the compute waits for them, so the SMs they hold slow nothing
+    assert deepep(cluster=_holding(60)).step_time_s == pytest.approx(deepep(cluster=_holding(0)).step_time_s, rel=1e-9)
+    # DeepEP's low-latency kernels receive through a hook that holds no SMs
+    assert api.load_cluster("h100-ib").dispatch["deepep-ll"].compute_units == 0
+    assert "comm_interference" not in deepep(ep_comm_overlap=True, dispatch="deepep-ll").breakdown
+
+
+@pytest.mark.parametrize("units", [-1, True, 1.5, 132, 500])
+def test_a_dispatch_holding_impossible_compute_units_is_refused(units):
+    with pytest.raises(ConfigError, match=r"dispatch(\.deepep)?\.compute_units"):
+        _holding(units)

@@ -622,6 +622,15 @@ def section() -> str:
         "report's own H100 Qwen3-235B figure (Table 11, the zoo's later script for the -02 plan, with CUDA graphs) "
         "joined the source as -05, +9.6%.",
         "",
+        "Thirtieth session, physics added with the ModelZoo runs' error in view, nothing fitted: the SMs DeepEP's "
+        "dispatch and combine kernels hold while they run (20 of the H100's 132: DeepEP's Buffer.num_sms and "
+        "Megatron-Core's moe_deepep_num_sms defaults; `compute_units` of a cluster's dispatch implementation), "
+        "which the compute overlapped with them loses (the Megatron-Core MoE report names this contention as the "
+        "cost of overlapping DeepEP); both estimators run that compute on the SMs left while an overlapped "
+        "all-to-all is in flight, and the closed form reports it as `comm_interference`. It touches only runs "
+        "with the all-to-all overlap on a dispatch that holds compute units (DeepEP on H100: MZ-Q235-H100-02 and "
+        "-05): +25.5 -> +18.1% and +9.6 -> +3.2% held out.",
+        "",
         *_summary(held, shipped),
         "",
         *_targets(held),

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from math import ceil, comb
 
 from perfsim import units
+from perfsim.cost import alltoall
 from perfsim.cost.phases import SWITCH_PORT, CollectiveCost, message_efficiency
 from perfsim.errors import ConfigError
 from perfsim.plan.parallel import LIBRARY_DISPATCH, GroupShape
@@ -162,6 +163,14 @@ def check_impl(cluster: ClusterSpec, impl: str) -> None:
     if impl not in implementations(cluster):
         raise ConfigError(f"plan.dispatch: {impl!r} is not a dispatch implementation of {cluster.name} "
                           f"(known: {', '.join(implementations(cluster))})")
+
+
+def held_share(cluster: ClusterSpec, impl: str) -> float:
+    """Share of the GPU's compute units the dispatch and combine kernels of ``impl`` hold
+    while they run (``DispatchSpec.compute_units``; the library's all-to-all: the profile's
+    ``rccl`` / ``nccl`` entry, 0 without one): compute overlapped with them runs on the rest."""
+    spec = alltoall.dispatch_spec(cluster, None) if impl == LIBRARY else cluster.dispatch.get(impl)
+    return 0.0 if spec is None else spec.compute_units / cluster.gpu.num_compute_units
 
 
 def step_cost(size_bytes: float, token_bytes: float, topk: int, num_experts: int, shape: GroupShape,

@@ -5,7 +5,10 @@ Comm ops also get ``meta['latency_s']`` and ``meta['link_share']`` (the share of
 link of the stage's representative rank the op keeps busy while it moves data alone),
 which the engine uses to share links among concurrent comm ops. The MoE dispatch and
 combine (all-to-all on the ``ep`` communicator) are priced under the plan's ``dispatch``
-implementation (``cost.dispatch.step_cost``; ``alltoall``: the library's all-to-all)."""
+implementation (``cost.dispatch.step_cost``; ``alltoall``: the library's all-to-all), and
+carry ``meta['cu_share']``, the share of the GPU's compute units that implementation's
+kernels hold while they run (``dispatch.held_share``): compute overlapped with them runs on
+the rest (both estimators)."""
 
 from perfsim.cost import dispatch
 from perfsim.cost.collectives import collective_cost, local_peers
@@ -41,6 +44,7 @@ def price(graph: OpGraph, cluster: ClusterSpec, slowdowns: list[float] | None = 
     shapes = group_shapes(graph.plan, cluster.gpus_per_node)
     strides = {k: stride for k, (_, stride) in group_strides(graph.plan).items()}
     cache = {} if cache is None else cache
+    held = dispatch.held_share(cluster, graph.plan.dispatch)
     for op in graph.ops:
         key = _key(op)
         if key not in cache:
@@ -48,6 +52,8 @@ def price(graph: OpGraph, cluster: ClusterSpec, slowdowns: list[float] | None = 
         op.duration_s, comm = cache[key]
         if comm is not None:
             op.meta["latency_s"], op.meta["link_share"] = comm
+            if held and _is_dispatch(op):
+                op.meta["cu_share"] = held
         elif "speed" in op.meta:
             op.duration_s /= op.meta["speed"]
         elif slow[op.stage] != 1.0:
@@ -55,11 +61,16 @@ def price(graph: OpGraph, cluster: ClusterSpec, slowdowns: list[float] | None = 
     return graph
 
 
+def _is_dispatch(op: Op) -> bool:
+    """The MoE dispatch or combine: an all-to-all on the ``ep`` communicator."""
+    return op.collective.coll is Coll.ALL_TO_ALL and op.collective.group == "ep"
+
+
 def _comm_cost(op: Op, cluster: ClusterSpec, shapes: dict, strides: dict, graph: OpGraph):
     call, impl, model = op.collective, graph.plan.dispatch, graph.model
     shape = shapes[call.group]
     peers = local_peers(shape, strides.get(call.group, 1))
-    if call.coll is not Coll.ALL_TO_ALL or call.group != "ep" or impl == dispatch.LIBRARY:
+    if not _is_dispatch(op) or impl == dispatch.LIBRARY:
         return collective_cost(call.coll, call.size_bytes, shape, cluster, peers=peers)
     if impl in dispatch.LIBRARY_NAMES or shape.size <= 1 or call.size_bytes <= 0:
         return collective_cost(call.coll, call.size_bytes, shape, cluster, peers=peers, impl=impl)

@@ -95,7 +95,10 @@ class StagePasses:  # what pipeline_bubble reads of a stage
 def walk(ops: list[Op]) -> Pass:
     """Lay a chain out in totals: an ``offchain`` op (ring hop, overlapped TP comm) starts
     with the chain on its own stream, one at a time; a ``join`` op waits for the oldest
-    off-chain op not yet joined, whose overrun counts in that op's category."""
+    off-chain op not yet joined, whose overrun counts in that op's category. Overlapped
+    MoE all-to-alls are played against the chain (``fluid_chain_s``): their link
+    contention counts in ``ep_a2a``, the compute they slow by the compute units their
+    kernels hold (``meta['cu_share']``) in ``comm_interference``."""
     t, side_free, sides = 0.0, 0.0, deque()
     cats, exposed = {}, [0.0] * len(ops)
     for i, op in enumerate(ops):
@@ -114,12 +117,17 @@ def walk(ops: list[Op]) -> Pass:
         t += op.duration_s
     beside = [i for i, op in enumerate(ops) if op.meta.get("offchain") and op.category == "ep_a2a"]
     if beside:  # the overlapped all-to-alls share links with the chain's own comm (max-min, as in the engine)
-        played = fluid_chain_s(Window(chain_s=t, ops=tuple(ops)), contended=True)
+        window = Window(chain_s=t, ops=tuple(ops))
+        played = fluid_chain_s(window, contended=True, held=False)
         if played > t:
             j = beside[-1]
             exposed[j] += played - t
             cats[ops[j].category] = cats.get(ops[j].category, 0.0) + played - t
             t = played
+        if any(ops[i].meta.get("cu_share") for i in beside):  # and hold compute units the chain's compute loses
+            slowed = max(t, fluid_chain_s(window, contended=True))
+            cats[INTERFERENCE] = cats.get(INTERFERENCE, 0.0) + slowed - t
+            t = slowed
     comm = frozenset(o.category for o in ops if o.stream is not Stream.COMPUTE)
     return Pass(seconds=t, categories=tuple(cats.items()), comm=comm, ops=tuple(ops), exposed=tuple(exposed),
                 links=tuple(link_loads(ops).items()))

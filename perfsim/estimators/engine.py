@@ -10,7 +10,9 @@ buckets after everything else (``priority_rates``). An op alone
 takes exactly its priced duration, so the engine equals ``analytic`` without overlap.
 
 With ``plan.comm_compute_interference`` > 0 a compute op progresses at (1 - share) of
-its speed while any comm op of its stage is in flight (overlap is not free).
+its speed while any comm op of its stage is in flight (overlap is not free); while a
+dispatch or combine whose kernels hold compute units is in flight (``meta['cu_share']``,
+DeepEP's SMs) it progresses at (1 - that share), the larger of the two applying.
 """
 
 from collections import defaultdict
@@ -58,28 +60,41 @@ def span_of(op: Op, start: float, end: float) -> Span:
 class _Links:
     """The links of one stage's representative rank, shared by its comm ops in flight."""
 
-    def __init__(self, env: simpy.Environment):
+    def __init__(self, env: simpy.Environment, share: float = 0.0):
         self.env, self.flows, self.rates, self.last, self.generation = env, {}, {}, 0.0, 0
-        self.active, self.toggle = 0, env.event()  # comm ops in flight; fires on 0 <-> 1
+        self.share = share  # the plan's interference share while any comm op is in flight
+        # comm ops in flight -> the compute-unit share each holds; fires when the share compute loses changes
+        self.held, self.toggle = {}, env.event()
 
     def comm(self, op: Op):
         """Process body of a whole comm op: latency, then data; counts as in flight."""
-        self._count(+1)
+        self._hold(op, True)
         yield from self.transfer(op)
-        self._count(-1)
+        self._hold(op, False)
 
-    def _count(self, delta: int) -> None:
-        before, self.active = self.active, self.active + delta
-        if (before == 0) != (self.active == 0):
+    def lost(self) -> float:
+        """Share of its speed a compute op loses now: the plan's interference share while
+        any comm op is in flight, or the compute units an in-flight dispatch holds."""
+        if not self.held:
+            return 0.0
+        return max(self.share, *self.held.values())
+
+    def _hold(self, op: Op, start: bool) -> None:
+        before = self.lost()
+        if start:
+            self.held[op.op_id] = op.meta.get("cu_share", 0.0)
+        else:
+            del self.held[op.op_id]
+        if self.lost() != before:
             fired, self.toggle = self.toggle, self.env.event()
             fired.succeed()
 
-    def compute(self, op: Op, share: float):
-        """Process body of a compute op that runs at (1 - share) of its speed while a
-        comm kernel of this rank is in flight (CUs taken by RCCL; FiCCO)."""
+    def compute(self, op: Op):
+        """Process body of a compute op that runs at (1 - ``lost()``) of its speed while
+        comm kernels of this rank are in flight (CUs taken by RCCL, FiCCO; DeepEP's SMs)."""
         left = op.duration_s
         while left > DONE_S:
-            rate = 1.0 - share if self.active else 1.0
+            rate = 1.0 - self.lost()
             start, timer = self.env.now, self.env.timeout(left / rate)
             fired = yield timer | self.toggle
             if timer in fired:
@@ -156,16 +171,16 @@ def priority_rates(flows: dict) -> dict[int, float]:
     return rates
 
 
-def _stream(env: simpy.Environment, ops: list[Op], done: list, spans: list, links: _Links, share: float):
+def _stream(env: simpy.Environment, ops: list[Op], done: list, spans: list, links: _Links, slows: bool):
     for op in ops:
         waits = [done[d] for d in op.deps if not done[d].processed]
         if waits:
             yield env.all_of(waits)
         start = env.now
         if op.is_comm:
-            yield from (links.comm(op) if share else links.transfer(op))
-        elif share and op.duration_s > 0:
-            yield from links.compute(op, share)
+            yield from (links.comm(op) if slows else links.transfer(op))
+        elif slows and op.duration_s > 0:
+            yield from links.compute(op)
         elif op.duration_s > 0:
             yield env.timeout(op.duration_s)
         spans.append(span_of(op, start, env.now))
@@ -180,10 +195,11 @@ def run(graph: OpGraph) -> list[Span]:
     for op in graph.ops:
         streams[(op.stage, op.stream)].append(op)
     spans: list[Span] = []
-    links = {stage: _Links(env) for stage, _ in streams}
     share = graph.plan.interference
+    links = {stage: _Links(env, share) for stage, _ in streams}
+    slows = bool(share) or any(op.meta.get("cu_share") for op in graph.ops)  # comm slows compute
     for (stage, _), ops in streams.items():
-        env.process(_stream(env, ops, done, spans, links[stage], share))
+        env.process(_stream(env, ops, done, spans, links[stage], slows))
     env.run()
     if len(spans) != len(graph.ops):
         raise RuntimeError(f"engine deadlock: {len(graph.ops) - len(spans)} ops never ran")

@@ -60,8 +60,10 @@ _RATES: dict[tuple, dict] = {}  # max-min rates of a set of flows, by their link
 
 def _segments(ops: tuple) -> tuple:
     """A chain as (latency or compute seconds, data seconds, shares, shares key,
-    offchain, join), consecutive plain compute ops merged (nothing changes on the links
-    between them)."""
+    offchain, join, compute, compute-unit share), consecutive plain compute ops merged
+    (nothing changes on the links between them). ``compute``: the segment is compute
+    (not a comm op's latency); the compute-unit share: what an off-chain comm op's kernels
+    hold while it runs (``meta['cu_share']``: DeepEP's SMs)."""
     found = _COMPILED.get(id(ops))
     if found is not None and found[0] is ops:
         return found[1]
@@ -70,12 +72,13 @@ def _segments(ops: tuple) -> tuple:
         offchain, join = bool(op.meta.get("offchain")), bool(op.meta.get("join"))
         if op.is_comm:
             latency, share = _data_shares(op)
-            out.append([latency, max(0.0, op.duration_s - latency), share, tuple(sorted(share.items())), offchain, join])
-        elif out and not offchain and not join and not out[-1][4] and not out[-1][5] and out[-1][1] == 0.0 \
-                and not out[-1][2]:
+            held = op.meta.get("cu_share", 0.0) if offchain else 0.0
+            out.append([latency, max(0.0, op.duration_s - latency), share, tuple(sorted(share.items())), offchain, join,
+                        False, held])
+        elif out and not offchain and not join and out[-1][6] and not out[-1][4] and not out[-1][5]:
             out[-1][0] += op.duration_s
         else:
-            out.append([op.duration_s, 0.0, {}, (), offchain, join])
+            out.append([op.duration_s, 0.0, {}, (), offchain, join, True, 0.0])
     segments = tuple(tuple(x) for x in out)
     if len(_COMPILED) > 20000:
         _COMPILED.clear()
@@ -83,14 +86,16 @@ def _segments(ops: tuple) -> tuple:
     return segments
 
 
-def fluid_chain_s(w: Window, contended: bool = False) -> float:
+def fluid_chain_s(w: Window, contended: bool = False, held: bool = True) -> float:
     """Play the chain op by op against the prefetch started with it: latency and compute
     leave the prefetch its links, a comm op shares them with it max-min (both slow
     down); an ``offchain`` op (ring-attention hop, overlapped TP collective) starts on
     its own queue, one at a time, when the chain reaches it; a ``join`` op waits for the oldest one not yet joined (as
     ``lowering.graph`` wires them). The chain's comm op, the op beside it and the
     prefetch share the links max-min, as in the engine. ``contended``: play the chain
-    even with no prefetch, for the contention of its own comm with the ops beside it."""
+    even with no prefetch, for the contention of its own comm with the ops beside it.
+    ``held``: the chain's compute runs on the compute units an off-chain op beside it
+    leaves (its compute-unit share, as in the engine); False: at full speed."""
     g_share = {link: busy / w.prefetch_s for link, busy in w.prefetch_links.items()}
     segments = _segments(w.ops)
     if not contended and not any(g_share.keys() & seg[2].keys() for seg in segments if seg[2]):
@@ -105,11 +110,11 @@ def fluid_chain_s(w: Window, contended: bool = False) -> float:
             seg = segments[i]
             i += 1
             if seg[4]:
-                entry = [seg[0], seg[1], seg[2], seg[3], False]
+                entry = [seg[0], seg[1], seg[2], seg[3], False, seg[7] if held else 0.0]
                 side.append(entry)
                 unjoined.append(entry)
                 continue
-            main = [seg[0], seg[1], seg[2], seg[3], unjoined.pop(0) if seg[5] and unjoined else None]
+            main = [seg[0], seg[1], seg[2], seg[3], unjoined.pop(0) if seg[5] and unjoined else None, seg[6]]
         if main is None and chain_end is None:
             chain_end = t
         head = side[0] if side else None
@@ -136,9 +141,10 @@ def fluid_chain_s(w: Window, contended: bool = False) -> float:
                 _RATES.clear()
             _RATES[key] = rates
         r_main, r_side, r_g = rates.get("main", 0.0), rates.get("side", 0.0), rates.get("g", 0.0)
+        pace = 1.0 - head[5] if running and main[5] and head is not None else 1.0  # compute beside a held share
         dt = float("inf")
         if running:
-            dt = main[0] if main[0] > DONE else main[1] / max(r_main, 1e-12)
+            dt = main[0] / pace if main[0] > DONE else main[1] / max(r_main, 1e-12)
         if head is not None:
             dt = min(dt, head[0] if head[0] > DONE else head[1] / max(r_side, 1e-12))
         if g_on:
@@ -150,7 +156,7 @@ def fluid_chain_s(w: Window, contended: bool = False) -> float:
         g -= dt * r_g
         if running:
             if main[0] > DONE:
-                main[0] -= dt
+                main[0] -= dt * pace
             else:
                 main[1] -= dt * r_main
         if head is not None:

@@ -345,12 +345,18 @@ class DispatchSpec:
     # per second per GPU (millions); 0 = bandwidth-bound kernels (no per-message limit)
     message_rate_Mps: float = 0.0
     copy_per_expert: bool = False  # a token goes once per chosen expert (no merge per rank): low-latency kernels
+    # CUs / SMs the dispatch and combine kernels hold while they run (DeepEP's num_sms): compute
+    # overlapped with them runs on the rest (0: the kernels hold none, or none identified)
+    compute_units: int = 0
 
     def __post_init__(self):
         check_fraction("dispatch", rdma_efficiency=self.rdma_efficiency, intra_efficiency=self.intra_efficiency)
         if self.latency_us < 0 or self.message_rate_Mps < 0:
             raise ConfigError(f"dispatch.latency_us and message_rate_Mps must be >= 0, got {self.latency_us!r}, "
                               f"{self.message_rate_Mps!r}")
+        units = self.compute_units
+        if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+            raise ConfigError(f"dispatch.compute_units must be a whole number >= 0, got {units!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,6 +376,10 @@ class ClusterSpec:
         check_positive("cluster", num_nodes=self.num_nodes)
         if self.num_nodes > MAX_NODES:
             raise ConfigError(f"cluster.num_nodes must be <= {MAX_NODES}, got {self.num_nodes!r}")
+        for name, spec in self.dispatch.items():
+            if spec.compute_units >= self.gpu.num_compute_units:
+                raise ConfigError(f"dispatch.{name}.compute_units must be below the GPU's {self.gpu.num_compute_units} "
+                                  f"compute units, got {spec.compute_units!r}")
 
     @property
     def gpus_per_node(self) -> int:
