@@ -47,6 +47,8 @@ DEFAULT = {
         "dispatch": "alltoall",
         # --dispatch-fp8: FP8 (+ scales) in the dispatch direction; only under dtype fp8, on an MoE model
         "dispatch_fp8": False,
+        # --dispatch-compute-units: SMs / CUs the dispatch kernels hold; None: the cluster profile's
+        "dispatch_compute_units": None,
         # --fp8-recipe: "" (the stack's), delayed or current; only under dtype fp8
         "fp8_recipe": "",
         # --fp8-params / --no-fp8-params: FP8 primary weights; only under dtype fp8; None: the stack's
@@ -273,6 +275,7 @@ def simulate(inputs: dict):
         variability=variability_spec(inputs), trace=True, stack=inputs.get("stack") or "ideal", **plan_knobs(inputs),
         **fidelity_knobs(inputs), dispatch=dispatch_choice(inputs, cluster, model),
         dispatch_fp8=dispatch_fp8_choice(inputs, model), fp8_recipe=fp8_recipe_choice(inputs),
+        dispatch_compute_units=dispatch_units_choice(inputs, model),
     )
 
 
@@ -286,6 +289,8 @@ def search_switches(inputs: dict, model) -> dict:
         knobs["dispatch_fp8"] = True
     if fp8_recipe_choice(inputs):
         knobs["fp8_recipe"] = fp8_recipe_choice(inputs)
+    if dispatch_units_choice(inputs, model) is not None:
+        knobs["dispatch_compute_units"] = dispatch_units_choice(inputs, model)
     if zero3_gather_choice(inputs):
         knobs["zero3_gather"] = zero3_gather_choice(inputs)
     return knobs
@@ -296,6 +301,16 @@ def fp8_recipe_choice(inputs: dict) -> str:
     otherwise, so a BF16 plan never carries one."""
     chosen = str((inputs.get("fidelity") or {}).get("fp8_recipe") or "")
     return chosen if chosen in FP8_RECIPES and inputs["knobs"].get("dtype") == "fp8" else ""
+
+
+def dispatch_units_choice(inputs: dict, model=None) -> int | None:
+    """``dispatch_compute_units``: the stored count on a model with experts; None (the
+    cluster profile's) otherwise."""
+    chosen = (inputs.get("fidelity") or {}).get("dispatch_compute_units")
+    if chosen is None:
+        return None
+    model = model if model is not None else model_spec(inputs)
+    return int(chosen) if model.is_moe else None
 
 
 def dispatch_fp8_choice(inputs: dict, model=None) -> bool:

@@ -130,6 +130,13 @@ BAD = {
     "routing-on-dense": ("simulate --model llama3.1-8b --nodes 1 --routing zipf --gbs 8 --seq 1024", "--routing:"),
     "ep-overlap-on-dense": ("simulate --model llama3.1-8b --nodes 1 --ep-comm-overlap --gbs 8 --seq 1024",
                             "--ep-comm-overlap:"),
+    "dispatch-units-on-dense": ("simulate --model llama3.1-8b --nodes 1 --dispatch-compute-units 0 --gbs 8 --seq 1024",
+                                "--dispatch-compute-units:"),
+    "dispatch-units-negative": ("simulate --model olmoe-1b-7b --nodes 1 --ep 8 --dispatch-compute-units -4 --gbs 8 "
+                                "--seq 1024", "--dispatch-compute-units"),
+    "dispatch-units-beyond-the-gpu": ("simulate --model olmoe-1b-7b --cluster h100-ib --nodes 2 --ep 16 --dispatch deepep "
+                                      "--dispatch-compute-units 132 --gbs 16 --seq 1024",
+                                      "plan.dispatch_compute_units must be below the h100 GPU's 132 compute units"),
     "does-not-fit": ("simulate --model llama3.1-70b --nodes 1 --zero 0 --gbs 8 --seq 4096", "out of memory"),
     "unknown-flag": ("simulate --model llama3.1-8b --frobnicate 1", "--frobnicate"),
     "negative-tp": ("simulate --model llama3.1-8b --nodes 1 --tp -2 --gbs 8 --seq 1024", "-2"),

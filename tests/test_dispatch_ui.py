@@ -280,3 +280,22 @@ def test_search_page_runs_under_the_plan_pages_dtype_stack_and_switches():
     rows = next(iter(at.session_state["search.results"].values()))["rows"]
     assert rows and all(r["plan"]["dtype"] == "fp8" and r["plan"]["clip_grad"] is False and r["plan"]["dispatch_fp8"]
                         for r in rows)
+
+
+def test_dispatch_compute_units_box_reaches_the_plan_and_slows_the_overlapped_compute():
+    # DeepEP across two H100 nodes with the all-to-all overlap: the SMs it holds slow the compute beside it
+    at = start({"estimator": "analytic", "cluster": "h100-ib", "knobs": {"ep": 16},
+                "fidelity": {"dispatch": "deepep", "ep_comm_overlap": True}})
+    box = at.number_input(key="w.dispatch_compute_units")
+    assert box.label == "Dispatch SMs / CUs" and box.value is None  # empty: the profile's (20)
+    assert planner_inputs.simulate(at.session_state["inputs"]).plan["dispatch_compute_units"] is None
+    before = step_time(at)
+    box.set_value(60).run()
+    ok(at)
+    inputs = at.session_state["inputs"]
+    assert inputs["fidelity"]["dispatch_compute_units"] == 60 and step_time(at) != before
+    assert planner_inputs.simulate(inputs).plan["dispatch_compute_units"] == 60
+    assert planner_inputs.search_switches(inputs, planner_inputs.model_spec(inputs))["dispatch_compute_units"] == 60
+    dense = start({"model": "llama3.1-8b", "estimator": "analytic", "fidelity": {"dispatch_compute_units": 60}})
+    assert "w.dispatch_compute_units" not in [n.key for n in dense.number_input]
+    assert planner_inputs.simulate(dense.session_state["inputs"]).plan["dispatch_compute_units"] is None

@@ -280,3 +280,36 @@ def test_without_the_overlap_or_with_hookless_kernels_nothing_is_lost():
 def test_a_dispatch_holding_impossible_compute_units_is_refused(units):
     with pytest.raises(ConfigError, match=r"dispatch(\.deepep)?\.compute_units"):
         _holding(units)
+
+
+def test_the_plan_the_cli_the_search_and_a_runs_csv_set_the_units_the_dispatch_holds(tmp_path, capsys):
+    # the plan's count replaces the profile's; 0 holds none
+    assert deepep(ep_comm_overlap=True, dispatch_compute_units=0).step_time_s == pytest.approx(
+        deepep(ep_comm_overlap=True, cluster=_holding(0)).step_time_s, rel=1e-12)
+    assert deepep(ep_comm_overlap=True, dispatch_compute_units=60).step_time_s == pytest.approx(
+        deepep(ep_comm_overlap=True, cluster=_holding(60)).step_time_s, rel=1e-12)
+    with pytest.raises(ConfigError, match="plan.dispatch_compute_units must be a whole number"):
+        ParallelPlan(tp=1, pp=1, dp=8, ep=8, gbs=8, seq=1024, dispatch_compute_units=-1)
+    base = ["simulate", "--model", "qwen3-30b-a3b", "--cluster", "h100-ib", "--nodes", "2", "--pp", "2", "--vpp", "2",
+            "--schedule", "interleaved", "--ep", "8", "--gbs", "16", "--seq", "4096", "--dispatch", "deepep",
+            "--ep-comm-overlap", "--engine", "analytic", "--json", "--allow-oom"]
+    steps = {}
+    for units in (None, 60):
+        assert main(base + ([] if units is None else ["--dispatch-compute-units", str(units)])) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["plan"]["dispatch_compute_units"] == units
+        steps[units] = report["step_time_s"]
+    assert steps[60] > steps[None]
+    # the search carries it into every plan; a bad value is named
+    from perfsim.search import search
+    found = search("qwen3-30b-a3b", "h100-ib", gpus=16, gbs=16, seq=4096, fixed={"tp": 1, "pp": 1, "ep": 16, "cp": 1},
+                   limits={"mbs": 1}, top=1, confirm=0, executor="serial", plan_knobs={"dispatch_compute_units": 40})
+    assert found.rows[0].plan["dispatch_compute_units"] == 40
+    with pytest.raises(ConfigError, match="plan_knobs.dispatch_compute_units: expected a whole number"):
+        search("qwen3-30b-a3b", "h100-ib", gpus=16, gbs=16, seq=4096, plan_knobs={"dispatch_compute_units": -1})
+    # a runs CSV's optional column
+    path = tmp_path / "runs.csv"
+    path.write_text("id,source_id,source,stack,model,cluster,nodes,ep,mbs,gbs,seq,dispatch,dispatch_compute_units,"
+                    "metric,measured\nr1,s,x,megatron-primus,qwen3-30b-a3b,h100-ib,2,16,1,16,4096,deepep,24,"
+                    "step_time_s,1.0\n")
+    assert dict(read_runs(path)[0].knobs)["dispatch_compute_units"] == 24

@@ -71,6 +71,36 @@ def test_bad_values_name_the_flag(text, field):
         megatron.from_args(text)
 
 
+@pytest.mark.parametrize("text, knobs, notes", [
+    # the flex dispatcher's DeepEP backend (its default; --moe-enable-deepep is Megatron-Core's old name) at its SMs
+    ("--moe-token-dispatcher-type flex --moe-enable-deepep --moe-deepep-num-sms 24",
+     {"dispatch": "deepep", "dispatch_compute_units": 24}, ()),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep", {"dispatch": "deepep"}, ()),
+    ("--moe-enable-deepep", {"dispatch": "deepep"}, ()),
+    ("--moe-token-dispatcher-type alltoall --moe-deepep-num-sms 24", {"dispatch": "alltoall"},
+     ("ignored (no effect on step time here): --moe-deepep-num-sms",)),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep", {"dispatch": "alltoall"},
+     ("not modelled: --moe-flex-dispatcher-backend (the hybridep backend is not modelled",)),
+    ("--moe-token-dispatcher-type allgather", {"dispatch": "alltoall"},
+     ("not modelled: --moe-token-dispatcher-type (the allgather dispatcher",)),
+])
+def test_the_token_dispatcher_flags_pick_the_dispatch(text, knobs, notes):
+    plan = megatron.from_args(text)
+    assert {k: v for k, v in plan.knobs.items() if k.startswith("dispatch")} == knobs
+    lines = plan.notes()
+    for note in notes:
+        assert any(line.startswith(note) for line in lines), lines
+    assert not plan.unknown
+
+
+@pytest.mark.parametrize("text, field", [("--moe-token-dispatcher-type ring", "--moe-token-dispatcher-type"),
+                                         ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 0",
+                                          "--moe-deepep-num-sms")])
+def test_bad_dispatcher_values_name_the_flag(text, field):
+    with pytest.raises(ConfigError, match=field):
+        megatron.from_args(text)
+
+
 def test_vpp_layers_must_divide_the_model():
     with pytest.raises(ConfigError, match="num-layers-per-virtual-pipeline-stage 7"):
         megatron.from_args("--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 7").knobs_for(80)

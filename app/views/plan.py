@@ -68,6 +68,20 @@ def _dispatch_fp8(column, experts: bool, dtype: str, fidelity: dict) -> bool:
     return bool(on) and dtype == "fp8"
 
 
+def _dispatch_units(column, experts: bool, fidelity: dict) -> int | None:
+    """The "Dispatch SMs / CUs" box (--dispatch-compute-units): MoE models only; empty is the
+    cluster profile's count."""
+    if not experts:
+        return None
+    units = column.number_input("Dispatch SMs / CUs", min_value=0, max_value=1 << 20, step=1, value=None,
+                                placeholder="the profile's",
+                                key=common.seed("dispatch_compute_units", fidelity.get("dispatch_compute_units")),
+                                help="--dispatch-compute-units: the SMs / CUs the dispatch and combine kernels hold "
+                                     "while they run (DeepEP's num_sms); compute overlapped with them runs on the "
+                                     "rest. Empty: the cluster profile's (deepep 20 on NVIDIA)")
+    return None if units is None else int(units)
+
+
 RECIPE_LABELS = {"": "the stack's", "delayed": "delayed", "current": "current"}
 
 
@@ -204,6 +218,7 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     experts = _has_experts(model, model_config)
     fidelity["dispatch"] = _dispatch(f[3], experts, cluster, fidelity)
     fidelity["dispatch_fp8"] = _dispatch_fp8(f[3], experts, knobs["dtype"], fidelity)
+    fidelity["dispatch_compute_units"] = _dispatch_units(f[3], experts, fidelity)
     fidelity["fp8_recipe"] = _fp8_recipe(f[2], knobs["dtype"], fidelity)
     fidelity["zero3_gather"] = _zero3_gather(f[1], int(knobs.get("zero", 1)), fidelity)
     fidelity["fp8_params"] = _overlap(

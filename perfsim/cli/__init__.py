@@ -110,6 +110,10 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dispatch", default=None,
                    help="MoE dispatch/combine implementation: alltoall (default: RCCL/NCCL all-to-all) or one of the "
                         "cluster profile's [dispatch] tables (deepep, deepep-ll on NVIDIA; rccl, mori on AMD)")
+    p.add_argument("--dispatch-compute-units", type=a.integer(0, 1 << 20), default=None, metavar="N",
+                   help="SMs / CUs the dispatch and combine kernels hold while they run (DeepEP's num_sms, Megatron's "
+                        "--moe-deepep-num-sms): compute overlapped with them (--ep-comm-overlap) runs on the rest; "
+                        "default: the cluster profile's (deepep 20 on NVIDIA)")
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="FP8 dispatch (needs --dtype fp8): tokens go to their experts as FP8 plus one FP32 scale per "
                         "128 values, as DeepEP and DeepSeek-V3 do; the combine stays BF16")
@@ -143,6 +147,7 @@ def _plan_knobs(args) -> dict:
         knobs["tp_comm_overlap"] = True
     knobs["stack"] = args.stack
     knobs["dispatch"] = args.dispatch
+    knobs["dispatch_compute_units"] = args.dispatch_compute_units
     knobs["fp8_recipe"] = args.fp8_recipe
     knobs["zero3_gather"] = args.zero3_gather
     knobs["first_stage_layers"], knobs["last_stage_layers"] = args.first_stage_layers, args.last_stage_layers
@@ -361,6 +366,7 @@ RUNS_UNUSED = {
 
 # simulate's options that only an MoE model reads
 MOE_ONLY = {"--capacity-factor": "capacity_factor", "--dispatch": "dispatch", "--dispatch-fp8": "dispatch_fp8",
+            "--dispatch-compute-units": "dispatch_compute_units",
             "--ep-comm-overlap": "ep_comm_overlap", "--routing-histogram": "routing_histogram",
             "--expert-placement": "expert_placement"}
 
@@ -368,7 +374,8 @@ MOE_ONLY = {"--capacity-factor": "capacity_factor", "--dispatch": "dispatch", "-
 def _unused(args, flags: dict[str, str], why: str) -> None:
     """One line (exit 2) for an option the chosen mode would otherwise silently ignore."""
     for flag, dest in flags.items():
-        if getattr(args, dest) not in (None, False, []):
+        value = getattr(args, dest)
+        if not (value is None or value is False or value == []):  # 0 is a value given
             raise ConfigError(f"{flag}: {why}")
 
 

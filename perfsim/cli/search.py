@@ -81,6 +81,9 @@ def add_command(sub) -> None:
     p.add_argument("--no-clip-grad", action="store_true", help="every plan: no gradient clipping (as simulate --no-clip-grad)")
     p.add_argument("--real-data", action="store_true",
                    help="every plan: real data through the stack's input pipeline (as simulate --real-data)")
+    p.add_argument("--dispatch-compute-units", type=a.integer(0, 1 << 20), default=None, metavar="N",
+                   help="every MoE plan: the SMs / CUs its dispatch kernels hold (as simulate --dispatch-compute-units; "
+                        "default: the cluster profile's)")
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="every MoE plan: FP8 dispatch (needs --dtype fp8; as simulate --dispatch-fp8)")
     weights = p.add_mutually_exclusive_group()
@@ -172,6 +175,7 @@ def run(args) -> int:
         raise ConfigError(f"--fp8-recipe: an FP8 scaling recipe needs --dtype fp8 (got {args.dtype})")
     knobs = a.switch_knobs(args) | ({"fp8_recipe": args.fp8_recipe} if args.fp8_recipe else {})
     knobs |= {"zero3_gather": args.zero3_gather} if args.zero3_gather else {}
+    knobs |= {} if args.dispatch_compute_units is None else {"dispatch_compute_units": args.dispatch_compute_units}
     counts = gpu_counts(args.gpus)
     fixed, limits = _constraints(args)
     if args.csv:

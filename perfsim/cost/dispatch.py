@@ -165,12 +165,19 @@ def check_impl(cluster: ClusterSpec, impl: str) -> None:
                           f"(known: {', '.join(implementations(cluster))})")
 
 
-def held_share(cluster: ClusterSpec, impl: str) -> float:
+def held_share(cluster: ClusterSpec, impl: str, units: int | None = None) -> float:
     """Share of the GPU's compute units the dispatch and combine kernels of ``impl`` hold
-    while they run (``DispatchSpec.compute_units``; the library's all-to-all: the profile's
-    ``rccl`` / ``nccl`` entry, 0 without one): compute overlapped with them runs on the rest."""
-    spec = alltoall.dispatch_spec(cluster, None) if impl == LIBRARY else cluster.dispatch.get(impl)
-    return 0.0 if spec is None else spec.compute_units / cluster.gpu.num_compute_units
+    while they run: ``units`` (the plan's ``dispatch_compute_units``) or the profile's
+    ``DispatchSpec.compute_units`` (the library's all-to-all: the ``rccl`` / ``nccl`` entry,
+    0 without one). Compute overlapped with them runs on the rest."""
+    total = cluster.gpu.num_compute_units
+    if units is None:
+        spec = alltoall.dispatch_spec(cluster, None) if impl == LIBRARY else cluster.dispatch.get(impl)
+        units = 0 if spec is None else spec.compute_units
+    elif units >= total:
+        raise ConfigError(f"plan.dispatch_compute_units must be below the {cluster.gpu.name} GPU's {total} compute "
+                          f"units, got {units}")
+    return units / total
 
 
 def step_cost(size_bytes: float, token_bytes: float, topk: int, num_experts: int, shape: GroupShape,

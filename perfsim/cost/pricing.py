@@ -44,7 +44,7 @@ def price(graph: OpGraph, cluster: ClusterSpec, slowdowns: list[float] | None = 
     shapes = group_shapes(graph.plan, cluster.gpus_per_node)
     strides = {k: stride for k, (_, stride) in group_strides(graph.plan).items()}
     cache = {} if cache is None else cache
-    held = dispatch.held_share(cluster, graph.plan.dispatch)
+    held = dispatch.held_share(cluster, graph.plan.dispatch, graph.plan.dispatch_compute_units)
     for op in graph.ops:
         key = _key(op)
         if key not in cache:

@@ -58,7 +58,7 @@ accumulate_allreduce_grads_in_fp32 bf16_main_grads wandb_project wandb_exp_name 
 log_throughput log_timers_to_tensorboard disable_bias_linear swiglu normalization untie_embeddings_and_output_weights
 position_embedding_type rotary_base max_position_embeddings make_vocab_size_divisible_by num_layers hidden_size
 ffn_hidden_size num_attention_heads num_query_groups group_query_attention kv_channels num_experts
-moe_ffn_hidden_size moe_router_topk moe_shared_expert_intermediate_size moe_grouped_gemm moe_token_dispatcher_type
+moe_ffn_hidden_size moe_router_topk moe_shared_expert_intermediate_size moe_grouped_gemm
 moe_router_load_balancing_type moe_aux_loss_coeff moe_router_dtype moe_router_force_load_balancing
 moe_layer_freq moe_permute_fusion moe_router_pre_softmax q_lora_rank kv_lora_rank qk_head_dim qk_pos_emb_head_dim
 v_head_dim multi_latent_attention hidden_dropout attention_dropout exit_interval exit_duration_in_mins
@@ -66,6 +66,11 @@ manual_gc manual_gc_interval ckpt_format dataloader_type num_workers mock_data
 """.split())
 # Megatron-LM's switches that count the embedding / the loss as a pipeline layer
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "embedding", "account_for_loss_in_pipeline_split": "loss"}
+# Megatron-LM's MoE token dispatchers (--moe-token-dispatcher-type): alltoall is the collective
+# library's all-to-all, flex runs the --moe-flex-dispatcher-backend (default deepep; the deprecated
+# --moe-enable-deepep names it too) with --moe-deepep-num-sms SMs; allgather is not modelled
+DISPATCHERS = ("allgather", "alltoall", "flex")
+DISPATCH_FLAGS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_enable_deepep", "moe_deepep_num_sms")
 # Megatron-LM --fp8-recipe -> plan.fp8_recipe (the others are in NOT_MODELLED)
 MEGATRON_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current"}
 # Known flags with a step-time effect perfsim cannot represent: reported (with why), not used.
@@ -173,7 +178,7 @@ def from_mapping(args: dict) -> MegatronPlan:
     vpp_layers, method, recompute_num = None, None, None
     zero_bubble, v_schedule, mem_setup = False, False, "half"
     fp8_only = {}  # Megatron flag -> (plan knob, value): knobs that apply only to an FP8 run
-    account = []
+    account, dispatching = [], {}
     for raw, value in args.items():
         name = raw.replace("-", "_")
         if value is None or value is False:
@@ -233,6 +238,8 @@ def from_mapping(args: dict) -> MegatronPlan:
             knobs["grad_bucket_bytes"] = 2 * _int(name, value)  # elements of bf16 gradients
         elif name == "clip_grad":  # Megatron clips at 1.0 by default; 0 turns clipping off
             knobs["clip_grad"] = _finite(name, value) > 0
+        elif name in DISPATCH_FLAGS:
+            dispatching[name] = value
         elif name == "moe_expert_capacity_factor":
             overrides["capacity_factor"] = _finite(name, value)
         elif name in NOT_MODELLED:
@@ -241,6 +248,7 @@ def from_mapping(args: dict) -> MegatronPlan:
             ignored.append(name)
         else:
             unknown.append(name)
+    _dispatcher(dispatching, knobs, ignored, not_modelled)
     if v_schedule:  # the V-shape schedules: two chunks per stage (Primus sets vpp 2 itself)
         knobs["schedule"], knobs["vpp"] = V_MEM_SETUP[mem_setup], 2
     elif zero_bubble:
@@ -266,6 +274,34 @@ def from_mapping(args: dict) -> MegatronPlan:
     return MegatronPlan(knobs=knobs, model_overrides=overrides, layers_per_virtual_stage=vpp_layers,
                         ignored=tuple(sorted(ignored)), not_modelled=tuple(not_modelled), unknown=tuple(unknown),
                         account_for=tuple(sorted(account)))
+
+
+def _dispatcher(flags: dict, knobs: dict, ignored: list, not_modelled: list) -> None:
+    """Megatron's dispatcher flags -> plan.dispatch (and dispatch_compute_units): alltoall,
+    or flex with the DeepEP backend ("deepep", at --moe-deepep-num-sms SMs)."""
+    kind = str(flags.get("moe_token_dispatcher_type", ""))
+    if kind and kind not in DISPATCHERS:
+        raise ConfigError(f"--moe-token-dispatcher-type: expected {', '.join(DISPATCHERS)}, got {kind!r}")
+    if "moe_enable_deepep" in flags and _truthy(flags["moe_enable_deepep"]):
+        kind = "flex"  # Megatron-Core rewrites the deprecated switch to the flex dispatcher's DeepEP backend
+    backend = str(flags.get("moe_flex_dispatcher_backend", "deepep"))
+    sms = flags.get("moe_deepep_num_sms")
+    if kind == "flex" and backend == "deepep":
+        knobs["dispatch"] = "deepep"
+        if sms is not None:
+            knobs["dispatch_compute_units"] = _int("moe_deepep_num_sms", sms)
+        return
+    if kind == "flex":
+        not_modelled.append(("moe_flex_dispatcher_backend", f"the {backend} backend is not modelled (perfsim prices "
+                                                            "the flex dispatcher's DeepEP backend); priced as the "
+                                                            "all-to-all"))
+    elif kind == "allgather":
+        not_modelled.append(("moe_token_dispatcher_type", "the allgather dispatcher is not modelled; priced as the "
+                                                          "all-to-all"))
+    if kind:
+        knobs["dispatch"] = "alltoall"
+    ignored += [name for name in DISPATCH_FLAGS if name in flags and name != "moe_token_dispatcher_type"
+                and not (name == "moe_flex_dispatcher_backend" and kind == "flex")]
 
 
 def parse_args(text: str) -> dict:

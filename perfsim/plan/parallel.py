@@ -156,6 +156,10 @@ class ParallelPlan:
     # experts as FP8 with one FP32 scale per 128 values (and so do the gradients that flow
     # back into the experts); the combine direction stays BF16. Needs dtype fp8.
     dispatch_fp8: bool = False
+    # compute units (SMs / CUs) the dispatch and combine kernels hold while they run (DeepEP's
+    # num_sms, Megatron-Core's --moe-deepep-num-sms); None = the cluster profile's
+    # ([dispatch.<name>] compute_units). Compute overlapped with them runs on the rest.
+    dispatch_compute_units: int | None = None
     # gradient clipping by global norm (Megatron --clip-grad, default 1.0; MaxText / optax
     # clip_by_global_norm): the norm reads the local fp32 main-gradient shard, a scalar
     # all-reduce sums it over the data-parallel ranks (ZeRO shards), and the gradients are
@@ -197,6 +201,10 @@ class ParallelPlan:
         share = self.comm_compute_interference
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
             raise ConfigError(f"plan.comm_compute_interference must be in [0, 1), got {share!r}")
+        units = self.dispatch_compute_units
+        if units is not None and (isinstance(units, bool) or not isinstance(units, int) or units < 0):
+            raise ConfigError(f"plan.dispatch_compute_units must be a whole number >= 0 (or unset: the cluster "
+                              f"profile's), got {units!r}")
         if not isinstance(self.dispatch, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", self.dispatch):
             raise ConfigError(f"plan.dispatch must be an implementation name such as alltoall, deepep or mori, "
                               f"got {self.dispatch!r}")
@@ -371,6 +379,7 @@ class ParallelPlan:
         parts += [f"stack-{self.stack.name}"] if self.stack.name != "ideal" else []
         parts += [f"dispatch-{self.dispatch}"] if self.dispatch != "alltoall" else []
         parts += ["dispatch-fp8"] if self.dispatch_fp8 else []
+        parts += [f"dispatch-cus{self.dispatch_compute_units}"] if self.dispatch_compute_units is not None else []
         parts += ["no-clip"] if not self.clip_grad else []
         parts += ["real-data"] if self.real_data else []
         parts += [f"fp8-{self.fp8_recipe}"] if self.fp8_recipe else []

@@ -33,6 +33,7 @@ from perfsim.search.space import AXES, DOMINATED, OOM, Chunk, Context, build_spa
 from perfsim.search.rank import Candidate, explain_infeasible, format_table, rank_rows
 
 STRING_KNOBS = {"fp8_recipe": FP8_RECIPES, "zero3_gather": ZERO3_GATHERS}  # plan_knobs that take a name
+COUNT_KNOBS = ("dispatch_compute_units",)  # plan_knobs that take a whole number >= 0
 
 log = logging.getLogger(__name__)
 OBJECTIVES = ("time", "cost")
@@ -192,8 +193,13 @@ def _plan_switches(knobs: dict | None, dtype: str) -> tuple[tuple[str, bool | st
             if value not in STRING_KNOBS[key]:
                 raise ConfigError(f"plan_knobs.{key}: expected one of {', '.join(STRING_KNOBS[key])}, got {value!r}")
             continue
+        if key in COUNT_KNOBS:  # the compute units a dispatch holds
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"plan_knobs.{key}: expected a whole number >= 0, got {value!r}")
+            continue
         if key not in PLAN_SWITCHES:
-            raise ConfigError(f"plan_knobs: unknown switch {key!r} (known: {', '.join(PLAN_SWITCHES + tuple(STRING_KNOBS))})")
+            known = ", ".join(PLAN_SWITCHES + tuple(STRING_KNOBS) + COUNT_KNOBS)
+            raise ConfigError(f"plan_knobs: unknown switch {key!r} (known: {known})")
         if not isinstance(value, bool):
             raise ConfigError(f"plan_knobs.{key}: expected true or false, got {value!r}")
     for key, why in FP8_ONLY.items():  # the plan's own rule, said before any plan is enumerated
@@ -280,7 +286,8 @@ def search(
     (default ideal). ``plan_knobs``: plan switches every plan carries, over the stack's
     defaults (``PLAN_SWITCHES``: overlap_grad_reduce, overlap_param_gather, clip_grad,
     dispatch_fp8, real_data; e.g. ``{"clip_grad": False}``; ``fp8_recipe``, delayed or
-    current, under dtype fp8; ``zero3_gather``, per-pass, once or pipeline). Raises
+    current, under dtype fp8; ``zero3_gather``, per-pass, once or pipeline;
+    ``dispatch_compute_units``, the SMs / CUs the dispatch kernels hold). Raises
     InfeasiblePlan naming the binding constraint when no plan is valid and fits,
     ConfigError for bad input.
     """
