@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from perfsim import api
 from perfsim.cli import main
 from perfsim.system.hardware import list_profiles
 from perfsim.model.io import list_models
@@ -96,6 +97,26 @@ def test_list_provenance_says_where_a_grouped_table_is_missing(capsys):
     assert bare["grouped_gemm"][0] == "assumed" and "one launch at the dense gemm table" in bare["grouped_gemm"][1]
     assert main(["list", "--provenance"]) == 0
     assert "one launch at the dense gemm table" in capsys.readouterr().out
+
+
+def test_list_provenance_shows_every_cluster_table_and_the_sms_deepep_holds(capsys):
+    """Per cluster: the cluster, node, fabric (and its fitted NIC ramp), collectives and
+    each MoE dispatch implementation, with its status; the compute units a dispatch holds
+    are said in its source."""
+    from perfsim.system.hardware import cluster_provenance
+
+    rows = {t: (status, source) for t, status, source in cluster_provenance(api.load_cluster("h100-ib"))}
+    assert list(rows) == ["cluster", "node", "fabric", "fabric.message", "collectives", "dispatch.deepep",
+                          "dispatch.deepep-ll"]
+    assert rows["cluster"][0] == rows["fabric"][0] == "assumed" and rows["fabric.message"][0] == "fitted"
+    assert rows["dispatch.deepep"][0] == "fitted" and "compute_units 20" in rows["dispatch.deepep"][1]
+    amd = {t: (status, source) for t, status, source in cluster_provenance(api.load_cluster("mi355x-pollara"))}
+    assert "compute_units 0" in amd["dispatch.mori"][1] and "assumed none held" in amd["dispatch.mori"][1]
+    assert main(["list", "--provenance"]) == 0
+    out = capsys.readouterr().out
+    for name in ("h100-ib", "h200-ib", "mi300x-pollara", "mi355x-pollara"):
+        assert f"\ncluster {name}:\n" in out
+    assert re.search(r"^  dispatch\.deepep +fitted +fitted by validation/dispatch_accuracy.py", out, re.M)
 
 
 def test_list_provenance_says_which_stack_values_are_fitted_sourced_or_assumed(capsys):

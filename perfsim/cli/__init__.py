@@ -514,8 +514,13 @@ def _cmd_list(args) -> int:
             print(f"\n{name}:")
             for table, status, source in table_provenance(load_gpu(name)):
                 print(f"  {table:<18} {status:<9} {source}")
+        from perfsim.system.hardware import cluster_provenance
         from perfsim.system.stacks import load_stack, stack_provenance
 
+        for name in list_profiles("cluster"):
+            print(f"\ncluster {name}:")
+            for table, status, source in cluster_provenance(api.load_cluster(name)):
+                print(f"  {table:<18} {status:<9} {source}")
         for name in list_stacks():
             print(f"\nstack {name}:")
             for table, status, source in stack_provenance(load_stack(name)):
@@ -570,7 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="list hardware profiles and model presets")
     lst.add_argument("--provenance", action="store_true",
                      help="per GPU: each kernel table, measured (fitted to its own data) or assumed/derived, and its "
-                          "source; per stack: each table, fitted (perfsim calibrate --runs), sourced or assumed")
+                          "source; per cluster: its node, fabric, collectives and dispatch tables, fitted, sourced or "
+                          "assumed; per stack: each table, fitted (perfsim calibrate --runs), sourced or assumed")
     lst.add_argument("--accuracy", action="store_true",
                      help="perfsim's own held-out figures: per stack (published runs), per GPU kernel table, per "
                           "cluster's collectives, and after a one-run calibration (docs/accuracy.md)")

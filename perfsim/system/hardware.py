@@ -526,3 +526,26 @@ def write_cluster(cluster: ClusterSpec, path: str | Path, overwrite: bool = Fals
     data = to_dict(cluster)
     check_finite_output(data, "out")  # a NaN or inf profile would not load back
     return write_atomic(path, tomli_w.dumps(data), "out")
+
+
+def cluster_provenance(cluster: ClusterSpec) -> list[tuple[str, str, str]]:
+    """(table, 'measured' | 'fitted' | 'derived' | 'assumed' | 'sourced', source) for every
+    table of a cluster profile: the cluster, its node's links, the fabric and its NIC
+    ramp, the collective library's tuning, each MoE dispatch implementation."""
+    rows = [("cluster", cluster.source), ("node", cluster.node.source), ("fabric", cluster.fabric.source)]
+    if cluster.fabric.message_source:
+        rows.append(("fabric.message", cluster.fabric.message_source))
+    rows.append(("collectives", cluster.collectives.source))
+    rows += [(f"dispatch.{name}", spec.source) for name, spec in sorted(cluster.dispatch.items())]
+    return [(table, _cluster_status(source), source) for table, source in rows]
+
+
+def _cluster_status(source: str) -> str:
+    """The source's own first word where it names one, else 'fitted' where it says a
+    validation script fitted a value, else 'sourced' (read from a named document)."""
+    low = source.strip().lower()
+    for word in ("assumed", "derived", "measured", "fitted"):
+        if low.startswith(word):
+            return word
+    return "fitted" if "fitted by" in low else "sourced"
+
