@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from perfsim.cli import main
-from perfsim.design.runs import METRICS, RunsValidation, predict, read_all, read_runs, validate_runs
+from perfsim.design.runs import METRICS, RunsValidation, predict, read_all, read_runs, unstated_routing, validate_runs
 from perfsim.design.runs_fit import BOUNDS, fit_stack, held_out_by_stack, leave_one_out
 from perfsim.errors import ConfigError
 from perfsim.system.stacks import load_stack
@@ -757,7 +757,7 @@ def test_overlap_switches_are_read_as_stated_and_the_pipeline_rows_state_them_of
 
     assert step(dict(case.knobs)) > step(on)  # the dp gradient reduction is exposed, as the run had it
     path = tmp_path / "runs.csv"
-    path.write_text(RUNS.read_text().replace(",false,false,,,tokens_per_s", ",no,maybe,,,tokens_per_s", 1))
+    path.write_text(RUNS.read_text().replace(",false,false,,,,tokens_per_s", ",no,maybe,,,,tokens_per_s", 1))
     with pytest.raises(ConfigError, match="overlap_param_gather: expected true or false, got 'maybe'"):
         read_runs(path)
 
@@ -806,3 +806,35 @@ def test_cli_validate_runs_shows_peaks_against_the_printed_ones_and_runs_that_wo
     assert main(["validate", "--runs", str(path), "--html", str(html_path)]) == 0
     page = html_path.read_text()
     assert "1 of 2 runs predicted not to fit" in page and f"({printed:.1f}, -20%)" in page
+
+
+def _megatron_flops_per_token(seq: int, vocab: int = 152_064) -> float:
+    """Megatron-LM's num_floating_point_operations per token for Qwen3-235B-A22B (hidden 4096,
+    94 layers, 64 query and 4 KV heads of 128, 128 experts of 1536, top-8, SwiGLU): causal core
+    attention halved, logits over the padded vocabulary."""
+    h, q, kv = 4096, 64 * 128, 4 * 128
+    attention = 6 * (h * (q + 2 * kv) + q * seq / 2 * 2 + q * h)
+    experts = 12 * h * 1536 * 8 * 1.5
+    return 94 * (attention + experts) + 6 * h * vocab
+
+
+def test_the_modelzoo_long_context_rows_are_its_tflops_at_megatrons_own_flop_count():
+    """The ModelZoo's long-context table prints model TFLOPS/GPU; the runs are tokens/s/GPU at
+    Megatron-LM's FLOPs per token, the count that reproduces the page's own 4096-token rows
+    (step time -> TFLOPS as printed). Forced-balance rows state uniform routing; dropless ones
+    leave it unstated (real data: perfsim's routing note names them)."""
+    for step, printed in ((19.7, 245), (17.6, 276), (29.0, 167), (24.2, 200)):
+        tokens = 2048 * 4096 / step / 256
+        assert tokens * _megatron_flops_per_token(4096, 151_936) / 1e12 == pytest.approx(printed, abs=1.5)
+    cases = {c.id: c for c in read_runs(RUNS) if "-LC" in c.id}
+    tflops = {16: (295, 237), 32: (335, 277), 64: (368, 320), 128: (389, 357)}
+    assert len(cases) == 8
+    for k, (balanced, dropless) in tflops.items():
+        seq = k * 1024
+        for tag, printed in (("FB", balanced), ("DL", dropless)):
+            case = cases[f"MZ-Q235-H100-LC{k}K-{tag}"]
+            assert dict(case.knobs)["seq"] == seq and dict(case.knobs)["cp"] == seq // 16384
+            assert case.measured == pytest.approx(printed * 1e12 / _megatron_flops_per_token(seq), abs=0.06)
+            assert (case.routing is not None) == (tag == "FB")
+    unstated = set(unstated_routing(cases.values()))
+    assert unstated == {i for i in cases if i.endswith("-DL")}

@@ -629,7 +629,10 @@ def section() -> str:
         "cost of overlapping DeepEP); both estimators run that compute on the SMs left while an overlapped "
         "all-to-all is in flight, and the closed form reports it as `comm_interference`. It touches only runs "
         "with the all-to-all overlap on a dispatch that holds compute units (DeepEP on H100: MZ-Q235-H100-02 and "
-        "-05): +25.5 -> +18.1% and +9.6 -> +3.2% held out.",
+        "-05): +25.5 -> +18.1% and +9.6 -> +3.2% held out. Then the ModelZoo page's long-context table joined its "
+        "source as it came out (8 runs: Qwen3-235B-A22B at seq 16K-128K, TP4 with CP 1-8, forced-balance and "
+        "dropless routing; model TFLOPS converted to tokens/s by Megatron-LM's own FLOP count, which reproduces the "
+        "page's 4096-token rows): forced balance -11.1 to -0.7%, dropless +8.0 to +10.6%.",
         "",
         *_summary(held, shipped),
         "",
