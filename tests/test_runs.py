@@ -838,3 +838,19 @@ def test_the_modelzoo_long_context_rows_are_its_tflops_at_megatrons_own_flop_cou
             assert (case.routing is not None) == (tag == "FB")
     unstated = set(unstated_routing(cases.values()))
     assert unstated == {i for i in cases if i.endswith("-DL")}
+
+
+def test_routing_pairs_are_the_runs_alike_but_in_routing():
+    """The docs' routing-imbalance table pairs each forced-balance run (routing stated
+    uniform) with the dropless run on real data that is otherwise the same; a run whose
+    plan differs (another seq) is never its pair."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))  # the repository's validation package, as the other validation tests do
+    from validation.accuracy_runs import routing_pairs
+
+    pairs = routing_pairs(read_runs(RUNS))
+    assert sorted((fb.id, dl.id) for fb, dl in pairs) == sorted(
+        (f"MZ-Q235-H100-LC{k}K-FB", f"MZ-Q235-H100-LC{k}K-DL") for k in (16, 32, 64, 128))
+    for fb, dl in pairs:
+        assert fb.knobs == dl.knobs and fb.routing.distribution == "uniform" and dl.routing is None
