@@ -63,6 +63,11 @@ CLI_CASES = [
     _c("cli.moe", f"{MOE} --expert-placement -1", mention="expert-placement"),
     _c("cli.moe", f"{MOE} --routing-histogram {{histogram_binary_json}}", mention="histogram_binary.json"),
     _c("cli.moe", f"{MOE} --routing-histogram {{histogram_nan_json}}", mention="histogram"),
+    _c("cli.moe", f"{MOE} --dispatch-compute-units -1", mention="dispatch-compute-units"),
+    _c("cli.moe", f"{MOE} --dispatch-compute-units nan", mention="dispatch-compute-units"),
+    _c("cli.moe", f"{MOE} --dispatch-compute-units 99999999999999999999", mention="dispatch-compute-units"),
+    _c("cli.moe", f"{MOE} --dispatch-compute-units 304", mention="dispatch_compute_units"),
+    _c("cli.moe", f"{MOE} --dispatch-compute-units 32", "ok"),
     _c("cli.moe", f"{MOE} --routing zipf:1.2 --seed 7", "ok"),
     _c("cli.moe", f"{MOE} --routing dirichlet:0.5 --capacity-factor 1.25", "ok"),
     # files given as --model / --cluster

@@ -20,14 +20,15 @@ ANY_VALUE = st.one_of(JSON_VALUES, EDGE_FLOATS, st.just(object()))
 
 SIM_FLAGS = ("--tp", "--pp", "--vpp", "--dp", "--ep", "--etp", "--cp", "--zero", "--mbs", "--gbs", "--seq",
              "--nodes", "--gpus", "--seed", "--capacity-factor", "--gpu-variability", "--overlap-cu-share",
-             "--routing-skew", "--routing-concentration", "--grad-bucket-size")
+             "--routing-skew", "--routing-concentration", "--grad-bucket-size", "--dispatch-compute-units")
 SIM_CHOICES = {"--dtype": ["bf16", "fp8", "fp32", ""], "--recompute": ["none", "full", "x"],
                "--schedule": ["1f1b", "gpipe", "interleaved", "zb-h1", "?"],
                "--fp8-recipe": ["delayed", "current", "mxfp8", ""],
                "--first-stage-layers": ["1", "0", "40", "-1", "x"],
                "--routing": ["uniform", "zipf", "zipf:1.5", "zipf:nan", "dirichlet:0.3", "dirichlet:-1", "nope"],
                "--model": ["llama3.1-8b", "olmoe-1b-7b", "mixtral-8x7b", "nope"],
-               "--cluster": ["mi300x-pollara", "h100-ib", "nope"]}
+               "--cluster": ["mi300x-pollara", "h100-ib", "nope"],
+               "--dispatch": ["alltoall", "deepep", "mori", "nope"]}
 
 
 @st.composite
@@ -47,7 +48,8 @@ def simulate_argv(draw) -> list[str]:
 MEGATRON_FLAGS = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "micro-batch-size",
                   "global-batch-size", "seq-length", "moe-expert-capacity-factor", "ddp-bucket-size",
                   "num-layers-per-virtual-pipeline-stage", "context-parallel-size", "expert-model-parallel-size",
-                  "fp8-recipe", "account-for-loss-in-pipeline-split", "fp8-param-gather")
+                  "fp8-recipe", "account-for-loss-in-pipeline-split", "fp8-param-gather",
+                  "moe-token-dispatcher-type", "moe-deepep-num-sms")
 
 
 @st.composite
