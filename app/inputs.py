@@ -41,6 +41,8 @@ DEFAULT = {
         "tp_comm_overlap": None, "ep_comm_overlap": None, "overlap_grad_reduce": None, "overlap_param_gather": None, "overlap_cu_share": 0.0, "dma_offload": False,
         "grad_bucket_mb": 80.0, "capacity_factor": None, "gpu_variability": 0.0, "variability_seed": 0,
         "first_stage_layers": 0, "last_stage_layers": 0, "recompute_layers": 0,
+        # Megatron's account-for-embedding/loss-in-pipeline-split: the ends take a layer slot
+        "account_for_embedding": False, "account_for_loss": False,
         # --recompute-modules: what selective recompute re-runs (Megatron's); used under recompute selective / auto
         "recompute_modules": ["core_attn"],
         # MoE dispatch/combine implementation (--dispatch): alltoall or one of the cluster's [dispatch.<name>]
@@ -164,6 +166,7 @@ def fidelity_knobs(inputs: dict) -> dict:
             "comm_compute_interference": float(f["overlap_cu_share"]), "dma_offload": bool(f["dma_offload"]),
             "grad_bucket_bytes": int(float(f["grad_bucket_mb"]) * 1e6),
             "first_stage_layers": int(f["first_stage_layers"]), "last_stage_layers": int(f["last_stage_layers"]),
+            "account_for_embedding": bool(f["account_for_embedding"]), "account_for_loss": bool(f["account_for_loss"]),
             "recompute_layers": int(f["recompute_layers"]), "clip_grad": bool(f["clip_grad"]),
             "real_data": bool(f["real_data"]), "zero3_gather": zero3_gather_choice(inputs),
             **recompute_modules_choice(inputs), **fp8_params_choice(inputs)}

@@ -2,13 +2,18 @@
 and last stage hold a set number of layers, the others split the rest evenly; both
 estimators, the memory model and the CLI follow."""
 
+import dataclasses
+import json
+
 import pytest
 
 import perfsim
+from perfsim import api
 from perfsim.cli import main
 from perfsim.errors import ConfigError
 from perfsim.lowering.graph import build_graph
 from perfsim.lowering.memory import plan_memory
+from perfsim.plan.parallel import ParallelPlan, check_plan
 from perfsim.plan.sharding import stage_layer_ids
 
 MODEL = perfsim.load_model("llama3.1-8b")  # 32 layers
@@ -98,20 +103,50 @@ def test_interleaved_uneven_stages_agree_in_both_estimators(cluster):
 def test_megatron_accounting_of_embedding_and_loss_sets_the_end_virtual_stages():
     """Megatron's --account-for-embedding/loss-in-pipeline-split split layers + embedding +
     loss evenly, so the first and last virtual stages hold one layer fewer: Llama-3.1-405B's
-    126 layers over PP 8 x VP 8 -> 1 + 62 x 2 + 1."""
+    126 layers over PP 8 x VP 8 -> 1 + 62 x 2 + 1; with one slot per virtual stage the first
+    and last hold none (the embedding alone, the loss alone)."""
     from perfsim.plan import megatron
+    from perfsim.plan.sharding import chunk_layers
 
     plan = megatron.from_args("--pipeline-model-parallel-size 8 --virtual-pipeline-model-parallel-size 8 "
                               "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split")
     knobs = plan.knobs_for(126)
-    assert (knobs["first_stage_layers"], knobs["last_stage_layers"]) == (1, 1)
+    assert knobs["account_for_embedding"] and knobs["account_for_loss"] and "first_stage_layers" not in knobs
     assert not plan.not_modelled
-    with pytest.raises(ConfigError, match="account-for"):
-        plan.knobs_for(32)
+    model = api.load_model("llama3.1-405b")
+    parallel = ParallelPlan(tp=8, pp=8, vpp=8, dp=1, mbs=1, gbs=64, seq=4096, schedule="interleaved",
+                            account_for_embedding=True, account_for_loss=True)
+    counts = [len(chunk_layers(model, parallel, s, c)) for c in range(8) for s in range(8)]
+    assert counts == [1] + [2] * 62 + [1]
+    with pytest.raises(ConfigError, match="the model's 32 layers \\+ the embedding and loss \\(2\\) must split evenly"):
+        check_plan(dataclasses.replace(parallel, tp=1, dp=8), api.load_model("llama3.1-8b"), 64)
     explicit = megatron.from_args("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 6 "
                                   "--account-for-loss-in-pipeline-split")
-    assert "last_stage_layers" not in explicit.knobs_for(32)
+    assert "account_for_loss" not in explicit.knobs_for(32)
     assert "account_for_loss_in_pipeline_split" in dict(explicit.not_modelled)
+
+
+def test_a_virtual_stage_may_hold_the_embedding_or_the_loss_alone_in_both_estimators():
+    """Qwen3-30B-A3B's 48 layers + embedding + loss over PP 2 x VP 25: one slot each, so the
+    first virtual stage holds only the embedding and the last only the loss (Megatron's
+    account-for flags on a deep virtual pipeline, the ModelZoo's A2A plan); the closed form
+    agrees with the engine, and the plan says so in its label."""
+    from perfsim.plan.sharding import chunk_layers
+
+    knobs = dict(model="qwen3-30b-a3b", cluster="h100-ib", nodes=2, tp=1, pp=2, vpp=25, ep=8, mbs=1, gbs=16, seq=2048,
+                 schedule="interleaved", account_for_embedding=True, account_for_loss=True, check_memory=False)
+    closed, engine = api.simulate(estimator="analytic", **knobs), api.simulate(estimator="des", **knobs)
+    assert closed.step_time_s == pytest.approx(engine.step_time_s, rel=0.01)
+    plan = ParallelPlan(tp=1, pp=2, vpp=25, dp=8, ep=8, mbs=1, gbs=16, seq=2048, schedule="interleaved",
+                        account_for_embedding=True, account_for_loss=True)
+    model = api.load_model("qwen3-30b-a3b")
+    assert len(chunk_layers(model, plan, 0, 0)) == 0 and len(chunk_layers(model, plan, 1, 24)) == 0
+    assert sum(len(chunk_layers(model, plan, s, c)) for s in range(2) for c in range(25)) == 48
+    assert "account-embedding+loss" in plan.describe()
+    for bad, match in ((dict(first_stage_layers=1), "both set the pipeline split"),
+                       (dict(pp=1, vpp=1, dp=16), "need pp > 1")):
+        with pytest.raises(ConfigError, match=match):
+            dataclasses.replace(plan, **bad)
 
 
 def test_cli_flags(capsys):
@@ -155,3 +190,47 @@ def test_an_even_split_that_does_not_divide_points_at_the_uneven_one():
     r = perfsim.simulate("llama3.1-405b", "h100-ib", nodes=4, tp=8, pp=4, gbs=16, seq=8192, estimator="analytic",
                          check_memory=False, first_stage_layers=30, last_stage_layers=30)
     assert r.step_time_s > 0 and r.plan["first_stage_layers"] == 30
+
+
+def test_account_for_flags_from_the_cli_the_runs_csv_and_the_planner(tmp_path, capsys):
+    """--account-for-embedding / --account-for-loss reach the plan; a runs CSV states them;
+    the planner's toggles price the plan with them."""
+    argv = ["simulate", "--model", "qwen3-30b-a3b", "--cluster", "h100-ib", "--nodes", "2", "--pp", "2", "--vpp", "25",
+            "--schedule", "interleaved", "--ep", "8", "--gbs", "16", "--seq", "2048", "--engine", "analytic", "--json"]
+    assert main(argv + ["--account-for-embedding", "--account-for-loss"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["plan"]["account_for_embedding"] is True and report["plan"]["account_for_loss"] is True
+    assert main(argv) == 2  # 48 layers over 50 virtual stages: refused, one line
+    assert "plan.pp*vpp (2*25) must divide the model's layers (48)" in capsys.readouterr().err
+    from perfsim.design.runs import read_runs
+
+    path = tmp_path / "runs.csv"
+    path.write_text("id,source_id,source,stack,model,cluster,nodes,pp,vpp,schedule,ep,mbs,gbs,seq,account_for_embedding,"
+                    "account_for_loss,metric,measured\nr1,s,x,ideal,qwen3-30b-a3b,h100-ib,2,2,25,interleaved,8,1,16,2048,"
+                    "true,true,step_time_s,1.0\n")
+    knobs = dict(read_runs(path)[0].knobs)
+    assert knobs["account_for_embedding"] is True and knobs["account_for_loss"] is True
+
+
+def test_planner_toggles_reach_the_plan():
+    import sys
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "app"))
+    import inputs as planner_inputs
+
+    at = AppTest.from_file(str(root / "app" / "planner.py"), default_timeout=90)
+    at.session_state["inputs"] = planner_inputs.normalize(
+        {"estimator": "analytic", "model": "qwen3-30b-a3b", "cluster": "h100-ib", "nodes": 2,
+         "knobs": {"pp": 2, "vpp": 25, "dp": 0, "ep": 8, "gbs": 16, "seq": 2048, "schedule": "interleaved"}})
+    at.run()
+    at.toggle(key="w.account_for_embedding").set_value(True).run()
+    at.toggle(key="w.account_for_loss").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    inputs = at.session_state["inputs"]
+    assert inputs["fidelity"]["account_for_embedding"] and inputs["fidelity"]["account_for_loss"]
+    plan = planner_inputs.simulate(inputs).plan
+    assert plan["account_for_embedding"] is True and plan["account_for_loss"] is True

@@ -678,7 +678,10 @@ def section() -> str:
         "page's 4096-token rows): forced balance -11.1 to -0.7%, dropless +8.0 to +10.6%. Its pairs measure what "
         "dropless routing on real data costs, and `--routing dirichlet` at its default concentration (1, set in the "
         "first wave) reproduces each pair's ratio within 0.8% (the routing table below; concentrations 3 and 10, "
-        "also tried, give too little); the dropless runs stay priced uniform, their routing not stated.",
+        "also tried, give too little); the dropless runs stay priced uniform, their routing not stated. Megatron's "
+        "account-for-embedding/loss-in-pipeline-split became plan fields (a virtual stage may hold the embedding or "
+        "the loss alone), so the page's A2A row (PP32 VPP3) joined as MZ-Q235-H100-06, as it came out: +32.8%, "
+        "predicted not to fit (88.6 of 85.52 GB).",
         "",
         *_summary(held, shipped),
         "",

@@ -238,6 +238,13 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     fidelity["last_stage_layers"] = u[1].number_input(
         "Last-stage layers", min_value=0, step=1, key=common.seed("last_stage_layers", fidelity.get("last_stage_layers", 0)),
         help="--last-stage-layers (Megatron --decoder-last-pipeline-num-layers); 0 = an even split")
+    fidelity["account_for_embedding"] = u[0].toggle(
+        "Embedding takes a layer slot", key=common.seed("account_for_embedding", bool(fidelity.get("account_for_embedding"))),
+        help="--account-for-embedding (Megatron --account-for-embedding-in-pipeline-split): layers + slots split "
+             "evenly, the first virtual stage a layer short")
+    fidelity["account_for_loss"] = u[1].toggle(
+        "Loss takes a layer slot", key=common.seed("account_for_loss", bool(fidelity.get("account_for_loss"))),
+        help="--account-for-loss (Megatron --account-for-loss-in-pipeline-split): the last virtual stage a layer short")
     fidelity["recompute_layers"] = u[2].number_input(
         "Recompute layers per stage", min_value=0, step=1, key=common.seed("recompute_layers", fidelity.get("recompute_layers", 0)),
         help="--recompute-layers: only the first N layers of each stage chunk recompute (Megatron block method); 0 = all")

@@ -87,6 +87,13 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--last-stage-layers", type=a.integer(0, 1 << 20), default=None,
                    help="layers on the last pipeline stage (Megatron --decoder-last-pipeline-num-layers; with vpp > 1 "
                         "the last virtual stage: on the last stage when interleaved, on stage 0 under a V shape)")
+    p.add_argument("--account-for-embedding", action="store_true",
+                   help="the embedding takes a layer slot of the first (virtual) stage: layers + slots split evenly, "
+                        "that stage a layer short, none where each holds one (Megatron "
+                        "--account-for-embedding-in-pipeline-split; pp > 1; not with --first/--last-stage-layers)")
+    p.add_argument("--account-for-loss", action="store_true",
+                   help="the loss takes a layer slot of the last (virtual) stage (Megatron "
+                        "--account-for-loss-in-pipeline-split)")
     p.add_argument("--recompute-layers", type=a.integer(0, 1 << 20), default=None,
                    help="recompute only the first N layers of each pipeline stage chunk (Megatron --recompute-method "
                         "block --recompute-num-layers N; default every layer)")
@@ -152,6 +159,8 @@ def _plan_knobs(args) -> dict:
     knobs["zero3_gather"] = args.zero3_gather
     knobs["first_stage_layers"], knobs["last_stage_layers"] = args.first_stage_layers, args.last_stage_layers
     knobs["recompute_layers"] = args.recompute_layers
+    knobs["account_for_embedding"] = True if args.account_for_embedding else None
+    knobs["account_for_loss"] = True if args.account_for_loss else None
     knobs["recompute_modules"] = args.recompute_modules
     return {k: v for k, v in knobs.items() if v is not None}
 

@@ -25,7 +25,8 @@ def states_key(plan: ParallelPlan) -> tuple:
 def transient_key(plan: ParallelPlan) -> tuple:
     return (plan.tp, plan.cp, plan.mbs, plan.seq, plan.recompute, plan.selective_modules, plan.sequence_parallel,
             plan.pp, plan.vpp,
-            plan.schedule, plan.num_microbatches, plan.first_stage_layers, plan.last_stage_layers, plan.recompute_layers,
+            plan.schedule, plan.num_microbatches, plan.first_stage_layers, plan.last_stage_layers, plan.accounted,
+            plan.recompute_layers,
             plan.stack.memory, plan.keeps_fp8_inputs,
             plan.ep, plan.etp, plan.stack.moe.dispatch,  # the routed experts' share (memory.routed_share)
             plan.overlaps_ep_comm)  # its extra warmup forward (memory.in_flight_microbatches)

@@ -65,7 +65,8 @@ v_head_dim multi_latent_attention hidden_dropout attention_dropout exit_interval
 manual_gc manual_gc_interval ckpt_format dataloader_type num_workers mock_data
 """.split())
 # Megatron-LM's switches that count the embedding / the loss as a pipeline layer
-ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "embedding", "account_for_loss_in_pipeline_split": "loss"}
+ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "account_for_embedding",
+                 "account_for_loss_in_pipeline_split": "account_for_loss"}
 # Megatron-LM's MoE token dispatchers (--moe-token-dispatcher-type): alltoall is the collective
 # library's all-to-all, flex runs the --moe-flex-dispatcher-backend (default deepep; the deprecated
 # --moe-enable-deepep names it too) with --moe-deepep-num-sms SMs; allgather is not modelled
@@ -98,9 +99,6 @@ class MegatronPlan:
     ignored: tuple[str, ...] = ()
     not_modelled: tuple[tuple[str, str], ...] = ()
     unknown: tuple[str, ...] = ()
-    # --account-for-embedding/loss-in-pipeline-split: "embedding" / "loss" count as a layer of
-    # the first / last virtual stage, which then holds one layer fewer (knobs_for)
-    account_for: tuple[str, ...] = ()
 
     def knobs_for(self, num_layers: int) -> dict:
         """The knobs, with vpp derived from --num-layers-per-virtual-pipeline-stage for a
@@ -112,18 +110,6 @@ class MegatronPlan:
                 raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {per_stage}: {num_layers} layers do not "
                                   f"split into pp={pp} stages of chunks of {per_stage}")
             knobs["vpp"] = num_layers // (pp * per_stage)
-        if self.account_for:  # Megatron splits layers + embedding / loss evenly over the virtual stages
-            units = knobs.get("pp", 1) * knobs.get("vpp", 1)
-            total = num_layers + len(self.account_for)
-            flags = " and ".join(f"--account-for-{k}-in-pipeline-split" for k in self.account_for)
-            if total % units or total // units < 2:
-                raise ConfigError(f"{flags}: {num_layers} layers + {len(self.account_for)} do not split evenly into "
-                                  f"pp x vpp = {units} virtual stages of at least 2")
-            per = total // units
-            if "embedding" in self.account_for:
-                knobs["first_stage_layers"] = per - 1
-            if "loss" in self.account_for:
-                knobs["last_stage_layers"] = per - 1
         return knobs
 
     def notes(self) -> list[str]:
@@ -131,9 +117,6 @@ class MegatronPlan:
         used = " ".join(f"{k}={v}" for k, v in sorted({**self.knobs, **self.model_overrides}.items()))
         if self.layers_per_virtual_stage:
             used += f" vpp=layers/(pp*{self.layers_per_virtual_stage})"
-        for end, knob in (("embedding", "first"), ("loss", "last")):
-            if end in self.account_for:
-                used += f" {knob}_stage_layers=(layers+{len(self.account_for)})/(pp*vpp)-1"
         out = [f"mapped: {used or 'nothing'}"]
         out += [f"not modelled: --{_dash(k)} ({why})" for k, why in self.not_modelled]
         if self.unknown:
@@ -261,9 +244,9 @@ def from_mapping(args: dict) -> MegatronPlan:
     elif recompute_num is not None:
         not_modelled.append(("recompute_num_layers", NOT_MODELLED["recompute_num_layers"]))
     if account and ("first_stage_layers" in knobs or "last_stage_layers" in knobs):
-        not_modelled += [(f"account_for_{end}_in_pipeline_split", NOT_MODELLED[f"account_for_{end}_in_pipeline_split"])
-                         for end in account]
-        account = []
+        not_modelled += [(flag, NOT_MODELLED[flag]) for flag, knob in ACCOUNT_FLAGS.items() if knob in account]
+    else:  # the embedding / loss take a layer slot of the first / last virtual stage (plan.account_for_*)
+        knobs.update({knob: True for knob in account})
     if knobs.get("dtype") == "fp8":  # the FP8 recipe and FP8 weights matter only to an FP8 run
         knobs.update(fp8_only.values())
     else:
@@ -272,8 +255,7 @@ def from_mapping(args: dict) -> MegatronPlan:
     for knob, _ in BOOL_KNOBS.values():
         knobs.setdefault(knob, False)
     return MegatronPlan(knobs=knobs, model_overrides=overrides, layers_per_virtual_stage=vpp_layers,
-                        ignored=tuple(sorted(ignored)), not_modelled=tuple(not_modelled), unknown=tuple(unknown),
-                        account_for=tuple(sorted(account)))
+                        ignored=tuple(sorted(ignored)), not_modelled=tuple(not_modelled), unknown=tuple(unknown))
 
 
 def _dispatcher(flags: dict, knobs: dict, ignored: list, not_modelled: list) -> None:

@@ -140,6 +140,12 @@ class ParallelPlan:
     # first / last stage, the other stages splitting the rest evenly; 0 = an even split
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+    # Megatron's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split:
+    # the embedding (the loss) takes one layer slot of the first (last) virtual stage, the layers
+    # and those slots split evenly over pp x vpp, so that stage holds one layer fewer (none where
+    # each holds one). Not beside first_stage_layers / last_stage_layers.
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
     # recompute only the first N layers of each pipeline stage (each virtual chunk): Megatron's
     # --recompute-method block --recompute-num-layers N; 0 = every layer
     recompute_layers: int = 0
@@ -196,6 +202,16 @@ class ParallelPlan:
             if value and (self.pp < 2 or (self.vpp > 1 and self.schedule not in UNEVEN_CHUNKED)):
                 raise ConfigError(f"plan.{key} ({value}) needs pp > 1, and with vpp > 1 the interleaved or a V-shape "
                                   f"schedule (got {self.schedule})")
+        for key in ("account_for_embedding", "account_for_loss"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"plan.{key} must be true or false, got {getattr(self, key)!r}")
+        if any(self.accounted):
+            if self.first_stage_layers or self.last_stage_layers:
+                raise ConfigError("plan.account_for_embedding/account_for_loss and first_stage_layers/last_stage_layers "
+                                  "both set the pipeline split: use one")
+            if self.pp < 2 or (self.vpp > 1 and self.schedule not in UNEVEN_CHUNKED):
+                raise ConfigError(f"plan.account_for_embedding/account_for_loss need pp > 1, and with vpp > 1 the "
+                                  f"interleaved or a V-shape schedule (got pp {self.pp}, {self.schedule})")
         if isinstance(self.grad_bucket_bytes, bool) or not isinstance(self.grad_bucket_bytes, int) or self.grad_bucket_bytes < 1:
             raise ConfigError(f"plan.grad_bucket_bytes must be a positive integer, got {self.grad_bucket_bytes!r}")
         share = self.comm_compute_interference
@@ -265,6 +281,11 @@ class ParallelPlan:
             raise ConfigError(f"plan.ep_comm_overlap {why}")
         if self.seq % self.cp or (self.cp > 1 and (self.seq // self.cp) % 2):
             raise ConfigError(f"plan.seq ({self.seq}) must be divisible by 2*cp ({2 * self.cp})")
+
+    @property
+    def accounted(self) -> tuple[bool, bool]:
+        """(embedding, loss): the ends that take a layer slot of the pipeline split."""
+        return self.account_for_embedding, self.account_for_loss
 
     @property
     def overlaps_ep_comm(self) -> bool:
@@ -376,6 +397,8 @@ class ParallelPlan:
         parts += ["zero3-gather-once"] if self.keeps_weights_gathered else []
         parts += [f"first{self.first_stage_layers}"] if self.first_stage_layers else []
         parts += [f"last{self.last_stage_layers}"] if self.last_stage_layers else []
+        parts += [f"account-{'+'.join(n for n, on in zip(('embedding', 'loss'), self.accounted) if on)}"] \
+            if any(self.accounted) else []
         parts += [f"stack-{self.stack.name}"] if self.stack.name != "ideal" else []
         parts += [f"dispatch-{self.dispatch}"] if self.dispatch != "alltoall" else []
         parts += ["dispatch-fp8"] if self.dispatch_fp8 else []
@@ -437,6 +460,15 @@ def _check_uneven(plan: ParallelPlan, model: ModelSpec) -> None:
             f"remaining {rest} of the model's {model.num_layers} layers evenly, at least one each")
 
 
+def _check_accounted(plan: ParallelPlan, model: ModelSpec) -> None:
+    slots, units = sum(plan.accounted), plan.pp * plan.vpp
+    if (model.num_layers + slots) % units:
+        what = " and ".join(n for n, on in zip(("embedding", "loss"), plan.accounted) if on)
+        raise ConfigError(f"plan.account_for_embedding/account_for_loss: the model's {model.num_layers} layers + the "
+                          f"{what} ({slots}) must split evenly over pp*vpp = {plan.pp}*{plan.vpp} = {units} "
+                          f"{'stages' if plan.vpp == 1 else 'virtual stages'}")
+
+
 def op_recompute_applies(model: ModelSpec) -> bool:
     """Per-op checkpointing (Recompute.OP) is modelled for dense layers with multi-head /
     grouped-query attention."""
@@ -466,6 +498,8 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
         raise ConfigError(f"plan.tp ({plan.tp}) and the model's kv heads ({model.num_kv_heads}) must divide one another")
     if plan.first_stage_layers or plan.last_stage_layers:
         _check_uneven(plan, model)
+    elif any(plan.accounted):
+        _check_accounted(plan, model)
     elif model.num_layers % (plan.pp * plan.vpp):
         raise ConfigError(
             f"plan.pp*vpp ({plan.pp}*{plan.vpp}) must divide the model's layers ({model.num_layers}); "

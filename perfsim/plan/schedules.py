@@ -134,7 +134,7 @@ def stage_of(schedule: Schedule, pp: int, vs: int) -> int:
 
 def layout_key(plan: ParallelPlan) -> tuple:
     """Plan fields that place the layers on the stages (and their chunks)."""
-    return plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, plan.schedule in V_SHAPES
+    return plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, plan.accounted, plan.schedule in V_SHAPES
 
 
 def head_stage(plan: ParallelPlan) -> int:
@@ -294,19 +294,32 @@ def splits_backward(plan: ParallelPlan) -> bool:
 
 
 def stage_layers(num_layers: int, pp: int, vpp: int, stage: int, chunk: int, first: int = 0, last: int = 0,
-                 schedule: Schedule = Schedule.ONE_F_ONE_B) -> range:
+                 schedule: Schedule = Schedule.ONE_F_ONE_B, accounted: tuple[bool, bool] = (False, False)) -> range:
     """Layers held by virtual stage (stage, chunk): chunk-major round robin (Megatron), or
     under a V-shape schedule the V (``virtual_stage``); with ``first`` / ``last`` set
     (Megatron's --decoder-first/last-pipeline-num-layers, vpp 1; under a V-shape schedule
     the first and last virtual stages, both on stage 0) those hold that many and the
-    others split the rest evenly."""
+    others split the rest evenly; with ``accounted`` (embedding, loss) the layers and those
+    slots split evenly, the first / last virtual stage a layer short (``accounted_counts``)."""
     vs = virtual_stage(schedule, pp, stage, chunk)
-    if first or last:
-        counts = uneven_counts(num_layers, pp * vpp, first, last)
+    if first or last or any(accounted):
+        counts = (uneven_counts(num_layers, pp * vpp, first, last) if first or last
+                  else accounted_counts(num_layers, pp * vpp, *accounted))
         start = sum(counts[:vs])
         return range(start, start + counts[vs])
     per_chunk = num_layers // (pp * vpp)
     return range(vs * per_chunk, (vs + 1) * per_chunk)
+
+
+def accounted_counts(num_layers: int, units: int, embedding: bool, loss: bool) -> list[int]:
+    """Layers per virtual stage when the embedding and / or the loss take a layer slot
+    (Megatron's account-for-embedding/loss-in-pipeline-split): (layers + slots) / units
+    each, the first / last a layer short (0 where each holds one slot)."""
+    per = (num_layers + embedding + loss) // units
+    counts = [per] * units
+    counts[0] -= embedding
+    counts[-1] -= loss
+    return counts
 
 
 def uneven_counts(num_layers: int, pp: int, first: int, last: int) -> list[int]:

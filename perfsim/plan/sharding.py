@@ -54,7 +54,7 @@ def chunk_layers(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int) -
     """The layers virtual stage (stage, chunk) holds under ``plan`` (``stage_layers`` with the
     plan's pipeline layout)."""
     return stage_layers(model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
-                        plan.last_stage_layers, plan.schedule)
+                        plan.last_stage_layers, plan.schedule, plan.accounted)
 
 
 def chunk_blocks(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int) -> list[int | str]:
