@@ -158,6 +158,10 @@ BAD = {
     "dispatch-units-beyond-the-gpu": ("simulate --model olmoe-1b-7b --cluster h100-ib --nodes 2 --ep 16 --dispatch deepep "
                                       "--dispatch-compute-units 132 --gbs 16 --seq 1024",
                                       "plan.dispatch_compute_units must be below the h100 GPU's 132 compute units"),
+    "search-dispatch-units-on-dense": ("search --model llama3.1-8b --gpus 8 --gbs 16 --seq 1024 "
+                                       "--dispatch-compute-units 0", "--dispatch-compute-units: applies to MoE models"),
+    "search-ep-overlap-on-dense": ("search --model llama3.1-8b --gpus 8 --gbs 16 --seq 1024 --ep-comm-overlap",
+                                   "--ep-comm-overlap: applies to MoE models; llama3.1-8b is dense"),
     "does-not-fit": ("simulate --model llama3.1-70b --nodes 1 --zero 0 --gbs 8 --seq 4096", "out of memory"),
     "unknown-flag": ("simulate --model llama3.1-8b --frobnicate 1", "--frobnicate"),
     "negative-tp": ("simulate --model llama3.1-8b --nodes 1 --tp -2 --gbs 8 --seq 1024", "-2"),

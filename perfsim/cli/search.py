@@ -166,7 +166,23 @@ def write_atomic(path: str, text: str) -> None:
         raise
 
 
+# search's options that only an MoE model reads (as simulate's MOE_ONLY): one line on a dense model
+MOE_ONLY = {"--dispatch": "dispatch", "--dispatch-compute-units": "dispatch_compute_units",
+            "--dispatch-fp8": "dispatch_fp8", "--ep-comm-overlap": "try_ep_comm_overlap"}
+
+
+def _refuse_moe_only(args) -> None:
+    from perfsim import api
+
+    given = [flag for flag, dest in MOE_ONLY.items() if not (getattr(args, dest) is None or getattr(args, dest) is False)]
+    if given:
+        model = api.load_model(args.model)
+        if not model.is_moe:
+            raise ConfigError(f"{given[0]}: applies to MoE models; {model.name} is dense")
+
+
 def run(args) -> int:
+    _refuse_moe_only(args)
     if args.dispatch_fp8 and args.dtype != "fp8":
         raise ConfigError(f"--dispatch-fp8: FP8 dispatch needs --dtype fp8 (got {args.dtype})")
     if args.fp8_params and args.dtype != "fp8":
