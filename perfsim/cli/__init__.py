@@ -170,7 +170,7 @@ def _cmd_simulate(args) -> int:
 
     knobs, model = frameworks.apply(args, _plan_knobs(args), api.load_model(args.model))
     if not model.is_moe:
-        _unused(args, MOE_ONLY, f"applies to MoE models; {model.name} is dense")
+        a.refuse_given(args, MOE_ONLY, f"applies to MoE models; {model.name} is dense")
         if args.routing != "uniform":
             raise ConfigError(f"--routing: applies to MoE models; {model.name} is dense")
     knobs.setdefault("gbs", None)
@@ -344,10 +344,10 @@ def _cmd_calibrate(args) -> int:
     if args.runs:
         from perfsim.cli import runs
 
-        _unused(args, RUNS_UNUSED["calibrate"], "not used with --runs (the runs name their own clusters; "
+        a.refuse_given(args, RUNS_UNUSED["calibrate"], "not used with --runs (the runs name their own clusters; "
                 "calibrate --runs fits a stack profile)")
         return runs.cmd_calibrate(args)
-    _unused(args, {"--stack": "stack", "--fit": "fit"}, "needs --runs (a stack profile is fitted to measured runs)")
+    a.refuse_given(args, {"--stack": "stack", "--fit": "fit"}, "needs --runs (a stack profile is fitted to measured runs)")
     check_output(args.out, args.force, "--out")
     args.cluster = args.cluster or DEFAULT_CLUSTER
     result = calibrate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.gemm_csv, p2p=args.p2p, out=args.out,
@@ -380,14 +380,6 @@ MOE_ONLY = {"--capacity-factor": "capacity_factor", "--dispatch": "dispatch", "-
             "--expert-placement": "expert_placement"}
 
 
-def _unused(args, flags: dict[str, str], why: str) -> None:
-    """One line (exit 2) for an option the chosen mode would otherwise silently ignore."""
-    for flag, dest in flags.items():
-        value = getattr(args, dest)
-        if not (value is None or value is False or value == []):  # 0 is a value given
-            raise ConfigError(f"{flag}: {why}")
-
-
 def _need_plotly(flag: str) -> None:
     """A report that needs plotly says so in one line (exit 2) before any work is done."""
     try:
@@ -403,7 +395,7 @@ def _cmd_validate(args) -> int:
     if args.runs:
         from perfsim.cli import runs
 
-        _unused(args, RUNS_UNUSED["validate"], "not used with --runs (the runs name their own clusters)")
+        a.refuse_given(args, RUNS_UNUSED["validate"], "not used with --runs (the runs name their own clusters)")
         if args.fit and not args.loso:
             raise ConfigError("--fit: needs --loso (validate --runs prices the runs at the stack profiles as they are; "
                               "perfsim calibrate --runs fits one)")
@@ -413,7 +405,7 @@ def _cmd_validate(args) -> int:
         if args.html:
             _need_plotly("--html")
         return runs.cmd_validate(args, dumps)
-    _unused(args, {"--stack": "stack", "--fit": "fit", "--loso": "loso"}, "needs --runs")
+    a.refuse_given(args, {"--stack": "stack", "--fit": "fit", "--loso": "loso"}, "needs --runs")
     if args.html:
         _need_plotly("--html")
     if args.html:

@@ -5,6 +5,7 @@ bounded where work scales with it. A bad value becomes argparse's one-line error
 import argparse
 import math
 
+from perfsim.errors import ConfigError
 from perfsim.plan.parallel import split_recompute_modules
 from perfsim.units import parse_size
 
@@ -99,3 +100,13 @@ SWITCH_FLAGS = (("no_overlap", "overlap_grad_reduce", False), ("no_param_prefetc
 def switch_knobs(args) -> dict:
     """The plan switches the given flags set (the others stay at the stack's defaults)."""
     return {field: value for flag, field, value in SWITCH_FLAGS if getattr(args, flag, False)}
+
+
+def refuse_given(args, flags: dict[str, str], why: str) -> None:
+    """One line (exit 2) for an option the chosen mode would otherwise silently ignore:
+    ``flags`` maps each option to its argparse dest; a 0 given counts as given."""
+    for flag, dest in flags.items():
+        value = getattr(args, dest)
+        if not (value is None or value is False or value == []):
+            raise ConfigError(f"{flag}: {why}")
+

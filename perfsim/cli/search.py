@@ -174,11 +174,10 @@ MOE_ONLY = {"--dispatch": "dispatch", "--dispatch-compute-units": "dispatch_comp
 def _refuse_moe_only(args) -> None:
     from perfsim import api
 
-    given = [flag for flag, dest in MOE_ONLY.items() if not (getattr(args, dest) is None or getattr(args, dest) is False)]
-    if given:
-        model = api.load_model(args.model)
+    if any(getattr(args, dest) is not None and getattr(args, dest) is not False for dest in MOE_ONLY.values()):
+        model = api.load_model(args.model)  # only to check: the search loads it itself
         if not model.is_moe:
-            raise ConfigError(f"{given[0]}: applies to MoE models; {model.name} is dense")
+            a.refuse_given(args, MOE_ONLY, f"applies to MoE models; {model.name} is dense")
 
 
 def run(args) -> int:
