@@ -292,8 +292,8 @@ def search_switches(inputs: dict, model) -> dict:
         knobs["dispatch_fp8"] = True
     if fp8_recipe_choice(inputs):
         knobs["fp8_recipe"] = fp8_recipe_choice(inputs)
-    if dispatch_units_choice(inputs, model) is not None:
-        knobs["dispatch_compute_units"] = dispatch_units_choice(inputs, model)
+    if (units := dispatch_units_choice(inputs, model)) is not None:
+        knobs["dispatch_compute_units"] = units
     if zero3_gather_choice(inputs):
         knobs["zero3_gather"] = zero3_gather_choice(inputs)
     return knobs

@@ -102,11 +102,15 @@ def switch_knobs(args) -> dict:
     return {field: value for flag, field, value in SWITCH_FLAGS if getattr(args, flag, False)}
 
 
+def given(args, flags: dict[str, str]) -> list[str]:
+    """The options of ``flags`` (option -> argparse dest) the command line set; a 0 counts."""
+    return [flag for flag, dest in flags.items()
+            if not ((value := getattr(args, dest)) is None or value is False or value == [])]
+
+
 def refuse_given(args, flags: dict[str, str], why: str) -> None:
-    """One line (exit 2) for an option the chosen mode would otherwise silently ignore:
-    ``flags`` maps each option to its argparse dest; a 0 given counts as given."""
-    for flag, dest in flags.items():
-        value = getattr(args, dest)
-        if not (value is None or value is False or value == []):
-            raise ConfigError(f"{flag}: {why}")
+    """One line (exit 2) for an option the chosen mode would otherwise silently ignore."""
+    named = given(args, flags)
+    if named:
+        raise ConfigError(f"{named[0]}: {why}")
 

@@ -174,7 +174,7 @@ MOE_ONLY = {"--dispatch": "dispatch", "--dispatch-compute-units": "dispatch_comp
 def _refuse_moe_only(args) -> None:
     from perfsim import api
 
-    if any(getattr(args, dest) is not None and getattr(args, dest) is not False for dest in MOE_ONLY.values()):
+    if a.given(args, MOE_ONLY):
         model = api.load_model(args.model)  # only to check: the search loads it itself
         if not model.is_moe:
             a.refuse_given(args, MOE_ONLY, f"applies to MoE models; {model.name} is dense")
