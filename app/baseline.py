@@ -9,7 +9,7 @@ import inputs as planner_inputs
 
 KEY = "plan.baseline"
 MEMORY_PARTS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
-                "fragmentation_bytes", "zero_buffers_bytes", "total_bytes")
+                "fragmentation_bytes", "zero_buffers_bytes", "reused_bytes", "total_bytes")
 
 
 def snapshot(inputs: dict, report) -> dict:

@@ -14,14 +14,17 @@ GROUP_PALETTES = {
 }
 MEMORY_PARTS = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "zero_buffers_bytes", "activations_bytes",
                 "logits_bytes")
+# not a part of the stacked bar: the total, and the gradients' reuse of freed activation memory
+# (subtracted: the stage's peak is drawn as its own marker where the parts' sum overshoots it)
+NOT_STACKED = {"total_bytes", "reused_bytes"}
 MEMORY_COLORS = {"weights_bytes": "#1f77b4", "gradients_bytes": "#aec7e8", "optimizer_bytes": "#d62728",
                  "activations_bytes": "#ff9896", "logits_bytes": "#2ca02c", "fragmentation_bytes": "#c7c7c7",
                  "zero_buffers_bytes": "#9467bd"}
 
 
 def memory_parts(memory: list[dict]) -> list[str]:
-    """The ``*_bytes`` parts of a report's memory rows (known ones first), total excluded."""
-    extra = sorted({k for m in memory for k in m if k.endswith("_bytes")} - set(MEMORY_PARTS) - {"total_bytes"})
+    """The stacked ``*_bytes`` parts of a report's memory rows (known ones first; not ``NOT_STACKED``)."""
+    extra = sorted({k for m in memory for k in m if k.endswith("_bytes")} - set(MEMORY_PARTS) - NOT_STACKED)
     return [p for p in MEMORY_PARTS if any(p in m for m in memory)] + extra
 GB = 1e9
 
@@ -83,6 +86,10 @@ def memory_bar(memory: list[dict], capacity_bytes: float) -> go.Figure:
     for part in memory_parts(memory):
         fig.add_bar(x=stages, y=[m.get(part, 0.0) / GB for m in memory], name=part.removesuffix("_bytes"),
                     marker_color=MEMORY_COLORS.get(part) or category_color(part, "compute"))
+    if any(m.get("reused_bytes") for m in memory):  # gradients written where activations were freed
+        fig.add_scatter(x=stages, y=[m.get("total_bytes", 0.0) / GB for m in memory], mode="markers",
+                        name="peak (gradients reuse freed activations)",
+                        marker=dict(symbol="line-ew-open", size=36, color="black", line_width=3))
     fig.add_hline(y=capacity_bytes / GB, line_dash="dash", line_color="red",
                   annotation_text=f"HBM {capacity_bytes / GB:.0f} GB", annotation_position="top left")
     top = max([capacity_bytes] + [m.get("total_bytes", 0.0) for m in memory]) / GB

@@ -18,7 +18,7 @@ from perfsim.lowering.memory import plan_memory
 from perfsim.model.spec import ModelSpec
 from perfsim.model.io import load_model as _load_model
 from perfsim.lowering.ops import Coll
-from perfsim.plan.parallel import (DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULE_LEVELS, V_SHAPES, ParallelPlan, Recompute,
+from perfsim.plan.parallel import (DEFAULT_RECOMPUTE_MODULES, V_SHAPES, ParallelPlan, Recompute,
                                     check_plan, derive_dp, group_shape, recompute_ladder)
 from perfsim.cost.pricing import price
 from perfsim.report import Report, assemble_report, extrapolate_figures, span_figures
@@ -118,15 +118,12 @@ def _inputs(model, cluster, plan, nodes, gpus, knobs,
     cluster = load_cluster(cluster, nodes=nodes, gpus=gpus)
     num_gpus = gpus if gpus is not None else cluster.num_gpus
     auto = knobs.get("recompute") == AUTO_RECOMPUTE
-    modules = knobs.get("recompute_modules")
-    if isinstance(modules, tuple | list) and tuple(modules) != DEFAULT_RECOMPUTE_MODULES \
-            and str(knobs.get("recompute")) not in RECOMPUTE_MODULE_LEVELS:
-        raise ConfigError(f"plan.recompute_modules ({', '.join(modules)}) needs recompute selective or auto "
-                          f"(Megatron's --recompute-granularity selective), got recompute {knobs.get('recompute') or 'none'}")
     if plan is None:
-        # a placeholder level that admits a named recompute_layers; least_recompute picks the level
-        plan = make_plan(num_gpus, **{**knobs, "recompute": "full" if knobs.get("recompute_layers") else None}
-                         if auto else knobs)
+        # a placeholder level that admits a named recompute_layers and module list (the plan
+        # checks both); least_recompute picks the level
+        placeholder = ("selective" if knobs.get("recompute_modules") not in (None, DEFAULT_RECOMPUTE_MODULES)
+                       else "full" if knobs.get("recompute_layers") else None)
+        plan = make_plan(num_gpus, **{**knobs, "recompute": placeholder} if auto else knobs)
     elif set(knobs) == {"stack"} and isinstance(plan, ParallelPlan):  # a plan priced under another stack
         plan = replace(plan, stack=load_stack(knobs["stack"]))
     elif knobs:
@@ -147,7 +144,8 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     for the smallest N that fits (Megatron's --recompute-method block --recompute-num-layers
     N, "block"), then every layer. Per-op checkpointing ("op") is tried only where it is
     modelled (``recompute_ladder``: dense layers). A ``recompute_layers`` the plan already names is kept (block
-    recompute of those layers at each level). Under the expert-parallel all-to-all overlap
+    recompute of those layers at each level); its ``recompute_modules`` apply where it settles on
+    selective, and a plan at any other level holds the default list. Under the expert-parallel all-to-all overlap
     Megatron-Core refuses full recompute, of every layer or a block ("disable full
     recomputation when enabling overlap_moe_expert_parallel_comm", megatron/training/arguments.py):
     the ladder stops before it, and a plan none of whose remaining settings fits keeps the
@@ -155,11 +153,15 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     def fits(candidate: ParallelPlan) -> bool:
         return max(m.total_bytes for m in _plan_memory(model, candidate, routing)) <= cluster.gpu.hbm_bytes
 
+    def at(level: Recompute, layers: int) -> ParallelPlan:  # the module list applies to selective only
+        modules = plan.recompute_modules if level == Recompute.SELECTIVE else DEFAULT_RECOMPUTE_MODULES
+        return replace(plan, recompute=level, recompute_layers=layers, recompute_modules=modules)
+
     fixed = plan.recompute_layers
     no_full = plan.overlaps_ep_comm
-    full = None if no_full else replace(plan, recompute=Recompute.FULL)
+    full = None if no_full else at(Recompute.FULL, fixed)
     # returned when nothing fits: full recompute, or beside the overlap the last (heaviest) level tried
-    fallback = replace(plan, recompute=Recompute.NONE, recompute_layers=0) if no_full else full
+    fallback = at(Recompute.NONE, 0) if no_full else full
     for level in recompute_ladder(plan.stack.recompute.auto, model):
         if level == "full" or (no_full and level == "block"):
             break
@@ -171,7 +173,7 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                 return replace(full, recompute_layers=layers)
             continue
         recompute = Recompute(level)
-        candidate = replace(plan, recompute=recompute, recompute_layers=0 if recompute == Recompute.NONE else fixed)
+        candidate = at(recompute, 0 if recompute == Recompute.NONE else fixed)
         if fits(candidate):
             return candidate
         if no_full:
@@ -236,7 +238,9 @@ def _memory_check(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, ch
             f"(weights {format_bytes(worst.weights_bytes)}, grads {format_bytes(worst.gradients_bytes)}, "
             f"optimizer {format_bytes(worst.optimizer_bytes)}, activations {format_bytes(worst.activations_bytes)}, "
             f"logits {format_bytes(worst.logits_bytes)}, fragmentation {format_bytes(worst.fragmentation_bytes)}"
-            + (f", ZeRO buffers {format_bytes(worst.zero_buffers_bytes)}" if worst.zero_buffers_bytes else "") + ") "
+            + (f", ZeRO buffers {format_bytes(worst.zero_buffers_bytes)}" if worst.zero_buffers_bytes else "")
+            + (f", less {format_bytes(worst.reused_bytes)} the gradients reuse as activations free"
+               if worst.reused_bytes else "") + ") "
             f"but {cluster.gpu.name} has {format_bytes(cluster.gpu.hbm_bytes)} "
             f"({cluster.gpu.hbm_bytes / GiB:.2f} GiB usable of {cluster.gpu.hbm_capacity_GB:g}); {_memory_hint(plan)}"
         )

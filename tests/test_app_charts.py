@@ -356,3 +356,22 @@ def test_memory_bar_shows_the_zero3_working_buffers():
     assert r.memory[0]["zero_buffers_bytes"] > 1e9  # a layer + the prefetched one + the 128k-vocab ends, gathered
     fig = charts.memory_bar(r.memory, r.memory_capacity_bytes)
     assert "zero_buffers" in {t.name for t in fig.data}
+
+
+def test_memory_bar_marks_the_peak_where_gradients_reuse_freed_activations():
+    """Under MaxText one microbatch's gradients are written where its activations were freed:
+    the stacked parts overshoot the stage's peak, which the chart marks on its own; the reuse
+    is not drawn as a part. A Megatron plan has no such marker."""
+    kw = dict(gpus=8, dp=8, zero=3, gbs=8, seq=2048, estimator="analytic")
+    r = perfsim.simulate("llama3.1-8b", "mi300x-pollara", stack="maxtext", **kw)
+    (stage,) = r.memory
+    assert stage["reused_bytes"] > 0 and r.peak_memory_bytes == stage["total_bytes"]
+    fig = charts.memory_bar(r.memory, r.memory_capacity_bytes)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert "reused" not in {t.name for t in bars}
+    assert sum(t.y[0] for t in bars) * charts.GB == pytest.approx(stage["total_bytes"] + stage["reused_bytes"])
+    (peak,) = [t for t in fig.data if t.type == "scatter"]
+    assert peak.y[0] * charts.GB == pytest.approx(stage["total_bytes"])
+    plain = perfsim.simulate("llama3.1-8b", "mi300x-pollara", stack="megatron-primus", **kw)
+    assert plain.memory[0]["reused_bytes"] == 0
+    assert not [t for t in charts.memory_bar(plain.memory, plain.memory_capacity_bytes).data if t.type == "scatter"]

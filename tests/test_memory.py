@@ -340,3 +340,59 @@ def test_a_bf16_dense_layer_keeps_the_tensors_megatron_keeps():
     qkv = sum(lin.out_features for lin in model.attention_linears()[:-1])
     values = 2 * h + qkv + v + 2 * h + 2 * w + w
     assert layer_activation_bytes(model, plan, 0) == 4096 * values * 2
+
+
+def test_a_compiled_step_of_one_microbatch_writes_its_gradients_where_activations_were(tmp_path, capsys):
+    """XLA keeps no gradient buffer through MaxText's step: with one microbatch per step its
+    backward writes each layer's gradients as it frees that layer's activations (and the
+    logits before them), so the peak is the larger of the two, not their sum. With more
+    microbatches the gradients accumulate beside the next microbatch's activations, and a
+    stack with a gradient buffer (Megatron-Core's, FSDP2's) always holds both."""
+    from dataclasses import replace
+
+    from perfsim.cli import main
+    from perfsim.estimators.fastmem import MemoryModel
+    from perfsim.lowering.memory import gradients_apart
+    from perfsim.system.stacks import load_stack
+
+    model = tiny_dense()
+    maxtext = load_stack("maxtext")
+    for recompute in ("none", "full"):  # activations above the gradients, then below them
+        one = ParallelPlan(tp=2, dp=DP, mbs=2, gbs=2 * DP, seq=1024, recompute=recompute, stack=maxtext)
+        two = replace(one, gbs=4 * DP)
+        assert gradients_apart(one) and not gradients_apart(two)
+        (m1,), (m2,) = plan_memory(model, one), plan_memory(model, two)
+        transient = m1.activations_bytes + m1.logits_bytes + m1.fragmentation_bytes
+        assert (transient > m1.gradients_bytes) == (recompute == "none")
+        assert m1.reused_bytes == pytest.approx(min(m1.gradients_bytes, transient)) and m1.reused_bytes > 0
+        assert m1.total_bytes == pytest.approx(m1.weights_bytes + m1.optimizer_bytes + m1.zero_buffers_bytes
+                                               + max(m1.gradients_bytes, transient))
+        assert m2.reused_bytes == 0 and m2.total_bytes == pytest.approx(m1.total_bytes + m1.reused_bytes)
+        megatron = replace(one, stack=load_stack("megatron-primus"))
+        assert not gradients_apart(megatron) and plan_memory(model, megatron)[0].reused_bytes == 0
+        for plan in (one, two, megatron):  # the search's memoised peak agrees
+            assert MemoryModel(model).peak(plan)[0] == pytest.approx(plan_memory(model, plan)[0].total_bytes)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\n[memory]\ngradient_buffer = "no"\n')
+    assert main(["simulate", "--model", "llama3.1-8b", "--nodes", "1", "--gbs", "8", "--seq", "2048",
+                 "--stack", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gradient_buffer" in err[0] and "'no'" in err[0]
+
+
+def test_torchtitans_eager_cross_entropy_holds_three_fp32_copies_of_the_logits():
+    """torchtitan's loss is eager F.cross_entropy on the FP32-cast logits: the log_softmax
+    backward holds its saved output, its incoming gradient and the input gradient at once
+    (12 B a logit on the head stage), where Megatron-Core's fused vocab-parallel loss keeps
+    the FP32 logits and their gradient (perfsim's default 8 B)."""
+    from dataclasses import replace
+
+    from perfsim.system.stacks import load_stack
+
+    model = tiny_dense()
+    plan = ParallelPlan(tp=2, dp=DP, zero=3, gbs=8, seq=1024)
+    logits = plan.mbs * plan.seq * model.vocab_size / plan.tp
+    (megatron,) = plan_memory(model, plan)
+    (titan,) = plan_memory(model, replace(plan, stack=load_stack("torchtitan")))
+    assert megatron.logits_bytes == pytest.approx(8 * logits)
+    assert titan.logits_bytes == pytest.approx(12 * logits)

@@ -4,6 +4,7 @@ the same in both estimators, from the API, the CLI, a Megatron command line, a r
 the planner."""
 
 import json
+from dataclasses import replace
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from perfsim.errors import ConfigError
 from perfsim.lowering.memory import layer_activation_bytes
 from perfsim.lowering.steps import ACT_BYTES, FP8_BYTES
 from perfsim.plan.megatron import from_args
-from perfsim.plan.parallel import ParallelPlan
+from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, ParallelPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 MOE = "olmoe-1b-7b"  # 64 experts, top-8, every layer MoE
@@ -84,7 +85,26 @@ def test_modules_lower_the_peak_and_auto_keeps_them_unused_where_none_fits():
     assert act.peak_memory_bytes < core.peak_memory_bytes
     auto = perfsim.estimate(MOE, "mi300x-pollara", nodes=1, check_memory=False,
                             **dict(KNOBS, recompute="auto", recompute_modules=("moe_act",)))
-    assert auto.plan["recompute"] == "none"  # it fits without any: auto keeps the modules unused
+    assert auto.plan["recompute"] == "none"  # it fits without any: the modules apply to selective only
+    assert tuple(auto.plan["recompute_modules"]) == DEFAULT_RECOMPUTE_MODULES
+
+
+def test_a_plan_holds_a_module_list_only_beside_selective_recompute():
+    """The plan itself refuses a module list at another level (so a ParallelPlan built by hand
+    cannot carry one unused); auto checks the list and keeps it only where it settles on
+    selective, and an unknown module is refused even where auto settles on none."""
+    for level in ("none", "op", "full"):
+        with pytest.raises(ConfigError, match=f"needs recompute selective or auto .*got recompute {level}"):
+            ParallelPlan(gbs=8, seq=1024, recompute=level, recompute_modules=("mlp",))
+    assert ParallelPlan(gbs=8, seq=1024, recompute="selective", recompute_modules=("mlp",)).selective_modules == ("mlp",)
+    with pytest.raises(ConfigError, match="'attention' is not one of"):
+        perfsim.estimate(MOE, "mi300x-pollara", nodes=1, check_memory=False,
+                         **dict(KNOBS, recompute="auto", recompute_modules=("attention",)))
+    tight = perfsim.load_cluster("mi300x-pollara", nodes=1)
+    tight = replace(tight, gpu=replace(tight.gpu, hbm_capacity_GB=1))  # nothing fits: auto settles on full
+    full = perfsim.estimate(MOE, tight, check_memory=False,
+                            **dict(KNOBS, recompute="auto", recompute_modules=("moe_act",)))
+    assert full.plan["recompute"] == "full" and tuple(full.plan["recompute_modules"]) == DEFAULT_RECOMPUTE_MODULES
 
 
 @pytest.mark.parametrize("kw, needle", [

@@ -683,6 +683,22 @@ def section() -> str:
         "the loss alone), so the page's A2A row (PP32 VPP3) joined as MZ-Q235-H100-06, as it came out: +32.8%, "
         "predicted not to fit (88.6 of 85.52 GB).",
         "",
+        "Thirty-first session, memory structure with the Kimi-K2 runs in view (three of seven, which ran, were "
+        "predicted not to fit: 324-354 GB of 309), nothing fitted: a stack's `[memory] gradient_buffer` says whether "
+        "its gradients live in a buffer held through the step (Megatron-Core's DDP buffer, FSDP2's sharded grads: "
+        "true, unchanged) or are temporaries of one compiled step (MaxText's jitted train step under XLA: false), "
+        "where a step of one microbatch writes each layer's gradients as the backward frees that layer's "
+        "activations, so its peak is the larger of the two rather than their sum (`lowering.memory.gradients_apart`; "
+        "the report's `reused_bytes`). Every MaxText run here is one microbatch per step: all 31 now fit (peaks "
+        "178-290 GB where they were 205-354), and no throughput moved (`--recompute auto` still picks full "
+        "recompute for the Kimi-K2 runs). Then, with torchtitan's printed peaks in view (all 14 under-predicted, the "
+        "8B long-context runs by 17-18%, whose head stage is the peak), its loss read from the code: eager "
+        "F.cross_entropy on the FP32-cast logits, whose log_softmax backward holds its saved FP32 output, the "
+        "incoming gradient and the input gradient at once, 12 B a logit where perfsim's default (Megatron-Core's "
+        "fused in-place loss) counts 8 (`torchtitan` `[memory] logit_bytes`): those four runs come to +2 to +3%, the "
+        "two torch.compile runs (-4 / -3%) to +8 / +11%, and the 70B TP runs -31 / -27% to -19 / -14%; the 405B "
+        "runs peak on a stage without the head and do not move; no throughput moved.",
+        "",
         *_summary(held, shipped),
         "",
         *_targets(held),

@@ -5,11 +5,12 @@ depend on few plan fields: model states (weights, gradients, optimizer, ZeRO buf
 vpp, the ZeRO shard degrees and stage, the stack's memory policy; ZeRO-2/3's overlap flags and bucket size) and transient memory (everything else:
 activations, logits, fragmentation: tp, cp, mbs, seq, recompute, sp, pp, vpp, schedule,
 microbatches, the stack's memory policy, FP8 inputs kept in FP8; ep, etp and the stack's MoE dispatch path,
-for the routed experts' tokens; the expert-parallel overlap's extra forward). Plans that share both keys cost two look-ups (microseconds instead of
+for the routed experts' tokens; the expert-parallel overlap's extra forward; and, where the
+gradients reuse transient memory (``memory.gradients_apart``), the states' key too). Plans that share both keys cost two look-ups (microseconds instead of
 ~0.5 ms); agreement with ``plan_memory`` is tested on sampled plans.
 """
 
-from perfsim.lowering.memory import stage_memory
+from perfsim.lowering.memory import gradients_apart, stage_memory
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan
 from perfsim.plan.routing import UNIFORM, RoutingSpec
@@ -29,7 +30,8 @@ def transient_key(plan: ParallelPlan) -> tuple:
             plan.recompute_layers,
             plan.stack.memory, plan.keeps_fp8_inputs,
             plan.ep, plan.etp, plan.stack.moe.dispatch,  # the routed experts' share (memory.routed_share)
-            plan.overlaps_ep_comm)  # its extra warmup forward (memory.in_flight_microbatches)
+            plan.overlaps_ep_comm,  # its extra warmup forward (memory.in_flight_microbatches)
+            gradients_apart(plan) and states_key(plan))  # the gradients reuse transient memory (memory.reused_bytes)
 
 
 class MemoryModel:

@@ -63,6 +63,9 @@ class MemoryBreakdown:
     logits_bytes: float
     fragmentation_bytes: float = 0.0
     zero_buffers_bytes: float = 0.0  # ZeRO-3 unsharded weights / gradients in flight, ZeRO-2 gradient buckets
+    # the gradients' bytes that reuse memory the activations, logits and fragmentation freed
+    # (``gradients_apart``: they are never held at once); subtracted from the parts' sum
+    reused_bytes: float = 0.0
 
     @property
     def states_bytes(self) -> float:
@@ -71,14 +74,19 @@ class MemoryBreakdown:
 
     @property
     def total_bytes(self) -> float:
-        return self.states_bytes + self.activations_bytes + self.logits_bytes + self.fragmentation_bytes
+        return self.states_bytes + self.transient_bytes - self.reused_bytes
+
+    @property
+    def transient_bytes(self) -> float:
+        """What the step's passes hold for a while: activations, logits, fragmentation."""
+        return self.activations_bytes + self.logits_bytes + self.fragmentation_bytes
 
     def as_dict(self) -> dict:
         return {
             "stage": self.stage, "weights_bytes": self.weights_bytes, "gradients_bytes": self.gradients_bytes,
             "optimizer_bytes": self.optimizer_bytes, "activations_bytes": self.activations_bytes,
             "logits_bytes": self.logits_bytes, "fragmentation_bytes": self.fragmentation_bytes,
-            "zero_buffers_bytes": self.zero_buffers_bytes,
+            "zero_buffers_bytes": self.zero_buffers_bytes, "reused_bytes": self.reused_bytes,
             "total_bytes": self.total_bytes,
         }
 
@@ -182,7 +190,7 @@ def recompute_working_set(model: ModelSpec, plan: ParallelPlan, layers, share: f
     rerun = [l for l in layers if recomputes(model, plan, l) != Recompute.NONE]
     if not rerun:
         return 0.0
-    kept = dataclasses.replace(plan, recompute=Recompute.NONE, recompute_layers=0)
+    kept = dataclasses.replace(plan, recompute=Recompute.NONE, recompute_layers=0, recompute_modules=DEFAULT_RECOMPUTE_MODULES)
     stored = stored or {l: layer_activation_bytes(model, plan, l, share) for l in rerun}
     return max(layer_activation_bytes(model, kept, l, share) - stored[l] for l in rerun)
 
@@ -304,6 +312,17 @@ def fp8_weight_cache(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     return params * FP8_BYTES * (1 if plan.fp8_params else 2)
 
 
+def gradients_apart(plan: ParallelPlan) -> bool:
+    """Whether a rank's gradients and its activations are never held at once: the stack
+    keeps no gradient buffer through the step (``memory.gradient_buffer`` false: XLA's
+    compiled step, whose backward writes each layer's gradients as it frees the activations
+    that layer kept, and the logits before them) and the step runs one microbatch, so no
+    gradient is accumulated while a later microbatch's activations are held. The peak is
+    then the larger of the two (the end of the forward, or the end of the backward), not
+    their sum."""
+    return not plan.stack.memory.gradient_buffer and plan.num_microbatches == 1
+
+
 def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: RoutingSpec = UNIFORM) -> MemoryBreakdown:
     dense, expert = stage_rank_params(model, plan, stage)
     d_shard, e_shard = shard_degrees(plan)
@@ -323,10 +342,11 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: Rout
     logits = 0.0
     if stage == head_stage(plan):  # logits + their gradient (FP32 each by default)
         logits = plan.mbs * plan.seq / plan.cp * model.vocab_size / plan.tp * _policy(plan, "logit_bytes", 2 * LOGIT_BYTES)
+    fragmentation = _policy(plan, "fragmentation", FRAGMENTATION) * (acts + logits)
+    reused = min(grads, acts + logits + fragmentation) if gradients_apart(plan) else 0.0
     return MemoryBreakdown(stage=stage, weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
-                           activations_bytes=acts, logits_bytes=logits,
-                           fragmentation_bytes=_policy(plan, "fragmentation", FRAGMENTATION) * (acts + logits),
-                           zero_buffers_bytes=zero_buffers(model, plan, stage))
+                           activations_bytes=acts, logits_bytes=logits, fragmentation_bytes=fragmentation,
+                           zero_buffers_bytes=zero_buffers(model, plan, stage), reused_bytes=reused)
 
 
 def plan_memory(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec = UNIFORM) -> list[MemoryBreakdown]:

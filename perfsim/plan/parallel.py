@@ -259,12 +259,16 @@ class ParallelPlan:
             raise ConfigError(f"plan.recompute_modules names a module twice: {modules!r}")
         # one order, so that plans alike in what they re-run are equal (and share memoized answers)
         object.__setattr__(self, "recompute_modules", tuple(m for m in RECOMPUTE_MODULES if m in modules))
+        if self.recompute_modules != DEFAULT_RECOMPUTE_MODULES and self.recompute != Recompute.SELECTIVE:
+            raise ConfigError(f"plan.recompute_modules ({', '.join(self.recompute_modules)}) needs recompute selective "
+                              f"or auto (Megatron's --recompute-granularity selective), got recompute "
+                              f"{self.recompute.value}")
 
     @property
     def selective_modules(self) -> tuple[str, ...]:
         """What this plan's recompute re-runs by module: its ``recompute_modules`` under
-        selective recompute, none otherwise (a plan recompute auto settles on none or full
-        keeps the modules it was given, unused)."""
+        selective recompute, none otherwise (a plan at another level holds the default list:
+        ``_check_recompute_modules``)."""
         return self.recompute_modules if self.recompute == Recompute.SELECTIVE else ()
 
     def _check_divisibility(self) -> None:

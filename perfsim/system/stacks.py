@@ -307,6 +307,13 @@ class MemoryPolicy:
     # exists only gathered (the ZeRO working buffers, or the whole step where the weights stay
     # gathered); False: a compute-precision shard beside the master (Megatron-style)
     sharded_master: bool = False
+    # the step's gradients take memory of their own through the step (Megatron-Core's DDP grad
+    # buffer, allocated with the model; FSDP2's sharded gradients, written by its reduce-scatter
+    # stream, whose allocations PyTorch's caching allocator keeps apart from the blocks the
+    # compute stream frees); False where they are temporaries of one compiled step (XLA's buffer assignment:
+    # the backward writes each layer's gradient as it frees the activations that layer kept,
+    # so a step of one microbatch, with no accumulation buffer, peaks at the larger of the two)
+    gradient_buffer: bool = True
     source: str = "assumed"
 
     def __post_init__(self):
@@ -314,7 +321,7 @@ class MemoryPolicy:
             value = getattr(self, key)
             if value is not None:
                 _non_negative("memory", **{key: value})
-        for key in ("recompute_working_set", "sharded_master"):
+        for key in ("recompute_working_set", "sharded_master", "gradient_buffer"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"stack.memory.{key} must be true or false, got {getattr(self, key)!r}")
         if self.fragmentation is not None and self.fragmentation >= 1:
