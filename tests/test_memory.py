@@ -155,6 +155,10 @@ def test_moe_layer_activations_grow_with_top_k():
         (dict(pp=4, gbs=2), 0, 2),  # never more than the microbatches
         (dict(pp=4, gbs=16, schedule="gpipe"), 2, 16),  # GPipe keeps them all
         (dict(pp=4, vpp=2, gbs=16), 0, 4 * (1 + 3 / 8)),  # Narayanan'21 sec. 2.2
+        # Megatron's interleaved warm-up on the last stage is (vpp - 1) * pp chunk forwards, then one
+        # more before the first backward: 5 chunks of 2, where (pp - stage) scaling would say 1.375
+        (dict(pp=4, vpp=2, gbs=16), 3, 5 / 2),
+        (dict(pp=2, vpp=2, gbs=4), 1, 3 / 2),  # chunks 0, 0 then chunk 1: three chunks of two
     ],
 )
 def test_in_flight_microbatches(knobs, stage, expected):
@@ -396,3 +400,34 @@ def test_torchtitans_eager_cross_entropy_holds_three_fp32_copies_of_the_logits()
     (titan,) = plan_memory(model, replace(plan, stack=load_stack("torchtitan")))
     assert megatron.logits_bytes == pytest.approx(8 * logits)
     assert titan.logits_bytes == pytest.approx(12 * logits)
+
+
+def test_interleaved_memory_walks_megatrons_order_with_each_chunk_weighing_its_layers():
+    """Under the interleaved order a stage's peak is the schedule walked (each forward keeps
+    its chunk's activations until that chunk's backward), the chunks weighed by the layers
+    they hold: a virtual stage holding the embedding alone (Megatron's
+    --account-for-embedding-in-pipeline-split) keeps no layer activations, however many of its
+    forwards are in flight."""
+    from dataclasses import replace
+
+    from perfsim.lowering.memory import held_activation_bytes
+    from perfsim.plan.schedules import schedule_order
+    from perfsim.plan.sharding import chunk_layers
+
+    model = tiny_dense()  # 8 layers
+    plan = ParallelPlan(pp=3, vpp=3, dp=1, gbs=6, seq=1024, account_for_embedding=True)  # 1 + 8 slots over 9
+    for stage in range(plan.pp):
+        layers = [list(chunk_layers(model, plan, stage, c)) for c in range(plan.vpp)]
+        stored = {l: layer_activation_bytes(model, plan, l) for c in layers for l in c}
+        weights = [sum(stored[l] for l in c) for c in layers]
+        held = peak = 0.0
+        for phase, _, chunk in schedule_order(plan.schedule, plan.pp, plan.vpp, stage, plan.num_microbatches):
+            held += weights[chunk] if phase == "F" else -weights[chunk]
+            peak = max(peak, held)
+        assert held_activation_bytes(model, plan, stage, stored) == pytest.approx(peak)
+    assert list(chunk_layers(model, plan, 0, 0)) == []  # the embedding's virtual stage
+    even = replace(plan, account_for_embedding=False, vpp=2, pp=2, gbs=4)
+    (first, last) = (held_activation_bytes(model, even, s, {l: 1.0 for l in range(8)}) for s in (0, 1))
+    # two layers a chunk: stage 0 warms up with chunks 0, 0, 1, 1 and one more forward (five chunks:
+    # Narayanan's 2 x (1 + 1 / 4) microbatches of four layers), stage 1 with chunks 0, 0 and one more
+    assert (first, last) == (pytest.approx(10.0), pytest.approx(6.0))

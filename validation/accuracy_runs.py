@@ -697,7 +697,20 @@ def section() -> str:
         "incoming gradient and the input gradient at once, 12 B a logit where perfsim's default (Megatron-Core's "
         "fused in-place loss) counts 8 (`torchtitan` `[memory] logit_bytes`): those four runs come to +2 to +3%, the "
         "two torch.compile runs (-4 / -3%) to +8 / +11%, and the 70B TP runs -31 / -27% to -19 / -14%; the 405B "
-        "runs peak on a stage without the head and do not move; no throughput moved.",
+        "runs peak on a stage without the head and do not move; no throughput moved. Then, found while tracing "
+        "MZ-Q235-H100-06's not fitting, the interleaved schedule's activation memory walked as Megatron orders it: "
+        "perfsim had scaled the first stage's in-flight microbatches (Narayanan'21) by pp - stage for the later "
+        "stages, but Megatron's interleaved warm-up is (pp - rank - 1) x 2 + (vpp - 1) x pp chunk forwards, so a "
+        "later stage holds nearly what the first does (pp 8, vpp 4: the last stage 25 layer-microbatches where "
+        "perfsim counted 4.9); each chunk now weighs the layers it holds, so a virtual stage holding the embedding "
+        "alone weighs nothing (`schedules.interleaved_peak`). MZ-Q235-H100-06 does not gain (89 -> 90 GB): the "
+        "interleaved runs' peaks rise 2-9 GB, the Qwen3-30B rows at PP2 VP24 most (their last stage holds about two "
+        "microbatches beside the logits): MB2511-Q30B-H100 86 -> 95 GB (still predicted not to fit) and "
+        "MB2509-Q30B-H100 no longer fits without recompute (97 GB), so `--recompute auto` takes full recompute and "
+        "it moves -6.3 -> -24.7% held out. Those runs ran, so perfsim over-counts their MoE layers' activations "
+        "or its assumed 10% fragmentation, which the old formula's under-count of the last stage hid; not mended. "
+        "`nemo` refitted in sample as its protocol says (kernels.speed_nvidia 0.8277 -> 0.8383, dropless 0.468 -> "
+        "0.462: that run now priced with full recompute).",
         "",
         *_summary(held, shipped),
         "",

@@ -17,9 +17,10 @@ from perfsim.lowering.steps import FP8_BYTES
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, V_SHAPES, ParallelPlan, Recompute, Schedule
 from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalance
-from perfsim.plan.schedules import head_stage, v_chunks_held
+from perfsim.plan.schedules import head_stage, interleaved_peak, v_chunks_held
 from perfsim.plan.sharding import (
     MAIN_GRAD_BYTES,
+    chunk_layers,
     embedding_rank_params,
     ends_grad_bytes,
     OPTIMIZER_STATE_BYTES,
@@ -243,19 +244,43 @@ def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
     (so each step's forward and backward are independent: NVIDIA/Megatron-LM
     megatron/core/pipeline_parallel/schedules.py, "if overlap_moe_expert_parallel_comm:
     num_warmup_microbatches = num_warmup_microbatches + 1"): one more model chunk's
-    activations, a microbatch's 1 / vpp."""
+    activations, a microbatch's 1 / vpp. Under the interleaved order the schedule itself is
+    walked (``schedules.interleaved_peak``, chunks of equal weight; ``held_activation_bytes``
+    weighs each chunk by its layers)."""
     m = plan.num_microbatches
     if plan.schedule == Schedule.GPIPE:
         return m
+    if _interleaved(plan):  # chunks of equal weight: Narayanan'21 sec. 2.2 on the first stage
+        return min(m, _interleaved_held(plan, stage, (1.0,) * plan.vpp) / plan.vpp)
     if plan.schedule in V_SHAPES:  # the chunks the schedule may hold (F to W), two a stage
         held = v_chunks_held(plan.schedule, plan.pp, m) / plan.vpp
-    elif plan.vpp > 1:  # Narayanan'21 sec. 2.2: (1 + (pp-1)/(pp*vpp)) x pp for the first stage
-        held = (plan.pp - stage) * (1 + (plan.pp - 1) / (plan.pp * plan.vpp))
     elif plan.schedule == Schedule.ZB_H1:  # stage s also keeps s deferred W passes' inputs
         held = max(plan.pp - stage, stage + 1)  # peak (stage 0) = 1F1B's (Qi'23)
     else:
         held = plan.pp - stage
     return min(m, held + (1 / plan.vpp if plan.overlaps_ep_comm else 0.0))
+
+
+def _interleaved(plan: ParallelPlan) -> bool:
+    """Whether the plan runs Megatron's interleaved order (``schedules.schedule_order``:
+    vpp > 1 but GPipe's and the V shapes'; ZB-H1's deferred weight passes left out)."""
+    return plan.vpp > 1 and plan.schedule != Schedule.GPIPE and plan.schedule not in V_SHAPES
+
+
+def _interleaved_held(plan: ParallelPlan, stage: int, weights: tuple[float, ...]) -> float:
+    """``schedules.interleaved_peak`` of the plan's stage (the expert-parallel overlap's one more warm-up forward)."""
+    return interleaved_peak(plan.pp, plan.vpp, stage, plan.num_microbatches, weights, int(plan.overlaps_ep_comm))
+
+
+def held_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, stored: dict[int, float]) -> float:
+    """Activation bytes ``stage`` holds at its peak, ``stored`` the bytes each of its layers
+    keeps per microbatch: under the interleaved order the schedule walked with each chunk
+    weighing its own layers (``schedules.interleaved_peak``), else the stage's layers times
+    ``in_flight_microbatches``."""
+    if not _interleaved(plan):
+        return sum(stored.values()) * in_flight_microbatches(plan, stage)
+    weights = tuple(sum(stored[l] for l in chunk_layers(model, plan, stage, c)) for c in range(plan.vpp))
+    return _interleaved_held(plan, stage, weights)
 
 
 def _policy(plan: ParallelPlan, key: str, default: float) -> float:
@@ -337,7 +362,7 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: Rout
     share = routed_share(model, plan, routing)
     layers = stage_layer_ids(model, plan, stage)
     stored = {l: layer_activation_bytes(model, plan, l, share) for l in layers}
-    acts = sum(stored.values()) * in_flight_microbatches(plan, stage) + recompute_working_set(
+    acts = held_activation_bytes(model, plan, stage, stored) + recompute_working_set(
         model, plan, layers, share, stored)
     logits = 0.0
     if stage == head_stage(plan):  # logits + their gradient (FP32 each by default)

@@ -66,9 +66,38 @@ def _virtual(k: int, pp: int, vpp: int, forward: bool) -> tuple[int, int]:
     return group * pp + within % pp, chunk
 
 
+def _interleaved_warmup(pp: int, vpp: int, stage: int, m: int, extra: int = 0) -> int:
+    """Forwards ``stage`` runs before its first backward in Megatron's interleaved order
+    (megatron/core/pipeline_parallel/schedules.py: (pp - rank - 1) * 2 + (vpp - 1) * pp), plus
+    ``extra`` (the expert-parallel all-to-all overlap's one more), at most every one."""
+    return min((pp - stage - 1) * 2 + (vpp - 1) * pp + extra, m * vpp)
+
+
+@lru_cache(maxsize=1024)
+def interleaved_peak(pp: int, vpp: int, stage: int, m: int, weights: tuple[float, ...], extra: int = 0) -> float:
+    """Most activation ``stage`` holds at once in Megatron's interleaved order (``_interleaved``)
+    where chunk c's forward keeps ``weights[c]`` until its backward: the warm-up's forwards,
+    then each steady step's forward before the backward that follows it. Both steady
+    sequences repeat every pp * vpp steps with every chunk pp times, so what is held repeats
+    too: the peak falls within the warm-up and one period. Where chunks hold equal weights
+    this is Narayanan'21's (1 + (pp - 1) / (pp * vpp)) pp microbatches on the first stage;
+    later stages hold more than (pp - stage) of them, since the (vpp - 1) * pp of the warm-up
+    does not shrink with the stage, and a chunk holding fewer layers (the embedding's or the
+    loss's under Megatron's account-for-* split, uneven first / last stages) weighs less."""
+    total = m * vpp
+    warmup = _interleaved_warmup(pp, vpp, stage, m, extra)
+    held = sum(weights[_virtual(k, pp, vpp, True)[1]] for k in range(warmup))
+    peak = held
+    for i in range(min(total - warmup, pp * vpp)):
+        held += weights[_virtual(warmup + i, pp, vpp, True)[1]]
+        peak = max(peak, held)
+        held -= weights[_virtual(i, pp, vpp, False)[1]]
+    return peak
+
+
 def _interleaved(pp: int, vpp: int, stage: int, m: int) -> Order:
     total = m * vpp
-    warmup = min((pp - stage - 1) * 2 + (vpp - 1) * pp, total)
+    warmup = _interleaved_warmup(pp, vpp, stage, m)
     order = [(FWD, *_virtual(k, pp, vpp, True)) for k in range(warmup)]
     for i in range(total - warmup):
         order.append((FWD, *_virtual(warmup + i, pp, vpp, True)))
