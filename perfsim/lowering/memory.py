@@ -250,7 +250,7 @@ def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
     m = plan.num_microbatches
     if plan.schedule == Schedule.GPIPE:
         return m
-    if _interleaved(plan):  # chunks of equal weight: Narayanan'21 sec. 2.2 on the first stage
+    if _interleaved_order(plan):  # chunks of equal weight: Narayanan'21 sec. 2.2 on the first stage
         return min(m, _interleaved_held(plan, stage, (1.0,) * plan.vpp) / plan.vpp)
     if plan.schedule in V_SHAPES:  # the chunks the schedule may hold (F to W), two a stage
         held = v_chunks_held(plan.schedule, plan.pp, m) / plan.vpp
@@ -261,7 +261,7 @@ def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
     return min(m, held + (1 / plan.vpp if plan.overlaps_ep_comm else 0.0))
 
 
-def _interleaved(plan: ParallelPlan) -> bool:
+def _interleaved_order(plan: ParallelPlan) -> bool:
     """Whether the plan runs Megatron's interleaved order (``schedules.schedule_order``:
     vpp > 1 but GPipe's and the V shapes'; ZB-H1's deferred weight passes left out)."""
     return plan.vpp > 1 and plan.schedule != Schedule.GPIPE and plan.schedule not in V_SHAPES
@@ -277,7 +277,7 @@ def held_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, stor
     keeps per microbatch: under the interleaved order the schedule walked with each chunk
     weighing its own layers (``schedules.interleaved_peak``), else the stage's layers times
     ``in_flight_microbatches``."""
-    if not _interleaved(plan):
+    if not _interleaved_order(plan):
         return sum(stored.values()) * in_flight_microbatches(plan, stage)
     weights = tuple(sum(stored[l] for l in chunk_layers(model, plan, stage, c)) for c in range(plan.vpp))
     return _interleaved_held(plan, stage, weights)
