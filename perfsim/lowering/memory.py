@@ -367,11 +367,13 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: Rout
     logits = 0.0
     if stage == head_stage(plan):  # logits + their gradient (FP32 each by default)
         logits = plan.mbs * plan.seq / plan.cp * model.vocab_size / plan.tp * _policy(plan, "logit_bytes", 2 * LOGIT_BYTES)
-    fragmentation = _policy(plan, "fragmentation", FRAGMENTATION) * (acts + logits)
-    reused = min(grads, acts + logits + fragmentation) if gradients_apart(plan) else 0.0
-    return MemoryBreakdown(stage=stage, weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
-                           activations_bytes=acts, logits_bytes=logits, fragmentation_bytes=fragmentation,
-                           zero_buffers_bytes=zero_buffers(model, plan, stage), reused_bytes=reused)
+    held = MemoryBreakdown(stage=stage, weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
+                           activations_bytes=acts, logits_bytes=logits,
+                           fragmentation_bytes=_policy(plan, "fragmentation", FRAGMENTATION) * (acts + logits),
+                           zero_buffers_bytes=zero_buffers(model, plan, stage))
+    if not gradients_apart(plan):
+        return held
+    return dataclasses.replace(held, reused_bytes=min(grads, held.transient_bytes))
 
 
 def plan_memory(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec = UNIFORM) -> list[MemoryBreakdown]:
