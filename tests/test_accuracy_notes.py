@@ -3,6 +3,7 @@
 (docs/accuracy.md, validation/runs/accuracy_runs.csv), and a report quotes the ones that
 apply to its stack, GPU, dtype and cluster, and none where they do not apply."""
 
+import copy
 import csv
 import dataclasses
 import json
@@ -265,7 +266,7 @@ def test_stack_memory_figures_are_the_docs_memory_table():
         assert max(found) == pytest.approx(stacks[stack]["peak_error_max_pct"], abs=0.51)
 
 
-def test_a_report_quotes_how_far_its_stacks_peaks_were_from_the_printed_ones():
+def test_a_report_quotes_how_far_its_stacks_peaks_were_from_the_printed_ones(monkeypatch):
     f = accuracy.figures()["stacks"]["torchtitan"]
     line = _notes(tiny_dense(), "h100-ib", gpus=8, dp=8, zero=3, gbs=16, stack="torchtitan")["lines"][0]
     assert f"peak memory against {f['peaks']} printed peaks (+ = predicted above): median |error| " \
@@ -280,12 +281,21 @@ def test_a_report_quotes_how_far_its_stacks_peaks_were_from_the_printed_ones():
         return _notes(tiny_moe(), clusters[vendor], gpus=8, dp=8, ep=4, gbs=16, stack=name)["lines"][0]
 
     cases = [(n, v) for n in stacks for v in clusters if shown(n, v).get("runs")]
-    # a stack whose sources print no peak, and of whose runs perfsim predicts one or more not to fit
-    name, vendor = next((n, v) for n, v in cases if shown(n, v).get("predicted_not_to_fit") and "peaks" not in shown(n, v))
-    f = shown(name, vendor)
-    assert f"{f['predicted_not_to_fit']} of {f['runs']} runs that ran predicted not to fit" in line(name, vendor)
-    assert "printed peak" not in line(name, vendor)
-    # and a stack all of whose runs there fit says nothing of it
+    # a stack all of whose runs there fit says nothing of it
     name, vendor = next((n, v) for n, v in cases if not shown(n, v).get("predicted_not_to_fit"))
     assert f"{shown(name, vendor)['runs']} published runs" in line(name, vendor)
     assert "predicted not to fit" not in line(name, vendor)
+    # a stack whose sources print no peak, and of whose runs perfsim predicts one or more not to
+    # fit, says how many (every shipped run fits since session 32: such a table is made here)
+    name, vendor = next((n, v) for n, v in cases if "peaks" not in shown(n, v))
+    table = copy.deepcopy(accuracy.figures())  # the shipped table is cached: edit a copy
+    own = table["stacks"][name]
+    for figures in (own, *own.get("by_vendor", {}).values()):
+        figures.update(predicted_not_to_fit=2)
+    monkeypatch.setattr(accuracy, "figures", lambda: table)
+    from perfsim.system.stacks import load_stack
+
+    gpu = {"nvidia": "h100", "amd": "mi355x"}[vendor]
+    said = accuracy.stack_note(load_stack(name), gpu, vendor)[1]  # (the report's notes are cached per question)
+    assert f"2 of {shown(name, vendor)['runs']} runs that ran predicted not to fit" in said
+    assert "printed peak" not in said

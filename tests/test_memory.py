@@ -147,6 +147,39 @@ def test_moe_layer_activations_grow_with_top_k():
     assert layer_activation_bytes(tiny_moe(top_k=4), plan, 0) > layer_activation_bytes(tiny_moe(top_k=1), plan, 0)
 
 
+@pytest.mark.parametrize("modules", [(), ("moe",)])
+def test_routed_tokens_are_kept_twice_only_where_the_probabilities_weigh_a_copy(modules, tmp_path, capsys):
+    """Megatron-Core weighs the routed tokens by the router's probabilities inside the experts'
+    activation (weighted SwiGLU), which keeps only the up projection's output: each routed token
+    is kept once, as the up projection's input. A stack that weighs them at the combine
+    (MaxText's unpermute) keeps a hidden-width copy of each routed token more; recomputing the
+    whole MoE part drops that copy with the rest."""
+    from dataclasses import replace
+
+    from perfsim.cli import main
+    from perfsim.system.stacks import load_stack
+
+    model = tiny_moe(top_k=2)
+    megatron = load_stack("megatron-primus")
+    assert not megatron.memory.routed_probs_copy and load_stack("maxtext").memory.routed_probs_copy
+    copying = replace(megatron, memory=replace(megatron.memory, routed_probs_copy=True))
+    knobs = dict(gbs=1, seq=1024, recompute="selective", recompute_modules=modules) if modules else dict(gbs=1, seq=1024)
+    once = layer_activation_bytes(model, ParallelPlan(stack=megatron, **knobs), 0)
+    twice = layer_activation_bytes(model, ParallelPlan(stack=copying, **knobs), 0)
+    copy = 1024 * model.top_k * model.hidden_size * 2  # BF16, balanced routing
+    assert twice - once == pytest.approx(0 if modules else copy)
+    if modules:  # what the recompute drops is what the layer would have kept
+        full = dict(gbs=1, seq=1024)
+        assert (layer_activation_bytes(model, ParallelPlan(stack=copying, **full), 0) - twice
+                == pytest.approx(layer_activation_bytes(model, ParallelPlan(stack=megatron, **full), 0) - once + copy))
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\n[memory]\nrouted_probs_copy = 1\n')
+    assert main(["simulate", "--model", "mixtral-8x7b", "--nodes", "1", "--gbs", "8", "--seq", "2048",
+                 "--stack", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "routed_probs_copy" in err[0]
+
+
 @pytest.mark.parametrize(
     "knobs, stage, expected",
     [

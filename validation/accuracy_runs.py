@@ -712,6 +712,20 @@ def section() -> str:
         "`nemo` refitted in sample as its protocol says (kernels.speed_nvidia 0.8277 -> 0.8383, dropless 0.468 -> "
         "0.462: that run now priced with full recompute).",
         "",
+        "Thirty-second session, that over-count traced in Megatron-Core's code, nothing fitted: perfsim kept each "
+        "routed token twice (the up projection's input and a hidden-width copy that a combine weighing the experts' "
+        "output by the router's probabilities keeps for their gradient, as MaxText's unpermute does), but "
+        "Megatron-Core weighs them inside the experts' activation (TEGroupedMLP's weighted SwiGLU, which keeps only "
+        "the up projection's output) and its alltoall dispatcher's permute, all-to-all and unpermute keep no tokens, "
+        "so a Megatron-Core MoE layer keeps each routed token once (`[memory] routed_probs_copy` false: `nemo`, "
+        "`megatron-primus`). Every run now fits as it ran (MB2511-Q30B-H100 95 -> 84 GB of 85.52, MZ-Q235-H100-06 "
+        "90 -> 71 GB); MB2509-Q30B-H100 fits without recompute again (-24.7 -> -2.6% held out), MB2511-Q30B-H100, "
+        "which kept selective recompute, now keeps none (+23.7 -> +26.8%); `nemo` refitted in sample as its protocol "
+        "says (kernels.speed_nvidia 0.8383 -> 0.826, dropless 0.462 -> 0.4644). The Primus-pipeline Qwen3-235B "
+        "peaks, device-level readings (rocm-smi's used VRAM: the caching allocator's reserve and RCCL / HIP buffers "
+        "beside the tensors), move from -16..-6% to -22..-16% below the printed figures; perfsim counts neither those "
+        "buffers nor a reserve beyond its assumed 10% fragmentation, and no measurement here separates them.",
+        "",
         *_summary(held, shipped),
         "",
         *_targets(held),

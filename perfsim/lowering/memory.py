@@ -167,8 +167,9 @@ def _modules_rerun_per_token(model: ModelSpec, plan: ParallelPlan, layer: int, s
     w, sw = model.expert_ffn_hidden_size, model.shared_ffn_hidden_size
     if "layernorm" in modules:
         dropped += h * ACT_BYTES
-    if "moe" in modules:  # permuted in (twice: one copy is the up projection's input), up out, act out; shared
-        dropped += share * model.top_k * (h * ACT_BYTES + h * inp + gate * w * ACT_BYTES + w * inp)
+    if "moe" in modules:  # the up projection's input (and the probabilities' copy), up out, act out; shared
+        copy = h * ACT_BYTES if plan.stack.memory.routed_probs_copy else 0.0
+        dropped += share * model.top_k * (copy + h * inp + gate * w * ACT_BYTES + w * inp)
         dropped += gate * sw * ACT_BYTES + sw * inp
     elif "moe_act" in modules:
         dropped += share * model.top_k * w * inp
@@ -233,7 +234,11 @@ def _mlp_per_token(model: ModelSpec, plan: ParallelPlan, layer: int, share: floa
         w = model.ffn_hidden_size
         return model.hidden_size / plan.tp + (gate * w + w) / plan.tp
     w = model.expert_ffn_hidden_size
-    routed = share * model.top_k * (2 * model.hidden_size + gate * w + w)  # permuted in, up out, act out
+    # per routed copy: the up projection's input, its output, the activation's output (the down
+    # projection's input), and a hidden-width copy where weighing by the router's
+    # probabilities keeps one (``stack.memory.routed_probs_copy``)
+    h_kept = 2 if plan.stack.memory.routed_probs_copy else 1
+    routed = share * model.top_k * (h_kept * model.hidden_size + gate * w + w)
     shared = (gate + 1) * model.shared_ffn_hidden_size
     return (model.hidden_size + routed + shared) / plan.tp
 

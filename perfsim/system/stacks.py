@@ -314,6 +314,12 @@ class MemoryPolicy:
     # the backward writes each layer's gradient as it frees the activations that layer kept,
     # so a step of one microbatch, with no accumulation buffer, peaks at the larger of the two)
     gradient_buffer: bool = True
+    # weighting the routed tokens by the router's probabilities keeps a hidden-width copy of
+    # each routed token for the probabilities' gradient (the experts' output where the combine
+    # weighs them, MaxText's unpermute; their input where the dispatch does); False where the
+    # activation weighs them (Megatron-Core's weighted SwiGLU), which keeps only what the
+    # activation's backward reads anyway (the up projection's output)
+    routed_probs_copy: bool = True
     source: str = "assumed"
 
     def __post_init__(self):
@@ -321,7 +327,7 @@ class MemoryPolicy:
             value = getattr(self, key)
             if value is not None:
                 _non_negative("memory", **{key: value})
-        for key in ("recompute_working_set", "sharded_master", "gradient_buffer"):
+        for key in ("recompute_working_set", "sharded_master", "gradient_buffer", "routed_probs_copy"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"stack.memory.{key} must be true or false, got {getattr(self, key)!r}")
         if self.fragmentation is not None and self.fragmentation >= 1:
