@@ -417,6 +417,34 @@ def test_a_compiled_step_of_one_microbatch_writes_its_gradients_where_activation
     assert len(err) == 1 and "gradient_buffer" in err[0] and "'no'" in err[0]
 
 
+@pytest.mark.parametrize("dtype, gathered", [("bf16", 2), ("fp8", 1)])
+def test_torchtitans_column_parallel_linears_keep_the_gathered_sequence(dtype, gathered):
+    """torchtitan's tensor parallelism gathers each block's attention and feed-forward input to
+    the whole sequence before the column-parallel linears (DTensor PrepareModuleInput +
+    ColwiseParallel), whose matmuls keep that gathered input (in FP8 under torchao's float8
+    tensor parallelism, which casts before it gathers); Megatron / Transformer Engine keep the
+    sequence shard and gather it again in the backward. Without TP there is nothing gathered."""
+    from dataclasses import replace
+
+    from perfsim.system.stacks import load_stack
+
+    model = tiny_dense()
+    titan = load_stack("torchtitan")
+    assert titan.memory.tp_gathered_inputs and not load_stack("megatron-primus").memory.tp_gathered_inputs
+    shard = replace(titan, memory=replace(titan.memory, tp_gathered_inputs=False))
+    for recompute in ("none", "full"):
+        for tp in (1, 4):
+            plan = ParallelPlan(tp=tp, dp=DP, gbs=DP, seq=1024, dtype=dtype, recompute=recompute, stack=titan)
+            kept = layer_activation_bytes(model, plan, 0)
+            other = layer_activation_bytes(model, replace(plan, stack=shard), 0)
+            extra = 0 if tp == 1 or recompute == "full" else 1024 * 2 * model.hidden_size * (gathered - 2 / tp)
+            assert kept - other == pytest.approx(extra)
+    # a recomputed layer stores its input alone, but its rerun holds the gathered inputs again
+    full = ParallelPlan(tp=4, dp=DP, gbs=DP, seq=1024, dtype=dtype, recompute="full", stack=titan)
+    (gathers,), (shards,) = plan_memory(model, full), plan_memory(model, replace(full, stack=shard))
+    assert gathers.activations_bytes - shards.activations_bytes == pytest.approx(1024 * 2 * model.hidden_size * (gathered - 2 / 4))
+
+
 def test_torchtitans_eager_cross_entropy_holds_three_fp32_copies_of_the_logits():
     """torchtitan's loss is eager F.cross_entropy on the FP32-cast logits: the log_softmax
     backward holds its saved output, its incoming gradient and the input gradient at once

@@ -724,7 +724,13 @@ def section() -> str:
         "says (kernels.speed_nvidia 0.8383 -> 0.826, dropless 0.462 -> 0.4644). The Primus-pipeline Qwen3-235B "
         "peaks, device-level readings (rocm-smi's used VRAM: the caching allocator's reserve and RCCL / HIP buffers "
         "beside the tensors), move from -16..-6% to -22..-16% below the printed figures; perfsim counts neither those "
-        "buffers nor a reserve beyond its assumed 10% fragmentation, and no measurement here separates them.",
+        "buffers nor a reserve beyond its assumed 10% fragmentation, and no measurement here separates them. Then, "
+        "read from torchtitan's tensor-parallel plan with its 70B TP rows' peaks in view (-19 / -14%): DTensor's "
+        "PrepareModuleInput gathers each block's attention and feed-forward input to the whole sequence before the "
+        "column-parallel linears, whose matmuls keep it (in FP8 under torchao's float8 tensor parallelism), where "
+        "Megatron / Transformer Engine keep the sequence shard (`torchtitan` `[memory] tp_gathered_inputs`): a "
+        "recomputed layer's rerun holds it, so the TP rows' peaks rise 1-2 GB (70B -19 / -14% -> -17 / -12%, 405B "
+        "about one point); no throughput moved.",
         "",
         *_summary(held, shipped),
         "",

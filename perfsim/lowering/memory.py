@@ -141,7 +141,21 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
     saved = tokens * per_token * ACT_BYTES
     if fp8_copies:
         saved -= tokens * _fp8_inputs_per_token(model, plan, layer, share) * (ACT_BYTES - FP8_BYTES)
+    saved += tokens * _gathered_inputs_per_token(model, plan)
     return saved - tokens * _modules_rerun_per_token(model, plan, layer, share, modules)
+
+
+def _gathered_inputs_per_token(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Bytes per token a layer keeps beyond the sequence shards counted for its two norm
+    outputs (the attention's input and the MLP's) where the column-parallel linears keep the
+    input their tensor-parallel all-gather wrote (``stack.memory.tp_gathered_inputs``): the whole
+    sequence, in the dtype the gather carries (FP8 under dtype fp8: torchao's float8 tensorwise
+    tensor parallelism casts before it gathers; BF16 otherwise)."""
+    if plan.tp == 1 or not plan.stack.memory.tp_gathered_inputs:
+        return 0.0
+    gathered = FP8_BYTES if plan.dtype == "fp8" else ACT_BYTES
+    shard = FP8_BYTES if plan.keeps_fp8_inputs else ACT_BYTES
+    return 2 * model.hidden_size * (gathered - shard / plan.tp)
 
 
 def _modules_rerun_per_token(model: ModelSpec, plan: ParallelPlan, layer: int, share: float,

@@ -320,6 +320,11 @@ class MemoryPolicy:
     # activation weighs them (Megatron-Core's weighted SwiGLU), which keeps only what the
     # activation's backward reads anyway (the up projection's output)
     routed_probs_copy: bool = True
+    # under tensor parallelism the column-parallel linears keep the input their all-gather wrote
+    # (the whole sequence, in the dtype the gather carries) for the weight gradient: PyTorch
+    # DTensor's ColwiseParallel behind torchtitan's PrepareModuleInput; False where they keep the
+    # sequence-parallel shard and gather it again in the backward (Megatron-Core / Transformer Engine)
+    tp_gathered_inputs: bool = False
     source: str = "assumed"
 
     def __post_init__(self):
@@ -327,7 +332,8 @@ class MemoryPolicy:
             value = getattr(self, key)
             if value is not None:
                 _non_negative("memory", **{key: value})
-        for key in ("recompute_working_set", "sharded_master", "gradient_buffer", "routed_probs_copy"):
+        for key in ("recompute_working_set", "sharded_master", "gradient_buffer", "routed_probs_copy",
+                    "tp_gathered_inputs"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"stack.memory.{key} must be true or false, got {getattr(self, key)!r}")
         if self.fragmentation is not None and self.fragmentation >= 1:
