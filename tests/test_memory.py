@@ -148,7 +148,7 @@ def test_moe_layer_activations_grow_with_top_k():
 
 
 @pytest.mark.parametrize("modules", [(), ("moe",)])
-def test_routed_tokens_are_kept_twice_only_where_the_probabilities_weigh_a_copy(modules, tmp_path, capsys):
+def test_routed_tokens_are_kept_twice_only_where_the_probabilities_weigh_a_copy(modules):
     """Megatron-Core weighs the routed tokens by the router's probabilities inside the experts'
     activation (weighted SwiGLU), which keeps only the up projection's output: each routed token
     is kept once, as the up projection's input. A stack that weighs them at the combine
@@ -156,7 +156,6 @@ def test_routed_tokens_are_kept_twice_only_where_the_probabilities_weigh_a_copy(
     whole MoE part drops that copy with the rest."""
     from dataclasses import replace
 
-    from perfsim.cli import main
     from perfsim.system.stacks import load_stack
 
     model = tiny_moe(top_k=2)
@@ -172,12 +171,6 @@ def test_routed_tokens_are_kept_twice_only_where_the_probabilities_weigh_a_copy(
         full = dict(gbs=1, seq=1024)
         assert (layer_activation_bytes(model, ParallelPlan(stack=copying, **full), 0) - twice
                 == pytest.approx(layer_activation_bytes(model, ParallelPlan(stack=megatron, **full), 0) - once + copy))
-    bad = tmp_path / "bad.toml"
-    bad.write_text('name = "bad"\n[memory]\nrouted_probs_copy = 1\n')
-    assert main(["simulate", "--model", "mixtral-8x7b", "--nodes", "1", "--gbs", "8", "--seq", "2048",
-                 "--stack", str(bad)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "routed_probs_copy" in err[0]
 
 
 @pytest.mark.parametrize(
@@ -287,15 +280,14 @@ def test_routed_experts_hold_their_padded_capacity_or_the_busiest_ranks_tokens()
     assert b.memory[0]["activations_bytes"] - a.memory[0]["activations_bytes"] == pytest.approx(0.25 * 16_384 * 1024 * 2 * 8)
 
 
-def test_a_fully_recomputed_layer_holds_its_rerun_forward_while_its_backward_runs(tmp_path, capsys):
+def test_a_fully_recomputed_layer_holds_its_rerun_forward_while_its_backward_runs():
     """Full recompute stores each layer's input, and while a layer's backward runs its rerun
     forward's saved tensors are held too (PyTorch's activation checkpointing): one layer's
     activations as without recompute less its stored input, for one microbatch; selective
     recompute holds the attention core it reruns. A stack whose compiler schedules the rerun
-    to fit (maxtext: XLA) adds none; a bad switch is one line naming the field."""
+    to fit (maxtext: XLA) adds none (a bad switch: test_a_stacks_memory_switches_take_true_or_false)."""
     from dataclasses import replace
 
-    from perfsim.cli import main
     from perfsim.plan.parallel import Recompute
     from perfsim.system.stacks import load_stack
 
@@ -325,22 +317,15 @@ def test_a_fully_recomputed_layer_holds_its_rerun_forward_while_its_backward_run
     xla = replace(full, stack=load_stack("maxtext"))
     (compiled,) = plan_memory(model, xla)
     assert compiled.activations_bytes == pytest.approx(inputs * in_flight_microbatches(xla, 0))
-    bad = tmp_path / "bad.toml"
-    bad.write_text('name = "bad"\n[memory]\nrecompute_working_set = "yes"\n')
-    assert main(["simulate", "--model", "llama3.1-8b", "--nodes", "1", "--gbs", "8", "--seq", "2048",
-                 "--stack", str(bad)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "recompute_working_set" in err[0] and "'yes'" in err[0]
 
 
-def test_fsdp2_shards_are_the_fp32_master_so_no_bf16_shard_is_kept(tmp_path, capsys):
+def test_fsdp2_shards_are_the_fp32_master_so_no_bf16_shard_is_kept():
     """torchtitan's FSDP2 keeps FP32 shards that are the optimizer's master and gathers a BF16
     copy only to compute: per-pass ZeRO-3 holds no weight shard beside the optimizer's bytes
     (16 B per parameter where Megatron-style keeps 18); weights kept gathered through the step
     are the BF16 copy of every parameter, as before."""
     from dataclasses import replace
 
-    from perfsim.cli import main
     from perfsim.system.stacks import load_stack
 
     model = tiny_dense()
@@ -357,12 +342,6 @@ def test_fsdp2_shards_are_the_fp32_master_so_no_bf16_shard_is_kept(tmp_path, cap
     (g, _) = plan_memory(model, gathered)
     (mg, _) = plan_memory(model, replace(gathered, stack=megatron.stack))
     assert g.weights_bytes == mg.weights_bytes > 0  # the gathered BF16 copy, either way
-    bad = tmp_path / "bad.toml"
-    bad.write_text('name = "bad"\n[memory]\nsharded_master = 1\n')
-    assert main(["simulate", "--model", "llama3.1-8b", "--nodes", "1", "--gbs", "8", "--seq", "2048",
-                 "--stack", str(bad)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "sharded_master" in err[0]
 
 
 def test_a_bf16_dense_layer_keeps_the_tensors_megatron_keeps():
@@ -379,7 +358,7 @@ def test_a_bf16_dense_layer_keeps_the_tensors_megatron_keeps():
     assert layer_activation_bytes(model, plan, 0) == 4096 * values * 2
 
 
-def test_a_compiled_step_of_one_microbatch_writes_its_gradients_where_activations_were(tmp_path, capsys):
+def test_a_compiled_step_of_one_microbatch_writes_its_gradients_where_activations_were():
     """XLA keeps no gradient buffer through MaxText's step: with one microbatch per step its
     backward writes each layer's gradients as it frees that layer's activations (and the
     logits before them), so the peak is the larger of the two, not their sum. With more
@@ -387,7 +366,6 @@ def test_a_compiled_step_of_one_microbatch_writes_its_gradients_where_activation
     stack with a gradient buffer (Megatron-Core's, FSDP2's) always holds both."""
     from dataclasses import replace
 
-    from perfsim.cli import main
     from perfsim.estimators.fastmem import MemoryModel
     from perfsim.lowering.memory import gradients_apart
     from perfsim.system.stacks import load_stack
@@ -409,12 +387,6 @@ def test_a_compiled_step_of_one_microbatch_writes_its_gradients_where_activation
         assert not gradients_apart(megatron) and plan_memory(model, megatron)[0].reused_bytes == 0
         for plan in (one, two, megatron):  # the search's memoised peak agrees
             assert MemoryModel(model).peak(plan)[0] == pytest.approx(plan_memory(model, plan)[0].total_bytes)
-    bad = tmp_path / "bad.toml"
-    bad.write_text('name = "bad"\n[memory]\ngradient_buffer = "no"\n')
-    assert main(["simulate", "--model", "llama3.1-8b", "--nodes", "1", "--gbs", "8", "--seq", "2048",
-                 "--stack", str(bad)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "gradient_buffer" in err[0] and "'no'" in err[0]
 
 
 @pytest.mark.parametrize("dtype, gathered", [("bf16", 2), ("fp8", 1)])
@@ -492,3 +464,19 @@ def test_interleaved_memory_walks_megatrons_order_with_each_chunk_weighing_its_l
     # two layers a chunk: stage 0 warms up with chunks 0, 0, 1, 1 and one more forward (five chunks:
     # Narayanan's 2 x (1 + 1 / 4) microbatches of four layers), stage 1 with chunks 0, 0 and one more
     assert (first, last) == (pytest.approx(10.0), pytest.approx(6.0))
+
+
+@pytest.mark.parametrize("field", ["recompute_working_set", "sharded_master", "gradient_buffer", "routed_probs_copy",
+                                   "tp_gathered_inputs"])
+@pytest.mark.parametrize("value", ['"no"', "1"])
+def test_a_stacks_memory_switches_take_true_or_false(field, value, tmp_path, capsys):
+    """A [memory] switch given anything but true / false is refused: one line naming the field
+    and the value, exit 2."""
+    from perfsim.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'name = "bad"\n[memory]\n{field} = {value}\n')
+    assert main(["simulate", "--model", "mixtral-8x7b", "--nodes", "1", "--gbs", "8", "--seq", "2048",
+                 "--stack", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f".memory.{field}: expected true or false" in err[0] and value.strip('"') in err[0]
