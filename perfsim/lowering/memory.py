@@ -141,21 +141,24 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
     saved = tokens * per_token * ACT_BYTES
     if fp8_copies:
         saved -= tokens * _fp8_inputs_per_token(model, plan, layer, share) * (ACT_BYTES - FP8_BYTES)
-    saved += tokens * _gathered_inputs_per_token(model, plan)
+    saved += tokens * _gathered_inputs_per_token(model, plan, layer)
     return saved - tokens * _modules_rerun_per_token(model, plan, layer, share, modules)
 
 
-def _gathered_inputs_per_token(model: ModelSpec, plan: ParallelPlan) -> float:
+def _gathered_inputs_per_token(model: ModelSpec, plan: ParallelPlan, layer: int) -> float:
     """Bytes per token a layer keeps beyond the sequence shards counted for its two norm
     outputs (the attention's input and the MLP's) where the column-parallel linears keep the
     input their tensor-parallel all-gather wrote (``stack.memory.tp_gathered_inputs``): the whole
     sequence, in the dtype the gather carries (FP8 under dtype fp8: torchao's float8 tensorwise
-    tensor parallelism casts before it gathers; BF16 otherwise)."""
+    tensor parallelism casts before it gathers; BF16 otherwise). The shards were counted as
+    ``layer_activation_bytes`` keeps them: in FP8 where the stack keeps FP8 inputs, but for an
+    MoE layer's MLP input (the router's, BF16)."""
     if plan.tp == 1 or not plan.stack.memory.tp_gathered_inputs:
         return 0.0
     gathered = FP8_BYTES if plan.dtype == "fp8" else ACT_BYTES
-    shard = FP8_BYTES if plan.keeps_fp8_inputs else ACT_BYTES
-    return 2 * model.hidden_size * (gathered - shard / plan.tp)
+    attn_shard = FP8_BYTES if plan.keeps_fp8_inputs else ACT_BYTES
+    mlp_shard = ACT_BYTES if is_moe_layer(model, layer) else attn_shard
+    return model.hidden_size * (2 * gathered - (attn_shard + mlp_shard) / plan.tp)
 
 
 def _modules_rerun_per_token(model: ModelSpec, plan: ParallelPlan, layer: int, share: float,
