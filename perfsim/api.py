@@ -153,15 +153,11 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
     def fits(candidate: ParallelPlan) -> bool:
         return max(m.total_bytes for m in _plan_memory(model, candidate, routing)) <= cluster.gpu.hbm_bytes
 
-    def at(level: Recompute, layers: int) -> ParallelPlan:  # the module list applies to selective only
-        modules = plan.recompute_modules if level == Recompute.SELECTIVE else DEFAULT_RECOMPUTE_MODULES
-        return replace(plan, recompute=level, recompute_layers=layers, recompute_modules=modules)
-
     fixed = plan.recompute_layers
     no_full = plan.overlaps_ep_comm
-    full = None if no_full else at(Recompute.FULL, fixed)
+    full = None if no_full else plan.at_recompute(Recompute.FULL, fixed)
     # returned when nothing fits: full recompute, or beside the overlap the last (heaviest) level tried
-    fallback = at(Recompute.NONE, 0) if no_full else full
+    fallback = plan.at_recompute(Recompute.NONE) if no_full else full
     for level in recompute_ladder(plan.stack.recompute.auto, model):
         if level == "full" or (no_full and level == "block"):
             break
@@ -173,7 +169,7 @@ def least_recompute(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                 return replace(full, recompute_layers=layers)
             continue
         recompute = Recompute(level)
-        candidate = at(recompute, 0 if recompute == Recompute.NONE else fixed)
+        candidate = plan.at_recompute(recompute, 0 if recompute == Recompute.NONE else fixed)
         if fits(candidate):
             return candidate
         if no_full:

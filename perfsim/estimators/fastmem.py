@@ -23,7 +23,8 @@ def states_key(plan: ParallelPlan) -> tuple:
             plan.step_zero >= 2 and (plan.overlap_param_gather, plan.overlap_grad_reduce, plan.grad_bucket_bytes))
 
 
-def transient_key(plan: ParallelPlan) -> tuple:
+def transient_key(plan: ParallelPlan, states: tuple) -> tuple:
+    """``states``: the plan's ``states_key``, part of this key where the gradients reuse transient memory."""
     return (plan.tp, plan.cp, plan.mbs, plan.seq, plan.recompute, plan.selective_modules, plan.sequence_parallel,
             plan.pp, plan.vpp,
             plan.schedule, plan.num_microbatches, plan.first_stage_layers, plan.last_stage_layers, plan.accounted,
@@ -31,7 +32,7 @@ def transient_key(plan: ParallelPlan) -> tuple:
             plan.stack.memory, plan.keeps_fp8_inputs,
             plan.ep, plan.etp, plan.stack.moe.dispatch,  # the routed experts' share (memory.routed_share)
             plan.overlaps_ep_comm,  # its extra warmup forward (memory.in_flight_microbatches)
-            gradients_apart(plan) and states_key(plan))  # the gradients reuse transient memory (memory.reused_bytes)
+            gradients_apart(plan) and states)  # the gradients reuse transient memory (memory.reused_bytes)
 
 
 class MemoryModel:
@@ -49,7 +50,8 @@ class MemoryModel:
         self._transient.setdefault(tkey, tuple(m.total_bytes - s for m, s in zip(stages, states)))
 
     def stage_totals(self, plan: ParallelPlan) -> list[float]:
-        skey, tkey = states_key(plan), transient_key(plan)
+        skey = states_key(plan)
+        tkey = transient_key(plan, skey)
         states, transient = self._states.get(skey), self._transient.get(tkey)
         if states is None or transient is None:
             self._fill(plan, skey, tkey)

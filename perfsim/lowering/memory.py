@@ -209,7 +209,7 @@ def recompute_working_set(model: ModelSpec, plan: ParallelPlan, layers, share: f
     rerun = [l for l in layers if recomputes(model, plan, l) != Recompute.NONE]
     if not rerun:
         return 0.0
-    kept = dataclasses.replace(plan, recompute=Recompute.NONE, recompute_layers=0, recompute_modules=DEFAULT_RECOMPUTE_MODULES)
+    kept = plan.at_recompute(Recompute.NONE)
     stored = stored or {l: layer_activation_bytes(model, plan, l, share) for l in rerun}
     return max(layer_activation_bytes(model, kept, l, share) - stored[l] for l in rerun)
 

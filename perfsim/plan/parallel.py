@@ -271,6 +271,14 @@ class ParallelPlan:
         ``_check_recompute_modules``)."""
         return self.recompute_modules if self.recompute == Recompute.SELECTIVE else ()
 
+    def at_recompute(self, level: Recompute | str, layers: int = 0) -> "ParallelPlan":
+        """This plan at recompute ``level`` (``layers``: its recompute_layers), its module list
+        kept where the level is selective and the default one elsewhere, the only list a plan
+        at another level may hold (``_check_recompute_modules``)."""
+        level = _enum(Recompute, level, "recompute")
+        modules = self.recompute_modules if level == Recompute.SELECTIVE else DEFAULT_RECOMPUTE_MODULES
+        return dataclasses.replace(self, recompute=level, recompute_layers=layers, recompute_modules=modules)
+
     def _check_divisibility(self) -> None:
         if self.gbs % (self.mbs * self.dp):
             raise ConfigError(f"plan.gbs ({self.gbs}) must be divisible by mbs*dp ({self.mbs}*{self.dp})")
