@@ -131,6 +131,29 @@ def test_kernels_quote_the_plan_dtype_the_moe_class_and_a_derived_gpu_at_its_bas
     assert derived["kernels"]["cells"]["gemm.bf16"]["gpu"] == "mi355x" and "on mi355x: same die" in derived["lines"][1]
 
 
+def test_a_gpu_pricing_experts_at_another_gpus_grouped_tables_quotes_that_gpus_figure(capsys):
+    """MI355X (and MI350X) borrow MI300X's grouped tables (no grouped measurement of their
+    own): an MoE plan's note quotes MI300X's held-out grouped figure as MI300X's, never as a
+    check on this GPU, and a dense plan's note has no grouped part; ``list --accuracy`` says
+    where the grouped tables come from."""
+    from perfsim.cli import main
+
+    donor = accuracy.figures()["kernels"]["mi300x"]["cells"]["grouped_gemm.bf16"]
+    for cluster in ("mi355x-pollara", "mi350x-pollara"):
+        assert accuracy.figures()["kernels"][cluster.split("-")[0]]["grouped_from"] == "mi300x"
+        moe = _notes(tiny_moe(), cluster, gpus=8, dp=8, ep=4, gbs=16)
+        cell = moe["kernels"]["cells"]["grouped_gemm.bf16"]
+        assert cell["gpu"] == "mi300x" and cell["borrowed"] is True
+        assert cell["held_out_mape_pct"] == donor["held_out_mape_pct"]
+        assert (f"grouped GEMM bf16 at mi300x's table, no measurement of it on this GPU (mi300x's held-out "
+                f"{donor['held_out_mape_pct']:.1f}%, {donor['points']} points)") in moe["lines"][1]
+    assert "grouped" not in _notes(tiny_dense(), "mi355x-pollara", gpus=8, dp=8, gbs=16)["lines"][1]
+    h100 = _notes(tiny_moe(), "h100-ib", gpus=8, dp=8, ep=4, gbs=16)["kernels"]["cells"]["grouped_gemm.bf16"]
+    assert h100["gpu"] == "h100" and "borrowed" not in h100  # its own measured table
+    assert main(["list", "--accuracy"]) == 0
+    assert "mi355x   [grouped tables from mi300x]" in capsys.readouterr().out
+
+
 def test_a_kernel_library_table_is_said_to_be_in_sample():
     notes = _notes(tiny_dense(), gpus=8, dp=8, gbs=16, stack="megatron-primus")
     assert notes["kernels"]["libraries"] == {"attention": "aiter_v3"}

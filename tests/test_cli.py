@@ -78,25 +78,29 @@ def test_list(capsys):
 
 
 def test_list_provenance_says_where_a_grouped_table_is_missing(capsys):
-    """A GPU with no grouped-kernel table (MI355X: its experts priced as one launch at the
-    dense table) is listed with that assumption instead of leaving the table out; the
-    shipped MI300X and H100 grouped tables are listed as measured, MI325X's and H200's as
-    derived from their base GPUs'."""
+    """A GPU with no grouped-kernel table (its experts priced as one launch at the dense
+    table) is listed with that assumption instead of leaving the table out; the shipped
+    MI300X and H100 grouped tables are listed as measured, MI325X's and H200's as derived
+    from their base GPUs', MI355X's (and so MI350X's) as derived from MI300X's, which it
+    has no grouped measurement to replace."""
     import dataclasses
 
     from perfsim.system.hardware import load_gpu
     from perfsim.system.kernel_tables import table_provenance
 
     rows = {name: {t: status for t, status, _ in table_provenance(load_gpu(name))}
-            for name in ("mi300x", "mi355x", "h100", "mi325x", "h200")}
+            for name in ("mi300x", "mi355x", "mi350x", "h100", "mi325x", "h200")}
     for name in ("mi300x", "h100"):
         assert rows[name]["grouped_gemm.bf16"] == "measured" and "grouped_gemm" not in rows[name]
-    assert rows["mi325x"]["grouped_gemm.bf16"] == rows["h200"]["grouped_gemm.bf16"] == "derived"
-    assert rows["mi355x"]["grouped_gemm"] == "assumed"
+    for name in ("mi325x", "h200", "mi355x", "mi350x"):
+        assert rows[name]["grouped_gemm.bf16"] == "derived" and "grouped_gemm" not in rows[name]
+    assert "the mi300x table" in load_gpu("mi355x").grouped_table("bf16").source
     bare = {t: (status, why) for t, status, why in table_provenance(dataclasses.replace(load_gpu("h100"), grouped_gemm={}))}
     assert bare["grouped_gemm"][0] == "assumed" and "one launch at the dense gemm table" in bare["grouped_gemm"][1]
     assert main(["list", "--provenance"]) == 0
-    assert "one launch at the dense gemm table" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "derived: the mi300x table (no grouped-GEMM measurement of this GPU" in out
+    assert "one launch at the dense gemm table" not in out  # every shipped GPU has a grouped table
 
 
 def test_list_provenance_shows_every_cluster_table_and_the_sms_deepep_holds(capsys):

@@ -494,15 +494,34 @@ def test_a_two_stage_fused_moe_row_becomes_its_two_grouped_gemms():
 def test_inference_fused_moe_stages_inform_no_table_but_are_checked(summaries):
     """AITER's fused-MoE stages gather and scatter their tokens (work a training grouped
     GEMM does not do): a fit never reads them, so MI355X, whose only grouped rows they are,
-    keeps no grouped table (every fold and the shipped fit); the accuracy report still
-    prices them, as their own class."""
+    fits no grouped table of its own (every fold and the shipped fit) and takes MI300X's
+    (``GROUPED_FROM``: speeds against its own dense price), each fold MI300X's fold without
+    the held family; the accuracy report still prices the stages, as their own class."""
     stages = [p for p, _ in acc.pool("mi355x") if p.kernel == "moe_stage"]
     assert stages and not any(acc.in_fit_range(p) for p in stages)
-    assert not load_gpu("mi355x").grouped_gemm  # the shipped profile: acc.refit, fitted to every row
+    shipped, donor = load_gpu("mi355x"), load_gpu("mi300x")  # acc.refit's, fitted to every row
+    assert set(shipped.grouped_gemm) == set(donor.grouped_gemm) == {"bf16", "fp8"}
+    for dtype, table in shipped.grouped_gemm.items():
+        assert table.source.startswith("derived: the mi300x table")
+        assert (table.forward_speed, table.backward_speed) == (donor.grouped_gemm[dtype].forward_speed,
+                                                               donor.grouped_gemm[dtype].backward_speed)
     for held in {f for _, f in acc.pool("mi355x")}:
         gpu, cells, _ = acc.fit_tables("mi355x", held)  # the folds summaries fitted
-        assert not gpu.grouped_gemm and ("grouped_gemm", "bf16") not in cells
+        assert ("grouped_gemm", "bf16") not in cells
+        base = acc.fit_tables("mi300x", acc._root(held), root=True)[0]
+        assert gpu.grouped_table("bf16").forward_speed == base.grouped_table("bf16").forward_speed
     assert ("fused_moe", "bf16") in summaries["mi355x"]
+
+
+def test_a_borrowed_grouped_table_never_replaces_a_gpus_own():
+    """``borrow_grouped`` fills only the dtypes a GPU fitted no grouped table for, and says
+    where the borrowed one comes from; a GPU with all its own keeps them."""
+    own, donor = load_gpu("h100"), load_gpu("mi300x")
+    assert acc.borrow_grouped(own, donor).grouped_gemm["bf16"] is own.grouped_gemm["bf16"]
+    bare = dataclasses.replace(own, grouped_gemm={})
+    got = acc.borrow_grouped(bare, donor).grouped_gemm
+    assert set(got) == set(donor.grouped_gemm) and got["bf16"].forward_speed == donor.grouped_gemm["bf16"].forward_speed
+    assert got["bf16"].source.startswith("derived: the mi300x table") and donor.grouped_gemm["bf16"].source in got["bf16"].source
 
 
 def test_a_moe_mlp_row_is_priced_as_its_layers_steps():

@@ -58,6 +58,13 @@ MIN_LIBRARY_ROWS = 20  # fewer rows of one library leave its table to the pooled
 # takes the same table (same die: the speed is against each GPU's own dense price)
 GROUPED_LIBRARIES = {"torch_grouped_mm": lambda row, p: row["library"].startswith("torch._grouped_mm") and p.dtype == "bf16"}
 MIN_GROUPED_LIBRARY_ROWS = 8
+# a GPU with no grouped-GEMM rows of its own takes the grouped tables of the GPU named here, the
+# previous generation of the same vendor's grouped kernels (CK, Primus-Turbo, hipBLASLt grouped),
+# as speeds against its own dense price (the GPUs derived from it with them). MI355X: the public
+# MI355X grouped-kernel tables are held back (validation/data/kernels/SOURCES.md), and the
+# alternative, speed 1 (a grouped kernel as fast as one dense launch of the same work), is what
+# every GPU with grouped measurements contradicts (MI300X, H100 and H200 all run them slower)
+GROUPED_FROM = {"mi355x": "mi300x"}
 SAME_DIE = {"h100": "h200", "h200": "h100", "mi300x": "mi325x", "mi325x": "mi300x", "mi355x": "mi350x", "mi350x": "mi355x"}
 TARGETS = {"gemm": 10.0, "attention": 15.0, "grouped_gemm": 15.0}  # issue 14 "done when", held-out MAPE %
 SPLITS = ("fit", "check")  # the files make_kernel_csvs.py writes; pooled here (the folds are by family)
@@ -191,7 +198,21 @@ def fit_tables(name: str, held: str | None = None, root: bool = False) -> tuple[
         return dataclasses.replace(gpu, **{f: getattr(base, f) for f in TABLE_FIELDS}), cells, fits
     # every family's rows but the held one's: folds that keep the same families are one fit
     # (a derived GPU's fold by root family is its base's fold where that family has no backends)
-    return _fold(name, frozenset(f for _, f in pooled(name) if _kept(f, held, root)))
+    gpu, cells, fits = _fold(name, frozenset(f for _, f in pooled(name) if _kept(f, held, root)))
+    if name in GROUPED_FROM:  # that GPU's fold without the held family (its root: every backend)
+        gpu = borrow_grouped(gpu, fit_tables(GROUPED_FROM[name], _root(held), root=True)[0])
+    return gpu, cells, fits
+
+
+def borrow_grouped(gpu: GpuSpec, donor: GpuSpec) -> GpuSpec:
+    """``gpu`` with ``donor``'s grouped tables for the dtypes it has none of (``GROUPED_FROM``):
+    speeds against the dense price, so each GPU's own dense table carries its own peak and
+    fall-off; the source says where they come from."""
+    borrowed = {d: dataclasses.replace(t, source=f"derived: the {donor.name} table (no grouped-GEMM measurement of "
+                                                f"this GPU in the repository; speeds against this GPU's own dense "
+                                                f"price, the previous generation's grouped kernels); {t.source}")
+                for d, t in donor.grouped_gemm.items() if d not in gpu.grouped_gemm}
+    return dataclasses.replace(gpu, grouped_gemm={**gpu.grouped_gemm, **borrowed}) if borrowed else gpu
 
 
 @functools.lru_cache(maxsize=None)
@@ -357,8 +378,12 @@ def fold_rows(name: str, kind: str, dtype: str, held: str) -> int:
     """Rows of (kind, dtype) the fold that holds out ``held`` fits its table to (``fit_tables``)."""
     base = DERIVED.get(name, name)
     kind = "grouped_gemm" if kind == "fused_moe" else kind  # the table that prices a fused-MoE stage
-    return sum(1 for p, f in pooled(base)
-               if _kept(f, held, name in DERIVED) and _cell(p) == (kind, dtype) and in_fit_range(p))
+    own = sum(1 for p, f in pooled(base)
+              if _kept(f, held, name in DERIVED) and _cell(p) == (kind, dtype) and in_fit_range(p))
+    if own or kind != "grouped_gemm" or base not in GROUPED_FROM:
+        return own
+    return sum(1 for p, f in pooled(GROUPED_FROM[base])  # the borrowed table's rows (``borrow_grouped``)
+               if _kept(f, held, True) and _cell(p) == (kind, dtype) and in_fit_range(p))
 
 
 def summary(gpu: GpuSpec) -> dict[tuple[str, str], tuple[int, float]]:
@@ -382,7 +407,9 @@ def section() -> str:
            "rows, never its family); `family/backend` marks a cell with one family, split by kernel backend "
            "within it (a weak split). The shipped tables are fitted to all families. MI325X, MI350X and H200 "
            "take the MI300X / MI355X / H100 tables (same die, own peak, clock under load and HBM), fitted "
-           "without the family checked (all its backends, on the base GPU's rows too). FP8 rows timed with their input casts are fitted and priced as GEMM + modelled casts. "
+           "without the family checked (all its backends, on the base GPU's rows too). MI355X (and MI350X with it) has no "
+           "grouped-GEMM rows of its own: it takes MI300X's grouped tables (speeds against its own dense price; "
+           "`GROUPED_FROM`), fitted without the family checked. FP8 rows timed with their input casts are fitted and priced as GEMM + modelled casts. "
            "Host-timed rows (`timing = host`: Primus-Turbo's Timer.timeit harness, hipblaslt-bench's host-clocked loop of back-to-back calls) are fitted as the longer of the GPU time "
            "and a host time per call fitted per series that shows one (`kernel_fit.host_floors`), and checked at their GPU "
            "time. "

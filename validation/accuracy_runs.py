@@ -732,6 +732,21 @@ def section() -> str:
         "recomputed layer's rerun holds it, so the TP rows' peaks rise 1-2 GB (70B -19 / -14% -> -17 / -12%, 405B "
         "about one point); no throughput moved.",
         "",
+        "Thirty-third session, a kernel-table assumption replaced, with these figures in view: MI355X had no "
+        "grouped-GEMM table (its public grouped-kernel tables are held back), so its grouped expert GEMMs ran at "
+        "speed 1, as one dense launch of the same work, which every GPU with grouped measurements contradicts "
+        "(MI300X 0.91 forward / 0.72 backward, H100 0.74 / 0.44, H200's torch._grouped_mm 0.87 / 0.80 against their "
+        "own dense price). MI355X (and MI350X with it) now takes MI300X's grouped tables, the previous generation of "
+        "the same vendor's grouped kernels, as speeds against its own dense price (validation/accuracy_kernels.py "
+        "`GROUPED_FROM`; `derived` in `perfsim list --provenance`). Round 5 of the kernel work had tried the same "
+        "and not kept it (validation/data/kernels/SOURCES.md): MaxText's capacity path, batched einsums, was then "
+        "priced with the grouped table too; it is priced at the dense table now. The Primus-pipeline Qwen3-235B "
+        "MI355X runs, priced at the stack's assumed speeds, move 2-8 points slower (+12.7 / +10.5% -> +6.9 / +2.2% "
+        "the largest); `maxtext` refitted in sample as its protocol says (dropless 0.3701 -> 0.4188: its ragged "
+        "experts' speed is now against the grouped table, kernels 1.251 unchanged, input pipeline 219.7 -> 219.3 s "
+        "per million tokens), which moves its held-out median 3.3 -> 4.6% and DROPLESS-DSV3-23 / 24 +28.9 / +33.1% "
+        "-> +28.0 / +30.9%. The AITER fused-MoE stages on MI355X, which inform no table, move 28.7 -> 26.8% (BF16).",
+        "",
         *_summary(held, shipped),
         "",
         *_targets(held),

@@ -42,7 +42,9 @@ def kernel_facts() -> dict:
             if kind == "memory" or kind not in ak.TARGETS:
                 continue  # quoted: the classes a step's time rests on and the issue sets targets for
             cells[f"{kind}.{dtype}"] = {"points": n, "held_out_mape_pct": _r(err), "target_pct": ak.TARGETS[kind]}
-        out[name] = {"base": ak.DERIVED.get(name, name), "cells": cells}
+        base = ak.DERIVED.get(name, name)
+        donor = {"grouped_from": ak.GROUPED_FROM[base]} if base in ak.GROUPED_FROM else {}  # its grouped tables'
+        out[name] = {"base": base, **donor, "cells": cells}
     return out
 
 

@@ -165,6 +165,18 @@ def _cell(gpu: str, key: str) -> tuple[str, dict] | None:
     return (own["base"], base) if base is not None and own["base"] != gpu else None
 
 
+def _borrowed(gpu: str, key: str) -> tuple[str, dict] | None:
+    """(donor, its held-out cell) of a GPU that prices its grouped GEMMs at another GPU's tables,
+    having no grouped measurement of its own (``grouped_from``: validation/accuracy_kernels.py
+    GROUPED_FROM); the figure checks the donor's tables on the donor, not this GPU."""
+    kernels = figures().get("kernels", {})
+    donor = kernels.get(gpu, {}).get("grouped_from")
+    if donor is None or not key.startswith("grouped_gemm."):
+        return None
+    cell = kernels.get(donor, {}).get("cells", {}).get(key)
+    return (donor, cell) if cell is not None else None
+
+
 def kernel_note(gpu: str, dtype: str, moe: bool, libraries: dict[str, str], shipped: bool = True) -> tuple[dict, str]:
     if not shipped:
         return {"gpu": gpu, "checked": False}, (
@@ -186,6 +198,13 @@ def kernel_note(gpu: str, dtype: str, moe: bool, libraries: dict[str, str], ship
         if found is None and kind != "attention" and dt != "bf16":  # an FP8 / FP16 cell falls back to BF16's
             found = _cell(gpu, f"{kind}.bf16")
             label = CLASSES[kind] + " bf16"
+        borrowed = _borrowed(gpu, f"{kind}.{dt}") if found is None else None
+        if borrowed is not None:
+            on, cell = borrowed
+            cells[f"{kind}.{dt}"] = {"gpu": on, **cell, "borrowed": True}
+            parts.append(f"{label} at {on}'s table, no measurement of it on this GPU ({on}'s held-out "
+                         f"{cell['held_out_mape_pct']:.1f}%, {cell['points']} points)")
+            continue
         if found is None:
             parts.append(f"{label} not checked (no measurement of it on this GPU)")
             continue
@@ -286,6 +305,7 @@ def summary_lines() -> list[str]:
     for gpu, v in facts.get("kernels", {}).items():
         cells = ", ".join(f"{k} {c['held_out_mape_pct']:.1f}% ({c['points']})" for k, c in v["cells"].items())
         base = "" if v["base"] == gpu else f" [tables from {v['base']}]"
+        base += f" [grouped tables from {v['grouped_from']}]" if v.get("grouped_from") else ""
         out.append(f"  {gpu:<8}{base} {cells or 'no rows of its own'}")
     plans = facts.get("plans", {})
     if plans.get("groups"):
