@@ -187,27 +187,35 @@ def test_a_stacks_tp_overlap_default_is_turned_off_from_the_cli(capsys):
     assert plan["ep_comm_overlap"] is True and plan["tp_comm_overlap"] is False
 
 
-def test_the_extra_warmup_forward_holds_one_more_chunk():
-    """Megatron-Core schedules one more forward before the steady 1F1B steps under the
-    overlap: one model chunk's activations more, a microbatch's 1 / vpp (the fast search
-    memory model keys it too)."""
+def test_the_overlap_holds_one_more_layer_not_one_more_chunk():
+    """Megatron-Core schedules one more forward before the steady steps under the overlap,
+    then merges each step's forward and backward layer by layer (schedule_chunk_1f1b: the
+    forward chunk's layer i beside the backward chunk's layer n - 1 - i), so the backward
+    frees a layer as the forward keeps one: the peak holds one layer's activations more than
+    without the overlap, interleaved or without a pipeline, never a whole chunk or microbatch
+    more (the fast search memory model keys it too)."""
     from perfsim.estimators.fastmem import MemoryModel
     from perfsim.lowering.memory import in_flight_microbatches, plan_memory
+    from perfsim.plan.schedules import interleaved_peak
 
     model = api.load_model("olmoe-1b-7b")
-    plan = ParallelPlan(tp=1, pp=2, vpp=2, dp=8, ep=8, mbs=1, gbs=32, seq=4096, schedule="interleaved")
-    over = ParallelPlan(tp=1, pp=2, vpp=2, dp=8, ep=8, mbs=1, gbs=32, seq=4096, schedule="interleaved",
-                        ep_comm_overlap=True)
-    assert in_flight_microbatches(over, 0) == pytest.approx(in_flight_microbatches(plan, 0) + 1 / 2)
-    layers = model.num_layers // 4  # one chunk
-    base, extra = plan_memory(model, plan)[0], plan_memory(model, over)[0]
-    per_chunk = base.activations_bytes / in_flight_microbatches(plan, 0) / 2
-    assert extra.activations_bytes - base.activations_bytes == pytest.approx(per_chunk)
-    assert layers * 2 * 2 == model.num_layers
-    fast = MemoryModel(model)
-    assert fast.peak(plan)[0] < fast.peak(over)[0] == pytest.approx(max(m.total_bytes for m in plan_memory(model, over)))
-    no_pp = ParallelPlan(tp=1, dp=16, ep=8, mbs=1, gbs=32, seq=4096, ep_comm_overlap=True)
-    assert in_flight_microbatches(no_pp, 0) == 2  # the forward of the next beside the backward of this one
+    for knobs in (dict(pp=2, vpp=2, dp=8, schedule="interleaved"), dict(dp=16)):
+        plan = ParallelPlan(tp=1, ep=8, mbs=1, gbs=32, seq=4096, **knobs)
+        over = dataclasses.replace(plan, ep_comm_overlap=True)
+        assert in_flight_microbatches(over, 0) == in_flight_microbatches(plan, 0)  # the schedule's own count
+        base, extra = plan_memory(model, plan)[0], plan_memory(model, over)[0]
+        chunk_layers = model.num_layers // (plan.pp * plan.vpp)
+        per_layer = base.activations_bytes / in_flight_microbatches(plan, 0) / (chunk_layers * plan.vpp)
+        assert extra.activations_bytes - base.activations_bytes == pytest.approx(per_layer, rel=1e-6)
+        fast = MemoryModel(model)
+        assert fast.peak(plan)[0] < fast.peak(over)[0] == pytest.approx(max(m.total_bytes for m in plan_memory(model, over)))
+    # the walk itself: equal chunks of 4 layers, one warm-up forward more, each merged step one layer more
+    plain = interleaved_peak(2, 2, 0, 16, (4.0, 4.0))
+    assert interleaved_peak(2, 2, 0, 16, (4.0, 4.0), merged=(1.0, 1.0)) == plain + 1.0
+    # one microbatch: no steady step to merge, nothing more
+    single = ParallelPlan(tp=1, ep=8, dp=16, mbs=1, gbs=16, seq=4096)
+    assert (plan_memory(model, dataclasses.replace(single, ep_comm_overlap=True))[0].activations_bytes
+            == plan_memory(model, single)[0].activations_bytes)
 
 
 def test_recompute_auto_stops_before_full_recompute_beside_the_overlap():

@@ -745,7 +745,15 @@ def section() -> str:
         "the largest); `maxtext` refitted in sample as its protocol says (dropless 0.3701 -> 0.4188: its ragged "
         "experts' speed is now against the grouped table, kernels 1.251 unchanged, input pipeline 219.7 -> 219.3 s "
         "per million tokens), which moves its held-out median 3.3 -> 4.6% and DROPLESS-DSV3-23 / 24 +28.9 / +33.1% "
-        "-> +28.0 / +30.9%. The AITER fused-MoE stages on MI355X, which inform no table, move 28.7 -> 26.8% (BF16).",
+        "-> +28.0 / +30.9%. The AITER fused-MoE stages on MI355X, which inform no table, move 28.7 -> 26.8% (BF16). "
+        "Then, read from Megatron-Core's code, nothing fitted: under the expert-parallel all-to-all overlap its "
+        "combined schedule merges each steady step's forward and backward layer by layer (schedule_chunk_1f1b: "
+        "the forward chunk's layer i beside the backward chunk's layer n - 1 - i), so the one more warm-up forward "
+        "it runs leaves the peak one layer above the schedule's own, where perfsim had held one more chunk (a whole "
+        "microbatch without a pipeline: a Qwen3-30B-A3B TP1 PP1 EP16 BF16 plan on 16 H100 under `megatron-primus` "
+        "came out at 98 GB, not fitting, now 74 GB, where NVIDIA's Megatron-Bridge run of it with the overlap printed "
+        "62.2 GiB, 66.8 GB, peak allocated: NVIDIA-NeMo/Megatron-Bridge PR #5123, a 26.08 container, not a case). The "
+        "overlapped runs here lose under 1 GB (MZ-Q235-H100-02 / 05 68.5 -> 67.6 GB); no throughput moved.",
         "",
         *_summary(held, shipped),
         "",

@@ -31,7 +31,7 @@ def transient_key(plan: ParallelPlan, states: tuple) -> tuple:
             plan.recompute_layers,
             plan.stack.memory, plan.keeps_fp8_inputs,
             plan.ep, plan.etp, plan.stack.moe.dispatch,  # the routed experts' share (memory.routed_share)
-            plan.overlaps_ep_comm,  # its extra warmup forward (memory.in_flight_microbatches)
+            plan.overlaps_ep_comm,  # its merged steady steps (memory.held_activation_bytes)
             gradients_apart(plan) and states)  # the gradients reuse transient memory (memory.reused_bytes)
 
 

@@ -261,14 +261,10 @@ def _mlp_per_token(model: ModelSpec, plan: ParallelPlan, layer: int, share: floa
 
 
 def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
-    """Microbatches whose activations a stage holds at its peak. Under the expert-parallel
-    all-to-all overlap Megatron-Core schedules one more forward before the steady 1F1B steps
-    (so each step's forward and backward are independent: NVIDIA/Megatron-LM
-    megatron/core/pipeline_parallel/schedules.py, "if overlap_moe_expert_parallel_comm:
-    num_warmup_microbatches = num_warmup_microbatches + 1"): one more model chunk's
-    activations, a microbatch's 1 / vpp. Under the interleaved order the schedule itself is
-    walked (``schedules.interleaved_peak``, chunks of equal weight; ``held_activation_bytes``
-    weighs each chunk by its layers)."""
+    """Microbatches whose activations a stage holds at its peak under the plan's schedule.
+    Under the interleaved order the schedule itself is walked (``schedules.interleaved_peak``,
+    chunks of equal weight; ``held_activation_bytes`` weighs each chunk by its layers). The
+    expert-parallel all-to-all overlap's one more layer is ``held_activation_bytes``'s."""
     m = plan.num_microbatches
     if plan.schedule == Schedule.GPIPE:
         return m
@@ -280,7 +276,7 @@ def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
         held = max(plan.pp - stage, stage + 1)  # peak (stage 0) = 1F1B's (Qi'23)
     else:
         held = plan.pp - stage
-    return min(m, held + (1 / plan.vpp if plan.overlaps_ep_comm else 0.0))
+    return min(m, held)
 
 
 def _interleaved_order(plan: ParallelPlan) -> bool:
@@ -289,20 +285,31 @@ def _interleaved_order(plan: ParallelPlan) -> bool:
     return plan.vpp > 1 and plan.schedule != Schedule.GPIPE and plan.schedule not in V_SHAPES
 
 
-def _interleaved_held(plan: ParallelPlan, stage: int, weights: tuple[float, ...]) -> float:
-    """``schedules.interleaved_peak`` of the plan's stage (the expert-parallel overlap's one more warm-up forward)."""
-    return interleaved_peak(plan.pp, plan.vpp, stage, plan.num_microbatches, weights, int(plan.overlaps_ep_comm))
+def _interleaved_held(plan: ParallelPlan, stage: int, weights: tuple[float, ...],
+                      merged: tuple[float, ...] | None = None) -> float:
+    """``schedules.interleaved_peak`` of the plan's stage (``merged``: the expert-parallel overlap's)."""
+    return interleaved_peak(plan.pp, plan.vpp, stage, plan.num_microbatches, weights, merged)
 
 
 def held_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, stored: dict[int, float]) -> float:
     """Activation bytes ``stage`` holds at its peak, ``stored`` the bytes each of its layers
     keeps per microbatch: under the interleaved order the schedule walked with each chunk
     weighing its own layers (``schedules.interleaved_peak``), else the stage's layers times
-    ``in_flight_microbatches``."""
+    ``in_flight_microbatches``. Under the expert-parallel all-to-all overlap Megatron-Core
+    runs one more forward before the steady steps ("if overlap_moe_expert_parallel_comm:
+    num_warmup_microbatches + 1", megatron/core/pipeline_parallel/schedules.py) and merges
+    each steady step's forward and backward layer by layer (schedule_chunk_1f1b: the
+    forward's layer i beside the backward's layer n - 1 - i), the backward freeing a layer as
+    the forward keeps one: the peak holds one layer more than the schedule's own, not one
+    more chunk (``schedules.interleaved_peak``'s ``merged``)."""
     if not _interleaved_order(plan):
-        return sum(stored.values()) * in_flight_microbatches(plan, stage)
-    weights = tuple(sum(stored[l] for l in chunk_layers(model, plan, stage, c)) for c in range(plan.vpp))
-    return _interleaved_held(plan, stage, weights)
+        held = in_flight_microbatches(plan, stage)
+        steady = plan.overlaps_ep_comm and plan.num_microbatches > held and stored  # a merged step runs
+        return sum(stored.values()) * held + (max(stored.values()) if steady else 0.0)
+    chunks = [chunk_layers(model, plan, stage, c) for c in range(plan.vpp)]
+    weights = tuple(sum(stored[l] for l in chunk) for chunk in chunks)
+    merged = tuple(max((stored[l] for l in chunk), default=0.0) for chunk in chunks) if plan.overlaps_ep_comm else None
+    return _interleaved_held(plan, stage, weights, merged)
 
 
 def _policy(plan: ParallelPlan, key: str, default: float) -> float:

@@ -74,7 +74,8 @@ def _interleaved_warmup(pp: int, vpp: int, stage: int, m: int, extra: int = 0) -
 
 
 @lru_cache(maxsize=1024)
-def interleaved_peak(pp: int, vpp: int, stage: int, m: int, weights: tuple[float, ...], extra: int = 0) -> float:
+def interleaved_peak(pp: int, vpp: int, stage: int, m: int, weights: tuple[float, ...],
+                     merged: tuple[float, ...] | None = None) -> float:
     """Most activation ``stage`` holds at once in Megatron's interleaved order (``_interleaved``)
     where chunk c's forward keeps ``weights[c]`` until its backward: the warm-up's forwards,
     then each steady step's forward before the backward that follows it. Both steady
@@ -83,15 +84,23 @@ def interleaved_peak(pp: int, vpp: int, stage: int, m: int, weights: tuple[float
     this is Narayanan'21's (1 + (pp - 1) / (pp * vpp)) pp microbatches on the first stage;
     later stages hold more than (pp - stage) of them, since the (vpp - 1) * pp of the warm-up
     does not shrink with the stage, and a chunk holding fewer layers (the embedding's or the
-    loss's under Megatron's account-for-* split, uneven first / last stages) weighs less."""
+    loss's under Megatron's account-for-* split, uneven first / last stages) weighs less.
+
+    ``merged`` (the expert-parallel all-to-all overlap: chunk c's largest layer): Megatron-Core
+    runs one more warm-up forward, then merges each steady step's forward and backward layer
+    by layer (megatron/core/pipeline_parallel: schedule_chunk_1f1b pairs the forward chunk's
+    layer i with the backward chunk's layer n - 1 - i), so the backward frees a layer as the
+    forward keeps one: a step holds at most one layer more than before it (or, a forward
+    chunk with more layers than the backward's, its excess)."""
     total = m * vpp
-    warmup = _interleaved_warmup(pp, vpp, stage, m, extra)
+    warmup = _interleaved_warmup(pp, vpp, stage, m, int(merged is not None))
     held = sum(weights[_virtual(k, pp, vpp, True)[1]] for k in range(warmup))
     peak = held
     for i in range(min(total - warmup, pp * vpp)):
-        held += weights[_virtual(warmup + i, pp, vpp, True)[1]]
-        peak = max(peak, held)
-        held -= weights[_virtual(i, pp, vpp, False)[1]]
+        fwd, bwd = _virtual(warmup + i, pp, vpp, True)[1], _virtual(i, pp, vpp, False)[1]
+        step = weights[fwd] if merged is None else max(merged[fwd], weights[fwd] - weights[bwd])
+        peak = max(peak, held + step)
+        held += weights[fwd] - weights[bwd]
     return peak
 
 
