@@ -67,16 +67,50 @@ def test_full_recompute_beside_the_overlap_is_refused_as_megatron_refuses_it(cap
     assert code == 2 and err.count("\n") == 1 and "full recompute" in err
 
 
-def test_the_transform_hoists_each_all_to_all_and_joins_it_at_the_pass_end():
-    a2a = coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", 1e6, "ep_a2a")
-    gemm = gemm_step("expert_up", 1024, 1024, 1024, "experts")
-    out = overlap_ep_comm([gemm, a2a, gemm], share=0.25)
-    assert [s.name for s in out] == ["dispatch_a2a", "expert_up", "dispatch_a2a_exposed", "expert_up",
-                                     "dispatch_a2a_wait"]
-    assert dict(out[0].meta)["offchain"] and dict(out[-1].meta)["join"]
-    assert out[0].collective.size_bytes == pytest.approx(0.25e6)
-    assert out[2].collective.size_bytes == pytest.approx(0.75e6)
-    assert overlap_ep_comm([gemm, gemm]) == [gemm, gemm]  # a dense layer: nothing to move
+def test_each_all_to_all_runs_beside_the_block_megatrons_merged_step_pairs_it_with():
+    """Megatron-Core's combined 1F1B step pairs the forward's attention with the backward's
+    combine, the backward's experts with the forward's dispatch, the forward's experts with
+    the backward's dispatch and the backward's attention with the forward's combine
+    (schedule_layer_1f1b): within a pass, each all-to-all runs off the chain beside the block
+    before it (forward) or after it (backward) and is joined at that block's end; its exposed
+    share stays where it was; one with no compute beside it stays blocking."""
+    dispatch = coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", 1e6, "ep_a2a")
+    combine = coll_step("combine_a2a", Coll.ALL_TO_ALL, "ep", 1e6, "ep_a2a")
+    attn, up, post = (gemm_step(n, 1024, 1024, 1024, "experts") for n in ("attn", "expert_up", "post"))
+
+    def layout(steps):
+        return [s.name + ("*" if dict(s.meta).get("offchain") else "") + ("^" if dict(s.meta).get("join") else "")
+                for s in steps]
+
+    fwd = overlap_ep_comm([attn, dispatch, up, combine, post], share=0.25)
+    assert layout(fwd) == ["dispatch_a2a*", "attn", "dispatch_a2a_wait^", "dispatch_a2a_exposed", "combine_a2a*",
+                           "expert_up", "combine_a2a_wait^", "combine_a2a_exposed", "post"]
+    assert fwd[0].collective.size_bytes == pytest.approx(0.25e6)
+    assert fwd[3].collective.size_bytes == pytest.approx(0.75e6)
+    bwd = overlap_ep_comm([post, combine, up, dispatch, attn], backward=True)
+    assert layout(bwd) == ["post", "combine_a2a*", "expert_up", "combine_a2a_wait^", "dispatch_a2a*", "attn",
+                           "dispatch_a2a_wait^"]
+    assert layout(overlap_ep_comm([dispatch, up, combine])) == ["dispatch_a2a", "combine_a2a*", "expert_up",
+                                                               "combine_a2a_wait^"]  # nothing before the dispatch
+    assert overlap_ep_comm([up, up]) == [up, up]  # a dense layer: nothing to move
+
+
+def test_a_pair_lasts_the_longer_of_its_block_and_its_all_to_all():
+    """Priced (closed form), a layer's pass is each block or its paired all-to-all, whichever
+    is longer: a slow all-to-all beside a short attention block shows, where one all-to-all
+    hidden across the whole pass (the earlier model) would not."""
+    from perfsim.estimators.analytic import walk
+    from perfsim.lowering.ops import Op, OpKind, Stream
+
+    def op(i, name, seconds, meta=(), stream=None):
+        kind = OpKind.COLLECTIVE if stream else OpKind.ELEMENTWISE
+        return Op(op_id=i, stage=0, kind=kind, name=name, stream=stream or Stream.COMPUTE,
+                  category="ep_a2a" if stream else "experts", duration_s=seconds, meta=dict(meta))
+
+    chain = [op(0, "a2a", 3.0, {"offchain": True}, Stream.EP_COMM), op(1, "attn", 1.0),
+             op(2, "wait", 0.0, {"join": True}), op(3, "a2a2", 1.0, {"offchain": True}, Stream.EP_COMM),
+             op(4, "experts", 4.0), op(5, "wait2", 0.0, {"join": True})]
+    assert walk(chain).seconds == pytest.approx(3.0 + 4.0)
 
 
 @pytest.mark.parametrize("knobs, field", [

@@ -328,7 +328,7 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
         # plans where the overlap cannot run (full recompute of every layer or a block among
         # them) never get here: ``ep_overlap_conflict`` refuses them in validation and the search
         share = plan.stack.overlap.ep_comm_share
-        fwd, bwd = overlap_ep_comm(fwd, share), overlap_ep_comm(bwd, share)
+        fwd, bwd = overlap_ep_comm(fwd, share), overlap_ep_comm(bwd, share, backward=True)
     return fwd, bwd, wgt
 
 

@@ -472,30 +472,54 @@ def overlap_tp_comm(steps: list[Step], share: float = 1.0, blocking: frozenset[s
     return out
 
 
-def overlap_ep_comm(steps: list[Step], share: float = 1.0) -> list[Step]:
+def overlap_ep_comm(steps: list[Step], share: float = 1.0, backward: bool = False) -> list[Step]:
     """Expert-parallel all-to-all overlap (Megatron-Core ``--overlap-moe-expert-parallel-comm``,
-    Megatron-Bridge ``moe_a2a_overlap``): its combined 1F1B schedule runs one microbatch's
-    forward of a layer beside another microbatch's backward of it, each pass's dispatch and
-    combine all-to-alls beside the other pass's compute. Within one pass that is taken as the
-    pass's all-to-alls running off the chain, from the layer's start, beside its compute: the
-    layer lasts the longer of its compute and its all-to-alls, each joined at the layer's end.
-    ``share`` (the stack's ``overlap.ep_comm_share``): the part of each all-to-all's bytes
-    hidden so; the rest is a blocking call where the all-to-all was."""
-    hidden, chain = [], []
-    for step in steps:
-        if step.category != "ep_a2a" or step.collective is None:
-            chain.append(step)
-            continue
-        call = step.collective
-        hidden.append(replace(step, meta=step.meta + (("offchain", True),),
-                              collective=replace(call, size_bytes=call.size_bytes * share)))
-        if share < 1.0:
-            chain.append(replace(step, name=f"{step.name}_exposed",
-                                 collective=replace(call, size_bytes=call.size_bytes * (1.0 - share))))
-    if not hidden:
+    Megatron-Bridge ``moe_a2a_overlap``): its combined 1F1B step runs one microbatch's forward
+    of a layer beside another microbatch's backward of it, on two streams, in pairs
+    (its combined-1F1B schedule plan's schedule_layer_1f1b): the
+    forward's attention and router beside the backward's combine all-to-all, the backward's
+    experts beside the forward's dispatch, the forward's experts beside the backward's
+    dispatch, the backward's attention beside the forward's combine; each all-to-all waits
+    for the compute that feeds it, so each pair lasts the longer of its two. Within one pass
+    (a forward chain of attention, dispatch, experts, combine; a backward chain of combine,
+    experts, dispatch, attention, the all-to-alls mirrored at the same sizes) that is each
+    all-to-all off the chain beside one block of compute, joined at that block's end: in the
+    forward the block before it (since the last all-to-all, or the layer's start), in the
+    backward the block after it (to the next all-to-all, or the layer's end), so that the two
+    passes together pair every block with one all-to-all as the merged step does. ``share``
+    (the stack's ``overlap.ep_comm_share``): the part of each all-to-all's bytes hidden so;
+    the rest is a blocking call where the all-to-all was."""
+    at = [i for i, step in enumerate(steps) if step.category == "ep_a2a" and step.collective is not None]
+    if not at:
         return steps
-    waits = (host_step(f"{h.name}_wait", 0.0, "ep_a2a") for h in hidden)
-    return [*hidden, *chain, *(replace(w, meta=w.meta + (("join", True),)) for w in waits)]
+    bounds = [-1, *at, len(steps)]
+    # the block each all-to-all runs beside: (first, last + 1) step indices of the chain; one
+    # with no compute beside it (two all-to-alls in a row, one at the chain's edge) stays blocking
+    spans = {i: (bounds[k + 1] + 1, bounds[k + 2]) if backward else (bounds[k] + 1, i) for k, i in enumerate(at)}
+    blocks = {i: (first, last) for i, (first, last) in spans.items() if first < last}
+    starts = {first: i for i, (first, _) in blocks.items()}
+    ends = {last: i for i, (_, last) in blocks.items()}
+    out = []
+    for j in range(len(steps) + 1):
+        if j in ends:  # the block beside an all-to-all ends here: wait for it
+            a2a = steps[ends[j]]
+            out.append(replace(host_step(f"{a2a.name}_wait", 0.0, "ep_a2a"), meta=(("host_s", 0.0), ("join", True))))
+        if j in starts:
+            a2a = steps[starts[j]]
+            call = a2a.collective
+            out.append(replace(a2a, meta=a2a.meta + (("offchain", True),),
+                               collective=replace(call, size_bytes=call.size_bytes * share)))
+        if j == len(steps):
+            break
+        step = steps[j]
+        if j in blocks:  # the all-to-all's own place: only its exposed part stays on the chain
+            if share < 1.0:
+                call = step.collective
+                out.append(replace(step, name=f"{step.name}_exposed",
+                                   collective=replace(call, size_bytes=call.size_bytes * (1.0 - share))))
+            continue
+        out.append(step)
+    return out
 
 
 def _overlap_pair(steps: list[Step], i: int) -> tuple[Step, Step, Step] | None:
