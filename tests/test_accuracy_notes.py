@@ -154,6 +154,16 @@ def test_a_gpu_pricing_experts_at_another_gpus_grouped_tables_quotes_that_gpus_f
     assert "mi355x   [grouped tables from mi300x]" in capsys.readouterr().out
 
 
+def test_an_fp8_moe_plan_on_a_borrowing_gpu_names_the_fp8_cell_it_quotes():
+    """The borrowed grouped figure keeps the plan's dtype in its label: an FP8 MoE plan on
+    MI355X quotes MI300X's FP8 grouped cell as FP8 (not under the BF16 label)."""
+    donor = accuracy.figures()["kernels"]["mi300x"]["cells"]["grouped_gemm.fp8"]
+    fp8 = _notes(tiny_moe(), "mi355x-pollara", gpus=8, dp=8, ep=4, gbs=16, dtype="fp8")
+    assert fp8["kernels"]["cells"]["grouped_gemm.fp8"]["held_out_mape_pct"] == donor["held_out_mape_pct"]
+    assert f"grouped GEMM fp8 at mi300x's table, no measurement of it on this GPU (mi300x's held-out " \
+           f"{donor['held_out_mape_pct']:.1f}%, {donor['points']} points)" in fp8["lines"][1]
+
+
 def test_a_kernel_library_table_is_said_to_be_in_sample():
     notes = _notes(tiny_dense(), gpus=8, dp=8, gbs=16, stack="megatron-primus")
     assert notes["kernels"]["libraries"] == {"attention": "aiter_v3"}

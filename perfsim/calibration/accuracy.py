@@ -153,28 +153,25 @@ def _memory_clause(shown: dict) -> str:
     return "; " + "; ".join(parts) if parts else ""
 
 
-def _cell(gpu: str, key: str) -> tuple[str, dict] | None:
+def _cell(gpu: str, key: str) -> tuple[str, dict, bool] | None:
+    """(GPU, held-out cell, borrowed) that quotes ``key`` for ``gpu``: its own cell; else its
+    same-die base GPU's (``base``); else, for a grouped GEMM, the cell of the GPU whose grouped
+    tables it prices at, having no grouped measurement of its own (``grouped_from``:
+    validation/accuracy_kernels.py GROUPED_FROM; borrowed: that figure checks the donor's
+    tables on the donor, not this GPU)."""
     kernels = figures().get("kernels", {})
     own = kernels.get(gpu)
     if own is None:
         return None
     cell = own["cells"].get(key)
     if cell is not None and (cell["points"] >= MIN_POINTS or own["base"] == gpu):
-        return gpu, cell
+        return gpu, cell, False
     base = kernels.get(own["base"], {}).get("cells", {}).get(key)
-    return (own["base"], base) if base is not None and own["base"] != gpu else None
-
-
-def _borrowed(gpu: str, key: str) -> tuple[str, dict] | None:
-    """(donor, its held-out cell) of a GPU that prices its grouped GEMMs at another GPU's tables,
-    having no grouped measurement of its own (``grouped_from``: validation/accuracy_kernels.py
-    GROUPED_FROM); the figure checks the donor's tables on the donor, not this GPU."""
-    kernels = figures().get("kernels", {})
-    donor = kernels.get(gpu, {}).get("grouped_from")
-    if donor is None or not key.startswith("grouped_gemm."):
-        return None
-    cell = kernels.get(donor, {}).get("cells", {}).get(key)
-    return (donor, cell) if cell is not None else None
+    if base is not None and own["base"] != gpu:
+        return own["base"], base, False
+    donor = own.get("grouped_from") if key.startswith("grouped_gemm.") else None
+    lent = kernels.get(donor, {}).get("cells", {}).get(key) if donor else None
+    return (donor, lent, True) if lent is not None else None
 
 
 def kernel_note(gpu: str, dtype: str, moe: bool, libraries: dict[str, str], shipped: bool = True) -> tuple[dict, str]:
@@ -198,18 +195,15 @@ def kernel_note(gpu: str, dtype: str, moe: bool, libraries: dict[str, str], ship
         if found is None and kind != "attention" and dt != "bf16":  # an FP8 / FP16 cell falls back to BF16's
             found = _cell(gpu, f"{kind}.bf16")
             label = CLASSES[kind] + " bf16"
-        borrowed = _borrowed(gpu, f"{kind}.{dt}") if found is None else None
-        if borrowed is not None:
-            on, cell = borrowed
-            cells[f"{kind}.{dt}"] = {"gpu": on, **cell, "borrowed": True}
-            parts.append(f"{label} at {on}'s table, no measurement of it on this GPU ({on}'s held-out "
-                         f"{cell['held_out_mape_pct']:.1f}%, {cell['points']} points)")
-            continue
         if found is None:
             parts.append(f"{label} not checked (no measurement of it on this GPU)")
             continue
-        on, cell = found
-        cells[f"{kind}.{dt}"] = {"gpu": on, **cell}
+        on, cell, borrowed = found
+        cells[f"{kind}.{dt}"] = {"gpu": on, **cell, **({"borrowed": True} if borrowed else {})}
+        if borrowed:
+            parts.append(f"{label} at {on}'s table, no measurement of it on this GPU ({on}'s held-out "
+                         f"{cell['held_out_mape_pct']:.1f}%, {cell['points']} points)")
+            continue
         parts.append(f"{label} {cell['held_out_mape_pct']:.1f}% ({cell['points']} points"
                      + ("" if on == gpu else f", on {on}: same die") + ")")
     return {"gpu": gpu, "checked": True, "cells": cells, "libraries": dict(libraries)}, (

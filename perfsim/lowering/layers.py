@@ -459,13 +459,7 @@ def overlap_tp_comm(steps: list[Step], share: float = 1.0, blocking: frozenset[s
             i += 1
             continue
         comm, gemm, after = pair
-        hidden = replace(comm, meta=comm.meta + (("offchain", True),))
-        exposed = []
-        if share < 1.0:
-            call = comm.collective
-            hidden = replace(hidden, collective=replace(call, size_bytes=call.size_bytes * share))
-            exposed = [replace(comm, name=f"{comm.name}_exposed",
-                               collective=replace(call, size_bytes=call.size_bytes * (1.0 - share)))]
+        hidden, exposed = _split_hidden(comm, share)
         before, behind = (exposed, []) if steps[i] is comm else ([], exposed)
         out += [*before, hidden, gemm, *behind, replace(after, meta=after.meta + (("join", True),))]
         i += 3
@@ -497,29 +491,31 @@ def overlap_ep_comm(steps: list[Step], share: float = 1.0, backward: bool = Fals
     # with no compute beside it (two all-to-alls in a row, one at the chain's edge) stays blocking
     spans = {i: (bounds[k + 1] + 1, bounds[k + 2]) if backward else (bounds[k] + 1, i) for k, i in enumerate(at)}
     blocks = {i: (first, last) for i, (first, last) in spans.items() if first < last}
+    split = {i: _split_hidden(steps[i], share) for i in blocks}
     starts = {first: i for i, (first, _) in blocks.items()}
     ends = {last: i for i, (_, last) in blocks.items()}
     out = []
     for j in range(len(steps) + 1):
         if j in ends:  # the block beside an all-to-all ends here: wait for it
-            a2a = steps[ends[j]]
-            out.append(replace(host_step(f"{a2a.name}_wait", 0.0, "ep_a2a"), meta=(("host_s", 0.0), ("join", True))))
+            wait = host_step(f"{steps[ends[j]].name}_wait", 0.0, "ep_a2a")
+            out.append(replace(wait, meta=wait.meta + (("join", True),)))
         if j in starts:
-            a2a = steps[starts[j]]
-            call = a2a.collective
-            out.append(replace(a2a, meta=a2a.meta + (("offchain", True),),
-                               collective=replace(call, size_bytes=call.size_bytes * share)))
-        if j == len(steps):
-            break
-        step = steps[j]
-        if j in blocks:  # the all-to-all's own place: only its exposed part stays on the chain
-            if share < 1.0:
-                call = step.collective
-                out.append(replace(step, name=f"{step.name}_exposed",
-                                   collective=replace(call, size_bytes=call.size_bytes * (1.0 - share))))
-            continue
-        out.append(step)
+            out.append(split[starts[j]][0])
+        if j < len(steps):  # an all-to-all's own place keeps only its exposed part
+            out += split[j][1] if j in split else [steps[j]]
     return out
+
+
+def _split_hidden(comm: Step, share: float) -> tuple[Step, list[Step]]:
+    """An overlapped collective split by ``share`` (a stack's ``overlap.*_share``): the part
+    that runs off the chain (``offchain``) and, below 1, the rest as a blocking call
+    (``<name>_exposed``) for the caller to place where the collective was."""
+    hidden = replace(comm, meta=comm.meta + (("offchain", True),))
+    if share >= 1.0:
+        return hidden, []
+    call = comm.collective
+    return (replace(hidden, collective=replace(call, size_bytes=call.size_bytes * share)),
+            [replace(comm, name=f"{comm.name}_exposed", collective=replace(call, size_bytes=call.size_bytes * (1.0 - share)))])
 
 
 def _overlap_pair(steps: list[Step], i: int) -> tuple[Step, Step, Step] | None:

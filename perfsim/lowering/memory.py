@@ -304,8 +304,8 @@ def held_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, stor
     more chunk (``schedules.interleaved_peak``'s ``merged``)."""
     if not _interleaved_order(plan):
         held = in_flight_microbatches(plan, stage)
-        steady = plan.overlaps_ep_comm and plan.num_microbatches > held and stored  # a merged step runs
-        return sum(stored.values()) * held + (max(stored.values()) if steady else 0.0)
+        merged = plan.overlaps_ep_comm and plan.num_microbatches > held  # a merged steady step runs
+        return sum(stored.values()) * held + (max(stored.values(), default=0.0) if merged else 0.0)
     chunks = [chunk_layers(model, plan, stage, c) for c in range(plan.vpp)]
     weights = tuple(sum(stored[l] for l in chunk) for chunk in chunks)
     merged = tuple(max((stored[l] for l in chunk), default=0.0) for chunk in chunks) if plan.overlaps_ep_comm else None
