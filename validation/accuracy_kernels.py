@@ -378,12 +378,14 @@ def fold_rows(name: str, kind: str, dtype: str, held: str) -> int:
     """Rows of (kind, dtype) the fold that holds out ``held`` fits its table to (``fit_tables``)."""
     base = DERIVED.get(name, name)
     kind = "grouped_gemm" if kind == "fused_moe" else kind  # the table that prices a fused-MoE stage
-    own = sum(1 for p, f in pooled(base)
-              if _kept(f, held, name in DERIVED) and _cell(p) == (kind, dtype) and in_fit_range(p))
+
+    def rows(gpu: str, root: bool) -> int:
+        return sum(1 for p, f in pooled(gpu) if _kept(f, held, root) and _cell(p) == (kind, dtype) and in_fit_range(p))
+
+    own = rows(base, name in DERIVED)
     if own or kind != "grouped_gemm" or base not in GROUPED_FROM:
         return own
-    return sum(1 for p, f in pooled(GROUPED_FROM[base])  # the borrowed table's rows (``borrow_grouped``)
-               if _kept(f, held, True) and _cell(p) == (kind, dtype) and in_fit_range(p))
+    return rows(GROUPED_FROM[base], True)  # the borrowed table's rows (``borrow_grouped``)
 
 
 def summary(gpu: GpuSpec) -> dict[tuple[str, str], tuple[int, float]]:
