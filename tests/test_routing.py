@@ -13,9 +13,13 @@ from perfsim.plan.routing import (
     dropped_fraction,
     expert_shares,
     expert_tokens,
+    held_imbalance,
     imbalance,
+    layer_draws,
+    layer_imbalance,
     pair_bytes,
     rank_expert_loads,
+    slowest_expert_rank,
     split_tokens,
 )
 
@@ -92,7 +96,55 @@ def test_all_to_allv_bytes_follow_routing():
     assert matrix.sum() == pytest.approx(ROUTED * PLAN.ep * 2 * MODEL.hidden_size)
     assert matrix.sum(axis=1) == pytest.approx(np.full(PLAN.ep, ROUTED * 2 * MODEL.hidden_size))
     received = matrix.sum(axis=0)
-    assert received.max() / received.mean() == pytest.approx(imbalance(MODEL, PLAN, ROUTED, skewed))
+    assert received.max() / received.mean() == pytest.approx(layer_imbalance(MODEL, PLAN, ROUTED, skewed))
+
+
+# ---- each MoE layer draws its own routing ----------------------------------------------
+
+DSV3 = load_model("deepseek-v3")  # 256 experts: 32 a rank under EP 8, 58 MoE layers
+DSV3_PLAN = ParallelPlan(dp=64, ep=8, gbs=64, seq=4096)
+
+
+def test_each_moe_layer_draws_its_own_random_routing():
+    spec = RoutingSpec(distribution="dirichlet", seed=5)
+    draws = layer_draws(DSV3, spec)
+    assert len(draws) == DSV3.num_moe_layers == 58
+    assert [d.seed for d in draws] == list(range(5, 5 + 58))
+    assert layer_draws(DSV3, RoutingSpec(distribution="zipf", skew=1.0))[1].seed == 1
+    hist = RoutingSpec(distribution="histogram", histogram=tuple(range(1, 257)))
+    assert layer_draws(DSV3, hist) == (hist,) and layer_draws(DSV3, RoutingSpec()) == (RoutingSpec(),)
+
+
+def test_imbalance_is_the_mean_over_layers_of_each_busiest_rank_and_steady_across_seeds():
+    spec = RoutingSpec(distribution="dirichlet")
+    per_layer = [layer_imbalance(DSV3, DSV3_PLAN, ROUTED, d) for d in layer_draws(DSV3, spec)]
+    assert imbalance(DSV3, DSV3_PLAN, ROUTED, spec) == pytest.approx(np.mean(per_layer))
+    # one layer's draw moves with the seed; the step's mean over 58 layers hardly does
+    single = [layer_imbalance(DSV3, DSV3_PLAN, ROUTED, RoutingSpec(distribution="dirichlet", seed=s)) for s in range(0, 100, 20)]
+    step = [imbalance(DSV3, DSV3_PLAN, ROUTED, RoutingSpec(distribution="dirichlet", seed=s)) for s in range(0, 100, 20)]
+    assert max(single) / min(single) > 1.1
+    assert max(step) / min(step) < 1.03
+
+
+def test_the_slowest_rank_is_the_layers_mean_hottest_first():
+    spec = RoutingSpec(distribution="zipf", skew=1.0)
+    tokens, speed = slowest_expert_rank(DSV3, DSV3_PLAN, ROUTED, spec)
+    assert speed == 1.0  # no GPU variability: exactly the one speed
+    assert len(tokens) == 32 and list(tokens) == sorted(tokens, reverse=True)
+    mean_busiest = np.mean([layer_imbalance(DSV3, DSV3_PLAN, ROUTED, d) for d in layer_draws(DSV3, spec)]) * ROUTED
+    assert sum(tokens) == pytest.approx(mean_busiest, abs=1)
+    # GPU speeds: the representative rank keeps the mean time of each layer's last rank
+    speeds = tuple(1.0 - 0.05 * (r % 2) for r in range(8))
+    tokens, speed = slowest_expert_rank(DSV3, DSV3_PLAN, ROUTED, spec, speeds)
+    assert 0.95 <= speed <= 1.0
+
+
+def test_a_ranks_memory_holds_its_share_over_all_layers():
+    spec = RoutingSpec(distribution="dirichlet")
+    held, waits = held_imbalance(DSV3, DSV3_PLAN, ROUTED, spec), imbalance(DSV3, DSV3_PLAN, ROUTED, spec)
+    assert 1.0 < held < waits  # the hottest rank changes from layer to layer
+    hist = RoutingSpec(distribution="histogram", histogram=tuple(range(1, 257)))
+    assert held_imbalance(DSV3, DSV3_PLAN, ROUTED, hist) == pytest.approx(imbalance(DSV3, DSV3_PLAN, ROUTED, hist))
 
 
 # ---- routing in a simulated step -------------------------------------------------------

@@ -16,7 +16,7 @@ from perfsim.lowering.layers import LayerBuilder, op_linears
 from perfsim.lowering.steps import FP8_BYTES
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, V_SHAPES, ParallelPlan, Recompute, Schedule
-from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalance
+from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, held_imbalance
 from perfsim.plan.schedules import head_stage, interleaved_peak, v_chunks_held
 from perfsim.plan.sharding import (
     MAIN_GRAD_BYTES,
@@ -97,8 +97,9 @@ def routed_share(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec = UN
     """Routed token copies the busiest EP rank's experts hold per microbatch, over the
     balanced share (top_k copies per token): padded to capacity (the stack's dispatch
     path, or the routing's), its experts' full capacity whatever the routing; dropless,
-    the routing's max / mean tokens per EP rank -- what the lowering computes on
-    (``layers.LayerBuilder._experts``)."""
+    the routing's max / mean over EP ranks of the tokens a rank holds summed over the MoE
+    layers (``routing.held_imbalance``: each layer draws its own hot experts, so the rank
+    that waits longest in one layer is not the one in every layer)."""
     if not model.is_moe:
         return 1.0
     builder = LayerBuilder(model, plan, routing)
@@ -107,7 +108,7 @@ def routed_share(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec = UN
         return 1.0
     if builder._pads():
         return expert_capacity(model, plan, routed) * (model.num_experts // plan.ep) / routed
-    return imbalance(model, plan, routed, routing)
+    return held_imbalance(model, plan, routed, routing)
 
 
 def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, share: float = 1.0) -> float:

@@ -2,9 +2,18 @@
 
 The busiest expert-parallel rank sets the MoE layer time (synchronized execution), so
 the graph uses that rank's per-expert token counts; all-to-all sizes follow the routing.
+
+Each MoE layer has its own router, so a random distribution (zipf's hot-expert positions,
+dirichlet's shares) is drawn once per layer, from ``seed``, ``seed + 1``, ... (``layer_draws``):
+the step pays every layer's own busiest rank, so what prices a layer is the mean over the
+layers' draws of the busiest rank's tokens (``slowest_expert_rank``, ``imbalance``), not one
+draw's, and a rank's memory holds its own share in every layer (``held_imbalance``). A
+uniform routing or a measured histogram is the same in every layer.
 """
 
 import csv
+import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -212,23 +221,72 @@ def expert_tokens(model: ModelSpec, plan: ParallelPlan, routed: int, spec: Routi
 
 def rank_tokens(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec,
                 speeds: tuple[float, ...] | None = None) -> list[np.ndarray]:
-    """Per EP rank: the token count of each of its local experts."""
+    """Per EP rank: the token count of each of its local experts, in one layer's draw
+    (``spec`` as given; ``layer_draws`` gives each layer's)."""
     tokens = expert_tokens(model, plan, routed, spec)
-    if spec.speed_aware:
-        ranks = speed_aware_placement(tokens, speeds or (1.0,) * plan.ep)
-    else:
-        ranks = placement(spec, model.num_experts, plan.ep)
+    ranks = _ranks(model, plan, spec, tokens, speeds)
     return [tokens[ranks == r] for r in range(plan.ep)]
+
+
+def _ranks(model: ModelSpec, plan: ParallelPlan, spec: RoutingSpec, tokens: np.ndarray,
+           speeds: tuple[float, ...] | None) -> np.ndarray:
+    """EP rank of each expert: the hottest on the fastest ranks (``speed_aware``), else ``placement``."""
+    if spec.speed_aware:
+        return speed_aware_placement(tokens, speeds or (1.0,) * plan.ep)
+    return placement(spec, model.num_experts, plan.ep)
+
+
+def layer_draws(model: ModelSpec, spec: RoutingSpec) -> tuple[RoutingSpec, ...]:
+    """The routing of each MoE layer: a random distribution (zipf, dirichlet) draws once per
+    layer, seeds ``seed`` to ``seed + layers - 1`` (each layer's router sends its hot experts'
+    tokens to other ranks); uniform routing and a measured histogram are every layer's."""
+    if spec.distribution in (Distribution.ZIPF, Distribution.DIRICHLET) and model.num_moe_layers > 1:
+        return tuple(dataclasses.replace(spec, seed=spec.seed + i) for i in range(model.num_moe_layers))
+    return (spec,)
+
+
+@functools.lru_cache(maxsize=1 << 12)  # one table per (model, plan, routing): lowering and memory both read it
+def _draws(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec,
+           speeds: tuple[float, ...] | None) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray]:
+    """Per layer draw (``layer_draws``): the tokens each EP rank receives ([draw, rank]), the
+    token counts of the local experts of the rank that finishes last (the most tokens per
+    unit of speed, the lowest rank on a tie), and that rank's index."""
+    rate = np.asarray(speeds or (1.0,) * plan.ep, dtype=float)
+    loads, last_rows, last = [], [], []
+    for draw in layer_draws(model, spec):
+        tokens = expert_tokens(model, plan, routed, draw)
+        ranks = _ranks(model, plan, draw, tokens, speeds)
+        load = np.bincount(ranks, weights=tokens, minlength=plan.ep).astype(float)
+        r = int(np.argmax(load / rate))
+        loads.append(load)
+        last_rows.append(tokens[ranks == r])
+        last.append(r)
+    out = (np.array(loads), *last_rows, np.array(last))
+    for a in out:  # cached: shared by every caller, read only
+        a.setflags(write=False)
+    return out[0], out[1:-1], out[-1]
 
 
 def slowest_expert_rank(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec = UNIFORM,
                         speeds: tuple[float, ...] | None = None) -> tuple[tuple[int, ...], float]:
     """(token count of each local expert, relative speed) of the EP rank that finishes
-    last: the most tokens per unit of speed (the most tokens when speeds are equal)."""
-    speeds = speeds or (1.0,) * plan.ep
-    per_rank = rank_tokens(model, plan, routed, spec, speeds)
-    last = max(range(plan.ep), key=lambda r: (float(per_rank[r].sum()) / speeds[r], -r))
-    return tuple(int(x) for x in per_rank[last]), float(speeds[last])
+    last, as the mean over the layers' draws (``layer_draws``): each layer's last rank, its
+    experts' counts sorted from the hottest, averaged position by position (rounded to
+    their mean total), and the speed that keeps the mean time (mean tokens over the mean of
+    tokens / speed). With one draw: that draw's rank and its experts in placement order."""
+    rate = np.asarray(speeds or (1.0,) * plan.ep, dtype=float)
+    _, rows, last = _draws(model, plan, routed, spec, speeds)
+    if len(rows) == 1:
+        return tuple(int(x) for x in rows[0]), float(rate[last[0]])
+    mean = np.mean([np.sort(row)[::-1] for row in rows], axis=0)
+    total = float(mean.sum())
+    if total <= 0:
+        return tuple(0 for _ in mean), 1.0
+    tokens = split_tokens(mean / total, int(round(total)))
+    if np.all(rate[last] == rate[last[0]]):  # one speed (no GPU variability): that speed, exactly
+        return tuple(int(x) for x in tokens), float(rate[last[0]])
+    time = float(np.mean([row.sum() / rate[r] for row, r in zip(rows, last)]))
+    return tuple(int(x) for x in tokens), total / time
 
 
 def expert_capacity(model: ModelSpec, plan: ParallelPlan, routed: int) -> int:
@@ -237,26 +295,46 @@ def expert_capacity(model: ModelSpec, plan: ParallelPlan, routed: int) -> int:
 
 
 def rank_expert_loads(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec = UNIFORM) -> tuple[int, ...]:
-    """Token count of each local expert on the busiest EP rank."""
+    """Token count of each local expert on the busiest EP rank (``slowest_expert_rank``)."""
     return slowest_expert_rank(model, plan, routed, spec)[0]
+
+
+def _max_over_mean(loads: np.ndarray) -> np.ndarray:
+    means = loads.mean(axis=-1)
+    return np.where(means > 0, loads.max(axis=-1) / np.where(means > 0, means, 1.0), 1.0)
+
+
+def layer_imbalance(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec,
+                    speeds: tuple[float, ...] | None = None) -> float:
+    """max / mean tokens per EP rank in one layer's draw (``spec`` as given)."""
+    loads = np.array([t.sum() for t in rank_tokens(model, plan, routed, spec, speeds)], dtype=float)
+    return float(_max_over_mean(loads))
 
 
 def imbalance(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec,
               speeds: tuple[float, ...] | None = None) -> float:
-    """max / mean tokens per EP rank (1.0 = perfectly balanced)."""
-    loads = np.array([t.sum() for t in rank_tokens(model, plan, routed, spec, speeds)], dtype=float)
-    return float(loads.max() / loads.mean()) if loads.mean() > 0 else 1.0
+    """max / mean tokens per EP rank (1.0 = perfectly balanced): each layer waits for its own
+    busiest rank, so the mean over the layers' draws of each draw's max / mean."""
+    return float(np.mean(_max_over_mean(_draws(model, plan, routed, spec, speeds)[0])))
+
+
+def held_imbalance(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec) -> float:
+    """max / mean over EP ranks of the tokens a rank's experts hold summed over the layers'
+    draws: what the busiest rank's memory keeps (a rank hot in one layer is cool in
+    another); with one draw, ``imbalance``."""
+    return float(_max_over_mean(_draws(model, plan, routed, spec, None)[0].mean(axis=0)))
 
 
 def dropped_fraction(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec) -> float:
-    """Share of routed tokens dropped by the capacity factor."""
-    kept = expert_tokens(model, plan, routed, spec).sum()
-    return 1.0 - kept / (routed * plan.ep)
+    """Share of routed tokens dropped by the capacity factor (mean over the layers' draws)."""
+    kept = _draws(model, plan, routed, spec, None)[0].sum(axis=1).mean()
+    return float(1.0 - kept / (routed * plan.ep))
 
 
 def pair_bytes(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec, token_bytes: float) -> np.ndarray:
-    """all_to_allv matrix [src, dst] of dispatch bytes: every source rank routes with the
-    same expert shares, so rank r receives its experts' share from each source."""
+    """all_to_allv matrix [src, dst] of dispatch bytes in one layer's draw (``spec`` as
+    given): every source rank routes with the same expert shares, so rank r receives its
+    experts' share from each source."""
     per_rank = np.array([t.sum() for t in rank_tokens(model, plan, routed, spec)], dtype=float)
     shares = per_rank / max(per_rank.sum(), 1.0)
     return np.outer(np.full(plan.ep, routed), shares) * token_bytes
