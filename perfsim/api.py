@@ -7,6 +7,7 @@ from os import PathLike
 
 from perfsim.estimators import engine, summary
 from perfsim.estimators.analytic import closed_form, link_loads
+from perfsim.estimators.pipeline import steady_window
 from perfsim.estimators.overlap import link_figures
 from perfsim.cost.collectives import bus_bandwidth, collective_cost
 from perfsim.errors import ConfigError, InfeasiblePlan
@@ -189,12 +190,18 @@ def _check_options(estimator, check_memory, routing, variability, trace) -> None
 
 
 def _check_engine_work(model: ModelSpec, plan: ParallelPlan, fold: bool) -> None:
-    """The engine walks the microbatches it simulates (two short steps when it folds)."""
+    """The engine walks the microbatches it simulates: folded, the short steps that check a
+    growth against the next (``pipeline.steady_window``; a step whose growth takes longer to
+    repeat walks up to FOLD_TRIES groups more)."""
     points = fold_points(plan) if fold else None
-    walked = sum(points) if points else plan.num_microbatches
+    if points:  # first + second, and second + a group where the plan leaves room to check the growth
+        check = 2 * points[1] - points[0]
+        walked = sum(points) + (check if plan.num_microbatches >= 2 * check else 0)
+    else:
+        walked = plan.num_microbatches
     passes = walked * model.num_layers
     if passes > ENGINE_MAX_LAYER_PASSES:
-        smaller = ("a shallower pipeline (it folds into two short steps of ~2 pp vpp microbatches)" if points
+        smaller = ("a shallower pipeline (it folds into short steps of ~2 pp vpp microbatches)" if points
                    else "fewer microbatches (a larger mbs or a smaller gbs)")
         raise ConfigError(
             f"plan: the engine would walk {walked:,} microbatches x {model.num_layers:,} layers = "
@@ -255,10 +262,11 @@ def simulate(
     (the closed form). ``routing``: MoE token routing (uniform by default);
     ``variability``: seeded per-GPU speed spread (none by default). The engine's report
     always holds its spans; the closed form lays spans out only with ``trace=True``.
-    ``fold``: the engine simulates two short steps in the pipeline's steady state and
-    extends them linearly to the plan's microbatches when there are many (the spans are
-    the longer short step's; ``Report.simulated_microbatches`` says which); False runs
-    every microbatch. ``knobs`` are ParallelPlan fields; ``dispatch`` picks the MoE
+    ``fold``: when there are many microbatches the engine simulates short steps past the
+    pipeline's warm-up until the step's growth per group of microbatches repeats, and
+    extends the last two linearly to the plan's microbatches (the spans are the longer
+    one's; ``Report.simulated_microbatches`` says which: ``pipeline.steady_window``); False
+    runs every microbatch. ``knobs`` are ParallelPlan fields; ``dispatch`` picks the MoE
     dispatch/combine implementation (``alltoall``, the default, or one of the cluster's
     ``[dispatch]`` tables: ``mori``, ``deepep``, ``deepep-ll``; ``perfsim.cost.dispatch``).
 
@@ -283,18 +291,24 @@ def simulate(
     speeds = gpu_speeds(plan.world_size, variability)
     slow = stage_slowdowns(plan, speeds)
     ep_speeds = ep_rank_speeds(plan, speeds) if model.is_moe and plan.ep > 1 else None
-    points = fold_points(plan) if fold else None
     weights = (closed_form(model, cluster, routing, variability).pass_weights(plan)  # a V-shape schedule's order
                if plan.schedule in V_SHAPES else UNIT)
-    runs = []
-    for m in points or (plan.num_microbatches,):
-        short = plan if m == plan.num_microbatches else replace(plan, gbs=plan.mbs * plan.dp * m)
-        graph = price(build_graph(model, short, routing=routing, ep_speeds=ep_speeds, weights=weights), cluster, slow)
-        runs.append(_engine_figures(graph))
+    runs: dict[int, tuple] = {}
+
+    def run(m: int) -> tuple:
+        if m not in runs:
+            short = plan if m == plan.num_microbatches else replace(plan, gbs=plan.mbs * plan.dp * m)
+            graph = price(build_graph(model, short, routing=routing, ep_speeds=ep_speeds, weights=weights), cluster, slow)
+            runs[m] = _engine_figures(graph)
+        return runs[m]
+
+    first = fold_points(plan) if fold else None
+    points = steady_window(lambda m: run(m)[0]["step_time_s"], *first, plan.num_microbatches) if first else None
     if points is None:
-        return assemble_report(figures=runs[0][0], spans=runs[0][1], straggler_slowdown=max(slow), **common)
-    figures = extrapolate_figures(runs[0][0], runs[1][0], *points, plan.num_microbatches)
-    return assemble_report(figures=figures, spans=runs[1][1], straggler_slowdown=max(slow),
+        figures, spans = run(plan.num_microbatches)
+        return assemble_report(figures=figures, spans=spans, straggler_slowdown=max(slow), **common)
+    figures = extrapolate_figures(run(points[0])[0], run(points[1])[0], *points, plan.num_microbatches)
+    return assemble_report(figures=figures, spans=run(points[1])[1], straggler_slowdown=max(slow),
                            simulated_microbatches=points, **common)
 
 
@@ -314,12 +328,13 @@ def _engine_figures(graph) -> tuple[dict, list]:
 
 
 def fold_points(plan: ParallelPlan) -> tuple[int, int] | None:
-    """Microbatch counts of the two short steps the engine extends from, or None to run
-    them all. Both are past the pipeline's warm-up (2 pp vpp + 2 microbatches: every
+    """Microbatch counts of the first two short steps the engine may extend from, or None
+    to run them all. Both are past the pipeline's warm-up (2 pp vpp + 2 microbatches: every
     stage in its steady 1F1B cycle; 2 without a pipeline, where only the first microbatch
     (ZeRO-1/2 gathers) and the last (gradient drain) differ), a whole number of
-    interleaving groups (pp) apart;
-    folding pays only when the plan has at least twice the longer one."""
+    interleaving groups (pp) apart; ``pipeline.steady_window`` moves them on until the
+    step's growth per group repeats; folding pays only when the plan has at least twice
+    the second count."""
     unit = plan.pp if plan.vpp > 1 else 1
     warm = 2 if plan.pp == 1 else 2 * plan.pp * plan.vpp + 2  # one pipeline: microbatch 0 and the last differ
     first = -(-warm // unit) * unit

@@ -73,7 +73,7 @@ class Report:
     moe_imbalance_cost_s: float = 0.0  # step time minus the same plan with uniform routing
     straggler_slowdown: float = 1.0  # slowest stage's compute factor from GPU variability
     straggler_cost_s: float = 0.0  # step time minus the same plan without variability
-    simulated_microbatches: tuple[int, ...] = ()  # engine folded: the two short steps it extended linearly
+    simulated_microbatches: tuple[int, ...] = ()  # engine folded: the two short steps it extended linearly (pipeline.steady_window)
     links: dict[str, dict] = field(default_factory=dict)  # critical stage, link -> busy_s, utilization, exposed_s
     # kernel class -> the library the stack runs whose own GPU table priced it (attention, grouped)
     kernel_libraries: dict[str, str] = field(default_factory=dict)

@@ -8,6 +8,7 @@ overlap and link sharing the closed form summarises).
 from validation import bench_estimators
 
 PLANS, SEED = 300, 0
+FOLD_PLANS, FOLD_SEED = 40, 7  # plans long enough to fold (agreement.long_sample)
 
 
 def section() -> str:
@@ -35,6 +36,23 @@ def section() -> str:
     ]
     for err, _, _, case in sorted(rows, key=lambda r: -abs(r[0]))[:5]:
         lines.append(f"| {err:+.1%} | {case.describe()} |")
+    folds = bench_estimators.measure_fold(FOLD_PLANS, FOLD_SEED)
+    f = bench_estimators.fold_distribution(folds)
+    lines += [
+        "", "Both compare against the engine as `simulate()` runs it, which folds a long step: it simulates "
+        "short steps and extends the last two linearly once the step's growth per group of microbatches "
+        "repeats (`pipeline.steady_window`, in both estimators). Against the engine's full simulation of "
+        f"every microbatch, on {f['plans']} plans given enough microbatches to fold "
+        f"(`validation/agreement.py` `long_sample({FOLD_PLANS}, {FOLD_SEED})`, at most eight layers; "
+        "`validation/bench_estimators.py --fold`):", "",
+        "| against the full simulation | median | max |", "| --- | --- | --- |",
+        f"| folded engine | {f['fold_median']:.2%} | {f['fold_max']:.2%} |",
+        f"| closed form | {f['closed_median']:.2%} | {f['closed_max']:.2%} |",
+        "", "Largest folded-engine errors:", "",
+        "| folded / full - 1 | closed / full - 1 | short steps extended | plan |", "| --- | --- | --- | --- |",
+    ]
+    for fold, closed, points, case in sorted(folds, key=lambda r: -abs(r[0]))[:3]:
+        lines.append(f"| {fold:+.2%} | {closed:+.2%} | {points[0]}, {points[1]} | {case.describe()} |")
     return "\n".join(lines) + "\n"
 
 

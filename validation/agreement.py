@@ -118,6 +118,31 @@ def under_stacks(cases: list[Case], seed: int = 0) -> list[Case]:
     return out
 
 
+def long_sample(count: int, seed: int) -> list[Case]:
+    """Plans of ``sample`` given enough microbatches for the engine to fold them (eight layers
+    or fewer, so their full simulation stays short): the checks on the fold."""
+    out = []
+    for case in sample(count * 4, seed):
+        m = 4 * (2 * case.plan.pp * case.plan.vpp + 2 + case.plan.pp)
+        plan = dataclasses.replace(case.plan, gbs=case.plan.mbs * case.plan.dp * m)
+        if perfsim.api.fold_points(plan) is not None and case.model.num_layers <= 8:
+            out.append(dataclasses.replace(case, plan=plan))
+        if len(out) == count:
+            break
+    return out
+
+
+def fold_check(case: Case) -> tuple[float, float, tuple[int, int]]:
+    """(folded engine / full simulation - 1, closed form / full simulation - 1, the short
+    steps the engine extended) of a plan long enough to fold."""
+    cluster = perfsim.load_cluster(case.cluster, gpus=case.num_gpus)
+    kwargs = dict(check_memory=False, routing=case.routing)
+    full = perfsim.simulate(case.model, cluster, case.plan, fold=False, **kwargs).step_time_s
+    folded = perfsim.simulate(case.model, cluster, case.plan, **kwargs)
+    closed = perfsim.estimate(case.model, cluster, case.plan, **kwargs).step_time_s
+    return folded.step_time_s / full - 1, closed / full - 1, folded.simulated_microbatches
+
+
 def compare(case: Case) -> tuple[float, float]:
     """(closed-form step, engine step) in seconds."""
     cluster = perfsim.load_cluster(case.cluster, gpus=case.num_gpus)

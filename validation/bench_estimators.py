@@ -4,6 +4,11 @@ distribution of |closed / engine - 1| over the seeded plan sample of
 TP-comm overlap, routing skew, three clusters), and the cases at the top.
 
     .venv/bin/python validation/bench_estimators.py [--plans 300] [--seed 0] [--top 10]
+    .venv/bin/python validation/bench_estimators.py --fold [--plans 40] [--seed 7]
+
+``--fold``: the engine's folded step (extended from short steps once their growth repeats,
+``pipeline.steady_window``) and the closed form against the engine's full simulation, on
+plans given enough microbatches to fold (``agreement.long_sample``).
 
 ``BEFORE`` is the same sample measured on commit 1721bd4 (the graph-lowering closed form
 and the engine's single data-parallel queue), for the before/after.
@@ -33,6 +38,19 @@ def measure(plans: int, seed: int, stacks: bool = False) -> list[tuple[float, fl
     return out
 
 
+def measure_fold(plans: int, seed: int) -> list[tuple[float, float, tuple, agreement.Case]]:
+    """(folded / full - 1, closed / full - 1, the short steps extended, case) per plan long
+    enough to fold."""
+    return [(*agreement.fold_check(case), case) for case in agreement.long_sample(plans, seed)]
+
+
+def fold_distribution(rows) -> dict:
+    """Median and max |error| of the folded engine and of the closed form against the full simulation."""
+    fold, closed = sorted(abs(r[0]) for r in rows), sorted(abs(r[1]) for r in rows)
+    return {"plans": len(rows), "fold_median": statistics.median(fold), "fold_max": fold[-1],
+            "closed_median": statistics.median(closed), "closed_max": closed[-1]}
+
+
 def distribution(rows) -> dict:
     errs = sorted(abs(r[0]) for r in rows)
     return {"median": statistics.median(errs), "p95": errs[max(0, int(0.95 * len(errs)) - 1)], "max": errs[-1],
@@ -58,8 +76,20 @@ def main() -> None:
                         help="each plan under a framework stack (nemo, maxtext, megatron-primus, torchtitan)")
     parser.add_argument("--write", action="store_true",
                         help="record the distribution in perfsim/estimators/agreement.toml (what the search uses)")
+    parser.add_argument("--fold", action="store_true",
+                        help="the folded engine and the closed form against the full simulation, on long plans")
     args = parser.parse_args()
     t0 = time.perf_counter()
+    if args.fold:
+        rows = measure_fold(args.plans, args.seed)
+        d = fold_distribution(rows)
+        print(f"folded engine and closed form vs the full simulation, {d['plans']} long plans (seed {args.seed}), "
+              f"{time.perf_counter() - t0:.1f} s")
+        print(f"  |folded/full - 1|: median {d['fold_median']:.2%}  max {d['fold_max']:.2%}")
+        print(f"  |closed/full - 1|: median {d['closed_median']:.2%}  max {d['closed_max']:.2%}")
+        for fold, closed, points, case in sorted(rows, key=lambda r: -abs(r[0]))[:args.top]:
+            print(f"    folded {fold:+7.2%}  closed {closed:+7.2%}  short steps {points}  {case.describe()}")
+        return
     if args.stacks and args.write:
         parser.error("--write records the plain sample's distribution: run it without --stacks")
     rows = measure(args.plans, args.seed, args.stacks)

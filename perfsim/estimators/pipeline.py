@@ -16,8 +16,9 @@ already hid; the wait may also hide the second gather's spill (``e2``: the expos
 the pass's first window), as the engine's gather queue, issuing a layer's gather when
 the block two back ends, runs two gathers in a wait. ZeRO-1/2's gathers of the updated
 weights, all issued at t = 0, hold each chunk's first forward until the queue has them. With many
-microbatches two short walks past the warm-up are extended linearly (the steady state
-is periodic), as the engine's folding does.
+microbatches two short walks past the warm-up are extended linearly once the step's growth
+per group of microbatches repeats (``steady_window``: the steady state is periodic, and the
+transient can outlast the schedule's warm-up), as the engine's folding does.
 """
 
 from dataclasses import dataclass
@@ -53,12 +54,51 @@ NO_PASS = PassCost(0.0)
 
 
 def fold_points(pp: int, vpp: int) -> tuple[int, int]:
-    """Microbatch counts of the two short walks a long step is extended from (as the
-    engine's ``api.fold_points``: past the warm-up, a whole number of interleaving groups apart)."""
+    """Microbatch counts of the first two short walks a long step may be extended from (as
+    the engine's ``api.fold_points``: past the warm-up, a whole number of interleaving groups
+    apart); ``steady_window`` moves them on until the step's growth per group is steady."""
     unit = pp if vpp > 1 else 1
     warm = 2 * pp * vpp + 2
     first = -(-warm // unit) * unit
     return first, first + max(unit, pp)
+
+
+# A long step is extended from two short walks only once its growth per group of microbatches
+# repeats: two consecutive groups' growths agree within FOLD_TOLERANCE (relative; a numerical
+# convergence test, not a hardware number). The schedule's warm-up is not always the end of
+# the transient (link sharing between stages, merged expert-parallel steps, ZeRO gathers can
+# take a few groups more), and a growth read in the transient is multiplied by the step's
+# remaining groups. FOLD_TRIES bounds the groups walked past the first pair; without a steady
+# growth by then the widest window walked is extended.
+FOLD_TOLERANCE = 1e-3
+FOLD_TRIES = 4
+
+
+def steady_window(measure, first: int, second: int, m: int) -> tuple[int, int] | None:
+    """The two microbatch counts a step of ``m`` is extended from: the first pair of counts a
+    group (``second - first``) apart whose growth matches the next pair's, moved on one group
+    at a time from (``first``, ``second``) at most ``FOLD_TRIES`` times; without such a pair,
+    the widest window walked (``first`` to the last count). ``measure(k)``: the end of a step
+    of ``k`` microbatches (asked again for counts it gave: the callers memoise it). Where
+    ``m`` leaves room for the first pair but not for checking it against the next (under
+    twice ``second`` + a group), the first pair; None under twice ``second``: walk the step
+    whole."""
+    group = second - first
+    if m < 2 * second:
+        return None
+    if m < 2 * (second + group):
+        return first, second
+    counts = [first, second]
+    for _ in range(FOLD_TRIES):
+        following = counts[-1] + group
+        if 2 * following > m:
+            break
+        ends = [measure(k) for k in (counts[-2], counts[-1], following)]
+        counts.append(following)
+        before, after = ends[1] - ends[0], ends[2] - ends[1]
+        if abs(after - before) <= FOLD_TOLERANCE * abs(after):
+            return counts[-2], counts[-1]
+    return counts[0], counts[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +115,14 @@ def walk(schedule: Schedule, pp: int, vpp: int, m: int, stages: tuple[StageCosts
     """One step's stages laid out (see the module docstring); memoised, since plans that
     differ in what the stages do not see (dp, the bucket size, ...) walk alike. ``weights``:
     the passes' relative times the V-shape schedules' orders are built from."""
-    first, second = fold_points(pp, vpp)
-    if m < 2 * second:
-        return _walk(schedule, pp, vpp, m, stages, p2p_s, weights)
-    a, b = (_walk(schedule, pp, vpp, first, stages, p2p_s, weights),
-            _walk(schedule, pp, vpp, second, stages, p2p_s, weights))
+    def short(k: int) -> Walked:
+        return _short_walk(schedule, pp, vpp, k, stages, p2p_s, weights)
+
+    window = steady_window(lambda k: max(short(k).ends), *fold_points(pp, vpp), m)
+    if window is None:
+        return short(m)
+    first, second = window
+    a, b = short(first), short(second)
     scale = (m - second) / (second - first)
 
     def ext(x, y):
@@ -182,3 +225,8 @@ def _walk(schedule, pp, vpp, m, stages, p2p_s, weights=UNIT):
         if grad:
             grads[s][chunk] = (start, end)
     return Walked(ends=tuple(free), hidden=tuple(hidden), grad_passes=tuple(tuple(g) for g in grads))
+
+
+# the short walks a long step is extended from, shared by the steps of every length that
+# extend them (``walk``): a search prices many batch sizes of one plan
+_short_walk = lru_cache(maxsize=4096)(_walk)
