@@ -302,8 +302,8 @@ def simulate(
             runs[m] = _engine_figures(graph)
         return runs[m]
 
-    first = fold_points(plan) if fold else None
-    points = steady_window(lambda m: run(m)[0]["step_time_s"], *first, plan.num_microbatches) if first else None
+    start = fold_points(plan) if fold else None
+    points = steady_window(lambda m: run(m)[0]["step_time_s"], *start, plan.num_microbatches) if start else None
     if points is None:
         figures, spans = run(plan.num_microbatches)
         return assemble_report(figures=figures, spans=spans, straggler_slowdown=max(slow), **common)
@@ -384,7 +384,7 @@ def _routing_warnings(model: ModelSpec, plan: ParallelPlan, routing: RoutingSpec
     out = []
     skew = imbalance(model, plan, routed, routing)
     if skew > 1.0:
-        out.append(f"MoE imbalance: the busiest EP rank gets {skew:.2f}x the mean tokens")
+        out.append(f"MoE imbalance: each layer's busiest EP rank gets {skew:.2f}x the mean tokens (mean over the MoE layers)")
     dropped = dropped_fraction(model, plan, routed, routing)
     if dropped > 0:
         out.append(f"capacity factor {model.capacity_factor} drops {100 * dropped:.1f}% of routed tokens")
