@@ -201,8 +201,12 @@ def _check_engine_work(model: ModelSpec, plan: ParallelPlan, fold: bool) -> None
         walked = plan.num_microbatches
     passes = walked * model.num_layers
     if passes > ENGINE_MAX_LAYER_PASSES:
-        smaller = ("a shallower pipeline (it folds into short steps of ~2 pp vpp microbatches)" if points
-                   else "fewer microbatches (a larger mbs or a smaller gbs)")
+        if points:
+            smaller = "a shallower pipeline (it folds into short steps of ~2 pp vpp microbatches)"
+        elif fold_points(plan):
+            smaller = "let the engine fold the step (no --no-fold; fold=True)"
+        else:
+            smaller = "fewer microbatches (a larger mbs or a smaller gbs)"
         raise ConfigError(
             f"plan: the engine would walk {walked:,} microbatches x {model.num_layers:,} layers = "
             f"{passes:,} layer passes (limit {ENGINE_MAX_LAYER_PASSES:,}); use the closed form (--engine analytic, "

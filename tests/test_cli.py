@@ -167,6 +167,10 @@ BAD = {
     "search-ep-overlap-on-dense": ("search --model llama3.1-8b --gpus 8 --gbs 16 --seq 1024 --ep-comm-overlap",
                                    "--ep-comm-overlap: applies to MoE models; llama3.1-8b is dense"),
     "does-not-fit": ("simulate --model llama3.1-70b --nodes 1 --zero 0 --gbs 8 --seq 4096", "out of memory"),
+    "no-fold-on-the-closed-form": ("simulate --model llama3.1-8b --gpus 8 --pp 8 --gbs 128 --seq 2048 --engine analytic "
+                                   "--no-fold", "--no-fold: only the engine folds"),
+    "no-fold-past-the-engine-limit": ("simulate --model llama3.1-8b --gpus 8 --pp 8 --gbs 512 --seq 2048 --no-fold",
+                                      "let the engine fold the step (no --no-fold"),
     "unknown-flag": ("simulate --model llama3.1-8b --frobnicate 1", "--frobnicate"),
     "negative-tp": ("simulate --model llama3.1-8b --nodes 1 --tp -2 --gbs 8 --seq 1024", "-2"),
     "negative-nodes": ("simulate --model llama3.1-8b --nodes -4 --gbs 8 --seq 1024", "-4"),
@@ -221,3 +225,19 @@ def test_simulate_fidelity_flags(capsys):
     assert "pipeline bubble" in text and "critical path" in text and "MoE imbalance" in text
     assert main(args[:-2] + ["--overlap-cu-share", "1.5"]) == 2
     assert "--overlap-cu-share" in capsys.readouterr().err
+
+
+def test_the_engine_says_when_it_folds_and_no_fold_simulates_every_microbatch(capsys):
+    """A step of 128 microbatches through PP 8: the engine simulates two short steps past the
+    warm-up, says so, and extends them; --no-fold walks all 128 to the same step time."""
+    command = "simulate --model llama3.1-8b --cluster mi300x-pollara --gpus 8 --pp 8 --gbs 128 --seq 2048"
+    assert main(command.split()) == 0
+    folded = capsys.readouterr().out
+    assert "engine folded    simulated 26 and 34 of 128 microbatches" in folded
+    assert main((command + " --no-fold").split()) == 0
+    full = capsys.readouterr().out
+    assert "engine folded" not in full
+    step = re.compile(r"^step time +([0-9.]+) ms", re.M)
+    assert float(step.search(full)[1]) == pytest.approx(float(step.search(folded)[1]), rel=1e-3)
+    d = run_json(capsys, command + " --json")
+    assert d["simulated_microbatches"] == [26, 34]

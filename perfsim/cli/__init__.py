@@ -191,9 +191,11 @@ def _cmd_simulate(args) -> int:
     stages = traceout.parse_stages(args.trace_stages, knobs.get("pp") or 1)
     if args.trace:
         print("perfsim: simulating the step with every op recorded for the trace...", file=sys.stderr, flush=True)
+    if args.no_fold and args.engine != "des":
+        raise ConfigError("--no-fold: only the engine folds a long step (--engine des)")
     report = api.simulate(model, args.cluster, nodes=args.nodes, gpus=args.gpus, estimator=args.engine,
                           check_memory=not args.allow_oom, routing=_routing(args), variability=variability,
-                          trace=bool(args.trace or args.html), **knobs)
+                          trace=bool(args.trace or args.html), fold=not args.no_fold, **knobs)
     check_finite_output(report.to_dict(), "simulate")
     if args.trace:
         traceout.write(report, args.trace, stages)
@@ -295,6 +297,11 @@ def _format_fidelity(r: Report) -> list[str]:
         lines.append(f"MoE imbalance    {r.moe_imbalance:10.2f}x    costs {r.moe_imbalance_cost_s * 1e3:.2f} ms")
     if r.straggler_slowdown > 1.0:
         lines.append(f"stragglers       {r.straggler_slowdown:10.3f}x    costs {r.straggler_cost_s * 1e3:.2f} ms")
+    if r.simulated_microbatches:
+        first, second = r.simulated_microbatches
+        total = r.plan["gbs"] // (r.plan["mbs"] * r.plan["dp"])
+        lines.append(f"engine folded    simulated {first} and {second} of {total:,} microbatches "
+                     "and extended the step linearly from them (--no-fold simulates every one)")
     top = list(r.critical_path_s.items())[:4]
     if top:
         path = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in top)
@@ -539,6 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="simulate one training step")
     _add_plan_args(sim)
     sim.add_argument("--engine", default="des", choices=["des", "analytic"])
+    sim.add_argument("--no-fold", action="store_true",
+                     help="the engine simulates every microbatch (by default a step of many is extended from "
+                          "short steps once its growth per group of microbatches repeats)")
     sim.add_argument("--json", action="store_true")
     sim.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here (.json.gz: gzip-compressed)")
     sim.add_argument("--trace-stages", help="only these pipeline stages in the trace: 0,3 or first,last")
