@@ -7,7 +7,7 @@ from os import PathLike
 
 from perfsim.estimators import engine, summary
 from perfsim.estimators.analytic import closed_form, link_loads
-from perfsim.estimators.pipeline import steady_window
+from perfsim.estimators.pipeline import checks_growth, steady_window
 from perfsim.estimators.overlap import link_figures
 from perfsim.cost.collectives import bus_bandwidth, collective_cost
 from perfsim.errors import ConfigError, InfeasiblePlan
@@ -195,8 +195,8 @@ def _check_engine_work(model: ModelSpec, plan: ParallelPlan, fold: bool) -> None
     repeat walks up to FOLD_TRIES groups more)."""
     points = fold_points(plan) if fold else None
     if points:  # first + second, and second + a group where the plan leaves room to check the growth
-        check = 2 * points[1] - points[0]
-        walked = sum(points) + (check if plan.num_microbatches >= 2 * check else 0)
+        check = 2 * points[1] - points[0] if checks_growth(*points, plan.num_microbatches) else 0
+        walked = sum(points) + check
     else:
         walked = plan.num_microbatches
     passes = walked * model.num_layers

@@ -74,6 +74,12 @@ FOLD_TOLERANCE = 1e-3
 FOLD_TRIES = 4
 
 
+def checks_growth(first: int, second: int, m: int) -> bool:
+    """Whether a step of ``m`` leaves room to check the first pair's growth against the next
+    group's (``steady_window``): at least twice ``second`` + a group."""
+    return m >= 2 * (2 * second - first)
+
+
 def steady_window(measure, first: int, second: int, m: int) -> tuple[int, int] | None:
     """The two microbatch counts a step of ``m`` is extended from: the first pair of counts a
     group (``second - first``) apart whose growth matches the next pair's, moved on one group
@@ -86,7 +92,7 @@ def steady_window(measure, first: int, second: int, m: int) -> tuple[int, int] |
     group = second - first
     if m < 2 * second:
         return None
-    if m < 2 * (second + group):
+    if not checks_growth(first, second, m):
         return first, second
     counts = [first, second]
     for _ in range(FOLD_TRIES):
