@@ -43,6 +43,8 @@ DEFAULT = {
         "first_stage_layers": 0, "last_stage_layers": 0, "recompute_layers": 0,
         # Megatron's account-for-embedding/loss-in-pipeline-split: the ends take a layer slot
         "account_for_embedding": False, "account_for_loss": False,
+        # --mtp-layers (Megatron --mtp-num-layers) and --pipeline-layout (--pipeline-model-parallel-layout; "" = none)
+        "mtp_layers": 0, "pipeline_layout": "",
         # --recompute-modules: what selective recompute re-runs (Megatron's); used under recompute selective / auto
         "recompute_modules": ["core_attn"],
         # MoE dispatch/combine implementation (--dispatch): alltoall or one of the cluster's [dispatch.<name>]
@@ -168,6 +170,7 @@ def fidelity_knobs(inputs: dict) -> dict:
             "first_stage_layers": int(f["first_stage_layers"]), "last_stage_layers": int(f["last_stage_layers"]),
             "account_for_embedding": bool(f["account_for_embedding"]), "account_for_loss": bool(f["account_for_loss"]),
             "recompute_layers": int(f["recompute_layers"]), "clip_grad": bool(f["clip_grad"]),
+            "mtp_layers": int(f["mtp_layers"] or 0), "pipeline_layout": str(f["pipeline_layout"] or "").strip(),
             "real_data": bool(f["real_data"]), "zero3_gather": zero3_gather_choice(inputs),
             **recompute_modules_choice(inputs), **fp8_params_choice(inputs)}
 

@@ -245,6 +245,16 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     fidelity["account_for_loss"] = u[1].toggle(
         "Loss takes a layer slot", key=common.seed("account_for_loss", bool(fidelity.get("account_for_loss"))),
         help="--account-for-loss (Megatron --account-for-loss-in-pipeline-split): the last virtual stage a layer short")
+    fidelity["mtp_layers"] = u[2].number_input(
+        "MTP layers", min_value=0, max_value=64, step=1, key=common.seed("mtp_layers", int(fidelity.get("mtp_layers") or 0)),
+        help="--mtp-layers (Megatron --mtp-num-layers, DeepSeek-V3's multi-token prediction): one more transformer "
+             "layer, embedding, projection, LM head and loss each, on the last virtual stage or where the layout puts it")
+    fidelity["pipeline_layout"] = st.text_input(
+        "Pipeline layout", key=common.seed("pipeline_layout", str(fidelity.get("pipeline_layout") or "")),
+        placeholder="e.g. Et|(tt|)*30mL",
+        help="--pipeline-layout (Megatron --pipeline-model-parallel-layout): virtual stages in forward order split by "
+             "'|'; E embedding, t decoder layer, m MTP layer, L loss; x*N and (...)*N repeat; pp x vpp stages; "
+             "empty = the even split (or the options above)")
     fidelity["recompute_layers"] = u[2].number_input(
         "Recompute layers per stage", min_value=0, step=1, key=common.seed("recompute_layers", fidelity.get("recompute_layers", 0)),
         help="--recompute-layers: only the first N layers of each stage chunk recompute (Megatron block method); 0 = all")

@@ -94,6 +94,14 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--account-for-loss", action="store_true",
                    help="the loss takes a layer slot of the last (virtual) stage (Megatron "
                         "--account-for-loss-in-pipeline-split)")
+    p.add_argument("--mtp-layers", type=a.integer(0, 64), default=None,
+                   help="multi-token-prediction layers (DeepSeek-V3's MTP; Megatron --mtp-num-layers): each one more "
+                        "transformer layer like the model's last, with its embedding, norms and 2h->h projection, on the "
+                        "last virtual stage (or where --pipeline-layout puts it), and one more LM head and loss")
+    p.add_argument("--pipeline-layout", default=None, metavar="LAYOUT",
+                   help="which layers each virtual stage holds, Megatron's --pipeline-model-parallel-layout: stages in "
+                        "forward order split by '|', E embedding, t decoder layer, m MTP layer, L loss, x*N and (...)*N "
+                        "repeat (e.g. 'Et|(tt|)*30mL' for DeepSeek-V3 at pp 8 vpp 4); its stages must be pp x vpp")
     p.add_argument("--recompute-layers", type=a.integer(0, 1 << 20), default=None,
                    help="recompute only the first N layers of each pipeline stage chunk (Megatron --recompute-method "
                         "block --recompute-num-layers N; default every layer)")
@@ -159,6 +167,7 @@ def _plan_knobs(args) -> dict:
     knobs["zero3_gather"] = args.zero3_gather
     knobs["first_stage_layers"], knobs["last_stage_layers"] = args.first_stage_layers, args.last_stage_layers
     knobs["recompute_layers"] = args.recompute_layers
+    knobs["mtp_layers"], knobs["pipeline_layout"] = args.mtp_layers, args.pipeline_layout
     knobs["account_for_embedding"] = True if args.account_for_embedding else None
     knobs["account_for_loss"] = True if args.account_for_loss else None
     knobs["recompute_modules"] = args.recompute_modules

@@ -84,6 +84,8 @@ def add_command(sub) -> None:
     p.add_argument("--dispatch-compute-units", type=a.integer(0, 1 << 20), default=None, metavar="N",
                    help="every MoE plan: the SMs / CUs its dispatch kernels hold (as simulate --dispatch-compute-units; "
                         "default: the cluster profile's)")
+    p.add_argument("--mtp-layers", type=a.integer(0, 64), default=None, metavar="N",
+                   help="every plan: N multi-token-prediction layers on its last virtual stage (as simulate --mtp-layers)")
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="every MoE plan: FP8 dispatch (needs --dtype fp8; as simulate --dispatch-fp8)")
     weights = p.add_mutually_exclusive_group()
@@ -191,6 +193,7 @@ def run(args) -> int:
     knobs = a.switch_knobs(args) | ({"fp8_recipe": args.fp8_recipe} if args.fp8_recipe else {})
     knobs |= {"zero3_gather": args.zero3_gather} if args.zero3_gather else {}
     knobs |= {} if args.dispatch_compute_units is None else {"dispatch_compute_units": args.dispatch_compute_units}
+    knobs |= {"mtp_layers": args.mtp_layers} if args.mtp_layers else {}
     counts = gpu_counts(args.gpus)
     fixed, limits = _constraints(args)
     if args.csv:

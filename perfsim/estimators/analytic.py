@@ -185,7 +185,7 @@ def template_key(plan: ParallelPlan) -> tuple:
             plan.sequence_parallel, plan.tp_comm_overlap, plan.ep_comm_overlap, splits_backward(plan), plan.stack,
             plan.dispatch, plan.dispatch_fp8, plan.dispatch_compute_units,
             plan.overlap_param_gather, copies, fp8 and plan.fp8_delayed_scaling,
-            plan.fp8_params)
+            plan.fp8_params, plan.mtp_layers)  # the LM head block prices one head per MTP layer more
 
 
 def _template(fwd: Pass, bwd: Pass, wgt: Pass) -> Template:
@@ -228,8 +228,10 @@ class ClosedForm:
                  variability: VariabilitySpec = NO_VARIABILITY):
         self.model, self.cluster, self.routing, self.variability = model, cluster, routing, variability
         self.gpn = cluster.gpus_per_node
-        self.kinds = tuple((["dense"] if model.num_mlp_layers else []) + (["moe"] if model.num_moe_layers else []))
-        self.rep_layer = {"dense": 0, "moe": model.num_dense_layers}
+        # "mtp": a multi-token-prediction layer (plan.mtp_layers; index num_layers), priced where a plan has one
+        self.kinds = tuple((["dense"] if model.num_mlp_layers else []) + (["moe"] if model.num_moe_layers else [])
+                           + ["mtp"])
+        self.rep_layer = {"dense": 0, "moe": model.num_dense_layers, "mtp": model.num_layers}
         self._memo: dict = {}
 
     def _cached(self, key: tuple, make):
@@ -239,6 +241,8 @@ class ClosedForm:
         return found
 
     def kind(self, layer: int) -> str:
+        if layer >= self.model.num_layers:
+            return "mtp"
         return "moe" if is_moe_layer(self.model, layer) else "dense"
 
     def block_kind(self, plan: ParallelPlan, layer: int) -> str:
@@ -318,8 +322,8 @@ class ClosedForm:
         """(block kind, blocks, passes per microbatch that gather it) of a stage's ZeRO
         all-gathers: its layers (forward and backward), the embedding (forward), the LM head
         (forward and backward); ZeRO-1/2 gather each block once per step."""
-        nd, nm, _, _ = self.layout(plan, stage)
-        counts = {"dense": nd, "moe": nm, "embedding": int(stage == 0), "head": int(stage == head_stage(plan))}
+        nd, nm, _, _, nt = self.layout(plan, stage)
+        counts = {"dense": nd, "moe": nm, "mtp": nt, "embedding": int(stage == 0), "head": int(stage == head_stage(plan))}
         rep = {**self.rep_layer, "embedding": "embedding", "head": "head"}
         return tuple((k, counts[k], sum(gathers_in(rep[k], phase) for phase in (FWD, BWD)))
                      for k in (*self.kinds, *ENDS) if counts[k])
@@ -540,20 +544,22 @@ class ClosedForm:
 
     # ---- stages ----------------------------------------------------------------------------
 
-    def layout(self, plan: ParallelPlan, stage: int) -> tuple[int, int, int, int]:
-        """(dense layers, MoE layers, lowest layer, highest layer) of a stage."""
+    def layout(self, plan: ParallelPlan, stage: int) -> tuple[int, int, int, int, int]:
+        """(dense layers, MoE layers, lowest layer, highest layer, MTP layers) of a stage
+        (the first two count decoder layers only)."""
         def make():
             ids = stage_layer_ids(self.model, plan, stage)
-            moe = sum(1 for layer in ids if is_moe_layer(self.model, layer))
-            return len(ids) - moe, moe, min(ids), max(ids)
+            mtp = sum(1 for layer in ids if layer >= self.model.num_layers)
+            moe = sum(1 for layer in ids if is_moe_layer(self.model, layer) and layer < self.model.num_layers)
+            return len(ids) - moe - mtp, moe, min(ids, default=0), max(ids, default=-1), mtp
         return self._cached(("layout", *layout_key(plan), stage), make)
 
     def signature(self, plan: ParallelPlan, stage: int) -> tuple:
         """What a stage's blocks, their order and its GPUs' speed depend on: stages alike
         in it (the middle ones, mostly) are priced once."""
-        nd, nm, lo, _ = self.layout(plan, stage)
+        nd, nm, lo, _, nt = self.layout(plan, stage)
         slow, ep_speeds = self.speeds(plan)
-        return (nd, nm, self.kind(lo), stage == 0, stage == head_stage(plan), plan.schedule in V_SHAPES, slow[stage],
+        return (nd, nm, nt, self.kind(lo), stage == 0, stage == head_stage(plan), plan.schedule in V_SHAPES, slow[stage],
                 ep_speeds,
                 self.block_counts(plan, stage) if plan.recompute_layers else ())
 

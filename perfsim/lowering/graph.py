@@ -60,7 +60,7 @@ class _Builder:
         self.model, self.plan = model, plan
         self.graph = OpGraph(model=model, plan=plan)
         self.layers = LayerBuilder(model, plan, routing, ep_speeds)
-        self.blocks: dict = {}  # is_moe / "head" / "embedding" -> (F, B, W) steps
+        self.blocks: dict = {}  # (is_moe, recompute, is_mtp) / "head" / "embedding" -> (F, B, W) steps
         self.split = splits_backward(plan)
         self.bucket: dict[int, dict[str, float]] = {s: {} for s in range(plan.pp)}
         self.last: dict[int, int] = {}  # stage -> last op of its compute chain
@@ -103,7 +103,7 @@ class _Builder:
         return chunk_layers(self.model, self.plan, stage, chunk)
 
     def _block(self, layer: int) -> tuple[list[Step], list[Step], list[Step]]:
-        key = (is_moe_layer(self.model, layer), recomputes(self.model, self.plan, layer))
+        key = (is_moe_layer(self.model, layer), recomputes(self.model, self.plan, layer), layer >= self.model.num_layers)
         if key not in self.blocks:
             self.blocks[key] = block_passes(self.layers, self.plan, layer, key[1])
         return self.blocks[key]

@@ -293,19 +293,50 @@ class LayerBuilder(StackSteps):
         return self._kernel_speed([elementwise_step("embedding", 2 * self.local_tokens * self.model.hidden_size * ACT_BYTES, "embedding")])
 
     def head_forward(self) -> list[Step]:
+        """The final norm, the LM head (vocabulary-parallel) and the cross-entropy; with MTP
+        layers (``plan.mtp_layers``) the head and the loss once more per MTP layer on its
+        output (Megatron-Core computes each MTP depth's logits and loss on the loss stage,
+        with the shared output layer)."""
         m, tp = self.model, self.plan.tp
-        steps = [*self._norms("final_norm"), *self._tp_enter("head")]
-        head = gemm_step("lm_head", self.tokens, m.hidden_size, m.vocab_size // tp, "lm_head")
-        steps.append(replace(head, meta=(("dtype", "bf16"),)) if self.fp8 else head)  # FP8 recipes keep the head BF16
-        steps.append(elementwise_step("loss", 3 * self.tokens * m.vocab_size // tp * LOGIT_BYTES, "loss"))
-        if not self.stack.fused("loss"):  # softmax written out, read back by the NLL kernel
-            steps.append(elementwise_step("loss_unfused", 2 * self.tokens * m.vocab_size // tp * LOGIT_BYTES, "loss"))
+        steps = [*self._norms("final_norm")]
+        for depth in range(1 + self.plan.mtp_layers):
+            prefix = f"mtp{depth}_" if depth else ""
+            steps += self._tp_enter(f"{prefix}head")
+            head = gemm_step(f"{prefix}lm_head", self.tokens, m.hidden_size, m.vocab_size // tp, "lm_head")
+            steps.append(replace(head, meta=(("dtype", "bf16"),)) if self.fp8 else head)  # FP8 recipes keep the head BF16
+            steps.append(elementwise_step(f"{prefix}loss", 3 * self.tokens * m.vocab_size // tp * LOGIT_BYTES, "loss"))
+            if not self.stack.fused("loss"):  # softmax written out, read back by the NLL kernel
+                steps.append(elementwise_step(f"{prefix}loss_unfused", 2 * self.tokens * m.vocab_size // tp * LOGIT_BYTES,
+                                              "loss"))
         return self._kernel_speed(steps)
 
+    def mtp_forward(self) -> list[Step]:
+        """What an MTP layer runs before its transformer layer (DeepSeek-V3 sec. 2.2;
+        Megatron-Core MultiTokenPredictionLayer): the embedding of the tokens one further
+        ahead (a lookup, as ``embedding_forward``), an RMSNorm of it and one of the hidden
+        state, the two joined ([tokens, 2h]), and the 2h -> h projection, a column-parallel
+        linear: its input gathered over the sequence shards, its output gathered over the
+        TP ranks' columns (and split back to sequence shards, no traffic)."""
+        m, tp = self.model, self.plan.tp
+        h = m.hidden_size
+        steps = [elementwise_step("mtp_embedding", 2 * self.local_tokens * h * ACT_BYTES, "embedding"),
+                 *self._norms("mtp_enorm"), *self._norms("mtp_hnorm"),
+                 elementwise_step("mtp_concat", 4 * self.local_tokens * h * ACT_BYTES, "mtp")]
+        if self.sp:
+            steps.append(coll_step("mtp_eh_proj_ag", Coll.ALL_GATHER, "tp", self.tokens * 2 * h * ACT_BYTES, "tp_comm"))
+        steps += self._fp8(gemm_step("mtp_eh_proj", self.tokens, 2 * h, h // tp, "mtp"))
+        if tp > 1:
+            steps.append(coll_step("mtp_eh_proj_gather", Coll.ALL_GATHER, "tp", self.tokens * h * ACT_BYTES, "tp_comm"))
+        return steps
+
     def layer_forward(self, layer: int) -> list[Step]:
+        """A decoder layer's forward; an MTP layer (index >= the model's layers) is
+        ``mtp_forward``, a layer like the model's last, and its own final norm."""
         m = self.model
         mlp = self.moe_forward() if m.is_moe and layer >= m.num_dense_layers else self.mlp_forward()
-        steps = self._kernel_speed(self.attention_forward() + mlp)
+        mtp = layer >= m.num_layers
+        body = self.attention_forward() + mlp
+        steps = self._kernel_speed((self.mtp_forward() if mtp else []) + body + (self._norms("mtp_final_norm") if mtp else []))
         return steps + self._host_overhead(steps)
 
 

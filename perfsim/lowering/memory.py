@@ -37,6 +37,10 @@ from perfsim.plan.sharding import (
 
 ACT_BYTES = 2
 LOGIT_BYTES = 4
+# an MTP layer keeps, beyond a transformer layer, per token in hidden widths (sequence shards
+# under SP): the two norms' inputs (the hidden state, the embedding), their joined output
+# (2h, the projection's input) and its final norm's input
+MTP_KEPT_PER_TOKEN = 5
 # Caching-allocator fragmentation of the transient (activation + logits) allocations:
 # blocks freed between microbatches cannot always be reused for differently sized
 # tensors. GMLake (Guo et al., ASPLOS'24) measures fragmentation of several to ~30 % of
@@ -143,6 +147,8 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
     if fp8_copies:
         saved -= tokens * _fp8_inputs_per_token(model, plan, layer, share) * (ACT_BYTES - FP8_BYTES)
     saved += tokens * _gathered_inputs_per_token(model, plan, layer)
+    if layer >= model.num_layers:  # an MTP layer (LayerBuilder.mtp_forward): what its extra kernels keep
+        saved += tokens * MTP_KEPT_PER_TOKEN * h / plan.tp * ACT_BYTES
     return saved - tokens * _modules_rerun_per_token(model, plan, layer, share, modules)
 
 
@@ -397,6 +403,7 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int, routing: Rout
     logits = 0.0
     if stage == head_stage(plan):  # logits + their gradient (FP32 each by default)
         logits = plan.mbs * plan.seq / plan.cp * model.vocab_size / plan.tp * _policy(plan, "logit_bytes", 2 * LOGIT_BYTES)
+        logits *= 1 + plan.mtp_layers  # each MTP layer's logits too, all held until the backward
     held = MemoryBreakdown(stage=stage, weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt,
                            activations_bytes=acts, logits_bytes=logits,
                            fragmentation_bytes=_policy(plan, "fragmentation", FRAGMENTATION) * (acts + logits),

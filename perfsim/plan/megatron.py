@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from perfsim.errors import ConfigError
 from perfsim.plan.parallel import RECOMPUTE_MODULES, split_recompute_modules
+from perfsim.plan import layout
 
 # Megatron argument (underscored) -> perfsim knob; values are integers.
 INT_KNOBS = {
@@ -62,7 +63,7 @@ moe_ffn_hidden_size moe_router_topk moe_shared_expert_intermediate_size moe_grou
 moe_router_load_balancing_type moe_aux_loss_coeff moe_router_dtype moe_router_force_load_balancing
 moe_layer_freq moe_permute_fusion moe_router_pre_softmax q_lora_rank kv_lora_rank qk_head_dim qk_pos_emb_head_dim
 v_head_dim multi_latent_attention hidden_dropout attention_dropout exit_interval exit_duration_in_mins
-manual_gc manual_gc_interval ckpt_format dataloader_type num_workers mock_data
+manual_gc manual_gc_interval ckpt_format dataloader_type num_workers mock_data mtp_loss_scaling_factor
 """.split())
 # Megatron-LM's switches that count the embedding / the loss as a pipeline layer
 ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "account_for_embedding",
@@ -209,6 +210,11 @@ def from_mapping(args: dict) -> MegatronPlan:
             vpp_layers = _int(name, value)
         elif name == "num_virtual_stages_per_pipeline_rank":  # Primus' name for the vpp
             knobs["vpp"] = _int(name, value)
+        elif name == "mtp_num_layers":  # multi-token prediction (plan.mtp_layers); 0 = none
+            if str(value).strip() != "0":
+                knobs["mtp_layers"] = _int(name, value)
+        elif name == "pipeline_model_parallel_layout":  # plan.pipeline_layout; vpp = its stages / pp
+            knobs["pipeline_layout"] = str(value)
         elif name in ZERO_BUBBLE:
             zero_bubble = zero_bubble or _truthy(value)
         elif name == "zero_bubble_v_schedule":
@@ -236,6 +242,12 @@ def from_mapping(args: dict) -> MegatronPlan:
         knobs["schedule"], knobs["vpp"] = V_MEM_SETUP[mem_setup], 2
     elif zero_bubble:
         knobs["schedule"] = "zb-h1"
+    if "pipeline_layout" in knobs and "vpp" not in knobs and not vpp_layers:
+        stages, pp = len(layout.parse(knobs["pipeline_layout"])), knobs.get("pp", 1)
+        if stages % pp:
+            raise ConfigError(f"--pipeline-model-parallel-layout: {stages} stages do not split over "
+                              f"--pipeline-model-parallel-size {pp}")
+        knobs["vpp"] = stages // pp  # Megatron derives the virtual stages from the layout
     if knobs.get("pp", 1) == 1 and (knobs.get("vpp", 1) > 1 or vpp_layers):
         raise ConfigError("--virtual-pipeline-model-parallel-size / --num-layers-per-virtual-pipeline-stage "
                           "need --pipeline-model-parallel-size > 1")

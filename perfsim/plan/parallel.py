@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from perfsim.errors import ConfigError
 from perfsim.model.spec import AttentionKind, ModelSpec
+from perfsim.plan import layout
 from perfsim.system.kernel_tables import DTYPE_BYTES
 from perfsim.system.stacks import IDEAL, ZERO3_GATHERS, StackSpec, load_stack
 
@@ -146,6 +147,17 @@ class ParallelPlan:
     # each holds one). Not beside first_stage_layers / last_stage_layers.
     account_for_embedding: bool = False
     account_for_loss: bool = False
+    # multi-token prediction (DeepSeek-V3 sec. 2.2; Megatron-Core --mtp-num-layers): each MTP
+    # layer embeds the tokens one further ahead, joins them to the hidden state before it
+    # (two RMSNorms, a 2h -> h projection), runs one more transformer layer like the model's
+    # last and its own final norm, and the loss stage computes one more LM head and
+    # cross-entropy on its output. Layer indices num_layers.. on the last virtual stage, or
+    # where ``pipeline_layout`` puts them.
+    mtp_layers: int = 0
+    # Megatron-Core's --pipeline-model-parallel-layout (perfsim.plan.layout): which layers each
+    # virtual stage holds, e.g. "Et|(tt|)*30mL"; "" = the split the other fields set. Not
+    # beside first_stage_layers / last_stage_layers / account_for_*.
+    pipeline_layout: str = ""
     # recompute only the first N layers of each pipeline stage (each virtual chunk): Megatron's
     # --recompute-method block --recompute-num-layers N; 0 = every layer
     recompute_layers: int = 0
@@ -193,11 +205,11 @@ class ParallelPlan:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"plan.{key} must be a positive integer, got {value!r}")
-        for key in ("first_stage_layers", "last_stage_layers", "recompute_layers"):
+        for key in ("first_stage_layers", "last_stage_layers", "recompute_layers", "mtp_layers"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"plan.{key} must be an integer >= 0, got {value!r}")
-            if key == "recompute_layers":
+            if key in ("recompute_layers", "mtp_layers"):
                 continue
             if value and (self.pp < 2 or (self.vpp > 1 and self.schedule not in UNEVEN_CHUNKED)):
                 raise ConfigError(f"plan.{key} ({value}) needs pp > 1, and with vpp > 1 the interleaved or a V-shape "
@@ -212,6 +224,14 @@ class ParallelPlan:
             if self.pp < 2 or (self.vpp > 1 and self.schedule not in UNEVEN_CHUNKED):
                 raise ConfigError(f"plan.account_for_embedding/account_for_loss need pp > 1, and with vpp > 1 the "
                                   f"interleaved or a V-shape schedule (got pp {self.pp}, {self.schedule})")
+        if self.pipeline_layout:
+            if self.first_stage_layers or self.last_stage_layers or any(self.accounted):
+                raise ConfigError("plan.pipeline_layout and first_stage_layers/last_stage_layers/account_for_* all set "
+                                  "the pipeline split: use one")
+            if self.vpp > 1 and self.schedule not in UNEVEN_CHUNKED:
+                raise ConfigError(f"plan.pipeline_layout with vpp > 1 needs the interleaved or a V-shape schedule "
+                                  f"(got {self.schedule})")
+            layout.check(self.pipeline_layout, self.pp, self.vpp, self.mtp_layers)
         if isinstance(self.grad_bucket_bytes, bool) or not isinstance(self.grad_bucket_bytes, int) or self.grad_bucket_bytes < 1:
             raise ConfigError(f"plan.grad_bucket_bytes must be a positive integer, got {self.grad_bucket_bytes!r}")
         share = self.comm_compute_interference
@@ -411,6 +431,8 @@ class ParallelPlan:
         parts += [f"last{self.last_stage_layers}"] if self.last_stage_layers else []
         parts += [f"account-{'+'.join(n for n, on in zip(('embedding', 'loss'), self.accounted) if on)}"] \
             if any(self.accounted) else []
+        parts += [f"mtp{self.mtp_layers}"] if self.mtp_layers else []
+        parts += [f"layout-{self.pipeline_layout.replace(' ', '')}"] if self.pipeline_layout else []
         parts += [f"stack-{self.stack.name}"] if self.stack.name != "ideal" else []
         parts += [f"dispatch-{self.dispatch}"] if self.dispatch != "alltoall" else []
         parts += ["dispatch-fp8"] if self.dispatch_fp8 else []
@@ -508,7 +530,9 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
         raise ConfigError(f"plan.tp ({plan.tp}) must divide the model's heads ({model.num_heads})")
     if model.num_kv_heads % plan.tp and plan.tp % model.num_kv_heads:
         raise ConfigError(f"plan.tp ({plan.tp}) and the model's kv heads ({model.num_kv_heads}) must divide one another")
-    if plan.first_stage_layers or plan.last_stage_layers:
+    if plan.pipeline_layout:
+        layout.check_model(plan.pipeline_layout, model.num_layers)
+    elif plan.first_stage_layers or plan.last_stage_layers:
         _check_uneven(plan, model)
     elif any(plan.accounted):
         _check_accounted(plan, model)

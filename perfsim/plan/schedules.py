@@ -35,6 +35,7 @@ from collections import deque
 from functools import lru_cache
 
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Schedule
+from perfsim.plan.layout import stage_counts
 
 FWD = "F"
 BWD = "B"  # full backward, or the input-gradient half under zb-h1
@@ -172,7 +173,8 @@ def stage_of(schedule: Schedule, pp: int, vs: int) -> int:
 
 def layout_key(plan: ParallelPlan) -> tuple:
     """Plan fields that place the layers on the stages (and their chunks)."""
-    return plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, plan.accounted, plan.schedule in V_SHAPES
+    return (plan.pp, plan.vpp, plan.first_stage_layers, plan.last_stage_layers, plan.accounted, plan.schedule in V_SHAPES,
+            plan.mtp_layers, plan.pipeline_layout)
 
 
 def head_stage(plan: ParallelPlan) -> int:
@@ -332,21 +334,32 @@ def splits_backward(plan: ParallelPlan) -> bool:
 
 
 def stage_layers(num_layers: int, pp: int, vpp: int, stage: int, chunk: int, first: int = 0, last: int = 0,
-                 schedule: Schedule = Schedule.ONE_F_ONE_B, accounted: tuple[bool, bool] = (False, False)) -> range:
+                 schedule: Schedule = Schedule.ONE_F_ONE_B, accounted: tuple[bool, bool] = (False, False),
+                 mtp: int = 0, layout: str = "") -> range:
     """Layers held by virtual stage (stage, chunk): chunk-major round robin (Megatron), or
     under a V-shape schedule the V (``virtual_stage``); with ``first`` / ``last`` set
     (Megatron's --decoder-first/last-pipeline-num-layers, vpp 1; under a V-shape schedule
     the first and last virtual stages, both on stage 0) those hold that many and the
     others split the rest evenly; with ``accounted`` (embedding, loss) the layers and those
-    slots split evenly, the first / last virtual stage a layer short (``accounted_counts``)."""
+    slots split evenly, the first / last virtual stage a layer short (``accounted_counts``);
+    with ``layout`` (Megatron's --pipeline-model-parallel-layout) what it places. ``mtp``
+    multi-token-prediction layers (indices ``num_layers``..) follow the decoder layers: on
+    the last virtual stage (Megatron's default), or where ``layout`` puts them."""
     vs = virtual_stage(schedule, pp, stage, chunk)
-    if first or last or any(accounted):
+    if layout:
+        counts = stage_counts(layout)
+    elif first or last or any(accounted):
         counts = (uneven_counts(num_layers, pp * vpp, first, last) if first or last
                   else accounted_counts(num_layers, pp * vpp, *accounted))
-        start = sum(counts[:vs])
-        return range(start, start + counts[vs])
-    per_chunk = num_layers // (pp * vpp)
-    return range(vs * per_chunk, (vs + 1) * per_chunk)
+    elif mtp:
+        counts = [num_layers // (pp * vpp)] * (pp * vpp)
+    else:
+        per_chunk = num_layers // (pp * vpp)
+        return range(vs * per_chunk, (vs + 1) * per_chunk)
+    if mtp and not layout:
+        counts = [*counts[:-1], counts[-1] + mtp]
+    start = sum(counts[:vs])
+    return range(start, start + counts[vs])
 
 
 def accounted_counts(num_layers: int, units: int, embedding: bool, loss: bool) -> list[int]:

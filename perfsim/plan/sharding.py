@@ -24,9 +24,24 @@ def is_moe_layer(model: ModelSpec, layer: int) -> bool:
     return model.is_moe and layer >= model.num_dense_layers
 
 
+def is_mtp_layer(model: ModelSpec, layer: int) -> bool:
+    """A multi-token-prediction layer (``plan.mtp_layers``): numbered after the decoder layers."""
+    return layer >= model.num_layers
+
+
+def mtp_own_params(model: ModelSpec) -> int:
+    """What an MTP layer adds to a transformer layer (DeepSeek-V3 sec. 2.2; Megatron-Core
+    MultiTokenPredictionLayer): the 2h -> h projection of the joined hidden state and
+    embedding, and three RMSNorms (the hidden state's, the embedding's, its final norm)."""
+    return 2 * model.hidden_size * model.hidden_size + 3 * model.hidden_size
+
+
 def layer_params(model: ModelSpec, layer: int) -> tuple[int, int]:
-    """(dense, expert) parameters of one layer, unsharded."""
+    """(dense, expert) parameters of one layer, unsharded (an MTP layer: a layer like the
+    model's last plus ``mtp_own_params``)."""
     dense = model.attention_params() + model.norm_params_per_layer()
+    if is_mtp_layer(model, layer):
+        dense += mtp_own_params(model)
     if is_moe_layer(model, layer):
         return dense + model.router_params() + model.shared_expert_params(), model.num_experts * model.expert_params()
     return dense + model.dense_mlp_params(), 0
@@ -54,7 +69,13 @@ def chunk_layers(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int) -
     """The layers virtual stage (stage, chunk) holds under ``plan`` (``stage_layers`` with the
     plan's pipeline layout)."""
     return stage_layers(model.num_layers, plan.pp, plan.vpp, stage, chunk, plan.first_stage_layers,
-                        plan.last_stage_layers, plan.schedule, plan.accounted)
+                        plan.last_stage_layers, plan.schedule, plan.accounted, plan.mtp_layers, plan.pipeline_layout)
+
+
+def mtp_stages(model: ModelSpec, plan: ParallelPlan) -> frozenset[int]:
+    """The pipeline stages holding an MTP layer."""
+    return frozenset(s for s in range(plan.pp) for layer in stage_layer_ids(model, plan, s)
+                     if is_mtp_layer(model, layer))
 
 
 def chunk_blocks(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int) -> list[int | str]:
@@ -102,7 +123,9 @@ def fewest_recompute_layers(model: ModelSpec, plan: ParallelPlan, fits) -> int:
 def embedding_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Vocabulary-parallel embedding on the first stage, LM head on ``head_stage`` (the
     last, or the first under a V-shape schedule); tied embeddings keep a copy on both
-    ends when those are different stages, as Megatron does."""
+    ends when those are different stages, as Megatron does; a stage holding MTP layers
+    (``plan.mtp_layers``) other than the first holds the embedding too (Megatron-Core's
+    GPTModel builds it where ``pre_process or mtp_process``), or shares the tied head's."""
     table = model.vocab_size * model.hidden_size / plan.tp
     head = head_stage(plan)
     count = 0.0
@@ -110,6 +133,8 @@ def embedding_rank_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> f
         count += table
     if stage == head and (not model.tied_embeddings or head != 0):
         count += table
+    if stage != 0 and plan.mtp_layers and stage in mtp_stages(model, plan) and not (model.tied_embeddings and stage == head):
+        count += table  # the MTP layers embed tokens too: Megatron builds the embedding on their stage
     return count + (model.hidden_size if stage == head else 0)
 
 

@@ -33,7 +33,7 @@ from perfsim.search.space import AXES, DOMINATED, OOM, Chunk, Context, build_spa
 from perfsim.search.rank import Candidate, explain_infeasible, format_table, rank_rows
 
 STRING_KNOBS = {"fp8_recipe": FP8_RECIPES, "zero3_gather": ZERO3_GATHERS}  # plan_knobs that take a name
-COUNT_KNOBS = ("dispatch_compute_units",)  # plan_knobs that take a whole number >= 0
+COUNT_KNOBS = ("dispatch_compute_units", "mtp_layers")  # plan_knobs that take a whole number >= 0
 
 log = logging.getLogger(__name__)
 OBJECTIVES = ("time", "cost")

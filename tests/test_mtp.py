@@ -1,0 +1,178 @@
+"""Multi-token prediction (plan.mtp_layers, Megatron --mtp-num-layers) and Megatron's custom
+pipeline layout (plan.pipeline_layout, --pipeline-model-parallel-layout): both estimators,
+the memory model, Megatron's flags, the CLI, the runs CSV and the planner."""
+
+import dataclasses
+import json
+
+import pytest
+
+from perfsim import api
+from perfsim.cli import main
+from perfsim.errors import ConfigError
+from perfsim.lowering.graph import build_graph
+from perfsim.lowering.memory import plan_memory
+from perfsim.plan import layout, megatron
+from perfsim.plan.parallel import ParallelPlan, check_plan
+from perfsim.plan.sharding import chunk_layers, layer_params, stage_layer_ids
+
+LITE = api.load_model("deepseek-v2-lite")  # 27 layers, the first dense, the rest MoE
+DSV3_LAYOUT = "Et|(tt|)*30mL"  # Megatron-Bridge's DeepSeek-V3 layout at PP 8 VP 4
+
+
+def lite(estimator: str, **knobs):
+    base = dict(model="deepseek-v2-lite", cluster="mi300x-pollara", nodes=3, tp=1, pp=3, ep=8, gbs=48, mbs=1, seq=4096,
+                check_memory=False, estimator=estimator)
+    return api.simulate(**{**base, **knobs})
+
+
+def test_the_layout_string_expands_as_megatron_documents_it():
+    stages = layout.parse(DSV3_LAYOUT)
+    assert len(stages) == 32 and stages[0] == "Et" and stages[-1] == "mL" and set(stages[1:-1]) == {"tt"}
+    assert layout.stage_counts(DSV3_LAYOUT) == (1,) + (2,) * 30 + (1,)
+    # Megatron's user-guide example: commas are cosmetic, x*N repeats a symbol, an empty stage is legal
+    assert layout.parse("Et*3|(tt|)*29,m|L") == ("Ettt",) + ("tt",) * 29 + ("m", "L")
+    assert layout.parse("E||t|L") == ("E", "", "t", "L")
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("Et|tx|L", "unknown symbol 'x'"),
+    ("t|Et|L", "the embedding E must appear once, first in the first stage"),
+    ("Et|L|t", "the loss L must appear once, last in the last stage"),
+    ("Em|tL", "every MTP layer m must come after every decoder layer t"),
+    ("E(t|)*3L*", "not part of a repeat"),
+    ("E(t|)*999999L", "repeat count 999,999"),
+    ("", "must be a layout string"),
+])
+def test_a_bad_layout_is_one_clear_error(bad, match):
+    with pytest.raises(ConfigError, match="plan.pipeline_layout") as err:
+        layout.parse(bad)
+    assert match in str(err.value)
+
+
+def test_the_plan_checks_the_layout_against_pp_vpp_the_mtp_layers_and_the_model():
+    plan = ParallelPlan(tp=2, pp=8, vpp=4, dp=64, ep=64, gbs=8192, seq=4096, schedule="interleaved", mtp_layers=1,
+                        pipeline_layout=DSV3_LAYOUT)
+    check_plan(plan, api.load_model("deepseek-v3"), 1024)
+    with pytest.raises(ConfigError, match=r"has 32 stages; pp\*vpp = 8\*2 = 16 .*set vpp 4"):
+        dataclasses.replace(plan, vpp=2)
+    with pytest.raises(ConfigError, match="places 1 MTP layer"):
+        dataclasses.replace(plan, mtp_layers=0)
+    with pytest.raises(ConfigError, match="both set|all set"):
+        dataclasses.replace(plan, account_for_loss=True)
+    with pytest.raises(ConfigError, match="places 61 decoder layers t; the model has 27"):
+        check_plan(plan, LITE, 1024)
+
+
+def test_mtp_layers_follow_the_decoder_layers_on_the_last_virtual_stage():
+    plan = ParallelPlan(pp=3, dp=8, ep=8, gbs=48, seq=4096, mtp_layers=1)
+    ids = [stage_layer_ids(LITE, plan, s) for s in range(3)]
+    assert ids[0] == list(range(9)) and ids[1] == list(range(9, 18)) and ids[2] == list(range(18, 28))
+    # an MTP layer: a layer like the model's last (MoE here) plus its projection and norms
+    dense, expert = layer_params(LITE, 27)
+    last_dense, last_expert = layer_params(LITE, 26)
+    assert expert == last_expert and dense - last_dense == 2 * LITE.hidden_size ** 2 + 3 * LITE.hidden_size
+    graph = build_graph(LITE, plan, 1)
+    assert {op.stage for op in graph.ops if op.layer == 27} == {2}
+    assert any(op.name == "mtp_eh_proj" and op.stage == 2 for op in graph.ops)
+    heads = [op for op in graph.ops if op.name.endswith("lm_head")]
+    assert {op.name for op in heads} == {"lm_head", "mtp1_lm_head"}  # one LM head more for the MTP depth
+
+
+def test_a_layout_places_the_mtp_layer_where_it_says():
+    plan = ParallelPlan(pp=2, vpp=3, dp=8, ep=8, gbs=32, seq=4096, schedule="interleaved", mtp_layers=1,
+                        pipeline_layout="Et*4|t*5|t*5|t*5|t*8m|L")
+    held = {(s, c): list(chunk_layers(LITE, plan, s, c)) for s in range(2) for c in range(3)}
+    # virtual stages in forward order: (0,0), (1,0), (0,1), (1,1), (0,2), (1,2)
+    assert held[(0, 0)] == list(range(4)) and held[(1, 0)] == list(range(4, 9))
+    assert held[(0, 2)] == list(range(19, 28)) and held[(1, 2)] == []  # the MTP layer (27) with the last decoder layers
+    check_plan(plan, LITE, 16)
+    closed = api.simulate(LITE, "mi300x-pollara", plan, gpus=16, estimator="analytic", check_memory=False)
+    engine = api.simulate(LITE, "mi300x-pollara", plan, gpus=16, estimator="des", check_memory=False)
+    assert closed.step_time_s == pytest.approx(engine.step_time_s, rel=0.01)
+
+
+def test_mtp_costs_time_and_memory_on_its_stage_in_both_estimators():
+    base = {e: lite(e) for e in ("analytic", "des")}
+    mtp = {e: lite(e, mtp_layers=1) for e in ("analytic", "des")}
+    for r in (base, mtp):
+        assert r["analytic"].step_time_s == pytest.approx(r["des"].step_time_s, rel=0.01)
+    assert mtp["des"].step_time_s > 1.05 * base["des"].step_time_s  # the last stage sets the pace
+    plan = ParallelPlan(pp=3, dp=8, ep=8, gbs=48, seq=4096)
+    before, after = plan_memory(LITE, plan), plan_memory(LITE, dataclasses.replace(plan, mtp_layers=1))
+    assert after[0].total_bytes == pytest.approx(before[0].total_bytes)  # the first stage holds no MTP
+    assert after[2].weights_bytes > before[2].weights_bytes  # the MTP layer and its embedding copy
+    assert after[2].logits_bytes == pytest.approx(2 * before[2].logits_bytes)
+    assert after[2].activations_bytes > before[2].activations_bytes
+
+
+def test_a_layout_that_matches_the_account_for_split_prices_the_same_step():
+    """Megatron's account-for-embedding split of 27 layers over 2 x 2 virtual stages (7 slots
+    each, the first a layer short) written as a layout: the same plan, the same step."""
+    knobs = dict(nodes=2, pp=2, vpp=2, gbs=32, schedule="interleaved")
+    accounted = lite("analytic", account_for_embedding=True, **knobs)
+    laid_out = lite("analytic", pipeline_layout="Et*6|(t*7|)*2t*7L", **knobs)
+    assert laid_out.step_time_s == pytest.approx(accounted.step_time_s, rel=1e-9)
+    assert laid_out.peak_memory_bytes == pytest.approx(accounted.peak_memory_bytes, rel=1e-9)
+
+
+def test_megatron_flags_map_onto_the_plan():
+    plan = megatron.from_mapping({"pipeline_model_parallel_size": "8", "tensor_model_parallel_size": "2",
+                                  "mtp_num_layers": "1", "pipeline_model_parallel_layout": DSV3_LAYOUT,
+                                  "mtp_loss_scaling_factor": "0.1"})
+    knobs = plan.knobs_for(61)
+    assert knobs["mtp_layers"] == 1 and knobs["pipeline_layout"] == DSV3_LAYOUT and knobs["vpp"] == 4
+    assert "mtp_loss_scaling_factor" in plan.ignored
+    assert "mtp_layers" not in megatron.from_mapping({"mtp_num_layers": "0"}).knobs
+    with pytest.raises(ConfigError, match="32 stages do not split over --pipeline-model-parallel-size 3"):
+        megatron.from_mapping({"pipeline_model_parallel_size": "3", "pipeline_model_parallel_layout": DSV3_LAYOUT})
+
+
+def test_cli_flags_and_their_errors(capsys):
+    argv = ["simulate", "--model", "deepseek-v2-lite", "--cluster", "mi300x-pollara", "--nodes", "4", "--pp", "4",
+            "--ep", "8", "--gbs", "64", "--seq", "4096", "--engine", "analytic"]
+    assert main(argv + ["--mtp-layers", "1", "--pipeline-layout", "Et*6|t*7|t*7|t*7mL", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["plan"]["mtp_layers"] == 1 and report["plan"]["pipeline_layout"] == "Et*6|t*7|t*7|t*7mL"
+    assert main(argv + ["--pipeline-layout", "Et*6|t*7|t*7|t*6L"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "plan.pipeline_layout" in err[0] and "places 26 decoder layers t; the model has 27" in err[0]
+    assert main(argv + ["--pipeline-layout", "Et*6|t*7|t*7|t*7L*"]) == 2
+    assert "not part of a repeat" in capsys.readouterr().err
+    assert main(argv + ["--mtp-layers", "-1"]) == 2
+    assert "--mtp-layers" in capsys.readouterr().err
+
+
+def test_runs_csv_columns(tmp_path):
+    from perfsim.design.runs import read_runs
+
+    path = tmp_path / "runs.csv"
+    path.write_text("id,source_id,source,stack,model,cluster,nodes,pp,vpp,schedule,ep,mbs,gbs,seq,mtp_layers,"
+                    "pipeline_layout,metric,measured\nr1,s,x,ideal,deepseek-v2-lite,mi300x-pollara,2,2,2,interleaved,8,1,"
+                    "32,4096,1,Et*6|t*7|t*7m|t*7L,step_time_s,1.0\n")
+    knobs = dict(read_runs(path)[0].knobs)
+    assert knobs["mtp_layers"] == 1 and knobs["pipeline_layout"] == "Et*6|t*7|t*7m|t*7L"
+
+
+def test_planner_inputs_reach_the_plan():
+    import sys
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "app"))
+    import inputs as planner_inputs
+
+    at = AppTest.from_file(str(root / "app" / "planner.py"), default_timeout=90)
+    at.session_state["inputs"] = planner_inputs.normalize(
+        {"estimator": "analytic", "model": "deepseek-v2-lite", "cluster": "mi300x-pollara", "nodes": 4,
+         "knobs": {"pp": 4, "dp": 0, "ep": 8, "gbs": 64, "seq": 4096}})
+    at.run()
+    at.number_input(key="w.mtp_layers").set_value(1).run()
+    at.text_input(key="w.pipeline_layout").set_value("Et*6|t*7|t*7|t*7mL").run()
+    assert not at.exception, [e.value for e in at.exception]
+    inputs = at.session_state["inputs"]
+    assert inputs["fidelity"]["mtp_layers"] == 1 and inputs["fidelity"]["pipeline_layout"] == "Et*6|t*7|t*7|t*7mL"
+    plan = planner_inputs.simulate(inputs).plan
+    assert plan["mtp_layers"] == 1 and plan["pipeline_layout"] == "Et*6|t*7|t*7|t*7mL"
