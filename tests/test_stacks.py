@@ -585,3 +585,34 @@ def test_split_accumulator_also_slows_the_fp8_expert_gemms_backward_on_hopper():
     for name in split:
         ratio = 1 / gpu.fp8_split_accumulator_speed if name in grads else 1.0
         assert split[name] == pytest.approx(plain[name] * ratio, rel=1e-9), name
+
+
+def test_a_stack_profile_may_be_based_on_another(tmp_path):
+    """``base = "nemo"``: the file's tables override the base's key by key (one version family
+    of a stack differs from another in a few values); a missing base, a loop or a bad value is
+    one ConfigError line."""
+    from perfsim.errors import ConfigError
+    from perfsim.system.stacks import load_stack
+
+    derived = tmp_path / "nemo-mine.toml"
+    derived.write_text('base = "nemo"\nname = "nemo-mine"\n[moe]\ndropless_speed = 0.7\nsource = "mine"\n')
+    spec, nemo = load_stack(derived), load_stack("nemo")
+    assert spec.name == "nemo-mine" and spec.moe.dropless_speed == 0.7 and spec.moe.source == "mine"
+    assert spec.moe.host_syncs_per_layer == nemo.moe.host_syncs_per_layer and spec.kernels == nemo.kernels
+    # a base given as a path beside the derived file
+    (tmp_path / "mid.toml").write_text('base = "nemo-mine.toml"\nname = "mid"\n[kernels]\nspeed_nvidia = 0.5\n')
+    mid = load_stack(tmp_path / "mid.toml")
+    assert mid.kernels.speed_nvidia == 0.5 and mid.moe.dropless_speed == 0.7 and mid.kernels.attention_nvidia == "cudnn"
+    loop_a, loop_b = tmp_path / "a.toml", tmp_path / "b.toml"
+    loop_a.write_text('base = "b.toml"\nname = "a"\n')
+    loop_b.write_text('base = "a.toml"\nname = "b"\n')
+    for path, match in ((loop_a, "loop or nest deeper"), (tmp_path / "c.toml", "unknown profile 'no-such'"),
+                        (tmp_path / "d.toml", "base must be a stack profile name or path")):
+        if path.name == "c.toml":
+            path.write_text('base = "no-such"\nname = "c"\n')
+        elif path.name == "d.toml":
+            path.write_text('base = 3\nname = "d"\n')
+        with pytest.raises(ConfigError, match=match):
+            load_stack(path)
+    shipped = load_stack("nemo-25.11")
+    assert shipped.moe.dropless_speed < nemo.moe.dropless_speed and shipped.fp8 == nemo.fp8

@@ -776,6 +776,24 @@ def section() -> str:
         "(kernels.speed_nvidia 0.8212 -> 0.8218, dropless 0.4874 -> 0.4856): MB2511-Q30B-H100 +29.2 -> +29.4% held "
         "out, the `nemo` median 6.7 -> 6.6%.",
         "",
+        "Thirty-fifth session, a capability, the case it let in (added as it came out) and a stack profile per "
+        "container family: multi-token prediction (`--mtp-layers`, Megatron's --mtp-num-layers: each MTP layer a "
+        "layer like the model's last plus its embedding, norms and 2h -> h projection, and one more LM head and loss) "
+        "and Megatron's custom pipeline layout (`--pipeline-layout`, --pipeline-model-parallel-layout). The 25.09 "
+        "Megatron-Bridge summary's DeepSeek-V3 H100 row (1,024 GPUs, TP2 PP8 VP4 EP64, one MTP layer, layout "
+        "'Et|(tt|)*30mL', DeepEP, dropless and force-balanced), left out until perfsim could express both, joined its "
+        "source as MB2509-DSV3-H100: -27.6% under the shipped `nemo`, whose dropless speed (0.4856) was fitted to "
+        "the 25.11 / 26.02 containers' dropless runs, which carry the regression NVIDIA names (Megatron-Bridge #1998) "
+        "and 25.09 predates (at dropless speed 1, the prior, +3.8%). One dropless speed for the three containers would "
+        "fit none of them (refitted with the row in: the row -27.8%, the 25.11 / 26.02 Qwen3-30B-A3B rows +29 -> +43% "
+        "held out). So the 25.11 / 26.02 rows now run under `nemo-25.11`, a profile based on `nemo` (a stack profile "
+        "may name a `base` and hold only what differs) with its own dropless speed, `perfsim calibrate --runs "
+        "validation/runs/published.csv --stack nemo-25.11 --fit moe.dropless_speed` (0.4883); `nemo` keeps the "
+        "24.12 and 25.09 rows, its dropless and padded speeds at the prior (one source runs each) and its NVIDIA "
+        "speed refitted by its protocol on its own rows (`--fit kernels.speed_nvidia`: 0.8218 -> 0.8157, which "
+        "`nemo-25.11` inherits). MB2509-DSV3-H100 +1.6% held out; the `nemo-25.11` rows as before (Qwen3-30B-A3B "
+        "+29%, Qwen3-235B-A22B -22 / -24%: one dropless speed still cannot price both models).",
+        "",
         *_summary(held, shipped),
         "",
         *_targets(held),

@@ -451,9 +451,38 @@ def load_stack(name_or_path: "str | Path | StackSpec") -> StackSpec:
     return _load_file(str(path.resolve()), stamp)
 
 
+MAX_BASES = 4  # a chain of based-on profiles deeper than this is a loop or a mistake
+
+
+def _merged_toml(path: Path, seen: tuple[str, ...] = ()) -> dict:
+    """A stack profile's TOML with its ``base`` (another profile: a shipped name, or a path
+    relative to this file) filled in underneath: each of this file's tables overrides the
+    base's key by key (its ``source`` then describes this file's values), top-level keys
+    replace the base's. One version family of a stack differs from another in a few values
+    (``nemo-25.11`` from ``nemo``), which the derived file alone holds."""
+    data = read_toml(path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: base must be a stack profile name or path, got {base!r}")
+    if len(seen) >= MAX_BASES or str(path.resolve()) in seen:
+        raise ConfigError(f"{path}: base profiles loop or nest deeper than {MAX_BASES}: {' -> '.join((*seen, base))}")
+    relative = path.parent / base
+    base_path = resolve_profile("stack", relative if relative.suffix == ".toml" and relative.is_file() else base,
+                                STACK_DIR)
+    merged = _merged_toml(base_path, (*seen, str(path.resolve())))
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
 @functools.lru_cache(maxsize=64)
 def _load_file(path: str, stamp: int) -> StackSpec:  # stamp: a rewritten file loads again
-    return from_dict(StackSpec, read_toml(path), path)
+    return from_dict(StackSpec, _merged_toml(Path(path)), path)
 
 
 def dump_stack(spec: StackSpec) -> str:
