@@ -42,6 +42,8 @@ def test_the_layout_string_expands_as_megatron_documents_it():
     ("Em|tL", "every MTP layer m must come after every decoder layer t"),
     ("E(t|)*3L*", "not part of a repeat"),
     ("E(t|)*999999L", "repeat count 999,999"),
+    ("E((((t)*99999)*99999)*99999)L", "expands to more than 1,000,000 symbols"),  # nested repeats: refused unexpanded
+    ("Et*99999" + "t*99999" * 11 + "L", "expands to more than 1,000,000 symbols"),
     ("", "must be a layout string"),
 ])
 def test_a_bad_layout_is_one_clear_error(bad, match):
@@ -60,6 +62,8 @@ def test_the_plan_checks_the_layout_against_pp_vpp_the_mtp_layers_and_the_model(
         dataclasses.replace(plan, mtp_layers=0)
     with pytest.raises(ConfigError, match="both set|all set"):
         dataclasses.replace(plan, account_for_loss=True)
+    with pytest.raises(ConfigError, match="plan.pipeline_layout must be a layout string"):
+        dataclasses.replace(plan, pipeline_layout=["Et", "L"])
     with pytest.raises(ConfigError, match="places 61 decoder layers t; the model has 27"):
         check_plan(plan, LITE, 1024)
 
@@ -77,6 +81,12 @@ def test_mtp_layers_follow_the_decoder_layers_on_the_last_virtual_stage():
     assert any(op.name == "mtp_eh_proj" and op.stage == 2 for op in graph.ops)
     heads = [op for op in graph.ops if op.name.endswith("lm_head")]
     assert {op.name for op in heads} == {"lm_head", "mtp1_lm_head"}  # one LM head more for the MTP depth
+    from perfsim.plan.sharding import mtp_stages
+
+    assert mtp_stages(LITE, plan) == {2} and mtp_stages(LITE, dataclasses.replace(plan, mtp_layers=0)) == set()
+    laid = ParallelPlan(pp=2, vpp=3, dp=8, ep=8, gbs=32, seq=4096, schedule="interleaved", mtp_layers=1,
+                        pipeline_layout="Et*4|t*5|t*5|t*5|t*8m|L")
+    assert mtp_stages(LITE, laid) == {0}  # virtual stage 4 is stage 0's third chunk
 
 
 def test_a_layout_places_the_mtp_layer_where_it_says():

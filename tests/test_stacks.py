@@ -616,3 +616,14 @@ def test_a_stack_profile_may_be_based_on_another(tmp_path):
             load_stack(path)
     shipped = load_stack("nemo-25.11")
     assert shipped.moe.dropless_speed < nemo.moe.dropless_speed and shipped.fp8 == nemo.fp8
+    # a rewritten base loads again under the derived profile (its cache checks every file it read)
+    import os
+
+    base = tmp_path / "own-base.toml"
+    base.write_text('name = "own-base"\n[kernels]\nspeed = 0.9\nsource = "assumed"\n')
+    child = tmp_path / "child.toml"
+    child.write_text('base = "own-base.toml"\nname = "child"\n')
+    assert load_stack(child).kernels.speed == 0.9
+    base.write_text('name = "own-base"\n[kernels]\nspeed = 0.8\nsource = "assumed"\n')
+    os.utime(base, ns=(base.stat().st_atime_ns, base.stat().st_mtime_ns + 10**9))
+    assert load_stack(child).kernels.speed == 0.8

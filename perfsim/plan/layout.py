@@ -25,12 +25,15 @@ SYMBOLS = frozenset("EtmL")
 _GROUP = re.compile(r"\(([^()]*)\)\*(\d+)")
 _SINGLE = re.compile(r"([EtmL])\*(\d+)")
 MAX_REPEAT = 100_000  # a larger count is a typo, not a pipeline
+MAX_SYMBOLS = 10 * MAX_REPEAT  # input bound on the expanded layout
 
 
 def _repeat(match: re.Match, what: str) -> str:
     count = int(match.group(2))
     if count > MAX_REPEAT:
         raise ConfigError(f"plan.pipeline_layout: repeat count {count:,} in {what!r} is larger than {MAX_REPEAT:,}")
+    if len(match.group(1)) * count > MAX_SYMBOLS:  # checked before expanding: nested repeats multiply
+        raise ConfigError(f"plan.pipeline_layout {what!r} expands to more than {MAX_SYMBOLS:,} symbols")
     return match.group(1) * count
 
 
@@ -46,9 +49,11 @@ def parse(layout: str) -> tuple[str, ...]:
                           f"m MTP layer, L loss, | between stages, x*N and (...)*N repeat)")
     while _GROUP.search(text):
         text = _GROUP.sub(lambda m: _repeat(m, layout), text)
-        if len(text) > 10 * MAX_REPEAT:
-            raise ConfigError(f"plan.pipeline_layout {layout!r} expands to more than {10 * MAX_REPEAT:,} symbols")
+        if len(text) > MAX_SYMBOLS:
+            raise ConfigError(f"plan.pipeline_layout {layout!r} expands to more than {MAX_SYMBOLS:,} symbols")
     text = _SINGLE.sub(lambda m: _repeat(m, layout), text)
+    if len(text) > MAX_SYMBOLS:
+        raise ConfigError(f"plan.pipeline_layout {layout!r} expands to more than {MAX_SYMBOLS:,} symbols")
     if set(text) - SYMBOLS - {"|"}:
         raise ConfigError(f"plan.pipeline_layout {layout!r}: a '(', ')' or '*' is not part of a repeat "
                           f"(write x*N or (...)*N)")

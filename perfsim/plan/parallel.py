@@ -224,6 +224,9 @@ class ParallelPlan:
             if self.pp < 2 or (self.vpp > 1 and self.schedule not in UNEVEN_CHUNKED):
                 raise ConfigError(f"plan.account_for_embedding/account_for_loss need pp > 1, and with vpp > 1 the "
                                   f"interleaved or a V-shape schedule (got pp {self.pp}, {self.schedule})")
+        if not isinstance(self.pipeline_layout, str):
+            raise ConfigError(f"plan.pipeline_layout must be a layout string such as 'Et|(tt|)*30mL', "
+                              f"got {self.pipeline_layout!r}")
         if self.pipeline_layout:
             if self.first_stage_layers or self.last_stage_layers or any(self.accounted):
                 raise ConfigError("plan.pipeline_layout and first_stage_layers/last_stage_layers/account_for_* all set "

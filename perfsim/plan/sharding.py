@@ -6,7 +6,8 @@ fp32 main gradients (4 B), fp32 master weights + Adam m and v (12 B) per paramet
 
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import ParallelPlan, Recompute
-from perfsim.plan.schedules import BWD, FWD, WGT, head_stage, stage_layers, virtual_stage
+from perfsim.plan import layout
+from perfsim.plan.schedules import BWD, FWD, WGT, head_stage, stage_layers, stage_of, virtual_stage
 
 WEIGHT_BYTES = 2
 MAIN_GRAD_BYTES = 4
@@ -73,9 +74,14 @@ def chunk_layers(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int) -
 
 
 def mtp_stages(model: ModelSpec, plan: ParallelPlan) -> frozenset[int]:
-    """The pipeline stages holding an MTP layer."""
-    return frozenset(s for s in range(plan.pp) for layer in stage_layer_ids(model, plan, s)
-                     if is_mtp_layer(model, layer))
+    """The pipeline stages holding an MTP layer: the last virtual stage's, or where the
+    plan's layout puts an ``m``."""
+    if not plan.mtp_layers:
+        return frozenset()
+    if not plan.pipeline_layout:
+        return frozenset({stage_of(plan.schedule, plan.pp, plan.pp * plan.vpp - 1)})
+    return frozenset(stage_of(plan.schedule, plan.pp, vs) for vs, symbols in enumerate(layout.parse(plan.pipeline_layout))
+                     if "m" in symbols)
 
 
 def chunk_blocks(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int) -> list[int | str]:

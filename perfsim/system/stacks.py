@@ -10,7 +10,6 @@ steps, so the engine and the closed form price the same thing.
 """
 
 import dataclasses
-import functools
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -444,23 +443,45 @@ def load_stack(name_or_path: "str | Path | StackSpec") -> StackSpec:
     if not isinstance(name_or_path, str | Path):
         raise ConfigError(f"stack: expected a profile name or path, got {name_or_path!r}")
     path = resolve_profile("stack", name_or_path, STACK_DIR)
+    key = str(path.resolve())
+    cached = _LOADED.get(key)
+    if cached is not None and cached[0] == _stamps(cached[1]):  # neither the file nor a base rewritten
+        return cached[2]
     try:
-        stamp = path.stat().st_mtime_ns
+        path.stat()
     except OSError as exc:
         raise ConfigError(f"stack: cannot read {str(path)!r} ({exc.strerror})") from None
-    return _load_file(str(path.resolve()), stamp)
+    files: list[Path] = []
+    spec = from_dict(StackSpec, _merged_toml(path, files=files), key)
+    if len(_LOADED) >= MAX_LOADED:
+        _LOADED.clear()
+    _LOADED[key] = (_stamps(files), tuple(files), spec)
+    return spec
+
+
+MAX_LOADED = 64  # stack profiles kept loaded
+_LOADED: dict[str, tuple] = {}  # resolved path -> (its and its bases' mtimes, those files, the spec)
+
+
+def _stamps(files) -> tuple:
+    try:
+        return tuple(f.stat().st_mtime_ns for f in files)
+    except OSError:
+        return ()
 
 
 MAX_BASES = 4  # a chain of based-on profiles deeper than this is a loop or a mistake
 
 
-def _merged_toml(path: Path, seen: tuple[str, ...] = ()) -> dict:
+def _merged_toml(path: Path, seen: tuple[str, ...] = (), files: list | None = None) -> dict:
     """A stack profile's TOML with its ``base`` (another profile: a shipped name, or a path
     relative to this file) filled in underneath: each of this file's tables overrides the
     base's key by key (its ``source`` then describes this file's values), top-level keys
     replace the base's. One version family of a stack differs from another in a few values
     (``nemo-25.11`` from ``nemo``), which the derived file alone holds."""
     data = read_toml(path)
+    if files is not None:  # the files read, for the loaded-profile cache to check
+        files.append(path)
     base = data.pop("base", None)
     if base is None:
         return data
@@ -471,18 +492,13 @@ def _merged_toml(path: Path, seen: tuple[str, ...] = ()) -> dict:
     relative = path.parent / base
     base_path = resolve_profile("stack", relative if relative.suffix == ".toml" and relative.is_file() else base,
                                 STACK_DIR)
-    merged = _merged_toml(base_path, (*seen, str(path.resolve())))
+    merged = _merged_toml(base_path, (*seen, str(path.resolve())), files)
     for key, value in data.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = {**merged[key], **value}
         else:
             merged[key] = value
     return merged
-
-
-@functools.lru_cache(maxsize=64)
-def _load_file(path: str, stamp: int) -> StackSpec:  # stamp: a rewritten file loads again
-    return from_dict(StackSpec, _merged_toml(Path(path)), path)
 
 
 def dump_stack(spec: StackSpec) -> str:
