@@ -5,7 +5,7 @@ import logging
 from dataclasses import fields, replace
 from os import PathLike
 
-from perfsim.estimators import engine, summary
+from perfsim.estimators import engine, pipeline, summary
 from perfsim.estimators.analytic import closed_form, link_loads
 from perfsim.estimators.pipeline import checks_growth, steady_window
 from perfsim.estimators.overlap import link_figures
@@ -339,10 +339,8 @@ def fold_points(plan: ParallelPlan) -> tuple[int, int] | None:
     interleaving groups (pp) apart; ``pipeline.steady_window`` moves them on until the
     step's growth per group repeats; folding pays only when the plan has at least twice
     the second count."""
-    unit = plan.pp if plan.vpp > 1 else 1
-    warm = 2 if plan.pp == 1 else 2 * plan.pp * plan.vpp + 2  # one pipeline: microbatch 0 and the last differ
-    first = -(-warm // unit) * unit
-    second = first + max(unit, plan.pp)
+    # one pipeline stage: only microbatch 0 and the last differ, so 2 and 3; else the closed form's points
+    first, second = (2, 3) if plan.pp == 1 else pipeline.fold_points(plan.pp, plan.vpp)
     return (first, second) if plan.num_microbatches >= 2 * second else None
 
 
