@@ -165,20 +165,10 @@ def test_runs_csv_columns(tmp_path):
 
 
 def test_planner_inputs_reach_the_plan():
-    import sys
-    from pathlib import Path
+    from conftest import plan_page
 
-    from streamlit.testing.v1 import AppTest
-
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "app"))
-    import inputs as planner_inputs
-
-    at = AppTest.from_file(str(root / "app" / "planner.py"), default_timeout=90)
-    at.session_state["inputs"] = planner_inputs.normalize(
-        {"estimator": "analytic", "model": "deepseek-v2-lite", "cluster": "mi300x-pollara", "nodes": 4,
-         "knobs": {"pp": 4, "dp": 0, "ep": 8, "gbs": 64, "seq": 4096}})
-    at.run()
+    at, planner_inputs = plan_page({"estimator": "analytic", "model": "deepseek-v2-lite", "cluster": "mi300x-pollara",
+                                    "nodes": 4, "knobs": {"pp": 4, "dp": 0, "ep": 8, "gbs": 64, "seq": 4096}})
     at.number_input(key="w.mtp_layers").set_value(1).run()
     at.text_input(key="w.pipeline_layout").set_value("Et*6|t*7|t*7|t*7mL").run()
     assert not at.exception, [e.value for e in at.exception]

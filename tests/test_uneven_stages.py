@@ -213,20 +213,11 @@ def test_account_for_flags_from_the_cli_the_runs_csv_and_the_planner(tmp_path, c
 
 
 def test_planner_toggles_reach_the_plan():
-    import sys
-    from pathlib import Path
+    from conftest import plan_page
 
-    from streamlit.testing.v1 import AppTest
-
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "app"))
-    import inputs as planner_inputs
-
-    at = AppTest.from_file(str(root / "app" / "planner.py"), default_timeout=90)
-    at.session_state["inputs"] = planner_inputs.normalize(
-        {"estimator": "analytic", "model": "qwen3-30b-a3b", "cluster": "h100-ib", "nodes": 2,
-         "knobs": {"pp": 2, "vpp": 25, "dp": 0, "ep": 8, "gbs": 16, "seq": 2048, "schedule": "interleaved"}})
-    at.run()
+    at, planner_inputs = plan_page({"estimator": "analytic", "model": "qwen3-30b-a3b", "cluster": "h100-ib", "nodes": 2,
+                                    "knobs": {"pp": 2, "vpp": 25, "dp": 0, "ep": 8, "gbs": 16, "seq": 2048,
+                                              "schedule": "interleaved"}})
     at.toggle(key="w.account_for_embedding").set_value(True).run()
     at.toggle(key="w.account_for_loss").set_value(True).run()
     assert not at.exception, [e.value for e in at.exception]

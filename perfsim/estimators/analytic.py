@@ -37,7 +37,7 @@ from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, group_shape
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import BWD, FWD, UNIT, WGT, head_stage, layout_key, splits_backward
-from perfsim.plan.sharding import (block_param_bytes, chunk_blocks, ends_grad_bytes, gathers_in, is_moe_layer,
+from perfsim.plan.sharding import (block_param_bytes, chunk_blocks, ends_grad_bytes, gathers_in, is_moe_layer, is_mtp_layer,
                                    recomputes, layer_grad_bytes, stage_layer_ids)
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
@@ -241,7 +241,7 @@ class ClosedForm:
         return found
 
     def kind(self, layer: int) -> str:
-        if layer >= self.model.num_layers:
+        if is_mtp_layer(self.model, layer):
             return "mtp"
         return "moe" if is_moe_layer(self.model, layer) else "dense"
 
@@ -549,8 +549,8 @@ class ClosedForm:
         (the first two count decoder layers only)."""
         def make():
             ids = stage_layer_ids(self.model, plan, stage)
-            mtp = sum(1 for layer in ids if layer >= self.model.num_layers)
-            moe = sum(1 for layer in ids if is_moe_layer(self.model, layer) and layer < self.model.num_layers)
+            mtp = sum(1 for layer in ids if is_mtp_layer(self.model, layer))
+            moe = sum(1 for layer in ids if is_moe_layer(self.model, layer) and not is_mtp_layer(self.model, layer))
             return len(ids) - moe - mtp, moe, min(ids, default=0), max(ids, default=-1), mtp
         return self._cached(("layout", *layout_key(plan), stage), make)
 

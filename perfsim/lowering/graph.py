@@ -28,7 +28,7 @@ from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, splits_backward, stage_of, stage_order,
                                     virtual_stage)
 from perfsim.plan.sharding import (NORM_BYTES, block_param_bytes, chunk_blocks, chunk_layers, clip_bytes,
-                                   ends_grad_bytes, gathers_in, is_moe_layer, layer_grad_bytes, optimizer_bytes,
+                                   ends_grad_bytes, gathers_in, is_moe_layer, is_mtp_layer, layer_grad_bytes, optimizer_bytes,
                                    recomputes)
 
 
@@ -103,7 +103,7 @@ class _Builder:
         return chunk_layers(self.model, self.plan, stage, chunk)
 
     def _block(self, layer: int) -> tuple[list[Step], list[Step], list[Step]]:
-        key = (is_moe_layer(self.model, layer), recomputes(self.model, self.plan, layer), layer >= self.model.num_layers)
+        key = (is_moe_layer(self.model, layer), recomputes(self.model, self.plan, layer), is_mtp_layer(self.model, layer))
         if key not in self.blocks:
             self.blocks[key] = block_passes(self.layers, self.plan, layer, key[1])
         return self.blocks[key]

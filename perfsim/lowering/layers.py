@@ -15,6 +15,7 @@ from perfsim.lowering.steps import (ACT_BYTES, FP8_BYTES, FP8_DISPATCH_BYTES, LO
                                     elementwise_step, fp8_cast_bytes, gemm_step, host_step)
 from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, LIBRARY_DISPATCH, ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec, expert_capacity, imbalance, slowest_expert_rank
+from perfsim.plan.sharding import is_moe_layer, is_mtp_layer
 from perfsim.lowering.stack_steps import StackSteps
 
 ATTN_BWD_FACTOR = 2.5
@@ -333,8 +334,8 @@ class LayerBuilder(StackSteps):
         """A decoder layer's forward; an MTP layer (index >= the model's layers) is
         ``mtp_forward``, a layer like the model's last, and its own final norm."""
         m = self.model
-        mlp = self.moe_forward() if m.is_moe and layer >= m.num_dense_layers else self.mlp_forward()
-        mtp = layer >= m.num_layers
+        mlp = self.moe_forward() if is_moe_layer(m, layer) else self.mlp_forward()
+        mtp = is_mtp_layer(m, layer)
         body = self.attention_forward() + mlp
         steps = self._kernel_speed((self.mtp_forward() if mtp else []) + body + (self._norms("mtp_final_norm") if mtp else []))
         return steps + self._host_overhead(steps)

@@ -26,6 +26,7 @@ from perfsim.plan.sharding import (
     OPTIMIZER_STATE_BYTES,
     WEIGHT_BYTES,
     is_moe_layer,
+    is_mtp_layer,
     layer_grad_bytes,
     layer_param_bytes,
     layer_rank_params,
@@ -147,7 +148,7 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, layer: int, sha
     if fp8_copies:
         saved -= tokens * _fp8_inputs_per_token(model, plan, layer, share) * (ACT_BYTES - FP8_BYTES)
     saved += tokens * _gathered_inputs_per_token(model, plan, layer)
-    if layer >= model.num_layers:  # an MTP layer (LayerBuilder.mtp_forward): what its extra kernels keep
+    if is_mtp_layer(model, layer):  # an MTP layer (LayerBuilder.mtp_forward): what its extra kernels keep
         saved += tokens * MTP_KEPT_PER_TOKEN * h / plan.tp * ACT_BYTES
     return saved - tokens * _modules_rerun_per_token(model, plan, layer, share, modules)
 

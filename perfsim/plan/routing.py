@@ -213,9 +213,13 @@ def placement(spec: RoutingSpec, num_experts: int, ep: int) -> np.ndarray:
 
 def expert_tokens(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec) -> np.ndarray:
     """Tokens each expert processes in one microbatch of the EP group, after capacity drops."""
-    tokens = split_tokens(expert_shares(spec, model.num_experts), routed * plan.ep)
+    return _expert_tokens(model, plan.ep, routed, spec)
+
+
+def _expert_tokens(model: ModelSpec, ep: int, routed: int, spec: RoutingSpec) -> np.ndarray:
+    tokens = split_tokens(expert_shares(spec, model.num_experts), routed * ep)
     if model.capacity_factor > 0:
-        tokens = np.minimum(tokens, expert_capacity(model, plan, routed))
+        tokens = np.minimum(tokens, _capacity(model, ep, routed))
     return tokens
 
 
@@ -224,16 +228,16 @@ def rank_tokens(model: ModelSpec, plan: ParallelPlan, routed: int, spec: Routing
     """Per EP rank: the token count of each of its local experts, in one layer's draw
     (``spec`` as given; ``layer_draws`` gives each layer's)."""
     tokens = expert_tokens(model, plan, routed, spec)
-    ranks = _ranks(model, plan, spec, tokens, speeds)
+    ranks = _ranks(model, plan.ep, spec, tokens, speeds)
     return [tokens[ranks == r] for r in range(plan.ep)]
 
 
-def _ranks(model: ModelSpec, plan: ParallelPlan, spec: RoutingSpec, tokens: np.ndarray,
+def _ranks(model: ModelSpec, ep: int, spec: RoutingSpec, tokens: np.ndarray,
            speeds: tuple[float, ...] | None) -> np.ndarray:
     """EP rank of each expert: the hottest on the fastest ranks (``speed_aware``), else ``placement``."""
     if spec.speed_aware:
-        return speed_aware_placement(tokens, speeds or (1.0,) * plan.ep)
-    return placement(spec, model.num_experts, plan.ep)
+        return speed_aware_placement(tokens, speeds or (1.0,) * ep)
+    return placement(spec, model.num_experts, ep)
 
 
 def layer_draws(model: ModelSpec, spec: RoutingSpec) -> tuple[RoutingSpec, ...]:
@@ -245,18 +249,19 @@ def layer_draws(model: ModelSpec, spec: RoutingSpec) -> tuple[RoutingSpec, ...]:
     return (spec,)
 
 
-@functools.lru_cache(maxsize=1 << 12)  # one table per (model, plan, routing): lowering and memory both read it
-def _draws(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec,
+@functools.lru_cache(maxsize=1 << 12)  # one table per (model, ep, routing): lowering and memory both read it
+def _draws(model: ModelSpec, ep: int, routed: int, spec: RoutingSpec,
            speeds: tuple[float, ...] | None) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray]:
-    """Per layer draw (``layer_draws``): the tokens each EP rank receives ([draw, rank]), the
-    token counts of the local experts of the rank that finishes last (the most tokens per
-    unit of speed, the lowest rank on a tie), and that rank's index."""
-    rate = np.asarray(speeds or (1.0,) * plan.ep, dtype=float)
+    """Per layer draw (``layer_draws``) over ``ep`` ranks (all of a plan it reads): the tokens
+    each EP rank receives ([draw, rank]), the token counts of the local experts of the rank
+    that finishes last (the most tokens per unit of speed, the lowest rank on a tie), and
+    that rank's index."""
+    rate = np.asarray(speeds or (1.0,) * ep, dtype=float)
     loads, last_rows, last = [], [], []
     for draw in layer_draws(model, spec):
-        tokens = expert_tokens(model, plan, routed, draw)
-        ranks = _ranks(model, plan, draw, tokens, speeds)
-        load = np.bincount(ranks, weights=tokens, minlength=plan.ep).astype(float)
+        tokens = _expert_tokens(model, ep, routed, draw)
+        ranks = _ranks(model, ep, draw, tokens, speeds)
+        load = np.bincount(ranks, weights=tokens, minlength=ep).astype(float)
         r = int(np.argmax(load / rate))
         loads.append(load)
         last_rows.append(tokens[ranks == r])
@@ -275,7 +280,7 @@ def slowest_expert_rank(model: ModelSpec, plan: ParallelPlan, routed: int, spec:
     their mean total), and the speed that keeps the mean time (mean tokens over the mean of
     tokens / speed). With one draw: that draw's rank and its experts in placement order."""
     rate = np.asarray(speeds or (1.0,) * plan.ep, dtype=float)
-    _, rows, last = _draws(model, plan, routed, spec, speeds)
+    _, rows, last = _draws(model, plan.ep, routed, spec, speeds)
     if len(rows) == 1:
         return tuple(int(x) for x in rows[0]), float(rate[last[0]])
     mean = np.mean([np.sort(row)[::-1] for row in rows], axis=0)
@@ -291,7 +296,11 @@ def slowest_expert_rank(model: ModelSpec, plan: ParallelPlan, routed: int, spec:
 
 def expert_capacity(model: ModelSpec, plan: ParallelPlan, routed: int) -> int:
     """Tokens one expert can take per microbatch: capacity_factor x the balanced share."""
-    return int(np.ceil(model.capacity_factor * routed * plan.ep / model.num_experts))
+    return _capacity(model, plan.ep, routed)
+
+
+def _capacity(model: ModelSpec, ep: int, routed: int) -> int:
+    return int(np.ceil(model.capacity_factor * routed * ep / model.num_experts))
 
 
 def rank_expert_loads(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec = UNIFORM) -> tuple[int, ...]:
@@ -315,19 +324,19 @@ def imbalance(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSp
               speeds: tuple[float, ...] | None = None) -> float:
     """max / mean tokens per EP rank (1.0 = perfectly balanced): each layer waits for its own
     busiest rank, so the mean over the layers' draws of each draw's max / mean."""
-    return float(np.mean(_max_over_mean(_draws(model, plan, routed, spec, speeds)[0])))
+    return float(np.mean(_max_over_mean(_draws(model, plan.ep, routed, spec, speeds)[0])))
 
 
 def held_imbalance(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec) -> float:
     """max / mean over EP ranks of the tokens a rank's experts hold summed over the layers'
     draws: what the busiest rank's memory keeps (a rank hot in one layer is cool in
     another); with one draw, ``imbalance``."""
-    return float(_max_over_mean(_draws(model, plan, routed, spec, None)[0].mean(axis=0)))
+    return float(_max_over_mean(_draws(model, plan.ep, routed, spec, None)[0].mean(axis=0)))
 
 
 def dropped_fraction(model: ModelSpec, plan: ParallelPlan, routed: int, spec: RoutingSpec) -> float:
     """Share of routed tokens dropped by the capacity factor (mean over the layers' draws)."""
-    kept = _draws(model, plan, routed, spec, None)[0].sum(axis=1).mean()
+    kept = _draws(model, plan.ep, routed, spec, None)[0].sum(axis=1).mean()
     return float(1.0 - kept / (routed * plan.ep))
 
 

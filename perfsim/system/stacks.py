@@ -490,8 +490,11 @@ def _merged_toml(path: Path, seen: tuple[str, ...] = (), files: list | None = No
     if len(seen) >= MAX_BASES or str(path.resolve()) in seen:
         raise ConfigError(f"{path}: base profiles loop or nest deeper than {MAX_BASES}: {' -> '.join((*seen, base))}")
     relative = path.parent / base
-    base_path = resolve_profile("stack", relative if relative.suffix == ".toml" and relative.is_file() else base,
-                                STACK_DIR)
+    try:
+        base_path = resolve_profile("stack", relative if relative.suffix == ".toml" and relative.is_file() else base,
+                                    STACK_DIR)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: base {base!r}: {exc}") from None
     merged = _merged_toml(base_path, (*seen, str(path.resolve())), files)
     for key, value in data.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
