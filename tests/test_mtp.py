@@ -66,6 +66,9 @@ def test_the_plan_checks_the_layout_against_pp_vpp_the_mtp_layers_and_the_model(
         dataclasses.replace(plan, pipeline_layout=["Et", "L"])
     with pytest.raises(ConfigError, match="places 61 decoder layers t; the model has 27"):
         check_plan(plan, LITE, 1024)
+    with pytest.raises(ConfigError, match=r"plan.mtp_layers \(1,000,000\) must be at most the model's layers \(27\)"):
+        api.simulate(LITE, "mi300x-pollara", nodes=3, pp=3, ep=8, gbs=48, seq=4096, mtp_layers=10**6,
+                     estimator="analytic", check_memory=False)
 
 
 def test_mtp_layers_follow_the_decoder_layers_on_the_last_virtual_stage():
@@ -176,3 +179,24 @@ def test_planner_inputs_reach_the_plan():
     assert inputs["fidelity"]["mtp_layers"] == 1 and inputs["fidelity"]["pipeline_layout"] == "Et*6|t*7|t*7|t*7mL"
     plan = planner_inputs.simulate(inputs).plan
     assert plan["mtp_layers"] == 1 and plan["pipeline_layout"] == "Et*6|t*7|t*7|t*7mL"
+
+
+def test_search_prices_every_plan_with_the_mtp_layers(capsys):
+    """`perfsim search --mtp-layers N` (plan_knobs mtp_layers): every plan carries them, and
+    they cost time; a bad count is one line."""
+    from perfsim.search import search
+
+    common = dict(gpus=[24], gbs=48, seq=4096, top=1, confirm=0, executor="serial",
+                  fixed={"tp": [1], "pp": [3], "cp": [1], "ep": [8]}, limits={"mbs": 1})
+    plain = search("deepseek-v2-lite", "mi300x-pollara", **common)
+    mtp = search("deepseek-v2-lite", "mi300x-pollara", plan_knobs={"mtp_layers": 1}, **common)
+    assert mtp.rows[0].plan["mtp_layers"] == 1 and plain.rows[0].plan["mtp_layers"] == 0
+    assert mtp.rows[0].step_time_s > plain.rows[0].step_time_s
+    with pytest.raises(ConfigError, match="plan_knobs.mtp_layers: expected a whole number"):
+        search("deepseek-v2-lite", "mi300x-pollara", plan_knobs={"mtp_layers": -1}, **common)
+    argv = ["search", "--model", "deepseek-v2-lite", "--cluster", "mi300x-pollara", "--gpus", "24", "--gbs", "48",
+            "--seq", "4096", "--tp", "1", "--pp", "3", "--ep", "8", "--cp", "1", "--top", "1", "--confirm", "0"]
+    assert main(argv + ["--mtp-layers", "1"]) == 0
+    assert "mtp1" in capsys.readouterr().out
+    assert main(argv + ["--mtp-layers", "-2"]) == 2
+    assert "--mtp-layers" in capsys.readouterr().err

@@ -533,6 +533,9 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
         raise ConfigError(f"plan.tp ({plan.tp}) must divide the model's heads ({model.num_heads})")
     if model.num_kv_heads % plan.tp and plan.tp % model.num_kv_heads:
         raise ConfigError(f"plan.tp ({plan.tp}) and the model's kv heads ({model.num_kv_heads}) must divide one another")
+    if plan.mtp_layers > model.num_layers:  # DeepSeek-V3 runs one; more than the model's layers is a typo
+        raise ConfigError(f"plan.mtp_layers ({plan.mtp_layers:,}) must be at most the model's layers "
+                          f"({model.num_layers})")
     if plan.pipeline_layout:
         layout.check_model(plan.pipeline_layout, model.num_layers)
     elif plan.first_stage_layers or plan.last_stage_layers:
