@@ -14,6 +14,7 @@ import perfsim
 from perfsim.cli import main
 from perfsim.design.runs import read_runs
 from perfsim.errors import ConfigError
+from perfsim.lowering.layers import LayerBuilder, recompute_steps
 from perfsim.lowering.memory import layer_activation_bytes
 from perfsim.lowering.steps import ACT_BYTES, FP8_BYTES
 from perfsim.plan.megatron import from_args
@@ -138,9 +139,11 @@ def test_cli_takes_a_comma_list_and_says_what_auto_chose(capsys):
 
 def test_a_megatron_command_line_with_several_modules_reaches_the_plan():
     got = from_args("pretrain_gpt.py --recompute-granularity selective --recompute-modules layernorm moe_act "
-                    "mla_up_proj --expert-model-parallel-size 8")
-    assert got.knobs["recompute_modules"] == ("layernorm", "moe_act") and got.knobs["ep"] == 8
-    assert any("mla_up_proj" in why for _, why in got.not_modelled)
+                    "mla_up_proj some_future_module --expert-model-parallel-size 8")
+    assert got.knobs["recompute_modules"] == ("layernorm", "moe_act", "mla_up_proj") and got.knobs["ep"] == 8
+    assert [why for _, why in got.not_modelled if "module" in why] == [
+        "module some_future_module is not modelled (perfsim re-runs core_attn, mla_up_proj, layernorm, moe_act, "
+        "shared_experts, mlp, moe)"]
 
 
 def test_a_runs_csv_names_the_modules_as_megatron_writes_them(tmp_path):
@@ -170,5 +173,104 @@ def test_a_primus_yaml_list_of_modules_reaches_the_plan():
     from perfsim.plan.megatron import from_mapping
 
     got = from_mapping({"recompute_granularity": "selective", "recompute_modules": ["moe_act", "shared_experts"]})
-    assert got.knobs["recompute_modules"] == ("moe_act",)
-    assert any("shared_experts" in why for _, why in got.not_modelled)
+    assert got.knobs["recompute_modules"] == ("moe_act", "shared_experts")
+    assert not got.not_modelled
+
+
+def test_mla_up_proj_drops_the_queries_keys_and_values_and_reruns_the_up_projections(tmp_path):
+    """Megatron-Core's mla_up_proj: the up projections' outputs (the attention's q, k, v) are
+    discarded after the attention and rebuilt from the kept latents, with the rope, in front of
+    its backward; with or without a query latent (DeepSeek-V3 / V2-Lite)."""
+    unfused = tmp_path / "unfused-rope.toml"  # a stack running the rope as its own kernel
+    unfused.write_text('base = "megatron-primus"\n[fusion]\nfused = ["rmsnorm", "swiglu", "loss"]\n'
+                       'source = "test: rope unfused"\n')
+    for name, up in (("deepseek-v3", ("q_up", "kv_up")), ("deepseek-v2-lite", ("q", "kv_up"))):
+        model = perfsim.load_model(name)
+        plan = _plan(model, ep=8, tp=2, dp=4, recompute="selective", stack=str(unfused))
+        mla = _plan(model, ep=8, tp=2, dp=4, recompute="selective", recompute_modules=("mla_up_proj",),
+                    stack=str(unfused))
+        width = sum(lin.out_features for lin in model.attention_linears() if lin.name in up)
+        for layer in (0, model.num_layers - 1):  # a dense layer and an MoE layer alike
+            assert layer_activation_bytes(model, plan, layer) - layer_activation_bytes(model, mla, layer) == \
+                pytest.approx(4096 * width / 2 * ACT_BYTES)
+        forward = LayerBuilder(model, mla).attention_forward()
+        names = [s.name for s in recompute_steps(forward, mla.recompute, model, mla.recompute_modules)]
+        assert names == [f"{n}_recompute" for n in (*up, "rope")]  # no attention core: not named
+    fp8 = _plan(model, ep=8, recompute="selective", recompute_modules=("mla_up_proj",), dtype="fp8", stack="nemo",
+                fp8_recipe="current")
+    names = [s.name for s in recompute_steps(LayerBuilder(model, fp8).attention_forward(), fp8.recompute, model,
+                                             fp8.recompute_modules)]
+    assert names[:3] == ["q_fp8_amax_recompute", "q_fp8_cast_recompute", "q_recompute"]  # the rerun casts again
+
+
+def test_shared_experts_drop_their_outputs_and_rerun_alone_or_inside_moe():
+    model = perfsim.load_model("deepseek-v2-lite")
+    layer = model.num_layers - 1
+    base = _plan(model, ep=8, recompute="selective")
+    shared = _plan(model, ep=8, recompute="selective", recompute_modules=("shared_experts",))
+    sw = model.shared_ffn_hidden_size
+    assert layer_activation_bytes(model, base, layer) - layer_activation_bytes(model, shared, layer) == \
+        pytest.approx(4096 * 3 * sw * ACT_BYTES)  # gate + up outputs, activation output
+    assert layer_activation_bytes(model, base, 0) == layer_activation_bytes(model, shared, 0)  # a dense layer has none
+    moe = _plan(model, ep=8, recompute="selective", recompute_modules=("moe",))
+    both = _plan(model, ep=8, recompute="selective", recompute_modules=("shared_experts", "moe"))
+    assert layer_activation_bytes(model, both, layer) == layer_activation_bytes(model, moe, layer)  # counted once
+    forward = LayerBuilder(model, shared).moe_forward()
+    assert [s.name for s in recompute_steps(forward, shared.recompute, model, shared.recompute_modules)] == \
+        ["shared_up_recompute", "shared_down_recompute"]
+    assert len(recompute_steps(forward, both.recompute, model, both.recompute_modules)) == \
+        len(recompute_steps(forward, moe.recompute, model, moe.recompute_modules))  # each step re-run once
+
+
+@pytest.mark.parametrize("modules", [("mla_up_proj",), ("shared_experts",), ("mla_up_proj", "shared_experts")])
+def test_the_mla_and_shared_modules_cost_time_in_both_estimators_and_lower_the_peak(modules):
+    knobs = dict(KNOBS, recompute="selective")
+    core = perfsim.simulate("deepseek-v2-lite", "mi300x-pollara", nodes=1, estimator="analytic", check_memory=False,
+                            **knobs)
+    got = [perfsim.simulate("deepseek-v2-lite", "mi300x-pollara", nodes=1, estimator=e, check_memory=False,
+                            recompute_modules=modules, **knobs) for e in ("analytic", "des")]
+    assert got[0].step_time_s == pytest.approx(got[1].step_time_s, rel=0.03)
+    assert got[0].breakdown["recompute"] > 0
+    assert got[0].peak_memory_bytes < core.peak_memory_bytes
+    assert tuple(got[0].plan["recompute_modules"]) == modules
+
+
+def test_fp8_recompute_of_a_dense_mlp_casts_its_inputs_again():
+    model = perfsim.load_model("llama3.1-8b")
+    plan = _plan(model, recompute="selective", recompute_modules=("mlp",), dtype="fp8", stack="megatron-primus")
+    names = [s.name for s in recompute_steps(LayerBuilder(model, plan).mlp_forward(), plan.recompute, model,
+                                             plan.recompute_modules)]
+    assert "mlp_up_fp8_cast_recompute" in names and "mlp_down_fp8_cast_recompute" in names
+
+
+@pytest.mark.parametrize("model, modules, needle", [
+    ("llama3.1-8b", ("mla_up_proj",), "mla_up_proj needs multi-latent attention; llama3.1-8b has gqa attention"),
+    (MOE, ("shared_experts",), f"shared_experts needs a model with shared experts; {MOE} has none"),
+    ("llama3.1-8b", ("shared_experts",), "shared_experts needs an MoE model; llama3.1-8b is dense"),
+])
+def test_a_module_the_model_lacks_is_one_clear_error(model, modules, needle, capsys):
+    ep = "8" if model == MOE else "1"
+    with pytest.raises(ConfigError, match=needle):
+        perfsim.estimate(model, "mi300x-pollara", nodes=1, check_memory=False, tp=1, ep=int(ep), gbs=32, seq=2048,
+                         recompute="selective", recompute_modules=modules)
+    args = ["simulate", "--model", model, "--engine", "analytic", "--nodes", "1", "--tp", "1", "--ep", ep, "--gbs", "32", "--seq", "2048",
+            "--recompute", "auto", "--recompute-modules", ",".join(modules)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
+def test_the_planner_offers_mla_up_proj_and_shared_experts_and_prices_them():
+    from conftest import plan_page
+
+    at, planner_inputs = plan_page({"estimator": "analytic", "model": "deepseek-v2-lite", "cluster": "mi300x-pollara",
+                                    "nodes": 1, "knobs": {"tp": 1, "pp": 1, "dp": 0, "ep": 8, "gbs": 32, "seq": 4096,
+                                                          "recompute": "selective"}})
+    box = at.multiselect(key="w.recompute_modules")
+    assert {"mla_up_proj", "shared_experts"} <= set(box.options)
+    box.set_value(["mla_up_proj", "shared_experts"]).run()
+    assert not at.exception, [e.value for e in at.exception]
+    inputs = at.session_state["inputs"]
+    assert inputs["fidelity"]["recompute_modules"] == ["mla_up_proj", "shared_experts"]
+    got = planner_inputs.simulate(inputs)
+    assert tuple(got.plan["recompute_modules"]) == ("mla_up_proj", "shared_experts") and got.breakdown["recompute"] > 0

@@ -263,9 +263,10 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
         key=common.seed("recompute_modules", list(fidelity.get("recompute_modules") or DEFAULT_RECOMPUTE_MODULES)),
         disabled=knobs["recompute"] not in RECOMPUTE_MODULE_LEVELS,
         help="--recompute-modules (Megatron's, with recompute selective or auto): core_attn the attention core; "
-             "layernorm an MoE layer's pre-MLP norm (the other norms are fused into the next linear under Transformer "
-             "Engine); moe_act the routed experts' activation; mlp a dense layer's MLP; moe an MoE layer's router, "
-             "dispatch, experts and combine") or list(DEFAULT_RECOMPUTE_MODULES)
+             "mla_up_proj MLA's query / key / value up projections and their rope; layernorm an MoE layer's pre-MLP "
+             "norm (the other norms are fused into the next linear under Transformer Engine); moe_act the routed "
+             "experts' activation; shared_experts the shared experts; mlp a dense layer's MLP; moe an MoE layer's "
+             "router, dispatch, experts and combine") or list(DEFAULT_RECOMPUTE_MODULES)
 for note in st.session_state.pop("plan.refit_notes", []):
     st.info(fmt.md(f"Reset a knob that no longer fits: {note}"), icon=":material/restart_alt:")
 

@@ -49,10 +49,11 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                         "torchtitan: none, op, fewest layers, full; maxtext: none, full)")
     p.add_argument("--recompute-modules", type=a.recompute_modules, default=None,
                    help="with --recompute selective (or auto): what it re-runs, comma-separated, as Megatron's "
-                        f"--recompute-modules: {', '.join(RECOMPUTE_MODULES)} (default core_attn; layernorm: an MoE "
-                        "layer's pre-MLP norm, the others being fused into the next linear under Transformer Engine; "
-                        "moe_act: the routed experts' activation; mlp: a dense layer's MLP; moe: an MoE layer's "
-                        "router, dispatch, experts and combine)")
+                        f"--recompute-modules: {', '.join(RECOMPUTE_MODULES)} (default core_attn; mla_up_proj: MLA's "
+                        "query / key / value up projections and their rope; layernorm: an MoE layer's pre-MLP norm, "
+                        "the others being fused into the next linear under Transformer Engine; moe_act: the routed "
+                        "experts' activation; shared_experts: the shared experts; mlp: a dense layer's MLP; moe: an "
+                        "MoE layer's router, dispatch, experts and combine)")
     p.add_argument("--schedule", default=None, choices=[s.value for s in Schedule],
                    help="pipeline schedule; with --vpp > 1 gpipe loops breadth-first, 1f1b interleaves, zb-h1 splits W; "
                         "zbv / v-half / v-min are V-shaped (--vpp 2; 1F1B's activation memory, half, a third)")

@@ -19,6 +19,9 @@ from perfsim.plan.sharding import is_moe_layer, is_mtp_layer
 from perfsim.lowering.stack_steps import StackSteps
 
 ATTN_BWD_FACTOR = 2.5
+# the casts in front of an FP8 GEMM, named after it (``LayerBuilder._fp8``): the abs-max pass
+# (current scaling) and the cast itself
+FP8_CAST_STEPS = ("fp8_amax", "fp8_cast")
 
 _BACKWARD_COLL = {
     Coll.ALL_GATHER: Coll.REDUCE_SCATTER,
@@ -82,10 +85,11 @@ class LayerBuilder(StackSteps):
             return replace(elementwise_step(f"{step.name}_{name}", size, "fp8_cast"),
                            meta=step.meta + (("backward_bytes", backward_size),))
 
-        steps = [] if self.plan.fp8_delayed_scaling or not amax else [cast_step("fp8_amax", amax, grad_amax)]
+        amax_name, cast_name = FP8_CAST_STEPS
+        steps = [] if self.plan.fp8_delayed_scaling or not amax else [cast_step(amax_name, amax, grad_amax)]
         if fp8.backward_split_accumulator:  # its dgrad and wgrad (the backward copies keep the meta)
             step = replace(step, meta=step.meta + (("split_acc", True),))
-        return steps + [cast_step("fp8_cast", cast, grad_cast), step]
+        return steps + [cast_step(cast_name, cast, grad_cast), step]
 
     def _tp_enter(self, name: str) -> list[Step]:
         if not self.sp:
@@ -611,17 +615,23 @@ def _op_picked(forward: list[Step], model: ModelSpec) -> list[Step]:
 
 
 # the forward steps each --recompute-modules module re-runs (plan.RECOMPUTE_MODULES; the
-# attention core by kind): an MoE layer's pre-MLP norm (the other norms are fused into the
-# linear after them under Megatron-Core's Transformer Engine spec), the routed experts'
-# activation, and a dense layer's whole MLP, its fused norm and TP collectives with it
-MODULE_STEPS = {"layernorm": ("moe_norm",), "moe_act": ("expert_act",),
+# attention core by kind): MLA's up projections (the query's, or its one projection without a
+# query latent, and the keys' and values') and the rope after them, an MoE layer's pre-MLP norm
+# (the other norms are fused into the linear after them under Megatron-Core's Transformer
+# Engine spec), the routed experts' activation, the shared experts, and a dense layer's whole
+# MLP, its fused norm and TP collectives with it
+MLA_UP_LINEARS = ("q", "q_up", "kv_up")
+MODULE_STEPS = {"mla_up_proj": (*MLA_UP_LINEARS, "rope"), "layernorm": ("moe_norm",),
+                "moe_act": ("expert_act",), "shared_experts": ("shared_up", "shared_down"),
                 "mlp": ("mlp_norm", "mlp_ag", "mlp_up", "mlp_act", "mlp_down", "mlp_rs")}
 
 
 def _module_picked(forward: list[Step], modules: tuple[str, ...]) -> list[Step]:
-    """What selective recompute of ``modules`` re-runs of a layer's forward, in its order:
-    ``moe`` the whole MoE part after its norm (router, dispatch, experts, combine)."""
+    """What selective recompute of ``modules`` re-runs of a layer's forward, in its order, a
+    re-run GEMM with its FP8 casts: ``moe`` the whole MoE part after its norm (router,
+    dispatch, experts, combine)."""
     names = {name for m in modules for name in MODULE_STEPS.get(m, ())}
+    names |= {f"{name}_{cast}" for name in names for cast in FP8_CAST_STEPS}  # the rerun casts its input again
     moe_from = next((i for i, s in enumerate(forward) if s.name == "moe_norm"), None) if "moe" in modules else None
     picked = []
     for i, s in enumerate(forward):

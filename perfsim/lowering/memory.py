@@ -12,7 +12,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from perfsim.lowering.layers import LayerBuilder, op_linears
+from perfsim.lowering.layers import MLA_UP_LINEARS, LayerBuilder, op_linears
 from perfsim.lowering.steps import FP8_BYTES
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, V_SHAPES, ParallelPlan, Recompute, Schedule
@@ -175,27 +175,33 @@ def _modules_rerun_per_token(model: ModelSpec, plan: ParallelPlan, layer: int, s
     the modules that made them (Megatron-Core --recompute-modules, as its Transformer Engine
     layer spec builds a layer: the input norm and a dense layer's pre-MLP norm are fused into
     the linear after them, so ``layernorm`` re-runs only an MoE layer's pre-MLP norm):
-    ``layernorm`` its output (the router's and the experts' input); ``moe_act`` the routed
-    experts' activation output (the down projection's input); ``mlp`` a dense layer's whole
-    MLP but its input; ``moe`` an MoE layer's whole MoE part but its input. An FP8 linear's
-    input is counted at the bytes it is kept in (``saves_fp8_inputs``)."""
+    ``mla_up_proj`` MLA's up projections' outputs, the attention's queries, keys and values
+    (Megatron-Core discards them once the attention has run and rebuilds them from the kept
+    latents in front of its backward); ``layernorm`` its output (the router's and the experts'
+    input); ``moe_act`` the routed experts' activation output (the down projection's input);
+    ``shared_experts`` the shared experts' up and activation outputs; ``mlp`` a dense layer's
+    whole MLP but its input; ``moe`` an MoE layer's whole MoE part but its input. An FP8
+    linear's input is counted at the bytes it is kept in (``saves_fp8_inputs``)."""
     if not modules or modules == DEFAULT_RECOMPUTE_MODULES:
         return 0.0
     inp = FP8_BYTES if plan.keeps_fp8_inputs else ACT_BYTES  # an FP8 linear layer's kept input
     h, gate = model.hidden_size, 2 if model.gated_mlp else 1
     dropped = 0.0
+    if "mla_up_proj" in modules:  # as layer_activation_bytes counts them: the up projections' outputs
+        dropped += sum(lin.out_features for lin in model.attention_linears() if lin.name in MLA_UP_LINEARS) * ACT_BYTES
     if not is_moe_layer(model, layer):
         if "mlp" in modules:  # norm output (fc1's input), up output, activation output (fc2's input)
             w = model.ffn_hidden_size
-            dropped = h * inp + gate * w * ACT_BYTES + w * inp
+            dropped += h * inp + gate * w * ACT_BYTES + w * inp
         return dropped / plan.tp
     w, sw = model.expert_ffn_hidden_size, model.shared_ffn_hidden_size
     if "layernorm" in modules:
         dropped += h * ACT_BYTES
-    if "moe" in modules:  # the up projection's input (and the probabilities' copy), up out, act out; shared
+    if "moe" in modules or "shared_experts" in modules:  # the shared experts' up out, act out
+        dropped += gate * sw * ACT_BYTES + sw * inp
+    if "moe" in modules:  # the up projection's input (and the probabilities' copy), up out, act out
         copy = h * ACT_BYTES if plan.stack.memory.routed_probs_copy else 0.0
         dropped += share * model.top_k * (copy + h * inp + gate * w * ACT_BYTES + w * inp)
-        dropped += gate * sw * ACT_BYTES + sw * inp
     elif "moe_act" in modules:
         dropped += share * model.top_k * w * inp
     return dropped / plan.tp

@@ -27,14 +27,14 @@ class Recompute(StrEnum):
 
 
 # Megatron-Core's --recompute-modules (TransformerConfig.recompute_modules), what selective
-# recompute re-runs: the attention core (its default), the norms not fused into the linear
-# after them, the expert activation, a dense layer's whole MLP, an MoE layer's whole MoE part
-# (router, dispatch, experts, combine); lowering.layers.recompute_steps and
-# lowering.memory.layer_activation_bytes price each. Megatron's mla_up_proj and
-# shared_experts are not modelled.
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mlp", "moe")
+# recompute re-runs: the attention core (its default), MLA's up projections with their rope
+# (mla_up_proj: q / k / v rebuilt from the kept latents in front of the attention's backward),
+# the norms not fused into the linear after them, the expert activation, the shared experts, a
+# dense layer's whole MLP, an MoE layer's whole MoE part (router, dispatch, experts, combine);
+# lowering.layers.recompute_steps and lowering.memory.layer_activation_bytes price each.
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "layernorm", "moe_act", "shared_experts", "mlp", "moe")
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
-MOE_RECOMPUTE_MODULES = ("moe_act", "moe")
+MOE_RECOMPUTE_MODULES = ("moe_act", "shared_experts", "moe")
 # the recompute settings a module list applies under: selective, or auto (which may settle on it)
 RECOMPUTE_MODULE_LEVELS = ("selective", "auto")
 
@@ -548,6 +548,9 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, num_gpus: int) -> None:
             f"first_stage_layers / last_stage_layers (--first-stage-layers, --last-stage-layers) split them unevenly"
         )
     _check_moe(plan, model)
+    if "mla_up_proj" in plan.recompute_modules and model.attention is not AttentionKind.MLA:
+        raise ConfigError(f"plan.recompute_modules: mla_up_proj needs multi-latent attention; {model.name} has "
+                          f"{model.attention.value} attention")
     if plan.recompute == Recompute.OP and not op_recompute_applies(model):
         raise ConfigError(f"plan.recompute 'op' (torchtitan's per-op checkpointing) is modelled for dense layers with "
                           f"multi-head / grouped-query attention; {model.name} has "
@@ -568,6 +571,9 @@ def _check_moe(plan: ParallelPlan, model: ModelSpec) -> None:
         if moe_only:
             raise ConfigError(f"plan.recompute_modules: {moe_only[0]} needs an MoE model; {model.name} is dense")
         return
+    if "shared_experts" in plan.recompute_modules and not model.shared_ffn_hidden_size:
+        raise ConfigError(f"plan.recompute_modules: shared_experts needs a model with shared experts; "
+                          f"{model.name} has none")
     if model.num_experts % plan.ep:
         raise ConfigError(f"plan.ep ({plan.ep}) must divide the model's experts ({model.num_experts})")
     if model.expert_ffn_hidden_size % plan.etp:
