@@ -105,12 +105,14 @@ def test_steady_window_waits_for_the_growth_to_repeat():
 
 def test_folding_waits_out_a_long_transient():
     """An interleaved plan whose step grows unevenly for a few groups past the schedule's
-    warm-up (the expert-parallel overlap's merged steps): the folded engine and the closed
-    form now follow the full simulation; extended from the warm-up's first groups they were
-    9.8% and 4.6% short (2.83 and 2.99 s against 3.13 s)."""
+    warm-up (the expert-parallel overlap's merged steps under a skewed routing): the fold
+    moves past the first pair of counts, and the folded engine and the closed form follow the
+    full simulation. (Session 34's case, seed 7's gbs176 plan, was 9.8% and 4.6% short when
+    extended from the warm-up's first groups; since the shared experts run as the tensor-
+    parallel MLP they are (session 36), its growth settles at once.)"""
     model = next(m for m in agreement.models() if m.name == "deepseek-v2-lite-8l")
-    cluster = perfsim.load_cluster("mi300x-pollara", gpus=8)
-    case = next(c for c in agreement.long_sample(30, 7) if c.model.name == model.name and "gbs176" in c.describe())
+    case = next(c for c in agreement.long_sample(30, 10) if c.model.name == model.name and "gbs88" in c.describe())
+    cluster = perfsim.load_cluster(case.cluster, gpus=case.num_gpus)
     plan = case.plan
     kwargs = dict(check_memory=False, routing=case.routing)
     full = perfsim.simulate(model, cluster, plan, fold=False, **kwargs)

@@ -143,3 +143,26 @@ def test_shared_experts_and_dense_first_layers():
     norms = model.num_layers * model.norm_params_per_layer() + model.hidden_size
     weights = model.active_params(include_embeddings=False) - norms + model.vocab_size * model.hidden_size
     assert fwd / (plan.num_microbatches * plan.seq) == pytest.approx(2 * weights, rel=1e-6)
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_shared_experts_run_as_a_tensor_parallel_mlp(sp):
+    """Megatron-Core's SharedExpertMLP is its MLP: column-parallel up, row-parallel down, so
+    under TP each rank computes its share of the width for the whole sequence, behind the
+    sequence-parallel all-gather and in front of the reduce-scatter (an all-reduce without
+    sequence parallelism); per rank the FLOPs are the shared experts' over TP either way."""
+    from perfsim.lowering.layers import LayerBuilder
+
+    model = tiny_moe(num_shared_experts=1, shared_expert_ffn_hidden_size=1024)
+    tp, tokens, h, w = 4, 2048, model.hidden_size, 1024
+    plan = ParallelPlan(tp=tp, dp=2, ep=8, gbs=2, seq=tokens, sequence_parallel=sp)
+    shared = [s for s in LayerBuilder(model, plan).moe_forward() if s.name.startswith("shared_")]
+    gather, reduce = ("shared_ag", "shared_rs") if sp else (None, "shared_ar")
+    assert [s.name for s in shared] == [n for n in (gather, "shared_up", "shared_act", "shared_down", reduce) if n]
+    comms = [s for s in shared if s.collective is not None]
+    assert all(s.collective.group == "tp" and s.collective.size_bytes == tokens * h * 2 for s in comms)
+    gemms = {s.name: s.gemm for s in shared if s.gemm is not None}
+    gate = 2 if model.gated_mlp else 1
+    assert (gemms["shared_up"].m, gemms["shared_up"].n) == (tokens, gate * w // tp)
+    assert (gemms["shared_down"].m, gemms["shared_down"].k) == (tokens, w // tp)
+    assert sum(g.flops for g in gemms.values()) == pytest.approx(2 * tokens * h * (gate + 1) * w / tp)

@@ -217,7 +217,12 @@ def test_shared_experts_drop_their_outputs_and_rerun_alone_or_inside_moe():
     assert layer_activation_bytes(model, both, layer) == layer_activation_bytes(model, moe, layer)  # counted once
     forward = LayerBuilder(model, shared).moe_forward()
     assert [s.name for s in recompute_steps(forward, shared.recompute, model, shared.recompute_modules)] == \
-        ["shared_up_recompute", "shared_down_recompute"]
+        ["shared_up_recompute", "shared_act_recompute", "shared_down_recompute"]
+    tp2 = _plan(model, ep=8, tp=2, dp=4, recompute="selective", recompute_modules=("shared_experts",))
+    forward = LayerBuilder(model, tp2).moe_forward()  # under TP, its sequence-parallel gather and scatter too
+    assert [s.name for s in recompute_steps(forward, tp2.recompute, model, tp2.recompute_modules)] == \
+        ["shared_ag_recompute", "shared_up_recompute", "shared_act_recompute", "shared_down_recompute",
+         "shared_rs_recompute"]
     assert len(recompute_steps(forward, both.recompute, model, both.recompute_modules)) == \
         len(recompute_steps(forward, moe.recompute, model, moe.recompute_modules))  # each step re-run once
 

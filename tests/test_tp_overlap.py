@@ -119,13 +119,13 @@ def test_calibrate_fits_the_overlap_share_only_where_asked():
     assert 0.0 < fit.values["overlap.tp_comm_share"] < 0.9  # Async TP hides well under all of it
 
 
-def _blocking_tp_comms(model_name, summed_dgrad):
+def _blocking_tp_comms(model_name, summed_dgrad, layer=0):
     """(forward, backward) names of the TP collectives left on the chain under Async TP."""
     titan = load_stack("torchtitan")
     stack = replace(titan, overlap=replace(titan.overlap, tp_summed_dgrad=summed_dgrad))
     model = load_model(model_name) if isinstance(model_name, str) else model_name
     plan = perfsim.make_plan(8, tp=8, gbs=8, seq=4096, stack=stack, tp_comm_overlap=True)
-    fwd, bwd, _ = block_passes(LayerBuilder(model, plan), plan, 0)
+    fwd, bwd, _ = block_passes(LayerBuilder(model, plan), plan, layer)
 
     def on_chain(chain):
         return [s.name for s in chain if s.kind is OpKind.COLLECTIVE and s.collective.group == "tp"
@@ -148,6 +148,9 @@ def test_torchtitans_async_tp_leaves_the_reduce_scatter_of_a_summed_input_gradie
     # MLA: the query path and wkv_a both read the normed input, so its gradient is a sum too
     mla = load_model("deepseek-v2-lite")
     assert "attn_ag_bwd" in _blocking_tp_comms(mla, False)[1] and _blocking_tp_comms(mla, True) == ([], [])
+    # an MoE layer's shared experts are a gated TP MLP (w1 / w3 apart): their gather's mirror too
+    assert sorted(_blocking_tp_comms(mla, False, layer=1)[1]) == ["attn_ag_bwd", "shared_ag_bwd"]
+    assert _blocking_tp_comms(mla, True, layer=1) == ([], [])
 
 
 def test_a_blocking_summed_gradient_costs_time_in_both_estimators():

@@ -794,15 +794,21 @@ def section() -> str:
         "`nemo-25.11` inherits). MB2509-DSV3-H100 +1.6% held out; the `nemo-25.11` rows as before (Qwen3-30B-A3B "
         "+29%, Qwen3-235B-A22B -22 / -24%: one dropless speed still cannot price both models).",
         "",
-        "Thirty-sixth session, structure read from Megatron-Core, nothing fitted but `nemo`'s speeds by their "
-        "protocol: the last two of its --recompute-modules, `mla_up_proj` (MLA's query / key / value up projections "
-        "and their rope run under an output-discarding checkpoint: q, k and v are dropped once the attention has run "
-        "and rebuilt from the kept latents in front of its backward) and `shared_experts` (the shared experts under a "
-        "checkpoint), are modelled, and a re-run FP8 GEMM casts its input again (the casts in front of it were left "
-        "out of every module's rerun). MB2509-DSV3-H100's recipe recomputes mla_up_proj, until now recorded as not "
-        "modelled: its peak 77 -> 59 GB of 85.5, its error +1.6 -> +0.7% held out (+3.1 -> +2.2% shipped); `nemo` "
-        "refitted (kernels.speed_nvidia 0.8157 -> 0.8164, `nemo-25.11`'s dropless speed 0.4883 -> 0.4884), the other "
-        "runs within 0.02 points.",
+        "Thirty-sixth session, structure read from Megatron-Core, nothing fitted but the stacks' speeds by their "
+        "protocols: (1) the last two of its --recompute-modules, `mla_up_proj` (MLA's query / key / value up "
+        "projections and their rope run under an output-discarding checkpoint: q, k and v are dropped once the "
+        "attention has run and rebuilt from the kept latents in front of its backward) and `shared_experts`, are "
+        "modelled, and a re-run FP8 GEMM casts its input again (the casts in front of it were left out of every "
+        "module's rerun); MB2509-DSV3-H100's recipe recomputes mla_up_proj, until then recorded as not modelled: "
+        "its peak 77 -> 59 GB of 85.5, its error +1.6 -> +0.7% held out; (2) the shared experts run as the tensor-"
+        "parallel MLP Megatron-Core's SharedExpertMLP is (column-parallel up, row-parallel down: the sequence-"
+        "parallel all-gather in front and the reduce-scatter after, each rank's share of the width over the whole "
+        "sequence; before, each rank ran the whole width on its sequence shard with no TP collective, and no "
+        "activation step), so a TP plan of a model with shared experts pays their gather and scatter: "
+        "MB2509-DSV3-H100 (TP2) -> -1.3% held out, +0.3% shipped. Refitted: `nemo` kernels.speed_nvidia 0.8157 -> "
+        "0.818, `nemo-25.11`'s dropless speed 0.4883 -> 0.4886 (MB2511-Q30B-H100 +29.2 -> +29.5% held out), "
+        "`maxtext` kernels.speed 1.251 -> 1.253 (its DeepSeek-V3 and Kimi-K2 runs at TP 1 gain the shared experts' "
+        "activation step only); the other runs within 0.2 points.",
         "",
         *_summary(held, shipped),
         "",

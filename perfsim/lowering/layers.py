@@ -154,15 +154,24 @@ class LayerBuilder(StackSteps):
                     flops=flops, bytes=moved, meta=shape)
 
     def mlp_forward(self) -> list[Step]:
+        return [*self._norms("mlp_norm"), *self._tp_mlp("mlp", self.model.ffn_hidden_size, "mlp", from_norm=True)]
+
+    def _tp_mlp(self, name: str, ffn: int, category: str, from_norm: bool = False) -> list[Step]:
+        """A tensor-parallel MLP (Megatron-Core's MLP: column-parallel up, row-parallel down)
+        of ``ffn`` width: the sequence-parallel all-gather of its input, the up GEMM on the
+        rank's share of the width, the activation, the down GEMM and the reduce-scatter (an
+        all-reduce without sequence parallelism). A dense layer's MLP (``from_norm``: its
+        input is the norm's output, which a fused norm may write in FP8) and an MoE layer's
+        shared experts (``SharedExpertMLP`` is that MLP; the pre-MLP norm feeds the router too)."""
         m = self.model
-        width = m.ffn_hidden_size // self.plan.tp
+        width = ffn // self.plan.tp
         up_width = width * (2 if m.gated_mlp else 1)
-        steps = [*self._norms("mlp_norm"), *self._tp_enter("mlp")]
-        steps += self._fp8(gemm_step("mlp_up", self.tokens, m.hidden_size, up_width, "mlp"), from_norm=True)
-        steps.append(elementwise_step("mlp_act", self.tokens * (up_width + width) * ACT_BYTES, "activation"))
-        steps += self._unfused_act("mlp_act", self.tokens, width)
-        steps += self._fp8(gemm_step("mlp_down", self.tokens, width, m.hidden_size, "mlp"))
-        return _casts_before_gather(steps + self._tp_exit("mlp"))
+        steps = [*self._tp_enter(name)]
+        steps += self._fp8(gemm_step(f"{name}_up", self.tokens, m.hidden_size, up_width, category), from_norm=from_norm)
+        steps.append(elementwise_step(f"{name}_act", self.tokens * (up_width + width) * ACT_BYTES, "activation"))
+        steps += self._unfused_act(f"{name}_act", self.tokens, width)
+        steps += self._fp8(gemm_step(f"{name}_down", self.tokens, width, m.hidden_size, category))
+        return _casts_before_gather(steps + self._tp_exit(name))
 
     def moe_forward(self) -> list[Step]:
         m = self.model
@@ -185,9 +194,7 @@ class LayerBuilder(StackSteps):
             steps += self._local_regroup("local_unsort", combine) + combine
             steps.append(elementwise_step("unpermute", 2 * routed * h * ACT_BYTES, "moe_permute"))
         if m.shared_ffn_hidden_size:
-            w = m.shared_ffn_hidden_size
-            steps += self._fp8(gemm_step("shared_up", t, h, w * (2 if m.gated_mlp else 1), "shared_expert"))
-            steps += self._fp8(gemm_step("shared_down", t, w, h, "shared_expert"))
+            steps += self._tp_mlp("shared", m.shared_ffn_hidden_size, "shared_expert")
         return steps
 
     def _mask_einsums(self) -> list[Step]:
@@ -466,11 +473,11 @@ def _flag(step: Step, key: str) -> bool:
 def summed_dgrad_gemms(model: ModelSpec) -> frozenset[str]:
     """The backward GEMM steps whose input gradient is a sum over separate matmuls when the
     model code runs each projection on its own (torchtitan's Llama: wq, wk, wv; w1, w3 for a
-    gated MLP; MLA: the query path and wkv_a both read the normed input, the first of them
-    being the step the TP all-gather feeds, ``q`` or ``q_down``): their reduce-scatter drains
-    a sum, not one matmul."""
+    gated MLP, a dense layer's or the shared experts'; MLA: the query path and wkv_a both read
+    the normed input, the first of them being the step the TP all-gather feeds, ``q`` or
+    ``q_down``): their reduce-scatter drains a sum, not one matmul."""
     attention = ("q_bwd", "q_down_bwd") if model.attention is AttentionKind.MLA else ("qkv_bwd",)
-    return frozenset({*attention, *(("mlp_up_bwd",) if model.gated_mlp else ())})
+    return frozenset({*attention, *(("mlp_up_bwd", "shared_up_bwd") if model.gated_mlp else ())})
 
 
 def overlap_tp_comm(steps: list[Step], share: float = 1.0, blocking: frozenset[str] = frozenset()) -> list[Step]:
@@ -621,9 +628,14 @@ def _op_picked(forward: list[Step], model: ModelSpec) -> list[Step]:
 # Engine spec), the routed experts' activation, the shared experts, and a dense layer's whole
 # MLP, its fused norm and TP collectives with it
 MLA_UP_LINEARS = ("q", "q_up", "kv_up")
+def _tp_mlp_steps(name: str) -> tuple[str, ...]:
+    """The steps ``LayerBuilder._tp_mlp`` names after ``name``."""
+    return tuple(f"{name}_{part}" for part in ("ag", "up", "act", "act_unfused", "down", "rs", "ar"))
+
+
 MODULE_STEPS = {"mla_up_proj": (*MLA_UP_LINEARS, "rope"), "layernorm": ("moe_norm",),
-                "moe_act": ("expert_act",), "shared_experts": ("shared_up", "shared_down"),
-                "mlp": ("mlp_norm", "mlp_ag", "mlp_up", "mlp_act", "mlp_down", "mlp_rs")}
+                "moe_act": ("expert_act", "expert_act_unfused"), "shared_experts": _tp_mlp_steps("shared"),
+                "mlp": ("mlp_norm", *_tp_mlp_steps("mlp"))}
 
 
 def _module_picked(forward: list[Step], modules: tuple[str, ...]) -> list[Step]:
