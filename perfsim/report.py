@@ -267,7 +267,7 @@ def assemble_report(
     per_stream_s, critical_path_s, critical_path_ops): adds throughput, MFU and memory."""
     step = figures["step_time_s"]
     tokens, world = plan.tokens_per_step, plan.world_size
-    tflops = model.model_flops_per_token(plan.seq) * tokens / step / world / 1e12
+    tflops = model.model_flops_per_token(plan.seq, plan.mtp_layers) * tokens / step / world / 1e12
     peak = max(memory, key=lambda m: m.total_bytes)
     figures = _named_links(figures, INTRA_NODE_LINK.get(cluster.gpu.vendor, "xgmi"))
     libraries = kernel_libraries(plan.stack, cluster.gpu)

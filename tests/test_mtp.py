@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import perfsim
 from perfsim import api
 from perfsim.cli import main
 from perfsim.errors import ConfigError
@@ -200,3 +201,18 @@ def test_search_prices_every_plan_with_the_mtp_layers(capsys):
     assert "mtp1" in capsys.readouterr().out
     assert main(argv + ["--mtp-layers", "-2"]) == 2
     assert "--mtp-layers" in capsys.readouterr().err
+
+
+def test_model_flops_count_the_mtp_layers_as_megatron_bridge_does():
+    """An MTP layer's work is model work: a layer like the last, its 2h -> h projection and one
+    more LM head. Megatron-Bridge's DeepSeek-V3 H100 row (validation/runs/published.csv,
+    MB2509-DSV3-H100: 338 model TFLOPS/GPU at 1,297 tokens/s/GPU, one MTP layer, seq 4096)
+    implies 260.6 GFLOPs per token; without the MTP layer the count is 250.5."""
+    model = perfsim.load_model("deepseek-v3")
+    assert model.model_flops_per_token(4096) == pytest.approx(250.46e9, rel=1e-3)
+    assert model.model_flops_per_token(4096, mtp_layers=1) == pytest.approx(338e12 / 1297, rel=2e-3)
+    knobs = dict(nodes=1, ep=8, gbs=32, seq=4096, check_memory=False)
+    for mtp in (0, 1):
+        r = perfsim.estimate("deepseek-v2-lite", "mi300x-pollara", mtp_layers=mtp, **knobs)
+        per_token = r.tflops_per_gpu * 1e12 / r.tokens_per_s_per_gpu
+        assert per_token == pytest.approx(perfsim.load_model("deepseek-v2-lite").model_flops_per_token(4096, mtp))

@@ -259,14 +259,21 @@ class ModelSpec:
 
     # ---- FLOPs ---------------------------------------------------------------------------
 
-    def model_flops_per_token(self, seq_len: int) -> float:
+    def model_flops_per_token(self, seq_len: int, mtp_layers: int = 0) -> float:
         """Training FLOPs per token (forward + backward), the MFU numerator.
 
         6 * N_active_matmul  (Kaplan'20: 2 FLOP per weight forward, 4 backward)
         + 6 * L * s * (q_width + v_width) / 2   (attention scores and context, causal
         half of PaLM's 12*L*H*Q*T, Chowdhery'22 app. B); embeddings lookups excluded,
-        the LM head included.
+        the LM head included. Each of ``mtp_layers`` multi-token-prediction layers (DeepSeek-V3
+        sec. 2.2; the plan's ``mtp_layers``) adds a layer like the model's last, its 2h -> h
+        projection and one more LM head, as Megatron-Bridge's FLOPs count takes them.
         """
         matmul = self.active_params(include_embeddings=False) + self.vocab_size * self.hidden_size
-        attention = 3 * self.num_layers * seq_len * (self.q_width + self.v_width)
+        layers = self.num_layers + mtp_layers
+        if mtp_layers:
+            last = self.moe_layer_params(True) if self.is_moe else self.dense_mlp_params()
+            head = self.vocab_size * self.hidden_size
+            matmul += mtp_layers * (self.attention_params() + last + 2 * self.hidden_size * self.hidden_size + head)
+        attention = 3 * layers * seq_len * (self.q_width + self.v_width)
         return 6.0 * matmul + attention

@@ -59,7 +59,7 @@ def _metrics(cand: Candidate, coster: ClosedForm, memory: MemoryModel, model: Mo
                 "breakdown")
         return {**{k: r[k] for k in keys}, "estimator": "des", "exposed_comm_s": exposed, "fast": fast.breakdown}
     step, tokens = fast.step_time_s, plan.tokens_per_step
-    tflops = model.model_flops_per_token(plan.seq) * tokens / step / w / 1e12
+    tflops = model.model_flops_per_token(plan.seq, plan.mtp_layers) * tokens / step / w / 1e12
     return {"step_time_s": step, "tokens_per_s": tokens / step, "tokens_per_s_per_gpu": tokens / step / w,
             "tflops_per_gpu": tflops, "mfu": tflops * 1e12 / cluster.gpu.peak_flops(plan.dtype),
             "peak_memory_bytes": memory.peak(plan)[0], "breakdown": fast.breakdown, "estimator": "analytic",
