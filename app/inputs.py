@@ -51,6 +51,8 @@ DEFAULT = {
         "dispatch": "alltoall",
         # --dispatch-fp8: FP8 (+ scales) in the dispatch direction; only under dtype fp8, on an MoE model
         "dispatch_fp8": False,
+        # --shared-expert-overlap: shared experts beside the all-to-alls; only on a model with shared experts
+        "shared_expert_overlap": False,
         # --dispatch-compute-units: SMs / CUs the dispatch kernels hold; None: the cluster profile's
         "dispatch_compute_units": None,
         # --fp8-recipe: "" (the stack's), delayed or current; only under dtype fp8
@@ -105,7 +107,7 @@ def with_plan(inputs: dict, plan: dict) -> dict:
         fidelity["recompute_layers"] = int(plan["recompute_layers"] or 0)
     if plan.get("recompute_modules"):
         fidelity["recompute_modules"] = [str(m) for m in plan["recompute_modules"]]
-    for key in ("tp_comm_overlap", "ep_comm_overlap"):
+    for key in ("tp_comm_overlap", "ep_comm_overlap", "shared_expert_overlap"):
         if plan.get(key) is not None:
             fidelity[key] = bool(plan[key])
     if plan.get("grad_bucket_bytes"):
@@ -282,6 +284,7 @@ def simulate(inputs: dict):
         **fidelity_knobs(inputs), dispatch=dispatch_choice(inputs, cluster, model),
         dispatch_fp8=dispatch_fp8_choice(inputs, model), fp8_recipe=fp8_recipe_choice(inputs),
         dispatch_compute_units=dispatch_units_choice(inputs, model),
+        shared_expert_overlap=shared_overlap_choice(inputs, model),
     )
 
 
@@ -293,6 +296,8 @@ def search_switches(inputs: dict, model) -> dict:
              if k in PLAN_SWITCHES and (v or k != "real_data")}
     if dispatch_fp8_choice(inputs, model):
         knobs["dispatch_fp8"] = True
+    if shared_overlap_choice(inputs, model):
+        knobs["shared_expert_overlap"] = True
     if fp8_recipe_choice(inputs):
         knobs["fp8_recipe"] = fp8_recipe_choice(inputs)
     if (units := dispatch_units_choice(inputs, model)) is not None:
@@ -325,6 +330,14 @@ def dispatch_fp8_choice(inputs: dict, model=None) -> bool:
     chosen = bool((inputs.get("fidelity") or {}).get("dispatch_fp8"))
     model = model if model is not None else model_spec(inputs)
     return chosen and inputs["knobs"].get("dtype") == "fp8" and model.is_moe
+
+
+def shared_overlap_choice(inputs: dict, model=None) -> bool:
+    """``shared_expert_overlap``: the stored choice where the model has shared experts;
+    otherwise off, so a model without them never carries it."""
+    chosen = bool((inputs.get("fidelity") or {}).get("shared_expert_overlap"))
+    model = model if model is not None else model_spec(inputs)
+    return chosen and model.is_moe and bool(model.shared_ffn_hidden_size)
 
 
 def describe(inputs: dict) -> str:

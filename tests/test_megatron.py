@@ -22,7 +22,8 @@ def test_flags_map_onto_the_knobs_they_name():
     plan = megatron.from_args(ARGS)
     assert plan.knobs == {"tp": 8, "pp": 4, "cp": 1, "mbs": 1, "gbs": 256, "seq": 4096, "sequence_parallel": True,
                           "zero": 1, "overlap_grad_reduce": True, "recompute": "full", "dtype": "bf16",
-                          "tp_comm_overlap": False, "ep_comm_overlap": False, "overlap_param_gather": False,
+                          "tp_comm_overlap": False, "ep_comm_overlap": False, "shared_expert_overlap": False,
+                          "overlap_param_gather": False,
                           "first_stage_layers": 18}
     assert megatron.from_args(ARGS + " --overlap-param-gather").knobs["overlap_param_gather"] is True
     assert megatron.from_args(ARGS + " --overlap-moe-expert-parallel-comm").knobs["ep_comm_overlap"] is True

@@ -68,6 +68,24 @@ def _dispatch_fp8(column, experts: bool, dtype: str, fidelity: dict) -> bool:
     return bool(on) and dtype == "fp8"
 
 
+def _has_shared_experts(model: str, model_config: str | None) -> bool:
+    try:
+        return common.model_facts({"model": model, "model_config": model_config})["shared_experts"]
+    except Exception:  # the page shows the model error itself
+        return False
+
+
+def _shared_overlap(column, shared: bool, fidelity: dict) -> bool:
+    """The "Shared-expert overlap" toggle (--shared-expert-overlap): models with shared experts only."""
+    if not shared:
+        return False
+    return bool(column.toggle("Shared-expert overlap", key=common.seed("shared_expert_overlap",
+                                                                        bool(fidelity.get("shared_expert_overlap"))),
+                              help="--shared-expert-overlap (Megatron-Core --moe-shared-expert-overlap): the shared "
+                                   "experts beside the dispatch and combine all-to-alls; not with the EP all-to-all "
+                                   "overlap or the shared_experts recompute module"))
+
+
 def _dispatch_units(column, experts: bool, fidelity: dict) -> int | None:
     """The "Dispatch SMs / CUs" box (--dispatch-compute-units): MoE models only; empty is the
     cluster profile's count."""
@@ -218,6 +236,7 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
     experts = _has_experts(model, model_config)
     fidelity["dispatch"] = _dispatch(f[3], experts, cluster, fidelity)
     fidelity["dispatch_fp8"] = _dispatch_fp8(f[3], experts, knobs["dtype"], fidelity)
+    fidelity["shared_expert_overlap"] = _shared_overlap(f[3], _has_shared_experts(model, model_config), fidelity)
     fidelity["dispatch_compute_units"] = _dispatch_units(f[3], experts, fidelity)
     fidelity["fp8_recipe"] = _fp8_recipe(f[2], knobs["dtype"], fidelity)
     fidelity["zero3_gather"] = _zero3_gather(f[1], int(knobs.get("zero", 1)), fidelity)

@@ -130,6 +130,11 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="SMs / CUs the dispatch and combine kernels hold while they run (DeepEP's num_sms, Megatron's "
                         "--moe-deepep-num-sms): compute overlapped with them (--ep-comm-overlap) runs on the rest; "
                         "default: the cluster profile's (deepep 20 on NVIDIA)")
+    p.add_argument("--shared-expert-overlap", action="store_true",
+                   help="run an MoE layer's shared experts beside its dispatch and combine all-to-alls (Megatron-Core "
+                        "--moe-shared-expert-overlap): TP gather, up projection and activation beside the dispatch, "
+                        "down projection and TP scatter beside the combine; needs shared experts, not with "
+                        "--ep-comm-overlap or the shared_experts recompute module")
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="FP8 dispatch (needs --dtype fp8): tokens go to their experts as FP8 plus one FP32 scale per "
                         "128 values, as DeepEP and DeepSeek-V3 do; the combine stays BF16")
@@ -393,7 +398,8 @@ RUNS_UNUSED = {
 # simulate's options that only an MoE model reads
 MOE_ONLY = {"--capacity-factor": "capacity_factor", "--dispatch": "dispatch", "--dispatch-fp8": "dispatch_fp8",
             "--dispatch-compute-units": "dispatch_compute_units",
-            "--ep-comm-overlap": "ep_comm_overlap", "--routing-histogram": "routing_histogram",
+            "--ep-comm-overlap": "ep_comm_overlap", "--shared-expert-overlap": "shared_expert_overlap",
+            "--routing-histogram": "routing_histogram",
             "--expert-placement": "expert_placement"}
 
 

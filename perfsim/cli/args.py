@@ -94,7 +94,7 @@ SWITCH_FLAGS = (("no_overlap", "overlap_grad_reduce", False), ("no_param_prefetc
                 ("no_clip_grad", "clip_grad", False), ("dispatch_fp8", "dispatch_fp8", True),
                 ("real_data", "real_data", True), ("fp8_params", "fp8_params", True),
                 ("no_fp8_params", "fp8_params", False), ("no_tp_comm_overlap", "tp_comm_overlap", False),
-                ("ep_comm_overlap", "ep_comm_overlap", True))
+                ("ep_comm_overlap", "ep_comm_overlap", True), ("shared_expert_overlap", "shared_expert_overlap", True))
 
 
 def switch_knobs(args) -> dict:

@@ -88,6 +88,9 @@ def add_command(sub) -> None:
                    help="every plan: N multi-token-prediction layers on its last virtual stage (as simulate --mtp-layers)")
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="every MoE plan: FP8 dispatch (needs --dtype fp8; as simulate --dispatch-fp8)")
+    p.add_argument("--shared-expert-overlap", action="store_true",
+                   help="every MoE plan: the shared experts beside the dispatch and combine all-to-alls (as simulate "
+                        "--shared-expert-overlap; plans with --ep-comm-overlap keep their own)")
     weights = p.add_mutually_exclusive_group()
     weights.add_argument("--fp8-params", action="store_true",
                          help="every plan: FP8 primary weights (needs --dtype fp8; as simulate --fp8-params)")
@@ -170,7 +173,8 @@ def write_atomic(path: str, text: str) -> None:
 
 # search's options that only an MoE model reads (as simulate's MOE_ONLY): one line on a dense model
 MOE_ONLY = {"--dispatch": "dispatch", "--dispatch-compute-units": "dispatch_compute_units",
-            "--dispatch-fp8": "dispatch_fp8", "--ep-comm-overlap": "try_ep_comm_overlap"}
+            "--dispatch-fp8": "dispatch_fp8", "--ep-comm-overlap": "try_ep_comm_overlap",
+            "--shared-expert-overlap": "shared_expert_overlap"}
 
 
 def _refuse_moe_only(args) -> None:
@@ -184,6 +188,12 @@ def _refuse_moe_only(args) -> None:
 
 def run(args) -> int:
     _refuse_moe_only(args)
+    if args.shared_expert_overlap:
+        from perfsim import api
+
+        model = api.load_model(args.model)
+        if not model.shared_ffn_hidden_size:
+            raise ConfigError(f"--shared-expert-overlap: {model.name} has no shared experts")
     if args.dispatch_fp8 and args.dtype != "fp8":
         raise ConfigError(f"--dispatch-fp8: FP8 dispatch needs --dtype fp8 (got {args.dtype})")
     if args.fp8_params and args.dtype != "fp8":

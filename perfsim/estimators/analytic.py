@@ -182,7 +182,8 @@ def template_key(plan: ParallelPlan) -> tuple:
     # cast-once stack, FP8 primary weights' transposes, never under per-pass ZeRO-3
     copies = plan.fp8_copies_per_step(plan.stack.fp8.weights_cast_once or plan.fp8_params) if fp8 else 0
     return (plan.tp, plan.cp, plan.ep, plan.etp, plan.mbs, plan.seq, plan.dtype, plan.recompute, plan.selective_modules,
-            plan.sequence_parallel, plan.tp_comm_overlap, plan.ep_comm_overlap, splits_backward(plan), plan.stack,
+            plan.sequence_parallel, plan.tp_comm_overlap, plan.ep_comm_overlap, plan.shared_expert_overlap,
+            splits_backward(plan), plan.stack,
             plan.dispatch, plan.dispatch_fp8, plan.dispatch_compute_units,
             plan.overlap_param_gather, copies, fp8 and plan.fp8_delayed_scaling,
             plan.fp8_params, plan.mtp_layers)  # the LM head block prices one head per MTP layer more

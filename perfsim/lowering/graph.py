@@ -15,6 +15,7 @@ from perfsim.lowering.layers import (
     backward,
     coll_step,
     overlap_ep_comm,
+    overlap_shared_experts,
     overlap_tp_comm,
     recompute_steps,
     split_weight_grads,
@@ -302,8 +303,8 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
                  recompute: Recompute | None = None) -> tuple[list[Step], list[Step], list[Step]]:
     """The forward F, backward B and (zb-h1) weight-gradient W chains of one block,
     exactly as the graph lowers them: ``block`` is a layer index, "embedding" or "head".
-    A layer's backward is its recompute then its backward, TP-comm overlap applied to
-    both passes; the LM head's backward is split for zero-bubble schedules, the
+    A layer's backward is its recompute then its backward, the shared-expert overlap
+    (``overlap_shared_experts``) then TP-comm overlap applied to both passes; the LM head's backward is split for zero-bubble schedules, the
     embedding's never. ``recompute``: the layer's own (``sharding.recomputes``; default
     the plan's). The closed form prices these same chains."""
     split = splits_backward(plan)
@@ -316,9 +317,12 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
     raw = layers.layer_forward(block)
     overlapped = plan.tp_comm_overlap and plan.tp > 1
     share = plan.stack.overlap.tp_comm_share
-    fwd = overlap_tp_comm(raw, share) if overlapped else raw
+    fwd, grads = raw, backward(raw)
+    if plan.overlaps_shared_experts:  # before the TP overlap, which leaves the regions it opens alone
+        fwd, grads = overlap_shared_experts(fwd), overlap_shared_experts(grads, backward=True)
+    fwd = overlap_tp_comm(fwd, share) if overlapped else fwd
     bwd = recompute_steps(raw, plan.recompute if recompute is None else recompute, layers.model,
-                          plan.recompute_modules) + backward(raw)
+                          plan.recompute_modules) + grads
     blocking = frozenset() if plan.stack.overlap.tp_summed_dgrad else summed_dgrad_gemms(layers.model)
     bwd = overlap_tp_comm(bwd, share, blocking) if overlapped else bwd
     wgt = []

@@ -549,6 +549,36 @@ def overlap_ep_comm(steps: list[Step], share: float = 1.0, backward: bool = Fals
     return out
 
 
+def overlap_shared_experts(steps: list[Step], backward: bool = False) -> list[Step]:
+    """Megatron-Core ``--moe-shared-expert-overlap``: the shared experts run on a stream of
+    their own beside the expert-parallel exchange, their input's TP gather, up projection and
+    activation beside the dispatch all-to-all, their down projection and its TP scatter beside
+    the combine (in the backward chain, where the exchanges come mirrored, the down
+    projection's gradients and the gather in front of them beside the combine's, the rest
+    beside the dispatch's). Each all-to-all runs off the chain beside its part of the shared
+    MLP and the step after that part waits for it. A chain without two all-to-alls or without
+    the shared block (``LayerBuilder._tp_mlp`` named ``shared``) is returned as it is."""
+    a2a = [i for i, step in enumerate(steps) if step.category == "ep_a2a" and step.collective is not None]
+    block = [i for i, step in enumerate(steps) if step.name.startswith("shared_")]
+    if len(a2a) < 2 or not block or block != list(range(block[0], block[-1] + 1)):
+        return steps
+    shared = steps[block[0]:block[-1] + 1]
+    down = [i for i, step in enumerate(shared) if step.name.startswith("shared_down")]
+    cut = down[-1] + 1 if backward else down[0]
+    parts = {a2a[0]: shared[:cut], a2a[-1]: shared[cut:]}
+    out = []
+    for i, step in enumerate(steps):
+        if block[0] <= i <= block[-1]:
+            continue
+        if i not in parts:
+            out.append(step)
+            continue
+        wait = host_step(f"{step.name}_wait", 0.0, "ep_a2a")
+        out += [replace(step, meta=step.meta + (("offchain", True),)), *parts[i],
+                replace(wait, meta=wait.meta + (("join", True),))]
+    return out
+
+
 def _split_hidden(comm: Step, share: float) -> tuple[Step, list[Step]]:
     """An overlapped collective split by ``share`` (a stack's ``overlap.*_share``): the part
     that runs off the chain (``offchain``) and, below 1, the rest as a blocking call

@@ -38,6 +38,7 @@ BOOL_KNOBS = {  # Megatron switch -> (knob, value when set)
     "overlap_grad_reduce": ("overlap_grad_reduce", True),
     "tp_comm_overlap": ("tp_comm_overlap", True),
     "overlap_moe_expert_parallel_comm": ("ep_comm_overlap", True),
+    "moe_shared_expert_overlap": ("shared_expert_overlap", True),
     "overlap_param_gather": ("overlap_param_gather", True),  # off unless set, as in Megatron-Core
 }
 DTYPES = {"bf16": "bf16", "fp16": "fp16"}

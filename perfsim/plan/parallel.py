@@ -137,6 +137,9 @@ class ParallelPlan:
     # combined 1F1B schedule runs one microbatch's forward beside another's backward, so an
     # MoE layer's expert-parallel all-to-alls run beside the other pass's compute
     ep_comm_overlap: bool = False
+    # Megatron-Core --moe-shared-expert-overlap: an MoE layer's shared experts run on their own
+    # stream beside its dispatch and combine all-to-alls (lowering.layers.overlap_shared_experts)
+    shared_expert_overlap: bool = False
     # uneven pipeline stages (Megatron --decoder-first/last-pipeline-num-layers): layers on the
     # first / last stage, the other stages splitting the rest evenly; 0 = an even split
     first_stage_layers: int = 0
@@ -248,7 +251,7 @@ class ParallelPlan:
             raise ConfigError(f"plan.dispatch must be an implementation name such as alltoall, deepep or mori, "
                               f"got {self.dispatch!r}")
         for key in ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "dma_offload", "tp_comm_overlap",
-                    "ep_comm_overlap", "dispatch_fp8", "clip_grad", "real_data", "fp8_params"):
+                    "ep_comm_overlap", "shared_expert_overlap", "dispatch_fp8", "clip_grad", "real_data", "fp8_params"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"plan.{key} must be true or false, got {getattr(self, key)!r}")
         if self.zero not in (0, 1, 2, 3):
@@ -326,6 +329,11 @@ class ParallelPlan:
     def overlaps_ep_comm(self) -> bool:
         """The expert-parallel all-to-all overlap in effect: asked for, with experts to exchange."""
         return self.ep_comm_overlap and self.ep > 1
+
+    @property
+    def overlaps_shared_experts(self) -> bool:
+        """The shared-expert overlap in effect: asked for, with all-to-alls to run beside."""
+        return self.shared_expert_overlap and self.ep > 1
 
     @property
     def keeps_fp8_inputs(self) -> bool:
@@ -428,6 +436,7 @@ class ParallelPlan:
         parts += [f"of{self.recompute_layers}"] if self.recompute_layers else []
         parts += ["tp-comm-overlap"] if self.tp_comm_overlap else []
         parts += ["ep-comm-overlap"] if self.overlaps_ep_comm else []
+        parts += ["shared-expert-overlap"] if self.overlaps_shared_experts else []
         parts += ["no-param-prefetch"] if not self.overlap_param_gather and self.zero else []
         parts += ["zero3-gather-once"] if self.keeps_weights_gathered else []
         parts += [f"first{self.first_stage_layers}"] if self.first_stage_layers else []
@@ -468,7 +477,8 @@ def _plain(value):
 
 
 # plan switches a search applies to every plan it sweeps (perfsim.search's plan_knobs)
-PLAN_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "clip_grad", "dispatch_fp8", "real_data", "fp8_params")
+PLAN_SWITCHES = ("overlap_grad_reduce", "overlap_param_gather", "clip_grad", "dispatch_fp8", "real_data", "fp8_params",
+                 "shared_expert_overlap")
 
 
 def dispatch_label(plan: dict) -> str:
@@ -570,14 +580,33 @@ def _check_moe(plan: ParallelPlan, model: ModelSpec) -> None:
         moe_only = [m for m in plan.recompute_modules if m in MOE_RECOMPUTE_MODULES]
         if moe_only:
             raise ConfigError(f"plan.recompute_modules: {moe_only[0]} needs an MoE model; {model.name} is dense")
+        if plan.shared_expert_overlap:
+            raise ConfigError(f"plan.shared_expert_overlap needs an MoE model with shared experts; {model.name} is dense")
         return
     if "shared_experts" in plan.recompute_modules and not model.shared_ffn_hidden_size:
         raise ConfigError(f"plan.recompute_modules: shared_experts needs a model with shared experts; "
                           f"{model.name} has none")
+    if plan.shared_expert_overlap:
+        _check_shared_overlap(plan, model)
     if model.num_experts % plan.ep:
         raise ConfigError(f"plan.ep ({plan.ep}) must divide the model's experts ({model.num_experts})")
     if model.expert_ffn_hidden_size % plan.etp:
         raise ConfigError(f"plan.etp ({plan.etp}) must divide expert_ffn_hidden_size ({model.expert_ffn_hidden_size})")
+
+
+def _check_shared_overlap(plan: ParallelPlan, model: ModelSpec) -> None:
+    """Where Megatron-Core's --moe-shared-expert-overlap can run (its TransformerConfig checks)
+    and perfsim prices it."""
+    if not model.shared_ffn_hidden_size:
+        raise ConfigError(f"plan.shared_expert_overlap needs a model with shared experts; {model.name} has none")
+    if "shared_experts" in plan.recompute_modules:
+        raise ConfigError("plan.shared_expert_overlap: Megatron-Core refuses it beside the shared_experts recompute "
+                          "module (\"shared_experts recompute cannot work with --moe-shared-expert-overlap\"); drop "
+                          "one of them")
+    if plan.overlaps_ep_comm:
+        raise ConfigError("plan.shared_expert_overlap beside ep_comm_overlap: the expert-parallel overlap's merged "
+                          "step already runs the all-to-alls beside the other pass's compute, shared experts "
+                          "included; set one of them")
 
 
 # ---- placement ---------------------------------------------------------------------------

@@ -173,6 +173,7 @@ def format_table(rows: list[SearchRow]) -> list[str]:
         knobs += f" {p['schedule']}" if p["pp"] > 1 else ""
         knobs += " tp-overlap" if p.get("tp_comm_overlap") else ""
         knobs += " ep-overlap" if p.get("ep_comm_overlap") and p["ep"] > 1 else ""
+        knobs += " shared-overlap" if p.get("shared_expert_overlap") and p["ep"] > 1 else ""
         knobs += f" bucket{p['grad_bucket_bytes'] / 1e6:g}MB" if p.get("grad_bucket_bytes", DEFAULT_BUCKET) != DEFAULT_BUCKET else ""
         lines.append(f"{r.rank:>3} {r.world_size:>5}  {knobs:<44} {dispatch_label(p):<9} {r.step_time_s * 1e3:>9.1f} {r.tokens_per_s_per_gpu:>10,.0f} "
                      f"{r.mfu:>6.1%} {r.peak_memory_bytes / 1e9:>7.1f} {r.memory_headroom_bytes / 1e9:>7.1f} "

@@ -267,10 +267,13 @@ def _variant(plan: ParallelPlan, zero: int, recompute: Recompute, overlap: bool,
              impl: str, ep_overlap: bool = False) -> ParallelPlan:
     """``plan`` with another zero stage, recompute, TP-comm overlap, bucket size and dispatch,
     without re-running validation: each only needs to be a member of its set, which
-    ``build_space`` checked (this is the sweep's hot loop; replace() would double its cost)."""
+    ``build_space`` checked (this is the sweep's hot loop; replace() would double its cost).
+    A variant with the expert-parallel overlap drops the shared-expert overlap, which plan
+    validation refuses beside it (its merged step schedules the shared experts itself)."""
     new = object.__new__(ParallelPlan)
     new.__dict__.update(plan.__dict__, zero=zero, recompute=recompute, tp_comm_overlap=overlap,
-                        grad_bucket_bytes=bucket, dispatch=impl, ep_comm_overlap=ep_overlap)
+                        grad_bucket_bytes=bucket, dispatch=impl, ep_comm_overlap=ep_overlap,
+                        shared_expert_overlap=plan.shared_expert_overlap and not ep_overlap)
     return new
 
 
