@@ -44,9 +44,10 @@ def test_each_module_drops_the_tensors_it_reruns_from_what_a_layer_keeps():
     whole = layer_activation_bytes(model, _plan(model, ep=8, recompute="selective", recompute_modules=("moe",)), 1)
     assert whole < both  # the whole MoE part: its permuted tokens, up and activation outputs too
     # under FP8 (a stack keeping FP8 linear inputs) the activation output is the down projection's FP8 input
-    fp8 = _plan(model, ep=8, recompute="selective", dtype="fp8", stack="nemo")
+    # (under current scaling: Megatron-Core refuses moe_act and layernorm recompute beside delayed scaling)
+    fp8 = _plan(model, ep=8, recompute="selective", dtype="fp8", stack="nemo", fp8_recipe="current")
     fp8_act = _plan(model, ep=8, recompute="selective", recompute_modules=("core_attn", "moe_act"), dtype="fp8",
-                    stack="nemo")
+                    stack="nemo", fp8_recipe="current")
     assert layer_activation_bytes(model, fp8, 1) - layer_activation_bytes(model, fp8_act, 1) == \
         pytest.approx(tokens * k * w * FP8_BYTES)
 
@@ -114,6 +115,9 @@ def test_a_plan_holds_a_module_list_only_beside_selective_recompute():
     (dict(recompute="selective", recompute_modules=()), "non-empty"),
     (dict(recompute="selective", recompute_modules="moe_act"), "non-empty list"),
     (dict(recompute="full", recompute_modules=("moe_act",)), "needs recompute selective or auto"),
+    (dict(recompute="selective", recompute_modules=("layernorm",), dtype="fp8"), "layernorm under FP8 delayed scaling"),
+    (dict(recompute="auto", recompute_modules=("moe_act",), dtype="fp8", stack="nemo", fp8_recipe="delayed"),
+     "moe_act under FP8 delayed scaling: Megatron-Core refuses it"),
 ])
 def test_bad_modules_are_one_clear_error(kw, needle):
     with pytest.raises(ConfigError, match=needle):

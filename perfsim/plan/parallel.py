@@ -280,7 +280,7 @@ class ParallelPlan:
         for name in modules:
             if name not in RECOMPUTE_MODULES:
                 raise ConfigError(f"plan.recompute_modules: {name!r} is not one of {', '.join(RECOMPUTE_MODULES)} "
-                                  "(Megatron's mla_up_proj and shared_experts are not modelled)")
+                                  "(Megatron's hyper-connection and gated-delta-net modules are not modelled)")
         if len(set(modules)) != len(modules):
             raise ConfigError(f"plan.recompute_modules names a module twice: {modules!r}")
         # one order, so that plans alike in what they re-run are equal (and share memoized answers)
@@ -289,6 +289,11 @@ class ParallelPlan:
             raise ConfigError(f"plan.recompute_modules ({', '.join(self.recompute_modules)}) needs recompute selective "
                               f"or auto (Megatron's --recompute-granularity selective), got recompute "
                               f"{self.recompute.value}")
+        refused = [m for m in ("layernorm", "moe_act") if m in self.recompute_modules]
+        if refused and self.dtype == "fp8" and self.fp8_delayed_scaling:
+            raise ConfigError(f"plan.recompute_modules: {refused[0]} under FP8 delayed scaling: Megatron-Core refuses "
+                              f"it (\"Delayed scaling does not support moe_act and layernorm recompute for fp8\"); "
+                              f"use fp8_recipe current (--fp8-recipe current) or drop the module")
 
     @property
     def selective_modules(self) -> tuple[str, ...]:
