@@ -26,7 +26,9 @@ SIM_CHOICES = {"--dtype": ["bf16", "fp8", "fp32", ""], "--recompute": ["none", "
                "--fp8-recipe": ["delayed", "current", "mxfp8", ""],
                "--first-stage-layers": ["1", "0", "40", "-1", "x"],
                "--routing": ["uniform", "zipf", "zipf:1.5", "zipf:nan", "dirichlet:0.3", "dirichlet:-1", "nope"],
-               "--model": ["llama3.1-8b", "olmoe-1b-7b", "mixtral-8x7b", "nope"],
+               "--model": ["llama3.1-8b", "olmoe-1b-7b", "mixtral-8x7b", "deepseek-v2-lite", "nope"],
+               "--recompute-modules": ["mla_up_proj", "shared_experts", "moe_act,layernorm", "mla_up_proj,mlp",
+                                       "core_attn,core_attn", ",", "nope"],
                "--cluster": ["mi300x-pollara", "h100-ib", "nope"],
                "--dispatch": ["alltoall", "deepep", "mori", "nope"]}
 
@@ -42,14 +44,14 @@ def simulate_argv(draw) -> list[str]:
         argv += [flag, draw(st.one_of(st.sampled_from(["1", "2", "4", "8", "0.1"]), NUMBER_TEXT))]
     for flag in draw(st.lists(st.sampled_from(sorted(set(SIM_CHOICES) - {"--model"})), max_size=2, unique=True)):
         argv += [flag, draw(st.sampled_from(SIM_CHOICES[flag]))]
-    return argv
+    return argv + draw(st.sampled_from([[], [], ["--shared-expert-overlap"]]))
 
 
 MEGATRON_FLAGS = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "micro-batch-size",
                   "global-batch-size", "seq-length", "moe-expert-capacity-factor", "ddp-bucket-size",
                   "num-layers-per-virtual-pipeline-stage", "context-parallel-size", "expert-model-parallel-size",
                   "fp8-recipe", "account-for-loss-in-pipeline-split", "fp8-param-gather",
-                  "moe-token-dispatcher-type", "moe-deepep-num-sms")
+                  "moe-token-dispatcher-type", "moe-deepep-num-sms", "recompute-modules")
 
 
 @st.composite
@@ -79,7 +81,8 @@ def command_argv(draw) -> list[str]:
         flag = draw(st.sampled_from(["--max-tp", "--max-pp", "--max-mbs", "--top", "--max-memory", "--usd-per-gpu-hour",
                                      "--tp", "--zero"]))
         switches = draw(st.lists(st.sampled_from(["--no-overlap", "--no-param-prefetch", "--no-clip-grad",
-                                                  "--dispatch-fp8", "--fp8-recipe=current", "--fp8-params"]),
+                                                  "--dispatch-fp8", "--fp8-recipe=current", "--fp8-params",
+                                                  "--shared-expert-overlap"]),
                                   max_size=2, unique=True))
         dtype = draw(st.sampled_from([[], ["--dtype", "fp8"]]))
         return ["search", "--model", "llama3.1-8b", "--gpus", draw(st.sampled_from(["8", "4-8", "8,x", "0-8", "9-3"])),

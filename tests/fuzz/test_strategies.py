@@ -45,7 +45,8 @@ def check_command(argv):
 
 
 API_ARGS = ("model", "cluster", "nodes", "gbs", "seq", "tp", "pp", "mbs", "zero", "dtype", "recompute", "routing",
-            "variability", "check_memory", "gpus", "cp", "ep")
+            "variability", "check_memory", "gpus", "cp", "ep", "recompute_modules", "shared_expert_overlap",
+            "mtp_layers")
 
 
 def check_api(arg, value):
