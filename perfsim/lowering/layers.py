@@ -651,18 +651,22 @@ def _op_picked(forward: list[Step], model: ModelSpec) -> list[Step]:
     return picked
 
 
-# the forward steps each --recompute-modules module re-runs (plan.RECOMPUTE_MODULES; the
-# attention core by kind): MLA's up projections (the query's, or its one projection without a
-# query latent, and the keys' and values') and the rope after them, an MoE layer's pre-MLP norm
-# (the other norms are fused into the linear after them under Megatron-Core's Transformer
-# Engine spec), the routed experts' activation, the shared experts, and a dense layer's whole
-# MLP, its fused norm and TP collectives with it
+# MLA's up projections (``ModelSpec.attention_linears``): the query's, or its one projection
+# without a query latent, and the keys' and values'
 MLA_UP_LINEARS = ("q", "q_up", "kv_up")
+
+
 def _tp_mlp_steps(name: str) -> tuple[str, ...]:
-    """The steps ``LayerBuilder._tp_mlp`` names after ``name``."""
+    """The steps ``LayerBuilder._tp_mlp`` names after ``name`` (its gather, up GEMM,
+    activation and unfused SwiGLU pass, down GEMM, reduce-scatter or all-reduce)."""
     return tuple(f"{name}_{part}" for part in ("ag", "up", "act", "act_unfused", "down", "rs", "ar"))
 
 
+# the forward steps each --recompute-modules module re-runs (plan.RECOMPUTE_MODULES; the
+# attention core by kind): MLA's up projections and the rope after them, an MoE layer's
+# pre-MLP norm (the other norms are fused into the linear after them under Megatron-Core's
+# Transformer Engine spec), the routed experts' activation, the shared experts with their TP
+# collectives, and a dense layer's whole MLP, its fused norm and TP collectives with it
 MODULE_STEPS = {"mla_up_proj": (*MLA_UP_LINEARS, "rope"), "layernorm": ("moe_norm",),
                 "moe_act": ("expert_act", "expert_act_unfused"), "shared_experts": _tp_mlp_steps("shared"),
                 "mlp": ("mlp_norm", *_tp_mlp_steps("mlp"))}
