@@ -19,7 +19,7 @@ def section() -> str:
     lines = [
         "## Closed form vs engine", "",
         f"`estimate()` (closed form) against `simulate()` (SimPy engine) on the seeded {PLANS}-plan sample of "
-        "`validation/agreement.py` (ZeRO 0-3 with ZeRO-3 gathering per pass or once and ZeRO-2/3 reducing per microbatch without a pipeline, tp/pp/vpp/cp/ep/etp, every schedule, recompute, TP-comm overlap, the expert-parallel all-to-all overlap, "
+        "`validation/agreement.py` (ZeRO 0-3 with ZeRO-3 gathering per pass or once and ZeRO-2/3 reducing per microbatch without a pipeline, tp/pp/vpp/cp/ep/etp, every schedule, recompute, TP-comm overlap, the expert-parallel all-to-all overlap, the shared-expert overlap, "
         "MoE routing skew; MI300X and MI355X + Pollara, H100 + InfiniBand; 8-64 GPUs). No parameter is fitted: "
         "this is the closed form's summary error, which the search uses to decide which plans to confirm on the "
         "engine (`perfsim/estimators/agreement.toml`, written by `validation/bench_estimators.py --write`). "

@@ -1,8 +1,8 @@
 """The closed form against the engine on a seeded sample of valid plans.
 
 The sample spans ZeRO 0-3 (ZeRO-3 gathering per pass or once), tp/pp/vpp/cp/ep/etp, every schedule, recompute, TP-comm
-overlap, the expert-parallel all-to-all overlap, DP overlap on/off, MoE routing skew and three clusters (MI300X, MI355X +
-Pollara, H100 + InfiniBand), on 8-64 GPUs. Models are published shapes cut to a few
+overlap, the expert-parallel all-to-all overlap, the shared-expert overlap, DP overlap on/off, MoE routing skew and
+three clusters (MI300X, MI355X + Pollara, H100 + InfiniBand), on 8-64 GPUs. Models are published shapes cut to a few
 layers (so the engine stays fast) plus the tests' tiny models. Used by
 ``tests/test_agreement.py`` (the bound) and ``validation/bench_estimators.py`` (the
 distribution).
@@ -78,6 +78,9 @@ def sample(count: int, seed: int = 0) -> list[Case]:
     gather_rng = random.Random(f"zero3_gather-{seed}")
     # the expert-parallel all-to-all overlap likewise, where Megatron-Core runs it and perfsim prices it
     ep_rng = random.Random(f"ep_comm_overlap-{seed}")
+    # and the shared-expert overlap (Megatron-Core --moe-shared-expert-overlap), where the model has
+    # shared experts and the expert-parallel overlap was not drawn
+    shared_rng = random.Random(f"shared_expert_overlap-{seed}")
     while len(out) < count:
         model, cluster, num_gpus = rng.choice(specs), rng.choice(CLUSTERS), rng.choice(GPUS)
         k = _knobs(rng, model, num_gpus)
@@ -92,6 +95,8 @@ def sample(count: int, seed: int = 0) -> list[Case]:
             continue
         if plan.ep > 1 and not ep_overlap_conflict(plan) and ep_rng.random() < 0.5:
             plan = dataclasses.replace(plan, ep_comm_overlap=True)
+        elif plan.ep > 1 and model.shared_ffn_hidden_size and shared_rng.random() < 0.5:
+            plan = dataclasses.replace(plan, shared_expert_overlap=True)
         routing = RoutingSpec(distribution="zipf", skew=rng.choice([0.5, 1.0]), seed=seed) \
             if model.is_moe and plan.ep > 1 and rng.random() < 0.3 else RoutingSpec()
         out.append(Case(model=model, cluster=cluster, num_gpus=num_gpus, plan=plan, routing=routing))
