@@ -29,9 +29,10 @@ def _overlap(column, label: str, key: str, fidelity: dict, help: str, disabled: 
                               help=f"{help}; stack's = {stacks}")
     return OVERLAP_CHOICES[choice]
 
-def _has_experts(model: str, model_config: str | None) -> bool:
+def _has(model: str, model_config: str | None, fact: str) -> bool:
+    """Whether the model has ``fact`` (``common.model_facts``: "experts", "shared_experts")."""
     try:
-        return bool(common.model_facts({"model": model, "model_config": model_config})["experts"])
+        return bool(common.model_facts({"model": model, "model_config": model_config})[fact])
     except Exception:  # the page shows the model error itself
         return False
 
@@ -66,13 +67,6 @@ def _dispatch_fp8(column, experts: bool, dtype: str, fidelity: dict) -> bool:
                        help="--dispatch-fp8 (dtype fp8): tokens go to their experts as FP8 + one FP32 scale per 128 "
                             "values; the combine stays BF16")
     return bool(on) and dtype == "fp8"
-
-
-def _has_shared_experts(model: str, model_config: str | None) -> bool:
-    try:
-        return common.model_facts({"model": model, "model_config": model_config})["shared_experts"]
-    except Exception:  # the page shows the model error itself
-        return False
 
 
 def _shared_overlap(column, shared: bool, fidelity: dict) -> bool:
@@ -233,10 +227,10 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
         help="--capacity-factor: tokens per expert capped at factor x mean (off: the model's own)") if capped else None
     routing["placement"] = f[3].selectbox("Expert placement", PLACEMENTS, key=common.seed(
         "placement", routing.get("placement", "contiguous")), help="--expert-placement contiguous | speed")
-    experts = _has_experts(model, model_config)
+    experts = _has(model, model_config, "experts")
     fidelity["dispatch"] = _dispatch(f[3], experts, cluster, fidelity)
     fidelity["dispatch_fp8"] = _dispatch_fp8(f[3], experts, knobs["dtype"], fidelity)
-    fidelity["shared_expert_overlap"] = _shared_overlap(f[3], _has_shared_experts(model, model_config), fidelity)
+    fidelity["shared_expert_overlap"] = _shared_overlap(f[3], _has(model, model_config, "shared_experts"), fidelity)
     fidelity["dispatch_compute_units"] = _dispatch_units(f[3], experts, fidelity)
     fidelity["fp8_recipe"] = _fp8_recipe(f[2], knobs["dtype"], fidelity)
     fidelity["zero3_gather"] = _zero3_gather(f[1], int(knobs.get("zero", 1)), fidelity)
