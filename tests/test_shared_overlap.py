@@ -101,6 +101,13 @@ def test_cli_megatron_and_runs_csv_reach_the_plan(capsys, tmp_path):
     assert "--shared-expert-overlap" in capsys.readouterr().err  # an MoE-only flag on a dense model
     got = from_args("pretrain_gpt.py --moe-shared-expert-overlap --expert-model-parallel-size 8")
     assert got.knobs["shared_expert_overlap"] is True and got.knobs["ep"] == 8
+    # a Megatron command line naming it for a model without shared experts: ignored, as Megatron-Core does
+    qwen = ["simulate", "--model", "olmoe-1b-7b", "--nodes", "1", "--gbs", "32", "--seq", "4096", "--engine",
+            "analytic", "--json", "--megatron-args", "--moe-shared-expert-overlap --expert-model-parallel-size 8"]
+    assert main(qwen) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["plan"]["shared_expert_overlap"] is False
+    assert "ignored --moe-shared-expert-overlap: olmoe-1b-7b has no shared experts" in out.err
     header = "id,source_id,source,stack,model,cluster,nodes,tp,ep,mbs,gbs,seq,shared_expert_overlap,metric,measured"
     path = tmp_path / "runs.csv"
     path.write_text(header + f"\nR1,a,https://example.org,megatron-primus,{MODEL},mi300x-pollara,2,2,8,1,64,4096,"

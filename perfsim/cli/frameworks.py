@@ -41,7 +41,13 @@ def apply(args, knobs: dict, model):
     plan = mapped(args)
     if plan is None:
         return knobs, model
-    merged = {**plan.knobs_for(model.num_layers), **knobs}
+    framework = plan.knobs_for(model.num_layers)
+    if framework.get("shared_expert_overlap") and not (model.is_moe and model.shared_ffn_hidden_size):
+        # Megatron-Core checks the overlap only where there are shared experts, and ignores it otherwise
+        del framework["shared_expert_overlap"]
+        print(f"perfsim: {'megatron' if args.megatron_args else 'primus'} ignored --moe-shared-expert-overlap: "
+              f"{model.name} has no shared experts (Megatron-Core ignores it there too)", file=sys.stderr)
+    merged = {**framework, **knobs}
     factor = plan.model_overrides.get("capacity_factor")
     if factor is not None and args.capacity_factor is None:
         model = dataclasses.replace(model, capacity_factor=factor)
