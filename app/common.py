@@ -121,7 +121,7 @@ def _model_facts(model: str, config: str | None) -> dict:
     return {"total": spec.total_params(False), "active": spec.active_params(False), "total_emb": spec.total_params(),
             "active_emb": spec.active_params(), "layers": spec.num_layers,
             "experts": spec.num_experts, "top_k": spec.top_k, "hidden": spec.hidden_size,
-            "shared_experts": bool(spec.is_moe and spec.shared_ffn_hidden_size)}
+            "shared_experts": spec.has_shared_experts}
 
 
 def model_facts(inputs: dict) -> dict:

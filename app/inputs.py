@@ -337,7 +337,7 @@ def shared_overlap_choice(inputs: dict, model=None) -> bool:
     otherwise off, so a model without them never carries it."""
     chosen = bool((inputs.get("fidelity") or {}).get("shared_expert_overlap"))
     model = model if model is not None else model_spec(inputs)
-    return chosen and model.is_moe and bool(model.shared_ffn_hidden_size)
+    return chosen and model.has_shared_experts
 
 
 def describe(inputs: dict) -> str:

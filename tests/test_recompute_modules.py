@@ -262,7 +262,8 @@ def test_a_module_the_model_lacks_is_one_clear_error(model, modules, needle, cap
     with pytest.raises(ConfigError, match=needle):
         perfsim.estimate(model, "mi300x-pollara", nodes=1, check_memory=False, tp=1, ep=int(ep), gbs=32, seq=2048,
                          recompute="selective", recompute_modules=modules)
-    args = ["simulate", "--model", model, "--engine", "analytic", "--nodes", "1", "--tp", "1", "--ep", ep, "--gbs", "32", "--seq", "2048",
+    args = ["simulate", "--model", model, "--engine", "analytic", "--nodes", "1", "--tp", "1", "--ep", ep,
+            "--gbs", "32", "--seq", "2048",
             "--recompute", "auto", "--recompute-modules", ",".join(modules)]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -102,9 +102,9 @@ def test_cli_megatron_and_runs_csv_reach_the_plan(capsys, tmp_path):
     got = from_args("pretrain_gpt.py --moe-shared-expert-overlap --expert-model-parallel-size 8")
     assert got.knobs["shared_expert_overlap"] is True and got.knobs["ep"] == 8
     # a Megatron command line naming it for a model without shared experts: ignored, as Megatron-Core does
-    qwen = ["simulate", "--model", "olmoe-1b-7b", "--nodes", "1", "--gbs", "32", "--seq", "4096", "--engine",
+    olmoe = ["simulate", "--model", "olmoe-1b-7b", "--nodes", "1", "--gbs", "32", "--seq", "4096", "--engine",
             "analytic", "--json", "--megatron-args", "--moe-shared-expert-overlap --expert-model-parallel-size 8"]
-    assert main(qwen) == 0
+    assert main(olmoe) == 0
     out = capsys.readouterr()
     assert json.loads(out.out)["plan"]["shared_expert_overlap"] is False
     assert "ignored --moe-shared-expert-overlap: olmoe-1b-7b has no shared experts" in out.err

@@ -42,7 +42,7 @@ def apply(args, knobs: dict, model):
     if plan is None:
         return knobs, model
     framework = plan.knobs_for(model.num_layers)
-    if framework.get("shared_expert_overlap") and not (model.is_moe and model.shared_ffn_hidden_size):
+    if framework.get("shared_expert_overlap") and not model.has_shared_experts:
         # Megatron-Core checks the overlap only where there are shared experts, and ignores it otherwise
         del framework["shared_expert_overlap"]
         print(f"perfsim: {'megatron' if args.megatron_args else 'primus'} ignored --moe-shared-expert-overlap: "

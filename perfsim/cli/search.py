@@ -184,16 +184,12 @@ def _refuse_moe_only(args) -> None:
         model = api.load_model(args.model)  # only to check: the search loads it itself
         if not model.is_moe:
             a.refuse_given(args, MOE_ONLY, f"applies to MoE models; {model.name} is dense")
+        if args.shared_expert_overlap and not model.has_shared_experts:
+            raise ConfigError(f"--shared-expert-overlap: {model.name} has no shared experts")
 
 
 def run(args) -> int:
     _refuse_moe_only(args)
-    if args.shared_expert_overlap:
-        from perfsim import api
-
-        model = api.load_model(args.model)
-        if not model.shared_ffn_hidden_size:
-            raise ConfigError(f"--shared-expert-overlap: {model.name} has no shared experts")
     if args.dispatch_fp8 and args.dtype != "fp8":
         raise ConfigError(f"--dispatch-fp8: FP8 dispatch needs --dtype fp8 (got {args.dtype})")
     if args.fp8_params and args.dtype != "fp8":

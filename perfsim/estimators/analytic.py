@@ -37,8 +37,8 @@ from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, group_shape
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import BWD, FWD, UNIT, WGT, head_stage, layout_key, splits_backward
-from perfsim.plan.sharding import (block_param_bytes, chunk_blocks, ends_grad_bytes, gathers_in, is_moe_layer, is_mtp_layer,
-                                   recomputes, layer_grad_bytes, stage_layer_ids)
+from perfsim.plan.sharding import (block_param_bytes, chunk_blocks, ends_grad_bytes, gathers_in, is_moe_layer,
+                                   is_mtp_layer, recomputes, layer_grad_bytes, stage_layer_ids)
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.hardware import ClusterSpec

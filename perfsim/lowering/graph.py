@@ -29,8 +29,8 @@ from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, splits_backward, stage_of, stage_order,
                                     virtual_stage)
 from perfsim.plan.sharding import (NORM_BYTES, block_param_bytes, chunk_blocks, chunk_layers, clip_bytes,
-                                   ends_grad_bytes, gathers_in, is_moe_layer, is_mtp_layer, layer_grad_bytes, optimizer_bytes,
-                                   recomputes)
+                                   ends_grad_bytes, gathers_in, is_moe_layer, is_mtp_layer, layer_grad_bytes,
+                                   optimizer_bytes, recomputes)
 
 
 @dataclass
@@ -104,7 +104,8 @@ class _Builder:
         return chunk_layers(self.model, self.plan, stage, chunk)
 
     def _block(self, layer: int) -> tuple[list[Step], list[Step], list[Step]]:
-        key = (is_moe_layer(self.model, layer), recomputes(self.model, self.plan, layer), is_mtp_layer(self.model, layer))
+        model = self.model
+        key = (is_moe_layer(model, layer), recomputes(model, self.plan, layer), is_mtp_layer(model, layer))
         if key not in self.blocks:
             self.blocks[key] = block_passes(self.layers, self.plan, layer, key[1])
         return self.blocks[key]
@@ -304,9 +305,10 @@ def block_passes(layers: LayerBuilder, plan: ParallelPlan, block: int | str,
     """The forward F, backward B and (zb-h1) weight-gradient W chains of one block,
     exactly as the graph lowers them: ``block`` is a layer index, "embedding" or "head".
     A layer's backward is its recompute then its backward, the shared-expert overlap
-    (``overlap_shared_experts``) then TP-comm overlap applied to both passes; the LM head's backward is split for zero-bubble schedules, the
-    embedding's never. ``recompute``: the layer's own (``sharding.recomputes``; default
-    the plan's). The closed form prices these same chains."""
+    (``overlap_shared_experts``) then TP-comm overlap applied to both passes; the LM head's
+    backward is split for zero-bubble schedules, the embedding's never. ``recompute``: the
+    layer's own (``sharding.recomputes``; default the plan's). The closed form prices these
+    same chains."""
     split = splits_backward(plan)
     if block in ("embedding", "head"):
         fwd = layers.embedding_forward() if block == "embedding" else layers.head_forward()

@@ -150,6 +150,11 @@ class ModelSpec:
         return self.num_shared_experts * self.expert_ffn_hidden_size
 
     @property
+    def has_shared_experts(self) -> bool:
+        """MoE layers with shared experts beside the routed ones."""
+        return self.is_moe and self.shared_ffn_hidden_size > 0
+
+    @property
     def qk_width(self) -> int:
         """Queries plus keys per token (what rotary and the q/k norm read and write)."""
         return self.q_width + self.num_kv_heads * (self.head_dim + self.qk_rope_head_dim)
@@ -229,6 +234,13 @@ class ModelSpec:
         latent_norms = self.q_lora_rank + self.kv_lora_rank if self.attention is AttentionKind.MLA else 0
         return 2 * self.hidden_size + latent_norms
 
+    def mtp_own_params(self) -> int:
+        """What a multi-token-prediction layer adds to a transformer layer (DeepSeek-V3 sec. 2.2;
+        Megatron-Core MultiTokenPredictionLayer): the 2h -> h projection of the joined hidden
+        state and embedding, and three RMSNorms (the hidden state's, the embedding's, its final
+        norm)."""
+        return 2 * self.hidden_size * self.hidden_size + 3 * self.hidden_size
+
     def embedding_params(self) -> int:
         """Input embedding plus an untied LM head."""
         return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
@@ -266,14 +278,15 @@ class ModelSpec:
         + 6 * L * s * (q_width + v_width) / 2   (attention scores and context, causal
         half of PaLM's 12*L*H*Q*T, Chowdhery'22 app. B); embeddings lookups excluded,
         the LM head included. Each of ``mtp_layers`` multi-token-prediction layers (DeepSeek-V3
-        sec. 2.2; the plan's ``mtp_layers``) adds a layer like the model's last, its 2h -> h
-        projection and one more LM head, as Megatron-Bridge's FLOPs count takes them.
+        sec. 2.2; the plan's ``mtp_layers``) adds a layer like the model's last, its own
+        parameters (``mtp_own_params``: the 2h -> h projection; its norms, as the layers' are
+        counted) and one more LM head, as Megatron-Bridge's FLOPs count takes them.
         """
         matmul = self.active_params(include_embeddings=False) + self.vocab_size * self.hidden_size
         layers = self.num_layers + mtp_layers
         if mtp_layers:
             last = self.moe_layer_params(True) if self.is_moe else self.dense_mlp_params()
             head = self.vocab_size * self.hidden_size
-            matmul += mtp_layers * (self.attention_params() + last + 2 * self.hidden_size * self.hidden_size + head)
+            matmul += mtp_layers * (self.attention_params() + last + self.mtp_own_params() + head)
         attention = 3 * layers * seq_len * (self.q_width + self.v_width)
         return 6.0 * matmul + attention

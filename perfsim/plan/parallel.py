@@ -586,9 +586,10 @@ def _check_moe(plan: ParallelPlan, model: ModelSpec) -> None:
         if moe_only:
             raise ConfigError(f"plan.recompute_modules: {moe_only[0]} needs an MoE model; {model.name} is dense")
         if plan.shared_expert_overlap:
-            raise ConfigError(f"plan.shared_expert_overlap needs an MoE model with shared experts; {model.name} is dense")
+            raise ConfigError(f"plan.shared_expert_overlap needs an MoE model with shared experts; "
+                              f"{model.name} is dense")
         return
-    if "shared_experts" in plan.recompute_modules and not model.shared_ffn_hidden_size:
+    if "shared_experts" in plan.recompute_modules and not model.has_shared_experts:
         raise ConfigError(f"plan.recompute_modules: shared_experts needs a model with shared experts; "
                           f"{model.name} has none")
     if plan.shared_expert_overlap:
@@ -602,7 +603,7 @@ def _check_moe(plan: ParallelPlan, model: ModelSpec) -> None:
 def _check_shared_overlap(plan: ParallelPlan, model: ModelSpec) -> None:
     """Where Megatron-Core's --moe-shared-expert-overlap can run (its TransformerConfig checks)
     and perfsim prices it."""
-    if not model.shared_ffn_hidden_size:
+    if not model.has_shared_experts:
         raise ConfigError(f"plan.shared_expert_overlap needs a model with shared experts; {model.name} has none")
     if "shared_experts" in plan.recompute_modules:
         raise ConfigError("plan.shared_expert_overlap: Megatron-Core refuses it beside the shared_experts recompute "

@@ -30,19 +30,12 @@ def is_mtp_layer(model: ModelSpec, layer: int) -> bool:
     return layer >= model.num_layers
 
 
-def mtp_own_params(model: ModelSpec) -> int:
-    """What an MTP layer adds to a transformer layer (DeepSeek-V3 sec. 2.2; Megatron-Core
-    MultiTokenPredictionLayer): the 2h -> h projection of the joined hidden state and
-    embedding, and three RMSNorms (the hidden state's, the embedding's, its final norm)."""
-    return 2 * model.hidden_size * model.hidden_size + 3 * model.hidden_size
-
-
 def layer_params(model: ModelSpec, layer: int) -> tuple[int, int]:
     """(dense, expert) parameters of one layer, unsharded (an MTP layer: a layer like the
-    model's last plus ``mtp_own_params``)."""
+    model's last plus ``ModelSpec.mtp_own_params``)."""
     dense = model.attention_params() + model.norm_params_per_layer()
     if is_mtp_layer(model, layer):
-        dense += mtp_own_params(model)
+        dense += model.mtp_own_params()
     if is_moe_layer(model, layer):
         return dense + model.router_params() + model.shared_expert_params(), model.num_experts * model.expert_params()
     return dense + model.dense_mlp_params(), 0
@@ -80,8 +73,8 @@ def mtp_stages(model: ModelSpec, plan: ParallelPlan) -> frozenset[int]:
         return frozenset()
     if not plan.pipeline_layout:
         return frozenset({stage_of(plan.schedule, plan.pp, plan.pp * plan.vpp - 1)})
-    return frozenset(stage_of(plan.schedule, plan.pp, vs) for vs, symbols in enumerate(layout.parse(plan.pipeline_layout))
-                     if "m" in symbols)
+    stages = layout.parse(plan.pipeline_layout)
+    return frozenset(stage_of(plan.schedule, plan.pp, vs) for vs, symbols in enumerate(stages) if "m" in symbols)
 
 
 def chunk_blocks(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int) -> list[int | str]:
