@@ -429,11 +429,14 @@ def test_a_fold_without_a_run_on_a_dispatch_path_prices_it_at_the_prior():
     cases = [c for c in read_runs(RUNS) if c.stack == "nemo"]
     moe = [c for c in cases if c.family == "moe"]
     padded, dropless = [c for c in moe if c.capacity_factor], [c for c in moe if not c.capacity_factor]
-    # under nemo (24.12 and 25.09) one source runs each path: 25.09's token-drop rows and its DeepSeek-V3 row
+    # under nemo one source runs the padded path (25.09's token-drop rows) and two the dropless one
+    # (25.09's DeepSeek-V3 row, the Qwen3 rows of the containers after 26.02): each informs the other
     assert padded and {c.source_id for c in padded} == {"megatron-bridge-perf-summary-25.09"}
-    assert dropless and {c.source_id for c in dropless} == {"megatron-bridge-perf-summary-25.09"}
+    later_fixed = "megatron-bridge-perf-summary-26.02.01-26.06"
+    assert {c.source_id for c in dropless} == {"megatron-bridge-perf-summary-25.09", later_fixed}
     rest = [c for c in cases if c.source_id != "megatron-bridge-perf-summary-25.09"]
-    assert not identified("moe.dropless_speed", rest) and not identified("moe.padded_speed", rest)
+    assert not identified("moe.padded_speed", rest) and identified("moe.dropless_speed", rest)
+    assert identified("moe.dropless_speed", [c for c in cases if c.source_id != later_fixed])
     # the 25.11 / 26.02 containers (nemo-25.11) run the dropless path in two sources: each informs the other
     later = [c for c in read_runs(RUNS) if c.stack == "nemo-25.11"]
     assert identified("moe.dropless_speed", [c for c in later if c.source_id != "megatron-bridge-perf-summary-25.11"])
@@ -442,8 +445,8 @@ def test_a_fold_without_a_run_on_a_dispatch_path_prices_it_at_the_prior():
     held = leave_one_out(moe + [c for c in cases if c.family == "dense"], leaky, paths)
     honest = leave_one_out(moe + [c for c in cases if c.family == "dense"], "nemo", paths)
     by_id = {r.case.id: r.predicted for r in held.results}
-    for r in honest.results:
-        if r.case in padded or r.case in dropless:
+    for r in honest.results:  # the padded path, which no other source runs, at the prior in both
+        if r.case in padded:
             assert by_id[r.case.id] == pytest.approx(r.predicted, rel=1e-9)
 
 
@@ -662,19 +665,23 @@ def test_a_shipped_vendor_speed_does_not_price_a_held_out_vendor_no_other_source
 
 
 def test_the_shipped_nemo_speed_is_the_fit_its_source_text_names():
-    """nemo's kernels.speed_nvidia is what `perfsim calibrate --runs validation/runs/published.csv
-    --stack nemo --fit kernels.speed_nvidia` gives over its runs (24.12 and 25.09: several H100
-    sources), its dropless and padded speeds assumed (one source runs each); nemo-25.11 (the 25.11
-    and 26.02 containers) is nemo with its own dropless speed, `--stack nemo-25.11 --fit
-    moe.dropless_speed` over those containers' runs."""
+    """nemo's kernels.speed_nvidia and dropless speed are what `perfsim calibrate --runs
+    validation/runs/published.csv --stack nemo --fit kernels.speed_nvidia --fit
+    moe.dropless_speed` gives over its runs (24.12, 25.09 and the containers after 26.02: several
+    H100 sources; two run the dropless path), its padded speed assumed (one source runs it);
+    nemo-25.11 (the 25.11 and 26.02 containers) is nemo with its own dropless speed, `--stack
+    nemo-25.11 --fit moe.dropless_speed` over those containers' runs."""
     cases = [c for c in read_runs(RUNS) if c.stack == "nemo"]
-    fit = fit_stack(cases, "nemo", ["kernels.speed_nvidia"])
+    assert "megatron-bridge-perf-summary-26.02.01-26.06" in {c.source_id for c in cases}
+    fit = fit_stack(cases, "nemo", ["kernels.speed_nvidia", "moe.dropless_speed"])
     shipped = load_stack("nemo")
     assert fit.values["kernels.speed_nvidia"] == pytest.approx(shipped.kernels.speed_nvidia, abs=6e-4)
+    assert fit.values["moe.dropless_speed"] == pytest.approx(shipped.moe.dropless_speed, abs=2e-3)
     assert shipped.kernels.speed_amd is None and shipped.kernels.speed == 1.0  # one AMD source: assumed
-    assert shipped.moe.padded_speed == 1.0 and shipped.moe.dropless_speed == 1.0  # one source each: assumed
+    assert shipped.moe.padded_speed == 1.0  # one source runs the padded path: assumed
     assert ("calibrate --runs validation/runs/published.csv --stack nemo --fit kernels.speed_nvidia "
-            "(") in shipped.kernels.source
+            "--fit moe.dropless_speed") in shipped.kernels.source
+    assert "--fit moe.dropless_speed" in shipped.moe.source
     later_cases = [c for c in read_runs(RUNS) if c.stack == "nemo-25.11"]
     assert {c.source_id for c in later_cases} == {"megatron-bridge-perf-summary-25.11", "megatron-bridge-perf-summary-26.02"}
     later = load_stack("nemo-25.11")
@@ -683,7 +690,8 @@ def test_the_shipped_nemo_speed_is_the_fit_its_source_text_names():
     assert "--stack nemo-25.11 --fit moe.dropless_speed" in later.moe.source
     # the rest is nemo's, inherited (base = "nemo")
     assert later.kernels == shipped.kernels and later.fusion == shipped.fusion and later.memory == shipped.memory
-    assert dataclasses.replace(later.moe, dropless_speed=1.0, source="") == dataclasses.replace(shipped.moe, source="")
+    assert dataclasses.replace(later.moe, dropless_speed=shipped.moe.dropless_speed, source="") == \
+        dataclasses.replace(shipped.moe, source="")
 
 
 def test_the_shipped_torchtitan_nvidia_speed_is_the_fit_of_its_two_sources():

@@ -810,6 +810,20 @@ def section() -> str:
         "`maxtext` kernels.speed 1.251 -> 1.253 (its DeepSeek-V3 and Kimi-K2 runs at TP 1 gain the shared experts' "
         "activation step only); the other runs within 0.2 points.",
         "",
+        "Thirty-seventh session, new public data (validation/runs/SOURCES.md): the Megatron-Bridge performance "
+        "archive of the 26.06 release prints the DGX-H100 rows of the 26.02.01, 26.04, 26.04.01 and 26.06 containers; "
+        "the 12 rows perfsim has presets for (Llama-3 70B, Llama-3.1-405B, Qwen3-30B-A3B, Qwen3-235B-A22B) are one "
+        "source, `megatron-bridge-perf-summary-26.02.01-26.06` (the same recipes re-run on the same systems: a "
+        "container held out beside its near-identical twins would not be held out). 26.02.01 re-ran 26.02's "
+        "Qwen3-30B-A3B layout at 9,058 tokens/s/GPU where 26.02 printed 5,113: the dropless regression NVIDIA named "
+        "(Megatron-Bridge issue #1998) is gone, so the rows run under `nemo`, not `nemo-25.11`; from 26.04 that "
+        "model runs EP16 on the HybridEP flex dispatcher, priced by the H100 profile's DeepEP table. Blind, under "
+        "the shipped `nemo` profile (its dropless speed at the prior 1.0, nothing fitted to these rows): MAPE 6.2%, "
+        "every row within -8.8..+15.9%. Then refitted by the profile's protocol, two `nemo` sources now running the "
+        "dropless path: kernels.speed_nvidia 0.818 -> 0.8354, dropless speed 1.0 -> 0.8721; `nemo-25.11`'s dropless "
+        "speed 0.4886 -> 0.4756 on top of it. The 24.12 and 25.09 rows move by up to +3.7 points held out "
+        "(NEMO2412-L2-70B-H100 +8.0 -> +9.9%, MB2509-L405B-H100 +5.0 -> +8.7%).",
+        "",
         *_summary(held, shipped),
         "",
         *_targets(held),
