@@ -80,8 +80,12 @@ def test_bad_values_name_the_flag(text, field):
     ("--moe-enable-deepep", {"dispatch": "deepep"}, ()),
     ("--moe-token-dispatcher-type alltoall --moe-deepep-num-sms 24", {"dispatch": "alltoall"},
      ("ignored (no effect on step time here): --moe-deepep-num-sms",)),
-    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep", {"dispatch": "alltoall"},
-     ("not modelled: --moe-flex-dispatcher-backend (the hybridep backend is not modelled",)),
+    # HybridEP (Megatron-Bridge's H100 Qwen3-30B-A3B preset from 26.04) at the cluster's DeepEP table;
+    # DeepEP's SM count is not HybridEP's
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --moe-deepep-num-sms 24",
+     {"dispatch": "deepep"},
+     ("not modelled: --moe-flex-dispatcher-backend (HybridEP has no bandwidth table of its own; priced by the "
+      "cluster's DeepEP table", "ignored (no effect on step time here): --moe-deepep-num-sms")),
     ("--moe-token-dispatcher-type allgather", {"dispatch": "alltoall"},
      ("not modelled: --moe-token-dispatcher-type (the allgather dispatcher",)),
 ])
@@ -96,7 +100,9 @@ def test_the_token_dispatcher_flags_pick_the_dispatch(text, knobs, notes):
 
 @pytest.mark.parametrize("text, field", [("--moe-token-dispatcher-type ring", "--moe-token-dispatcher-type"),
                                          ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 0",
-                                          "--moe-deepep-num-sms")])
+                                          "--moe-deepep-num-sms"),
+                                         ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend nccl",
+                                          "--moe-flex-dispatcher-backend: expected deepep, hybridep, got 'nccl'")])
 def test_bad_dispatcher_values_name_the_flag(text, field):
     with pytest.raises(ConfigError, match=field):
         megatron.from_args(text)

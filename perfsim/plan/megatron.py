@@ -71,8 +71,11 @@ ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "account_for_embeddi
                  "account_for_loss_in_pipeline_split": "account_for_loss"}
 # Megatron-LM's MoE token dispatchers (--moe-token-dispatcher-type): alltoall is the collective
 # library's all-to-all, flex runs the --moe-flex-dispatcher-backend (default deepep; the deprecated
-# --moe-enable-deepep names it too) with --moe-deepep-num-sms SMs; allgather is not modelled
+# --moe-enable-deepep names it too) with --moe-deepep-num-sms SMs, or hybridep (DeepEP's hybrid
+# NVLink + RDMA kernels, which Megatron-Bridge's H100 Qwen3-30B-A3B preset runs from 26.04: no
+# public bandwidth table of its own, so priced by the cluster's DeepEP table); allgather is not modelled
 DISPATCHERS = ("allgather", "alltoall", "flex")
+FLEX_BACKENDS = ("deepep", "hybridep")
 DISPATCH_FLAGS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_enable_deepep", "moe_deepep_num_sms")
 # Megatron-LM --fp8-recipe -> plan.fp8_recipe (the others are in NOT_MODELLED)
 MEGATRON_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current"}
@@ -273,24 +276,31 @@ def from_mapping(args: dict) -> MegatronPlan:
 
 def _dispatcher(flags: dict, knobs: dict, ignored: list, not_modelled: list) -> None:
     """Megatron's dispatcher flags -> plan.dispatch (and dispatch_compute_units): alltoall,
-    or flex with the DeepEP backend ("deepep", at --moe-deepep-num-sms SMs)."""
+    or flex with the DeepEP backend ("deepep", at --moe-deepep-num-sms SMs) or HybridEP (priced
+    as "deepep")."""
     kind = str(flags.get("moe_token_dispatcher_type", ""))
     if kind and kind not in DISPATCHERS:
         raise ConfigError(f"--moe-token-dispatcher-type: expected {', '.join(DISPATCHERS)}, got {kind!r}")
     if "moe_enable_deepep" in flags and _truthy(flags["moe_enable_deepep"]):
         kind = "flex"  # Megatron-Core rewrites the deprecated switch to the flex dispatcher's DeepEP backend
     backend = str(flags.get("moe_flex_dispatcher_backend", "deepep"))
+    if backend not in FLEX_BACKENDS:
+        raise ConfigError(f"--moe-flex-dispatcher-backend: expected {', '.join(FLEX_BACKENDS)}, got {backend!r}")
     sms = flags.get("moe_deepep_num_sms")
-    if kind == "flex" and backend == "deepep":
-        knobs["dispatch"] = "deepep"
-        if sms is not None:
-            knobs["dispatch_compute_units"] = _int("moe_deepep_num_sms", sms)
-        return
     if kind == "flex":
-        not_modelled.append(("moe_flex_dispatcher_backend", f"the {backend} backend is not modelled (perfsim prices "
-                                                            "the flex dispatcher's DeepEP backend); priced as the "
-                                                            "all-to-all"))
-    elif kind == "allgather":
+        knobs["dispatch"] = "deepep"
+        if backend == "hybridep":
+            not_modelled.append(("moe_flex_dispatcher_backend", "HybridEP has no bandwidth table of its own; priced "
+                                                                "by the cluster's DeepEP table, the kernels it "
+                                                                "derives from"))
+        if sms is not None:
+            units = _int("moe_deepep_num_sms", sms)
+            if backend == "deepep":
+                knobs["dispatch_compute_units"] = units
+            else:  # DeepEP's SM count, not HybridEP's
+                ignored.append("moe_deepep_num_sms")
+        return
+    if kind == "allgather":
         not_modelled.append(("moe_token_dispatcher_type", "the allgather dispatcher is not modelled; priced as the "
                                                           "all-to-all"))
     if kind:
