@@ -38,7 +38,7 @@ CATEGORY_COLORS = {
     "lm_head": "#0b6e4f", "head": "#0b6e4f", "loss": "#8dd3c7", "optimizer": "#4b0082", "recompute": "#80b1d3",
     "moe_permute": "#bebada", "moe_dispatch": "#9e9ac8", "fp8_cast": "#ccebc5", "elementwise": "#9ecae1", "activation": "#c7e9c0",
     "tp_comm": "#d62728", "cp_comm": "#ff7f0e", "ep_a2a": "#e6550d", "etp_ag": "#fd8d3c", "etp_rs": "#fdae6b",
-    "dp_grad_reduce": "#8c564b", "grad_norm": "#a0522d", "dp_param_gather": "#e377c2", "pp_p2p": "#bcbd22",
+    "dp_grad_reduce": "#8c564b", "grad_norm": "#a0522d", "embedding_grad_sync": "#c49c94", "dp_param_gather": "#e377c2", "pp_p2p": "#bcbd22",
     "pipeline_bubble": "#9e9e9e", "idle": "#d0d0d0", "wait": "#707070",
 }
 

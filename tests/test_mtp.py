@@ -120,6 +120,36 @@ def test_mtp_costs_time_and_memory_on_its_stage_in_both_estimators():
     assert after[2].activations_bytes > before[2].activations_bytes
 
 
+def _syncs(model, plan):
+    """{stage: bytes} of the embedding-group gradient all-reduces in the step's graph."""
+    graph = build_graph(model, plan, num_microbatches=plan.pp)
+    return {op.stage: op.collective.size_bytes for op in graph.ops if op.category == "embedding_grad_sync"}
+
+
+def test_the_embedding_copy_gradients_are_all_reduced_between_its_stages():
+    """Megatron-Core's finalize_model_grads all-reduces the word-embedding gradients over its
+    embedding group (a first-stage rank and its last-stage peer) where another stage holds a
+    copy of the table: the MTP layers' embedding, or a head tied to the embedding; after the
+    data-parallel reduction, before the clip and the optimizer, in both estimators."""
+    plan = ParallelPlan(pp=3, dp=8, ep=8, gbs=48, seq=4096, mtp_layers=1)
+    table = LITE.vocab_size * LITE.hidden_size * 2  # BF16 gradients, tp 1
+    assert _syncs(LITE, plan) == {0: pytest.approx(table), 2: pytest.approx(table)}  # not the middle stage
+    assert _syncs(LITE, dataclasses.replace(plan, mtp_layers=0)) == {}  # untied, no MTP: no copy to sync
+    assert _syncs(LITE, dataclasses.replace(plan, tp=2, dp=4)) == {0: pytest.approx(table / 2),
+                                                                     2: pytest.approx(table / 2)}
+    tied = dataclasses.replace(api.load_model("llama3.1-8b"), tied_embeddings=True)
+    dense = ParallelPlan(pp=4, dp=2, gbs=16, seq=4096)
+    assert set(_syncs(tied, dense)) == {0, 3}
+    assert _syncs(tied, dataclasses.replace(dense, pp=1, dp=8)) == {}  # one stage holds the one table
+    assert _syncs(tied, dataclasses.replace(dense, pp=2, dp=4, vpp=2, schedule="zbv")) == {}  # head on stage 0
+    graph = build_graph(LITE, plan, num_microbatches=3)
+    chain = [op.name for op in graph.ops if op.stage == 0 and op.category in ("embedding_grad_sync", "optimizer")]
+    assert chain[0] == "embedding_grad_ar" and chain[-1] == "optimizer_step"
+    timed = {e: lite(e, mtp_layers=1) for e in ("analytic", "des")}
+    assert timed["analytic"].step_time_s == pytest.approx(timed["des"].step_time_s, rel=0.01)
+    assert timed["des"].breakdown["embedding_grad_sync"] > 0
+
+
 def test_a_layout_that_matches_the_account_for_split_prices_the_same_step():
     """Megatron's account-for-embedding split of 27 layers over 2 x 2 virtual stages (7 slots
     each, the first a layer short) written as a layout: the same plan, the same step."""

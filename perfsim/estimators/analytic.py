@@ -37,8 +37,8 @@ from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import V_SHAPES, ParallelPlan, Recompute, Schedule, group_shape
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import BWD, FWD, UNIT, WGT, head_stage, layout_key, splits_backward
-from perfsim.plan.sharding import (block_param_bytes, chunk_blocks, ends_grad_bytes, gathers_in, is_moe_layer,
-                                   is_mtp_layer, recomputes, layer_grad_bytes, stage_layer_ids)
+from perfsim.plan.sharding import (block_param_bytes, chunk_blocks, embedding_sync_params, ends_grad_bytes, gathers_in,
+                                   is_moe_layer, is_mtp_layer, recomputes, layer_grad_bytes, stage_layer_ids)
 from perfsim.plan.stragglers import NONE as NO_VARIABILITY
 from perfsim.plan.stragglers import VariabilitySpec, ep_rank_speeds, gpu_speeds, stage_slowdowns
 from perfsim.system.hardware import ClusterSpec
@@ -579,7 +579,7 @@ class ClosedForm:
         """The optimizer phase's chain (``graph.optimizer_steps``: gradient clip, Adam step)
         priced as the engine prices it, in line after the last gradient reduction."""
         key = ("opt", self.signature(plan, stage), plan.step_zero, plan.clip_grad, plan.param_bytes, self.speeds(plan)[0][stage],
-               *placement_key(plan))
+               embedding_sync_params(self.model, plan, stage), *placement_key(plan))
 
         def make():
             graph = OpGraph(model=self.model, plan=plan, ops=_ops(optimizer_steps(self.model, plan, stage), 0))

@@ -28,9 +28,9 @@ from perfsim.plan.parallel import ParallelPlan, Recompute
 from perfsim.plan.routing import UNIFORM, RoutingSpec
 from perfsim.plan.schedules import (BWD, FWD, UNIT, WGT, splits_backward, stage_of, stage_order,
                                     virtual_stage)
-from perfsim.plan.sharding import (NORM_BYTES, block_param_bytes, chunk_blocks, chunk_layers, clip_bytes,
-                                   ends_grad_bytes, gathers_in, is_moe_layer, is_mtp_layer, layer_grad_bytes,
-                                   optimizer_bytes, recomputes)
+from perfsim.plan.sharding import (NORM_BYTES, REDUCE_GRAD_BYTES, block_param_bytes, chunk_blocks, chunk_layers,
+                                   clip_bytes, embedding_sync_params, ends_grad_bytes, gathers_in, is_moe_layer,
+                                   is_mtp_layer, layer_grad_bytes, optimizer_bytes, recomputes)
 
 
 @dataclass
@@ -261,11 +261,16 @@ class _Builder:
 
 
 def optimizer_steps(model: ModelSpec, plan: ParallelPlan, stage: int) -> list[Step]:
-    """The optimizer phase's chain after the last gradient reduction: the gradient clip,
-    then the Adam step (the closed form prices this same chain)."""
+    """The optimizer phase's chain after the last gradient reduction: the word-embedding
+    copy's gradient all-reduce over the embedding group where the stage takes part
+    (``embedding_sync_params``), the gradient clip, then the Adam step (the closed form
+    prices this same chain)."""
     adam = Step(name="optimizer_step", kind=OpKind.OPTIMIZER, stream=Stream.COMPUTE, category="optimizer",
                 bytes=optimizer_bytes(model, plan, stage))
-    return clip_steps(model, plan, stage) + [adam]
+    shared = embedding_sync_params(model, plan, stage)
+    sync = [_dp_step("embedding_grad_ar", Coll.ALL_REDUCE, "embd", shared * REDUCE_GRAD_BYTES,
+                     "embedding_grad_sync")] if shared else []
+    return sync + clip_steps(model, plan, stage) + [adam]
 
 
 def input_steps(plan: ParallelPlan) -> list[Step]:

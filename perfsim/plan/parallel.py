@@ -648,6 +648,9 @@ def group_strides(plan: ParallelPlan) -> dict[str, tuple[int, int]]:
         "dp": (plan.dp, plan.tp * plan.cp),
         "dp_cp": (dp_cp, plan.tp),  # dense-gradient reduction group (Megatron shards over dp x cp)
         "pp": (plan.pp, plan.tp * plan.cp * plan.dp),
+        # Megatron-Core's embedding group: a first-stage rank and its last-stage peer (the
+        # word-embedding copy's gradients, sharding.embedding_sync_params)
+        "embd": (2, (plan.pp - 1) * plan.tp * plan.cp * plan.dp) if plan.pp > 1 else (1, 1),
         "etp": (plan.etp, 1),
         "ep": (plan.ep, plan.etp),
         "edp": (plan.edp, plan.etp * plan.ep),

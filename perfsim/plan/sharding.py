@@ -168,6 +168,25 @@ def gathers_in(block: int | str, phase: str) -> bool:
     return phase == FWD or (phase == BWD and block != "embedding")
 
 
+def embedding_sync_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Word-embedding parameters whose gradients one rank of ``stage`` all-reduces with its
+    peer over Megatron-Core's embedding group (finalize_model_grads'
+    _allreduce_word_embedding_grads, after the data-parallel reduction, before the optimizer):
+    where a stage other than the first holds a copy of the table (``embedding_rank_params``:
+    the head tied to the embedding, or the MTP layers' embedding), the first stage and that
+    stage sum their gradients of it. The pair is priced as the first and the last stage
+    (Megatron's embedding group; an MTP stage placed elsewhere by a layout is priced at that
+    distance too)."""
+    if plan.pp == 1:
+        return 0.0
+    head = head_stage(plan)
+    copies = {head} if model.tied_embeddings and head != 0 else set()
+    copies |= set(mtp_stages(model, plan)) - {0}
+    if not copies or stage not in copies | {0}:
+        return 0.0
+    return model.vocab_size * model.hidden_size / plan.tp
+
+
 def ends_grad_bytes(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Bytes of the stage's embedding / LM head / final norm gradients its data-parallel
     reduction moves (dense parameters: the dp x cp group): ready when the backward ends
