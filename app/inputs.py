@@ -20,7 +20,8 @@ CHOICES = {
     "dtype": ("bf16", "fp16", "fp8"),
     "recompute": ("none", "selective", "op", "full", "auto"),  # auto: the least that fits (api.least_recompute)
     "schedule": ("1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "v-half", "v-min"),  # the V-shaped ones need vpp 2
-    "distribution": ("uniform", "zipf", "dirichlet"),
+    # blocked: uniform loads, each token's top-k one block of expert ids (a benchmark's balanced gate)
+    "distribution": ("uniform", "blocked", "zipf", "dirichlet"),
     "estimator": ("des", "analytic"),
 }
 
@@ -156,7 +157,9 @@ def model_spec(inputs: dict):
 
 def routing_spec(inputs: dict) -> RoutingSpec:
     r = inputs.get("routing") or {}
-    return RoutingSpec(distribution=r.get("distribution", "uniform"), skew=float(r.get("skew", 1.0)),
+    kind = r.get("distribution", "uniform")
+    blocked = kind == "blocked"  # RoutingSpec.topk_block over the uniform shares
+    return RoutingSpec(distribution="uniform" if blocked else kind, topk_block=blocked, skew=float(r.get("skew", 1.0)),
                        concentration=float(r.get("concentration", 1.0)), seed=int(r.get("seed", 0)),
                        speed_aware=r.get("placement") == "speed")
 

@@ -1,5 +1,6 @@
 """The public facade: load inputs, simulate or estimate a step, time a collective."""
 
+import dataclasses
 import functools
 import logging
 from dataclasses import fields, replace
@@ -357,7 +358,7 @@ def _moe_and_straggler_costs(model, cluster, plan, routing, variability) -> dict
     if moe:
         speeds = ep_rank_speeds(plan, gpu_speeds(plan.world_size, variability))
         out["moe_imbalance"] = imbalance(model, plan, routed_tokens(model, plan), routing, speeds)
-    skewed = moe and routing != UNIFORM
+    skewed = moe and dataclasses.replace(routing, topk_block=False) != UNIFORM  # a blocked routing is balanced
     if not skewed and variability.cv == 0:
         return out
     full = _closed_form_step(model, cluster, plan, routing, variability)

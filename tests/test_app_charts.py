@@ -375,3 +375,12 @@ def test_memory_bar_marks_the_peak_where_gradients_reuse_freed_activations():
     plain = perfsim.simulate("llama3.1-8b", "mi300x-pollara", stack="megatron-primus", **kw)
     assert plain.memory[0]["reused_bytes"] == 0
     assert not [t for t in charts.memory_bar(plain.memory, plain.memory_capacity_bytes).data if t.type == "scatter"]
+
+
+def test_the_planner_offers_the_blocked_routing():
+    """The Plan page's MoE routing choice 'blocked' is the uniform shares with each token's
+    top-k one block of expert ids (RoutingSpec.topk_block), as `--routing blocked` is."""
+    assert "blocked" in planner_inputs.CHOICES["distribution"]
+    spec = planner_inputs.routing_spec({"routing": {"distribution": "blocked"}})
+    assert spec.topk_block and spec.distribution == "uniform"
+    assert not planner_inputs.routing_spec({"routing": {"distribution": "zipf"}}).topk_block

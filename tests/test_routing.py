@@ -182,3 +182,57 @@ def test_cli_routing_flags(capsys):
             "--seq", "2048", "--routing", "zipf", "--routing-skew", "1.2", "--seed", "3", "--json"]
     assert main(args) == 0
     assert "imbalance" in capsys.readouterr().out
+
+
+# ---- a blocked routing (a benchmark's balanced gate) ------------------------------------
+
+from perfsim.cost.dispatch import DispatchLoad, blocked_reach, dispatch_cost  # noqa: E402
+from perfsim.plan.parallel import group_shape  # noqa: E402
+from perfsim.plan.routing import routing_fields  # noqa: E402
+from perfsim.system.hardware import load_cluster  # noqa: E402
+
+BLOCKED = RoutingSpec(topk_block=True)
+
+
+def test_a_blocked_token_reaches_the_ranks_of_its_block():
+    """NeMo AutoModel's FakeBalancedGate sends token t to experts t*k ... t*k + k - 1 (mod E):
+    (nodes, ranks) reached, averaged over the blocks' starting points."""
+    assert blocked_reach(128, 8, 16, 8) == (1.0, 1.0)  # Qwen3-30B-A3B at EP8: one rank
+    assert blocked_reach(256, 8, 4, 8) == (1.0, 2.0)  # DeepSeek-V3 at EP64: two ranks of one node
+    assert blocked_reach(60, 4, 6, 1) == pytest.approx((4 / 3, 4 / 3))  # blocks straddle every third boundary
+    assert blocked_reach(64, 8, 1, 8) == (1.0, 8.0)  # one expert a rank: k ranks, one node
+
+
+def test_a_blocked_routing_costs_a_dedup_dispatch_less_and_the_library_all_to_all_the_same():
+    cluster, shape = load_cluster("h100-ib"), group_shape(64, 1, 8)
+    load = dict(tokens=4096, token_bytes=7168 * 2, topk=8, num_experts=256)
+    random, blocked = (dispatch_cost(DispatchLoad(**load, blocked=b), shape, cluster, "deepep") for b in (False, True))
+    assert blocked.wire_bytes < 0.5 * random.wire_bytes and blocked.time_s < random.time_s
+    qwen = load_model("qwen3-30b-a3b")
+    plan = dict(nodes=1, ep=8, gbs=64, mbs=1, seq=2048, check_memory=False, estimator="analytic")
+    a2a = {(d, b): perfsim.simulate(qwen, "h100-ib", dispatch=d, routing=BLOCKED if b else None, **plan)
+           .breakdown["ep_a2a"] for d in ("deepep", "alltoall") for b in (False, True)}
+    assert a2a[("deepep", True)] < 0.5 * a2a[("deepep", False)]
+    assert a2a[("alltoall", True)] == pytest.approx(a2a[("alltoall", False)])  # one copy per (token, expert)
+
+
+@pytest.mark.parametrize("estimator", ["des", "analytic"])
+def test_a_blocked_routing_balances_the_experts(estimator):
+    blocked, uniform = _step(BLOCKED, estimator), _step(RoutingSpec(), estimator)
+    assert blocked.breakdown["experts"] == pytest.approx(uniform.breakdown["experts"])
+    assert blocked.moe_imbalance == pytest.approx(1.0) and blocked.moe_imbalance_cost_s == 0.0
+
+
+def test_blocked_parses_from_every_surface(tmp_path, capsys):
+    assert routing_fields("blocked", "routing") == {"distribution": "uniform", "topk_block": True}
+    with pytest.raises(ConfigError, match="routing: 'blocked:2': blocked takes no parameter"):
+        routing_fields("blocked:2", "routing")
+    with pytest.raises(ConfigError, match="routing.topk_block: .* not beside a zipf distribution"):
+        RoutingSpec(distribution="zipf", topk_block=True)
+    args = ["simulate", "--model", "mixtral-8x7b", "--cluster", "mi300x-pollara", "--nodes", "1", "--pp", "2",
+            "--ep", "4", "--gbs", "16", "--seq", "2048", "--routing"]
+    assert main(args + ["blocked"]) == 0
+    capsys.readouterr()
+    assert main(args + ["blocked:1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["perfsim: error: --routing: 'blocked:1': blocked takes "
+                                                           "no parameter"]

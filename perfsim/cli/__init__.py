@@ -107,7 +107,9 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="recompute only the first N layers of each pipeline stage chunk (Megatron --recompute-method "
                         "block --recompute-num-layers N; default every layer)")
     p.add_argument("--routing", default="uniform",
-                   help="MoE token routing: uniform, zipf[:S], dirichlet[:A] or a histogram file (CSV/JSON)")
+                   help="MoE token routing: uniform, blocked (uniform loads, each token's top-k experts one block "
+                        "of expert ids, as NeMo AutoModel's benchmark gate routes: a dispatch kernel reaches the fewest "
+                        "ranks), zipf[:S], dirichlet[:A] or a histogram file (CSV/JSON)")
     p.add_argument("--routing-histogram", default=None, help="measured tokens per expert (CSV or JSON file)")
     p.add_argument("--expert-placement", default=None,
                    help="contiguous (default), speed (hot experts on fast GPUs) or EP rank per expert: 0,0,1,1,...")
@@ -237,7 +239,7 @@ def dumps(obj) -> str:
 
 
 def _routing(args) -> RoutingSpec:
-    """--routing uniform | zipf[:S] | dirichlet[:A] | FILE, --routing-histogram, --expert-placement."""
+    """--routing uniform | blocked | zipf[:S] | dirichlet[:A] | FILE, --routing-histogram, --expert-placement."""
     spec = dict(skew=args.routing_skew, concentration=args.routing_concentration, seed=args.seed)
     if args.routing_histogram:
         spec.update(distribution="histogram", histogram=load_histogram(args.routing_histogram))

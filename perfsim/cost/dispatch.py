@@ -6,7 +6,9 @@ model's ``expert_groups`` / ``topk_groups``) it first picks ``topk_groups`` of t
 ``expert_groups`` contiguous expert groups, which bounds the nodes it can reach (V3: 8
 groups on 8 nodes, at most 4 nodes per token). Under uniform routing the expected
 number of distinct nodes and ranks a token reaches follows from drawing ``topk``
-distinct experts from the chosen groups (hypergeometric), so:
+distinct experts from the chosen groups (hypergeometric); under a blocked routing (a
+benchmark's balanced gate: each token's top-k experts one block of consecutive ids) it
+reaches the ranks holding that block (``blocked_reach``), so:
 
 * a ``dedup_per_node`` implementation (DeepEP normal kernels, MORI-EP V1) sends each
   token once to every remote node it reaches, over the NIC to the same-rail GPU, which
@@ -54,6 +56,8 @@ class DispatchLoad:
     num_experts: int
     topk_groups: int = 0  # group-limited routing: experts from this many groups (0 = any expert)
     expert_groups: int = 0  # ... of this many contiguous groups (0 = one group per EP node)
+    # each token's top-k experts one aligned block of expert ids (``blocked_reach``): no draw
+    blocked: bool = False
 
     def __post_init__(self):
         if self.tokens < 0 or self.token_bytes < 0 or self.topk < 1 or self.num_experts < self.topk:
@@ -88,12 +92,28 @@ def expected_hits(bins: int, per_bin: int, picks: int) -> float:
     return bins * (1 - comb(total - per_bin, picks) / comb(total, picks))
 
 
+def blocked_reach(num_experts: int, topk: int, per_rank: int, per_node: int) -> tuple[float, float]:
+    """(distinct nodes, distinct ranks) a token reaches when its top-k experts are one block
+    of consecutive expert ids starting at a multiple of k, as NeMo AutoModel's
+    FakeBalancedGate routes (token t -> experts t*k ... t*k + k - 1, mod E): averaged over
+    the blocks' starting points; ``per_rank`` experts on each rank, ``per_node`` ranks a node."""
+    starts = sorted({j * topk % num_experts for j in range(num_experts)})
+    nodes = ranks = 0
+    for start in starts:
+        experts = [(start + i) % num_experts for i in range(topk)]
+        ranks += len({e // per_rank for e in experts})
+        nodes += len({e // (per_rank * per_node) for e in experts})
+    return nodes / len(starts), ranks / len(starts)
+
+
 def _reach(load: DispatchLoad, shape: GroupShape) -> tuple[float, float]:
     """(distinct nodes, distinct ranks) one token reaches."""
     n, p, m = shape.size, shape.per_node, shape.num_nodes
     if load.num_experts % n:
         raise ConfigError(f"dispatch: {load.num_experts} experts do not split over {n} EP ranks")
     per_rank = load.num_experts // n
+    if load.blocked:
+        return blocked_reach(load.num_experts, load.topk, per_rank, p)
     nodes = _group_nodes(load, m)
     if nodes >= m:
         return expected_hits(m, per_rank * p, load.topk), expected_hits(n, per_rank, load.topk)
@@ -182,16 +202,17 @@ def held_share(cluster: ClusterSpec, impl: str, units: int | None = None) -> flo
 
 def step_cost(size_bytes: float, token_bytes: float, topk: int, num_experts: int, shape: GroupShape,
               cluster: ClusterSpec, impl: str, peers: tuple[int, ...], topk_groups: int = 0,
-              expert_groups: int = 0) -> CollectiveCost:
+              expert_groups: int = 0, blocked: bool = False) -> CollectiveCost:
     """One dispatch (or combine) of a training step under ``impl`` (not of ``LIBRARY_NAMES``):
     ``size_bytes`` is what the lowered all-to-all carries for the busiest rank, one
     ``token_bytes`` copy per (token, expert) pair, so the rank holds
     ``size_bytes / (topk x token_bytes)`` tokens. The demand names the links the engine
     shares: the NIC and the intra-node links to ``peers`` (or the NVSwitch port).
-    ``topk_groups`` of ``expert_groups``: the model's group-limited routing (0: none)."""
+    ``topk_groups`` of ``expert_groups``: the model's group-limited routing (0: none);
+    ``blocked``: each token's experts one block of ids (``blocked_reach``)."""
     tokens = size_bytes / (topk * token_bytes) if token_bytes > 0 else 0.0
     load = DispatchLoad(tokens=tokens, token_bytes=token_bytes, topk=topk, num_experts=num_experts,
-                        topk_groups=topk_groups, expert_groups=expert_groups)
+                        topk_groups=topk_groups, expert_groups=expert_groups, blocked=blocked)
     cost = dispatch_cost(load, shape, cluster, impl)
     demand = {network.NIC: cost.nic_s} if cost.nic_s > 0 else {}
     if cost.intra_s > 0:

@@ -76,7 +76,7 @@ def _comm_cost(op: Op, cluster: ClusterSpec, shapes: dict, strides: dict, graph:
         return collective_cost(call.coll, call.size_bytes, shape, cluster, peers=peers, impl=impl)
     token_bytes = call.token_bytes or model.hidden_size * ACT_BYTES  # the lowered all-to-all's copy of one token
     return dispatch.step_cost(call.size_bytes, token_bytes, model.top_k, model.num_experts, shape, cluster, impl, peers,
-                              topk_groups=model.topk_groups, expert_groups=model.expert_groups)
+                              topk_groups=model.topk_groups, expert_groups=model.expert_groups, blocked=call.blocked)
 
 
 def _duration(op: Op, cluster: ClusterSpec, shapes: dict, strides: dict, graph: OpGraph) -> tuple:

@@ -248,9 +248,10 @@ class LayerBuilder(StackSteps):
             return [], []
         values, fp8 = self._a2a_values(routed), self.plan.dispatch_fp8
         per_value = FP8_DISPATCH_BYTES if fp8 else ACT_BYTES
+        blocked = self.routing.topk_block
         dispatch = coll_step("dispatch_a2a", Coll.ALL_TO_ALL, "ep", values * per_value, "ep_a2a",
-                             token_bytes=self.model.hidden_size * FP8_DISPATCH_BYTES if fp8 else 0.0)
-        combine = coll_step("combine_a2a", Coll.ALL_TO_ALL, "ep", values * ACT_BYTES, "ep_a2a")
+                             token_bytes=self.model.hidden_size * FP8_DISPATCH_BYTES if fp8 else 0.0, blocked=blocked)
+        combine = coll_step("combine_a2a", Coll.ALL_TO_ALL, "ep", values * ACT_BYTES, "ep_a2a", blocked=blocked)
         if fp8:  # the backward swaps the payloads: each direction keeps its dtype
             dispatch, combine = (replace(dispatch, meta=(("backward_call", combine.collective),)),
                                  replace(combine, meta=(("backward_call", dispatch.collective),)))

@@ -59,6 +59,9 @@ class CollectiveCall:
     # MoE dispatch/combine: bytes of one token copy (0: a BF16 hidden vector); FP8 dispatch
     # sends hidden x (1 + 4/128) bytes (FP8 values, one FP32 scale per 128)
     token_bytes: float = 0.0
+    # MoE dispatch/combine under a blocked routing (RoutingSpec.topk_block): a dispatch
+    # implementation's token reaches the ranks of one block of experts (cost.dispatch)
+    blocked: bool = False
 
 
 @dataclass(kw_only=True)

@@ -58,8 +58,10 @@ def host_step(name: str, seconds: float, category: str) -> Step:
     return Step(name=name, kind=OpKind.ELEMENTWISE, stream=Stream.COMPUTE, category=category, meta=(("host_s", seconds),))
 
 
-def coll_step(name: str, coll: Coll, group: str, size: float, category: str, token_bytes: float = 0.0) -> Step:
-    """A collective; ``token_bytes``: one token copy of an MoE all-to-all (0: BF16 hidden).
-    A step whose backward is not its call mirrored carries ``meta['backward_call']``."""
-    call = CollectiveCall(coll=coll, group=group, size_bytes=size, token_bytes=token_bytes)
+def coll_step(name: str, coll: Coll, group: str, size: float, category: str, token_bytes: float = 0.0,
+              blocked: bool = False) -> Step:
+    """A collective; ``token_bytes``: one token copy of an MoE all-to-all (0: BF16 hidden);
+    ``blocked``: the all-to-all of a blocked routing (``CollectiveCall.blocked``). A step
+    whose backward is not its call mirrored carries ``meta['backward_call']``."""
+    call = CollectiveCall(coll=coll, group=group, size_bytes=size, token_bytes=token_bytes, blocked=blocked)
     return Step(name=name, kind=OpKind.COLLECTIVE, stream=_COLL_STREAM[group], category=category, collective=call)

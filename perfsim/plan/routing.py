@@ -48,6 +48,12 @@ class RoutingSpec:
     # dispatch: GShard/Switch, MaxText "capacity", Megatron --moe-pad-expert-input-to-capacity)
     # instead of only the tokens routed to it (dropless / drop-only)
     pad_to_capacity: bool = False
+    # each token's top-k experts one block of consecutive expert ids starting at a multiple of
+    # k, as a benchmark's balanced gate routes (NeMo AutoModel's FakeBalancedGate: token t ->
+    # experts t*k ... t*k + k - 1, mod E): every expert gets the same load (the uniform
+    # shares), and a dispatch implementation reaches only the ranks holding the block
+    # (cost.dispatch.blocked_reach) where a random top-k reaches about k of them
+    topk_block: bool = False
 
     def __post_init__(self):
         try:
@@ -66,6 +72,9 @@ class RoutingSpec:
             raise ConfigError("routing.histogram: a histogram distribution needs positive counts")
         if self.placement and self.speed_aware:
             raise ConfigError("routing.placement: give a placement or ask for speed_aware, not both")
+        if self.topk_block and self.distribution is not Distribution.UNIFORM:
+            raise ConfigError(f"routing.topk_block: a blocked routing gives every expert the same load; "
+                              f"not beside a {self.distribution.value} distribution")
 
 
     def _check_types(self) -> None:
@@ -139,10 +148,15 @@ MAX_ROUTING_PARAM = 1e6  # Zipf exponent / Dirichlet alpha: far past where the s
 
 def routing_fields(text: str, where: str, folder: Path | None = None, skew: float = 1.0,
                    concentration: float = 1.0) -> dict:
-    """RoutingSpec fields of ``uniform``, ``zipf[:S]``, ``dirichlet[:A]`` or a histogram
-    file (relative to ``folder``); ``skew`` / ``concentration``: the defaults without ``:S``
-    / ``:A``. One ConfigError line naming ``where`` on a bad value."""
+    """RoutingSpec fields of ``uniform``, ``blocked`` (uniform loads, each token's top-k one
+    block of expert ids: ``RoutingSpec.topk_block``), ``zipf[:S]``, ``dirichlet[:A]`` or a
+    histogram file (relative to ``folder``); ``skew`` / ``concentration``: the defaults
+    without ``:S`` / ``:A``. One ConfigError line naming ``where`` on a bad value."""
     kind, _, arg = text.strip().partition(":")
+    if kind == "blocked":
+        if arg:
+            raise ConfigError(f"{where}: {text!r}: blocked takes no parameter")
+        return dict(distribution="uniform", topk_block=True)
     if kind not in ("uniform", "zipf", "dirichlet"):
         path = Path(text.strip())
         try:
