@@ -46,6 +46,8 @@ DEFAULT = {
         "account_for_embedding": False, "account_for_loss": False,
         # --mtp-layers (Megatron --mtp-num-layers) and --pipeline-layout (--pipeline-model-parallel-layout; "" = none)
         "mtp_layers": 0, "pipeline_layout": "",
+        # --pipeline-flushes: the step's microbatches as that many pipeline schedules one after another (1: one)
+        "pipeline_flushes": 1,
         # --recompute-modules: what selective recompute re-runs (Megatron's); used under recompute selective / auto
         "recompute_modules": ["core_attn"],
         # MoE dispatch/combine implementation (--dispatch): alltoall or one of the cluster's [dispatch.<name>]
@@ -176,6 +178,7 @@ def fidelity_knobs(inputs: dict) -> dict:
             "account_for_embedding": bool(f["account_for_embedding"]), "account_for_loss": bool(f["account_for_loss"]),
             "recompute_layers": int(f["recompute_layers"]), "clip_grad": bool(f["clip_grad"]),
             "mtp_layers": int(f["mtp_layers"] or 0), "pipeline_layout": str(f["pipeline_layout"] or "").strip(),
+            "pipeline_flushes": int(f.get("pipeline_flushes") or 1),
             "real_data": bool(f["real_data"]), "zero3_gather": zero3_gather_choice(inputs),
             **recompute_modules_choice(inputs), **fp8_params_choice(inputs)}
 

@@ -302,7 +302,8 @@ def simulate(
 
     def run(m: int) -> tuple:
         if m not in runs:
-            short = plan if m == plan.num_microbatches else replace(plan, gbs=plan.mbs * plan.dp * m)
+            short = plan if m == plan.num_microbatches else replace(  # whole schedules (fold_points)
+                plan, gbs=plan.mbs * plan.dp * m, pipeline_flushes=max(1, m // plan.flush_microbatches))
             graph = price(build_graph(model, short, routing=routing, ep_speeds=ep_speeds, weights=weights), cluster, slow)
             runs[m] = _engine_figures(graph)
         return runs[m]
@@ -340,8 +341,12 @@ def fold_points(plan: ParallelPlan) -> tuple[int, int] | None:
     interleaving groups (pp) apart; ``pipeline.steady_window`` moves them on until the
     step's growth per group repeats; folding pays only when the plan has at least twice
     the second count."""
-    # one pipeline stage: only microbatch 0 and the last differ, so 2 and 3; else the closed form's points
-    first, second = (2, 3) if plan.pp == 1 else pipeline.fold_points(plan.pp, plan.vpp)
+    # one pipeline stage: only microbatch 0 and the last differ, so 2 and 3; schedules run one after
+    # another (plan.pipeline_flushes): one and two of them; else the closed form's points
+    if plan.pipeline_flushes > 1:
+        first, second = plan.flush_microbatches, 2 * plan.flush_microbatches
+    else:
+        first, second = (2, 3) if plan.pp == 1 else pipeline.fold_points(plan.pp, plan.vpp)
     return (first, second) if plan.num_microbatches >= 2 * second else None
 
 

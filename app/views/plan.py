@@ -244,7 +244,7 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
                                                     help="--gpu-variability: std-dev of per-GPU speed")
     fidelity["variability_seed"] = f[4].number_input("variability seed", min_value=0, step=1,
                                                      key=common.seed("variability_seed", fidelity["variability_seed"]))
-    u = st.columns(3)
+    u = st.columns(4)
     fidelity["first_stage_layers"] = u[0].number_input(
         "First-stage layers", min_value=0, step=1, key=common.seed("first_stage_layers", fidelity.get("first_stage_layers", 0)),
         help="--first-stage-layers (Megatron --decoder-first-pipeline-num-layers); 0 = an even split")
@@ -262,6 +262,11 @@ with st.expander("Overlap, MoE and variability knobs", icon=":material/tune:"):
         "MTP layers", min_value=0, max_value=64, step=1, key=common.seed("mtp_layers", int(fidelity.get("mtp_layers") or 0)),
         help="--mtp-layers (Megatron --mtp-num-layers, DeepSeek-V3's multi-token prediction): one more transformer "
              "layer, embedding, projection, LM head and loss each, on the last virtual stage or where the layout puts it")
+    fidelity["pipeline_flushes"] = u[3].number_input(
+        "Pipeline flushes", min_value=1, step=1,
+        key=common.seed("pipeline_flushes", int(fidelity.get("pipeline_flushes") or 1)),
+        help="--pipeline-flushes: gradient accumulation as that many pipeline schedules one after another, each "
+             "filling and draining the pipeline (torchtitan, NeMo AutoModel); must divide the microbatches; pp > 1")
     fidelity["pipeline_layout"] = st.text_input(
         "Pipeline layout", key=common.seed("pipeline_layout", str(fidelity.get("pipeline_layout") or "")),
         placeholder="e.g. Et|(tt|)*30mL",

@@ -95,6 +95,11 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--account-for-loss", action="store_true",
                    help="the loss takes a layer slot of the last (virtual) stage (Megatron "
                         "--account-for-loss-in-pipeline-split)")
+    p.add_argument("--pipeline-flushes", type=a.integer(1, 1 << 20), default=None, metavar="N",
+                   help="gradient accumulation as N pipeline schedules one after another, each filling and draining "
+                        "the pipeline, as torch.distributed.pipelining runs one per accumulation step (torchtitan, NeMo "
+                        "AutoModel); must divide the step's microbatches; needs pp > 1 (default 1: one schedule, as "
+                        "Megatron runs every microbatch)")
     p.add_argument("--mtp-layers", type=a.integer(0, 64), default=None,
                    help="multi-token-prediction layers (DeepSeek-V3's MTP; Megatron --mtp-num-layers): each one more "
                         "transformer layer like the model's last, with its embedding, norms and 2h->h projection, on the "
@@ -176,6 +181,7 @@ def _plan_knobs(args) -> dict:
     knobs["first_stage_layers"], knobs["last_stage_layers"] = args.first_stage_layers, args.last_stage_layers
     knobs["recompute_layers"] = args.recompute_layers
     knobs["mtp_layers"], knobs["pipeline_layout"] = args.mtp_layers, args.pipeline_layout
+    knobs["pipeline_flushes"] = args.pipeline_flushes
     knobs["account_for_embedding"] = True if args.account_for_embedding else None
     knobs["account_for_loss"] = True if args.account_for_loss else None
     knobs["recompute_modules"] = args.recompute_modules

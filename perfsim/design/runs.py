@@ -26,7 +26,7 @@ from perfsim.system.stacks import StackSpec, load_stack
 REQUIRED = ("id", "source_id", "source", "stack", "model", "cluster", "nodes", "mbs", "gbs", "seq",
             "metric", "measured")
 INT_KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq", "first_stage_layers", "last_stage_layers",
-             "dispatch_compute_units", "mtp_layers")
+             "dispatch_compute_units", "mtp_layers", "pipeline_flushes")
 STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch", "fp8_recipe", "zero3_gather", "pipeline_layout")  # plan fields of those names
 BOOL_KNOBS = ("fp8_params", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "ep_comm_overlap",
               "shared_expert_overlap",

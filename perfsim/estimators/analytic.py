@@ -156,17 +156,19 @@ def pipeline_bubble(plan: ParallelPlan, stages: dict, crit: int) -> float:
     stages a chunk waits for its input to come round the ring: (vpp-1)/vpp (pp-m) passes."""
     if plan.pp == 1 or plan.schedule in V_SHAPES:  # V-shape: no textbook form, the walk prices it (0 bounds it)
         return 0.0
-    m, vpp, c = plan.num_microbatches, plan.vpp, stages[crit]
+    m, vpp, c = plan.flush_microbatches, plan.vpp, stages[crit]  # one schedule's: each flush pays its own
     others = [s for k, s in stages.items() if k != crit]
     f = max(s.fwd for s in stages.values())
     b = max(s.bwd for s in stages.values())
     wrap = (vpp - 1) / vpp * max(0, plan.pp - m) * (f + b)
     if plan.schedule == Schedule.ZB_H1:
-        return sum(max(0.0, s.fwd + s.bwd_in - s.wgt) for s in others) / vpp + wrap
-    if plan.schedule == Schedule.GPIPE:
+        one = sum(max(0.0, s.fwd + s.bwd_in - s.wgt) for s in others) / vpp + wrap
+    elif plan.schedule == Schedule.GPIPE:
         fill = sum(s.fwd + s.bwd for s in stages.values()) / vpp + (m - 1 / vpp) * (f + b)
-        return max(0.0, fill + wrap - m * (c.fwd + c.bwd))
-    return sum(s.fwd + s.bwd for s in others) / vpp + wrap
+        one = max(0.0, fill + wrap - m * (c.fwd + c.bwd))
+    else:
+        one = sum(s.fwd + s.bwd for s in others) / vpp + wrap
+    return plan.pipeline_flushes * one
 
 
 def _scaled(load: dict[str, float], count: float) -> dict[str, float]:
@@ -909,7 +911,8 @@ class ClosedForm:
             sigs, firsts = self.stage_signatures(plan)
             costs = {sig: self.stage_costs(plan, s) for sig, s in firsts.items()}
             return walk_pipeline(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches,
-                                 tuple(costs[sig] for sig in sigs), self.walk_p2p_s(plan), self.pass_weights(plan))
+                                 tuple(costs[sig] for sig in sigs), self.walk_p2p_s(plan), self.pass_weights(plan),
+                                 plan.pipeline_flushes)
         return self._cached(("walk", plan), make)
 
     def _walked_end(self, plan: ParallelPlan, stage: int, e: dict, walked: Walked, st: StagePasses) -> dict:

@@ -27,7 +27,7 @@ def transient_key(plan: ParallelPlan, states: tuple) -> tuple:
     """``states``: the plan's ``states_key``, part of this key where the gradients reuse transient memory."""
     return (plan.tp, plan.cp, plan.mbs, plan.seq, plan.recompute, plan.selective_modules, plan.sequence_parallel,
             plan.pp, plan.vpp,
-            plan.schedule, plan.num_microbatches, plan.first_stage_layers, plan.last_stage_layers, plan.accounted,
+            plan.schedule, plan.flush_microbatches, plan.first_stage_layers, plan.last_stage_layers, plan.accounted,
             plan.mtp_layers, plan.pipeline_layout,
             plan.recompute_layers,
             plan.stack.memory, plan.keeps_fp8_inputs,

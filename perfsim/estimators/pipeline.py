@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from perfsim.plan.parallel import Schedule
-from perfsim.plan.schedules import BWD, FWD, UNIT, WGT, schedule_order, virtual_stage
+from perfsim.plan.schedules import BWD, FWD, UNIT, WGT, flushed_order, virtual_stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +117,23 @@ class Walked:
 
 @lru_cache(maxsize=4096)
 def walk(schedule: Schedule, pp: int, vpp: int, m: int, stages: tuple[StageCosts, ...], p2p_s: float,
-         weights: tuple = UNIT) -> Walked:
+         weights: tuple = UNIT, flushes: int = 1) -> Walked:
     """One step's stages laid out (see the module docstring); memoised, since plans that
     differ in what the stages do not see (dp, the bucket size, ...) walk alike. ``weights``:
-    the passes' relative times the V-shape schedules' orders are built from."""
-    def short(k: int) -> Walked:
-        return _short_walk(schedule, pp, vpp, k, stages, p2p_s, weights)
+    the passes' relative times the V-shape schedules' orders are built from. ``flushes``
+    (``plan.pipeline_flushes``): the ``m`` microbatches run as that many schedules one after
+    another; a long run of them is extended from the first ones, as a long schedule is."""
+    if flushes > 1:
+        per = m // flushes
 
-    window = steady_window(lambda k: max(short(k).ends), *fold_points(pp, vpp), m)
+        def short(k: int) -> Walked:
+            return _short_walk(schedule, pp, vpp, per, stages, p2p_s, weights, k)
+        first, second, m = 1, 2, flushes
+    else:
+        def short(k: int) -> Walked:
+            return _short_walk(schedule, pp, vpp, k, stages, p2p_s, weights)
+        first, second = fold_points(pp, vpp)
+    window = steady_window(lambda k: max(short(k).ends), first, second, m)
     if window is None:
         return short(m)
     first, second = window
@@ -140,13 +149,15 @@ def walk(schedule: Schedule, pp: int, vpp: int, m: int, stages: tuple[StageCosts
 
 
 @lru_cache(maxsize=256)
-def compiled(schedule: Schedule, pp: int, vpp: int, m: int, weights: tuple = UNIT) -> tuple:
+def compiled(schedule: Schedule, pp: int, vpp: int, m: int, weights: tuple = UNIT, flushes: int = 1) -> tuple:
     """The stages' orders flattened into one list in dependency order (as ``graph._emit``
     interleaves them): per pass (stage, slot, input pass or -1, slot of the pass before it
     on the stage or -1, first forward of its chunk, gradient pass of the last
     microbatch, chunk, whether the input comes from the same stage: the V's turn, no
-    send), slot = phase * vpp + chunk. Depends on the schedule only, so cached."""
-    orders = [schedule_order(schedule, pp, vpp, s, m, weights) for s in range(pp)]
+    send), slot = phase * vpp + chunk. ``flushes`` schedules of ``m`` microbatches run one
+    after another (``schedules.flushed_order``). Depends on the schedule only, so cached."""
+    orders = [flushed_order(schedule, pp, vpp, s, m, flushes, weights) for s in range(pp)]
+    m *= flushes
     phase_of = {FWD: 0, BWD: 1, WGT: 2}
     grad_phase = WGT if any(p == WGT for p, _, _ in orders[0]) else BWD
     last_vs, index, out = pp * vpp - 1, {}, []
@@ -181,8 +192,8 @@ def compiled(schedule: Schedule, pp: int, vpp: int, m: int, weights: tuple = UNI
     return tuple(out)
 
 
-def _walk(schedule, pp, vpp, m, stages, p2p_s, weights=UNIT):
-    steps = compiled(schedule, pp, vpp, m, weights)
+def _walk(schedule, pp, vpp, m, stages, p2p_s, weights=UNIT, flushes=1):
+    steps = compiled(schedule, pp, vpp, m, weights, flushes)
     slots = 3 * vpp
     phase_of = {FWD: 0, BWD: 1, WGT: 2}
     bodies, e2s, aheads, spill, first_e1, gathers, lost = [], [], [], [], [], [], []

@@ -278,8 +278,9 @@ def in_flight_microbatches(plan: ParallelPlan, stage: int) -> float:
     """Microbatches whose activations a stage holds at its peak under the plan's schedule.
     Under the interleaved order the schedule itself is walked (``schedules.interleaved_peak``,
     chunks of equal weight; ``held_activation_bytes`` weighs each chunk by its layers). The
-    expert-parallel all-to-all overlap's one more layer is ``held_activation_bytes``'s."""
-    m = plan.num_microbatches
+    expert-parallel all-to-all overlap's one more layer is ``held_activation_bytes``'s. One
+    schedule's microbatches (``plan.pipeline_flushes``: each schedule drains before the next)."""
+    m = plan.flush_microbatches
     if plan.schedule == Schedule.GPIPE:
         return m
     if _interleaved_order(plan):  # chunks of equal weight: Narayanan'21 sec. 2.2 on the first stage
@@ -302,7 +303,7 @@ def _interleaved_order(plan: ParallelPlan) -> bool:
 def _interleaved_held(plan: ParallelPlan, stage: int, weights: tuple[float, ...],
                       merged: tuple[float, ...] | None = None) -> float:
     """``schedules.interleaved_peak`` of the plan's stage (``merged``: the expert-parallel overlap's)."""
-    return interleaved_peak(plan.pp, plan.vpp, stage, plan.num_microbatches, weights, merged)
+    return interleaved_peak(plan.pp, plan.vpp, stage, plan.flush_microbatches, weights, merged)
 
 
 def held_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, stored: dict[int, float]) -> float:
@@ -318,7 +319,7 @@ def held_activation_bytes(model: ModelSpec, plan: ParallelPlan, stage: int, stor
     more chunk (``schedules.interleaved_peak``'s ``merged``)."""
     if not _interleaved_order(plan):
         held = in_flight_microbatches(plan, stage)
-        merged = plan.overlaps_ep_comm and plan.num_microbatches > held  # a merged steady step runs
+        merged = plan.overlaps_ep_comm and plan.flush_microbatches > held  # a merged steady step runs
         return sum(stored.values()) * held + (max(stored.values(), default=0.0) if merged else 0.0)
     chunks = [chunk_layers(model, plan, stage, c) for c in range(plan.vpp)]
     weights = tuple(sum(stored[l] for l in chunk) for chunk in chunks)

@@ -157,6 +157,12 @@ class ParallelPlan:
     # cross-entropy on its output. Layer indices num_layers.. on the last virtual stage, or
     # where ``pipeline_layout`` puts them.
     mtp_layers: int = 0
+    # gradient accumulation as separate pipeline schedules: the step's microbatches run as this
+    # many schedules one after another, each filling and draining the pipeline, as
+    # torch.distributed.pipelining runs one schedule step per accumulation step (torchtitan,
+    # NeMo AutoModel: global batch = local batch x accumulation steps x dp); 1 = every
+    # microbatch in one schedule, as Megatron-Core runs them. Needs pp > 1.
+    pipeline_flushes: int = 1
     # Megatron-Core's --pipeline-model-parallel-layout (perfsim.plan.layout): which layers each
     # virtual stage holds, e.g. "Et|(tt|)*30mL"; "" = the split the other fields set. Not
     # beside first_stage_layers / last_stage_layers / account_for_*.
@@ -204,7 +210,7 @@ class ParallelPlan:
     def __post_init__(self):
         if not isinstance(self.stack, StackSpec):
             object.__setattr__(self, "stack", load_stack(self.stack))
-        for key in ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "mbs", "gbs", "seq"):
+        for key in ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "mbs", "gbs", "seq", "pipeline_flushes"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"plan.{key} must be a positive integer, got {value!r}")
@@ -319,6 +325,12 @@ class ParallelPlan:
             )
         if self.vpp > 1 and self.pp == 1:
             raise ConfigError(f"plan.vpp ({self.vpp}) needs pp > 1")
+        if self.pipeline_flushes > 1 and self.pp == 1:
+            raise ConfigError(f"plan.pipeline_flushes ({self.pipeline_flushes}) needs pp > 1: without a pipeline "
+                              f"the microbatches run back to back")
+        if self.num_microbatches % self.pipeline_flushes:
+            raise ConfigError(f"plan.pipeline_flushes ({self.pipeline_flushes}) must divide the step's "
+                              f"{self.num_microbatches} microbatches (gbs / (mbs*dp))")
         why = ep_overlap_conflict(self) if self.ep_comm_overlap else ""
         if why:
             raise ConfigError(f"plan.ep_comm_overlap {why}")
@@ -425,6 +437,11 @@ class ParallelPlan:
         return self.gbs // (self.mbs * self.dp)
 
     @property
+    def flush_microbatches(self) -> int:
+        """Microbatches of one pipeline schedule (``pipeline_flushes`` of them a step)."""
+        return self.num_microbatches // self.pipeline_flushes
+
+    @property
     def tokens_per_step(self) -> int:
         return self.gbs * self.seq
 
@@ -449,6 +466,7 @@ class ParallelPlan:
         parts += [f"account-{'+'.join(n for n, on in zip(('embedding', 'loss'), self.accounted) if on)}"] \
             if any(self.accounted) else []
         parts += [f"mtp{self.mtp_layers}"] if self.mtp_layers else []
+        parts += [f"flushes{self.pipeline_flushes}"] if self.pipeline_flushes > 1 else []
         parts += [f"layout-{self.pipeline_layout.replace(' ', '')}"] if self.pipeline_layout else []
         parts += [f"stack-{self.stack.name}"] if self.stack.name != "ideal" else []
         parts += [f"dispatch-{self.dispatch}"] if self.dispatch != "alltoall" else []

@@ -313,7 +313,16 @@ def peak_chunks(schedule: Schedule, pp: int, m: int, stage: int, weights: tuple 
 def stage_order(plan: ParallelPlan, stage: int, weights: tuple = UNIT) -> Order:
     """The compute order of ``stage``: a list of (phase, microbatch, chunk); ``weights``
     (relative F, B, W, send seconds) shape the V-shape schedules' greedy orders only."""
-    return schedule_order(plan.schedule, plan.pp, plan.vpp, stage, plan.num_microbatches, weights)
+    return flushed_order(plan.schedule, plan.pp, plan.vpp, stage, plan.flush_microbatches, plan.pipeline_flushes,
+                         weights)
+
+
+def flushed_order(schedule: Schedule, pp: int, vpp: int, stage: int, m: int, flushes: int,
+                  weights: tuple = UNIT) -> Order:
+    """``flushes`` schedules of ``m`` microbatches one after another (``plan.pipeline_flushes``),
+    the microbatches numbered on from one schedule to the next."""
+    order = schedule_order(schedule, pp, vpp, stage, m, weights)
+    return [(phase, mb + k * m, chunk) for k in range(flushes) for phase, mb, chunk in order]
 
 
 def schedule_order(schedule: Schedule, pp: int, vpp: int, stage: int, m: int, weights: tuple = UNIT) -> Order:
