@@ -236,3 +236,22 @@ def test_blocked_parses_from_every_surface(tmp_path, capsys):
     assert main(args + ["blocked:1"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["perfsim: error: --routing: 'blocked:1': blocked takes "
                                                            "no parameter"]
+
+
+def test_search_prices_every_plan_under_the_routing(capsys):
+    base = ["search", "--model", "mixtral-8x7b", "--cluster", "mi300x-pollara", "--gpus", "8", "--gbs", "16",
+            "--seq", "2048", "--tp", "1", "--pp", "1", "--ep", "8", "--mbs", "1", "--zero", "1", "--recompute", "full",
+            "--json"]
+    import json
+
+    times = {}
+    for routing in (None, "zipf:1.5"):
+        assert main(base + (["--routing", routing] if routing else [])) == 0
+        rows = json.loads(capsys.readouterr().out)
+        times[routing] = rows[0]["step_time_s"]
+    assert times["zipf:1.5"] > times[None]
+    assert main(base + ["--routing", "zipf:x"]) == 2
+    assert capsys.readouterr().err.strip().endswith("'x' in 'zipf:x' must be a finite number in [0, 1e+06]")
+    dense = ["search", "--model", "llama3.1-8b", "--cluster", "h100-ib", "--gpus", "8", "--gbs", "64", "--seq", "4096"]
+    assert main(dense + ["--routing", "blocked"]) == 2
+    assert capsys.readouterr().err.strip() == "perfsim: error: --routing: applies to MoE models; llama3.1-8b is dense"

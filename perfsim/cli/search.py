@@ -88,6 +88,11 @@ def add_command(sub) -> None:
                    help="every plan: N multi-token-prediction layers on its last virtual stage (as simulate --mtp-layers)")
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="every MoE plan: FP8 dispatch (needs --dtype fp8; as simulate --dispatch-fp8)")
+    p.add_argument("--routing", default=None,
+                   help="every MoE plan priced under this token routing (as simulate --routing: uniform, blocked, "
+                        "zipf[:S], dirichlet[:A] or a histogram file; default uniform): a skewed routing's busiest "
+                        "expert rank paces the layer, so it weighs on wide expert parallelism")
+    p.add_argument("--seed", type=a.SEED, default=None, help="seed of a skewed --routing (default 0)")
     p.add_argument("--shared-expert-overlap", action="store_true",
                    help="every MoE plan: the shared experts beside the dispatch and combine all-to-alls (as simulate "
                         "--shared-expert-overlap; plans with --ep-comm-overlap keep their own)")
@@ -119,6 +124,19 @@ def add_command(sub) -> None:
     p.add_argument("--csv", help="write the ranked list to this CSV file")
     p.add_argument("--force", action="store_true", help="replace an existing --csv file")
     p.set_defaults(func=run)
+
+
+def _routing(args):
+    """--routing / --seed as a RoutingSpec (None: uniform)."""
+    from perfsim.plan.routing import RoutingSpec, routing_fields
+
+    if args.routing is None and args.seed is None:
+        return None
+    fields = routing_fields(args.routing or "uniform", "--routing")
+    try:
+        return RoutingSpec(**fields, seed=args.seed or 0)
+    except ConfigError as exc:
+        raise ConfigError(f"--routing: {exc}") from None
 
 
 def _constraints(args) -> tuple[dict, dict]:
@@ -174,7 +192,7 @@ def write_atomic(path: str, text: str) -> None:
 # search's options that only an MoE model reads (as simulate's MOE_ONLY): one line on a dense model
 MOE_ONLY = {"--dispatch": "dispatch", "--dispatch-compute-units": "dispatch_compute_units",
             "--dispatch-fp8": "dispatch_fp8", "--ep-comm-overlap": "try_ep_comm_overlap",
-            "--shared-expert-overlap": "shared_expert_overlap"}
+            "--shared-expert-overlap": "shared_expert_overlap", "--routing": "routing", "--seed": "seed"}
 
 
 def _refuse_moe_only(args) -> None:
@@ -202,6 +220,7 @@ def run(args) -> int:
     knobs |= {"mtp_layers": args.mtp_layers} if args.mtp_layers else {}
     counts = gpu_counts(args.gpus)
     fixed, limits = _constraints(args)
+    routing = _routing(args)
     if args.csv:
         check_output(args.csv, args.force, "--csv")
     bar = _Bar(args.progress or sys.stderr.isatty())
@@ -211,7 +230,7 @@ def run(args) -> int:
             max_memory_fraction=args.max_memory, objective=args.objective, usd_per_gpu_hour=args.usd_per_gpu_hour,
             top=args.top, confirm=args.confirm, executor=args.executor, workers=args.workers, dtype=args.dtype,
             dominance=not args.all_recompute, progress=bar, confirm_bound=args.confirm_bound,
-            max_confirm=args.max_confirm, stack=args.stack, plan_knobs=knobs,
+            max_confirm=args.max_confirm, stack=args.stack, plan_knobs=knobs, routing=routing,
         )
     except KeyboardInterrupt:
         print("\nperfsim: search cancelled; nothing written", file=sys.stderr)
