@@ -820,9 +820,16 @@ def section() -> str:
         "model runs EP16 on the HybridEP flex dispatcher, priced by the H100 profile's DeepEP table. Blind, under "
         "the shipped `nemo` profile (its dropless speed at the prior 1.0, nothing fitted to these rows): MAPE 6.2%, "
         "every row within -8.8..+15.9%. Then refitted by the profile's protocol, two `nemo` sources now running the "
-        "dropless path: kernels.speed_nvidia 0.818 -> 0.8354, dropless speed 1.0 -> 0.8721; `nemo-25.11`'s dropless "
+        "dropless path: kernels.speed_nvidia 0.818 -> 0.8354, dropless speed 1.0 -> 0.8722; `nemo-25.11`'s dropless "
         "speed 0.4886 -> 0.4756 on top of it. The 24.12 and 25.09 rows move by up to +3.7 points held out "
-        "(NEMO2412-L2-70B-H100 +8.0 -> +9.9%, MB2509-L405B-H100 +5.0 -> +8.7%).",
+        "(NEMO2412-L2-70B-H100 +8.0 -> +9.9%, MB2509-L405B-H100 +5.0 -> +8.7%). Then structure read from the "
+        "frameworks, nothing fitted: the word-embedding copy an MTP stage holds has its gradients all-reduced with "
+        "the first stage's over Megatron-Core's embedding group before the optimizer (MB2509-DSV3-H100 -3.96 -> "
+        "-4.03% held out; `nemo`'s dropless speed 0.8721 -> 0.8722 refitted); a benchmark's balanced gate (NeMo "
+        "AutoModel's FakeBalancedGate: each token's top-k one block of expert ids) is the routing `blocked`, and "
+        "gradient accumulation run as separate pipeline schedules (torch.distributed.pipelining) is "
+        "`pipeline_flushes`: no run here uses either (AutoModel's published rows, found this session, are not "
+        "cases yet: validation/runs/SOURCES.md).",
         "",
         *_summary(held, shipped),
         "",
