@@ -322,6 +322,8 @@ def flushed_order(schedule: Schedule, pp: int, vpp: int, stage: int, m: int, flu
     """``flushes`` schedules of ``m`` microbatches one after another (``plan.pipeline_flushes``),
     the microbatches numbered on from one schedule to the next."""
     order = schedule_order(schedule, pp, vpp, stage, m, weights)
+    if flushes == 1:
+        return order
     return [(phase, mb + k * m, chunk) for k in range(flushes) for phase, mb, chunk in order]
 
 
