@@ -192,7 +192,7 @@ def _case(row: dict, where: str, folder: Path) -> RunCase:
 
 
 def _routing(row: dict, where: str, folder: Path) -> RoutingSpec | None:
-    """The MoE routing the case states (``uniform``, ``zipf[:S]``, ``dirichlet[:A]`` or a
+    """The MoE routing the case states (``uniform``, ``blocked``, ``zipf[:S]``, ``dirichlet[:A]`` or a
     histogram file beside the CSV); None when empty (perfsim's uniform default)."""
     text = (row.get("routing") or "").strip()
     if not text:
