@@ -250,6 +250,8 @@ def test_search_prices_every_plan_under_the_routing(capsys):
         rows = json.loads(capsys.readouterr().out)
         times[routing] = rows[0]["step_time_s"]
     assert times["zipf:1.5"] > times[None]
+    assert main(base[:-1] + ["--routing", "zipf:1.5", "--top", "1"]) == 0
+    assert "; MoE routing zipf:1.5 (seed 0)" in capsys.readouterr().out.splitlines()[0]
     assert main(base + ["--routing", "zipf:x"]) == 2
     assert capsys.readouterr().err.strip().endswith("'x' in 'zipf:x' must be a finite number in [0, 1e+06]")
     dense = ["search", "--model", "llama3.1-8b", "--cluster", "h100-ib", "--gpus", "8", "--gbs", "64", "--seq", "4096"]

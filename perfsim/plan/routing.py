@@ -98,6 +98,18 @@ class RoutingSpec:
 UNIFORM = RoutingSpec()
 
 
+def routing_label(spec: RoutingSpec) -> str:
+    """The routing as the command line names it: ``uniform``, ``blocked``, ``zipf:S``,
+    ``dirichlet:A`` or ``histogram`` (a skewed one with its seed)."""
+    kind = spec.distribution
+    if kind is Distribution.UNIFORM:
+        return "blocked" if spec.topk_block else "uniform"
+    if kind is Distribution.HISTOGRAM:
+        return "histogram"
+    value = spec.skew if kind is Distribution.ZIPF else spec.concentration
+    return f"{kind.value}:{value:g} (seed {spec.seed})"
+
+
 def expert_shares(spec: RoutingSpec, num_experts: int) -> np.ndarray:
     """Probability that a routed token goes to each expert (sums to 1)."""
     rng = np.random.default_rng(spec.seed)

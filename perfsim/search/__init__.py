@@ -25,7 +25,7 @@ from perfsim.estimators.analytic import ClosedForm, measured_disagreement
 from perfsim.system.hardware import ClusterSpec
 from perfsim.model.spec import ModelSpec
 from perfsim.plan.parallel import FP8_ONLY, FP8_RECIPES, PLAN_SWITCHES, ParallelPlan
-from perfsim.plan.routing import UNIFORM, RoutingSpec
+from perfsim.plan.routing import UNIFORM, RoutingSpec, routing_label
 from perfsim.system.stacks import IDEAL, ZERO3_GATHERS, StackSpec, load_stack
 from perfsim.report import kernel_libraries
 from perfsim.search.executors import make_executor
@@ -68,6 +68,7 @@ class SearchResult:
     # how far perfsim's held-out checks put plans like these (calibration.accuracy; one stack,
     # GPU and cluster for every row)
     accuracy: dict = field(default_factory=dict)
+    routing: str = "uniform"  # the MoE routing every plan was priced under (routing_label)
 
     @property
     def valid(self) -> int:
@@ -104,7 +105,8 @@ class SearchResult:
         lines = [f"{self.model} on {self.cluster}, {'/'.join(map(str, self.gpus))} GPUs, gbs {self.gbs} x seq {self.seq}: "
                  f"{self.enumerated:,} plans enumerated, {self.costed + self.bounded:,} valid and fit "
                  f"({self.plans_per_s_per_core:,.0f} plans/s/core, {self.total_s:.1f} s on {self.executor}, "
-                 f"{self.workers} worker{'s' if self.workers > 1 else ''})"]
+                 f"{self.workers} worker{'s' if self.workers > 1 else ''})"
+                 + (f"; MoE routing {self.routing}" if self.routing != "uniform" else "")]
         lines += format_table(self.rows)
         win = self.rows[0]
         lines.append(f"winner: {_describe(win)} -- {win.tokens_per_s_per_gpu:,.0f} tok/s/GPU, MFU {win.mfu:.1%} ({win.estimator})")
@@ -336,7 +338,7 @@ def search(
         bounded=sum(r.bounded for r in sweep),
         rejected=_merge_rejected(sweep), sweep_cpu_s=sum(r.seconds for r in sweep), sweep_wall_s=t_sweep - t0,
         confirm_wall_s=time.perf_counter() - t_sweep, total_s=time.perf_counter() - t0, executor=ex.name,
-        workers=ex.workers, pareto=pareto,
+        workers=ex.workers, pareto=pareto, routing=routing_label(routing),
     )
 
 
