@@ -143,11 +143,14 @@ def test_cli_takes_a_comma_list_and_says_what_auto_chose(capsys):
 
 def test_a_megatron_command_line_with_several_modules_reaches_the_plan():
     got = from_args("pretrain_gpt.py --recompute-granularity selective --recompute-modules layernorm moe_act "
-                    "mla_up_proj some_future_module --expert-model-parallel-size 8")
+                    "mla_up_proj gdn --expert-model-parallel-size 8")
     assert got.knobs["recompute_modules"] == ("layernorm", "moe_act", "mla_up_proj") and got.knobs["ep"] == 8
     assert [why for _, why in got.not_modelled if "module" in why] == [
-        "module some_future_module is not modelled (perfsim re-runs core_attn, mla_up_proj, layernorm, moe_act, "
+        "module gdn is not modelled (perfsim re-runs core_attn, mla_up_proj, layernorm, moe_act, "
         "shared_experts, mlp, moe)"]
+    # a name no Megatron-Core release accepts is refused, as Megatron-Core refuses it (a typo, not a note)
+    with pytest.raises(ConfigError, match=r"--recompute-modules: 'core_atn' is not a Megatron-Core recompute module"):
+        from_args("pretrain_gpt.py --recompute-granularity selective --recompute-modules core_atn")
 
 
 def test_a_runs_csv_names_the_modules_as_megatron_writes_them(tmp_path):

@@ -75,6 +75,12 @@ ACCOUNT_FLAGS = {"account_for_embedding_in_pipeline_split": "account_for_embeddi
 # NVLink + RDMA kernels, which Megatron-Bridge's H100 Qwen3-30B-A3B preset runs from 26.04: no
 # public bandwidth table of its own, so priced by the cluster's DeepEP table); allgather is not modelled
 DISPATCHERS = ("allgather", "alltoall", "flex")
+# --recompute-modules names Megatron-Core versions accept beside perfsim's RECOMPUTE_MODULES
+# (TransformerConfig's allowed_modules across releases and forks: the hyper-connection and
+# gated-delta-net modules, the finer MLP / expert splits, the EP-overlap chunks); reported as
+# not modelled, where any other name is refused as Megatron-Core refuses it
+MEGATRON_ONLY_MODULES = ("mhc", "gdn", "gdn_norm_out", "mlp_act", "pre_mlp", "routed_experts", "a2a_overlap_attn",
+                         "a2a_overlap_post_attn", "a2a_overlap_mlp")
 FLEX_BACKENDS = ("deepep", "hybridep")
 DISPATCH_FLAGS = ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend", "moe_enable_deepep", "moe_deepep_num_sms")
 # Megatron-LM --fp8-recipe -> plan.fp8_recipe (the others are in NOT_MODELLED)
@@ -201,6 +207,9 @@ def from_mapping(args: dict) -> MegatronPlan:
             if modelled:
                 knobs["recompute_modules"] = modelled
             for m in names:
+                if m not in RECOMPUTE_MODULES + MEGATRON_ONLY_MODULES:
+                    raise ConfigError(f"--recompute-modules: {m!r} is not a Megatron-Core recompute module (one of "
+                                      f"{', '.join(RECOMPUTE_MODULES + MEGATRON_ONLY_MODULES)})")
                 if m not in RECOMPUTE_MODULES:
                     not_modelled.append(("recompute_modules", f"module {m} is not modelled (perfsim re-runs "
                                                               f"{', '.join(RECOMPUTE_MODULES)})"))

@@ -20,12 +20,14 @@ ANY_VALUE = st.one_of(JSON_VALUES, EDGE_FLOATS, st.just(object()))
 
 SIM_FLAGS = ("--tp", "--pp", "--vpp", "--dp", "--ep", "--etp", "--cp", "--zero", "--mbs", "--gbs", "--seq",
              "--nodes", "--gpus", "--seed", "--capacity-factor", "--gpu-variability", "--overlap-cu-share",
-             "--routing-skew", "--routing-concentration", "--grad-bucket-size", "--dispatch-compute-units")
+             "--routing-skew", "--routing-concentration", "--grad-bucket-size", "--dispatch-compute-units",
+             "--pipeline-flushes")
 SIM_CHOICES = {"--dtype": ["bf16", "fp8", "fp32", ""], "--recompute": ["none", "full", "x"],
                "--schedule": ["1f1b", "gpipe", "interleaved", "zb-h1", "?"],
                "--fp8-recipe": ["delayed", "current", "mxfp8", ""],
                "--first-stage-layers": ["1", "0", "40", "-1", "x"],
-               "--routing": ["uniform", "zipf", "zipf:1.5", "zipf:nan", "dirichlet:0.3", "dirichlet:-1", "nope"],
+               "--routing": ["uniform", "blocked", "blocked:2", "zipf", "zipf:1.5", "zipf:nan", "dirichlet:0.3",
+                             "dirichlet:-1", "nope"],
                "--model": ["llama3.1-8b", "olmoe-1b-7b", "mixtral-8x7b", "deepseek-v2-lite", "nope"],
                "--recompute-modules": ["mla_up_proj", "shared_experts", "moe_act,layernorm", "mla_up_proj,mlp",
                                        "core_attn,core_attn", ",", "nope"],

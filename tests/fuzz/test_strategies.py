@@ -46,7 +46,7 @@ def check_command(argv):
 
 API_ARGS = ("model", "cluster", "nodes", "gbs", "seq", "tp", "pp", "mbs", "zero", "dtype", "recompute", "routing",
             "variability", "check_memory", "gpus", "cp", "ep", "recompute_modules", "shared_expert_overlap",
-            "mtp_layers")
+            "mtp_layers", "pipeline_flushes")
 
 
 def check_api(arg, value):
