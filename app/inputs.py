@@ -12,7 +12,7 @@ import perfsim
 from perfsim.model import io as modelio
 from perfsim.plan.parallel import DEFAULT_RECOMPUTE_MODULES, FP8_RECIPES, PLAN_SWITCHES, RECOMPUTE_MODULE_LEVELS
 from perfsim.system.stacks import ZERO3_GATHERS
-from perfsim.plan.routing import RoutingSpec
+from perfsim.plan.routing import RoutingSpec, routing_fields
 from perfsim.plan.stragglers import VariabilitySpec
 
 KNOBS = ("tp", "pp", "vpp", "dp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq")
@@ -159,11 +159,9 @@ def model_spec(inputs: dict):
 
 def routing_spec(inputs: dict) -> RoutingSpec:
     r = inputs.get("routing") or {}
-    kind = r.get("distribution", "uniform")
-    blocked = kind == "blocked"  # RoutingSpec.topk_block over the uniform shares
-    return RoutingSpec(distribution="uniform" if blocked else kind, topk_block=blocked, skew=float(r.get("skew", 1.0)),
-                       concentration=float(r.get("concentration", 1.0)), seed=int(r.get("seed", 0)),
-                       speed_aware=r.get("placement") == "speed")
+    fields = routing_fields(r.get("distribution", "uniform"), "MoE routing", skew=float(r.get("skew", 1.0)),
+                            concentration=float(r.get("concentration", 1.0)))  # as --routing names them
+    return RoutingSpec(**fields, seed=int(r.get("seed", 0)), speed_aware=r.get("placement") == "speed")
 
 
 def fidelity_knobs(inputs: dict) -> dict:

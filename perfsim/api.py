@@ -1,6 +1,5 @@
 """The public facade: load inputs, simulate or estimate a step, time a collective."""
 
-import dataclasses
 import functools
 import logging
 from dataclasses import fields, replace
@@ -302,8 +301,7 @@ def simulate(
 
     def run(m: int) -> tuple:
         if m not in runs:
-            short = plan if m == plan.num_microbatches else replace(  # whole schedules (fold_points)
-                plan, gbs=plan.mbs * plan.dp * m, pipeline_flushes=max(1, m // plan.flush_microbatches))
+            short = plan if m == plan.num_microbatches else plan.with_microbatches(m)
             graph = price(build_graph(model, short, routing=routing, ep_speeds=ep_speeds, weights=weights), cluster, slow)
             runs[m] = _engine_figures(graph)
         return runs[m]
@@ -363,7 +361,7 @@ def _moe_and_straggler_costs(model, cluster, plan, routing, variability) -> dict
     if moe:
         speeds = ep_rank_speeds(plan, gpu_speeds(plan.world_size, variability))
         out["moe_imbalance"] = imbalance(model, plan, routed_tokens(model, plan), routing, speeds)
-    skewed = moe and dataclasses.replace(routing, topk_block=False) != UNIFORM  # a blocked routing is balanced
+    skewed = moe and routing.skewed
     if not skewed and variability.cv == 0:
         return out
     full = _closed_form_step(model, cluster, plan, routing, variability)

@@ -123,22 +123,20 @@ def walk(schedule: Schedule, pp: int, vpp: int, m: int, stages: tuple[StageCosts
     the passes' relative times the V-shape schedules' orders are built from. ``flushes``
     (``plan.pipeline_flushes``): the ``m`` microbatches run as that many schedules one after
     another; a long run of them is extended from the first ones, as a long schedule is."""
-    if flushes > 1:
-        per = m // flushes
-
+    if flushes > 1:  # counted in whole schedules: k of them
         def short(k: int) -> Walked:
-            return _short_walk(schedule, pp, vpp, per, stages, p2p_s, weights, k)
-        first, second, m = 1, 2, flushes
-    else:
+            return _short_walk(schedule, pp, vpp, m // flushes, stages, p2p_s, weights, k)
+        first, second, units = 1, 2, flushes
+    else:  # counted in microbatches of the one schedule
         def short(k: int) -> Walked:
             return _short_walk(schedule, pp, vpp, k, stages, p2p_s, weights)
-        first, second = fold_points(pp, vpp)
-    window = steady_window(lambda k: max(short(k).ends), first, second, m)
+        (first, second), units = fold_points(pp, vpp), m
+    window = steady_window(lambda k: max(short(k).ends), first, second, units)
     if window is None:
-        return short(m)
+        return short(units)
     first, second = window
     a, b = short(first), short(second)
-    scale = (m - second) / (second - first)
+    scale = (units - second) / (second - first)
 
     def ext(x, y):
         return y + scale * (y - x)

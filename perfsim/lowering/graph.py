@@ -396,9 +396,7 @@ def build_graph(
     """
     built = plan
     if num_microbatches is not None and num_microbatches < plan.num_microbatches:
-        # the schedules of pipeline_flushes whole (one, where the count is not a number of them)
-        flushes = num_microbatches // plan.flush_microbatches if num_microbatches % plan.flush_microbatches == 0 else 1
-        built = replace(plan, gbs=plan.mbs * plan.dp * num_microbatches, pipeline_flushes=max(1, flushes))
+        built = plan.with_microbatches(num_microbatches)
     b = _Builder(model, built, routing, ep_speeds)
     _emit(b, {s: stage_order(built, s, weights) for s in range(built.pp)})
     for stage in range(built.pp):

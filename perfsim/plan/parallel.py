@@ -441,6 +441,12 @@ class ParallelPlan:
         """Microbatches of one pipeline schedule (``pipeline_flushes`` of them a step)."""
         return self.num_microbatches // self.pipeline_flushes
 
+    def with_microbatches(self, m: int) -> "ParallelPlan":
+        """This plan with a step of ``m`` microbatches (the engine's short steps): its schedules
+        kept whole, ``m`` / ``flush_microbatches`` of them, or one where ``m`` is not a number of them."""
+        per = self.flush_microbatches
+        return dataclasses.replace(self, gbs=self.mbs * self.dp * m, pipeline_flushes=m // per if m % per == 0 else 1)
+
     @property
     def tokens_per_step(self) -> int:
         return self.gbs * self.seq

@@ -77,6 +77,12 @@ class RoutingSpec:
                               f"not beside a {self.distribution.value} distribution")
 
 
+    @property
+    def skewed(self) -> bool:
+        """Whether the routing loads the experts unevenly or places them off the contiguous
+        default: anything but the uniform default (a blocked routing is balanced)."""
+        return dataclasses.replace(self, topk_block=False) != RoutingSpec()
+
     def _check_types(self) -> None:
         """Finite numbers and integer seeds/ranks (a NaN skew would route NaN tokens)."""
         for key in ("skew", "concentration"):
@@ -96,6 +102,7 @@ class RoutingSpec:
 
 
 UNIFORM = RoutingSpec()
+
 
 
 def routing_label(spec: RoutingSpec) -> str:

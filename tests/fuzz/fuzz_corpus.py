@@ -71,13 +71,13 @@ CLI_CASES = [
     _c("cli.moe", f"{MOE} --routing zipf:1.2 --seed 7", "ok"),
     _c("cli.moe", f"{MOE} --routing blocked --dispatch deepep --cluster h100-ib", "ok"),
     _c("cli.moe", f"{MOE} --routing blocked:1", mention="routing"),
+    _c("cli.moe", f"{MOE} --routing dirichlet:0.5 --capacity-factor 1.25", "ok"),
     # gradient accumulation as separate pipeline schedules
     _c("cli.moe", f"{MOE} --pp 2 --ep 4 --pipeline-flushes 2", "ok"),
     _c("cli.moe", f"{MOE} --pipeline-flushes 2", mention="pipeline_flushes"),
     _c("cli.moe", f"{MOE} --pp 2 --ep 4 --pipeline-flushes 3", mention="pipeline_flushes"),
     _c("cli.moe", f"{MOE} --pp 2 --ep 4 --pipeline-flushes nan", mention="pipeline-flushes"),
     _c("cli.moe", f"{MOE} --pp 2 --ep 4 --pipeline-flushes 99999999999999999999", mention="pipeline-flushes"),
-    _c("cli.moe", f"{MOE} --routing dirichlet:0.5 --capacity-factor 1.25", "ok"),
     # files given as --model / --cluster
     _c("cli.files", "simulate --model {binary_json} --nodes 1 --gbs 8 --seq 2048", mention="binary.json"),
     _c("cli.files", "simulate --model {binary_toml} --nodes 1 --gbs 8 --seq 2048", mention="binary.toml"),
