@@ -29,7 +29,7 @@ INT_KNOBS = ("tp", "pp", "vpp", "ep", "etp", "cp", "zero", "mbs", "gbs", "seq", 
              "dispatch_compute_units", "mtp_layers", "pipeline_flushes")
 STR_KNOBS = ("dtype", "recompute", "schedule", "dispatch", "fp8_recipe", "zero3_gather", "pipeline_layout")  # plan fields of those names
 BOOL_KNOBS = ("fp8_params", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "ep_comm_overlap",
-              "shared_expert_overlap",
+              "shared_expert_overlap", "clip_grad",
               "account_for_embedding", "account_for_loss")  # true / false (empty: the stack's
 # default: its [fp8] primary_weights under dtype fp8, its overlap policy)
 OPTIONAL = (*INT_KNOBS, *STR_KNOBS, *BOOL_KNOBS, "recompute_modules", "capacity_factor", "routing", "family", "data",

@@ -459,6 +459,12 @@ def load_stack(name_or_path: "str | Path | StackSpec") -> StackSpec:
     return spec
 
 
+def stack_base(name_or_path: str | Path) -> str | None:
+    """The profile a stack profile names as its ``base`` (None where it stands alone)."""
+    base = read_toml(resolve_profile("stack", name_or_path, STACK_DIR)).get("base")
+    return base if isinstance(base, str) else None
+
+
 MAX_LOADED = 64  # stack profiles kept loaded
 _LOADED: dict[str, tuple] = {}  # resolved path -> (its and its bases' mtimes, those files, the spec)
 
