@@ -295,7 +295,9 @@ def simulate(inputs: dict):
 def search_switches(inputs: dict, model) -> dict:
     """The Plan page's plan switches a search applies to every plan (perfsim.search's
     ``plan_knobs``): gradient clip, the overlap choices the user set (unset: the stack's
-    policy), real data where chosen and FP8 dispatch where it applies to ``model``."""
+    policy), real data where chosen, FP8 dispatch, shared-expert overlap and the dispatch's
+    compute units where they apply to ``model``, the FP8 recipe, the ZeRO-3 gather policy and
+    the pipeline schedules per step (search applies them to its pipelined plans)."""
     knobs = {k: v for k, v in fidelity_knobs(inputs).items()
              if k in PLAN_SWITCHES and (v or k != "real_data")}
     if dispatch_fp8_choice(inputs, model):
@@ -308,6 +310,8 @@ def search_switches(inputs: dict, model) -> dict:
         knobs["dispatch_compute_units"] = units
     if zero3_gather_choice(inputs):
         knobs["zero3_gather"] = zero3_gather_choice(inputs)
+    if (flushes := fidelity_knobs(inputs)["pipeline_flushes"]) > 1:  # the pipelined plans' schedules per step
+        knobs["pipeline_flushes"] = flushes
     return knobs
 
 

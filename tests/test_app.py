@@ -299,6 +299,25 @@ def test_search_page_runs_ranks_and_opens_a_plan(monkeypatch):
     assert at.session_state["inputs"]["nodes"] == 128
 
 
+def test_search_page_names_every_plan_switch_the_plan_page_set(monkeypatch):
+    """The Search page says which of the Plan page's choices every plan carries, the counted
+    ones too (it raised KeyError on the dispatch's compute units), and passes them on: the
+    pipeline schedules per step reach the search's plan_knobs."""
+    calls = []
+    monkeypatch.setattr(perfsim, "search", fake_search(calls), raising=False)
+    at = start()
+    inputs = at.session_state["inputs"]
+    inputs["fidelity"] = {**(inputs.get("fidelity") or {}), "dispatch_compute_units": 40, "pipeline_flushes": 2}
+    at.session_state["inputs"] = inputs
+    at.switch_page("views/search.py").run()
+    ok(at)
+    said = " ".join(c.value for c in at.caption)
+    assert "dispatch compute units 40" in said and "pipeline schedules per step 2" in said
+    next(b for b in at.button if b.label == "Run search").click().run()
+    ok(at)
+    assert calls[0][2]["plan_knobs"]["pipeline_flushes"] == 2 and calls[0][2]["plan_knobs"]["dispatch_compute_units"] == 40
+
+
 def test_search_page_fix_axes_and_bad_input(monkeypatch):
     calls = []
     monkeypatch.setattr(perfsim, "search", fake_search(calls), raising=False)

@@ -71,7 +71,7 @@ def test_the_engine_folds_a_long_run_of_schedules_from_the_first_ones():
 
 @pytest.mark.parametrize("knobs, match", [
     (dict(pp=1, dp=16, pipeline_flushes=2), r"plan.pipeline_flushes \(2\) needs pp > 1"),
-    (dict(pipeline_flushes=3), r"plan.pipeline_flushes \(3\) must divide the step's 16 microbatches"),
+    (dict(pipeline_flushes=3), r"plan.pipeline_flushes \(3\) must divide the step's microbatches \(gbs / mbs\*dp = 16\)"),
     (dict(pipeline_flushes=0), r"plan.pipeline_flushes must be a positive integer, got 0"),
     (dict(pipeline_flushes=True), r"plan.pipeline_flushes must be a positive integer, got True"),
 ])
@@ -87,7 +87,7 @@ def test_cli_runs_csv_and_planner(tmp_path, capsys):
     assert "pipeline_flushes=4" in capsys.readouterr().out
     assert main(args + ["3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["perfsim: error: plan.pipeline_flushes (3) must divide the step's 16 microbatches (gbs / (mbs*dp))"]
+    assert err == ["perfsim: error: plan.pipeline_flushes (3) must divide the step's microbatches (gbs / mbs*dp = 16)"]
     with open(ROOT / "validation/runs/published.csv") as f:
         row = next(r for r in csv.DictReader(f) if r["id"] == "TT2412-L405B-512-1F1B")
     path = tmp_path / "runs.csv"

@@ -190,6 +190,48 @@ def test_bad_plan_switches_are_config_errors(knobs, field):
         perfsim.search(MOE, "mi300x-pollara", executor="serial", plan_knobs=knobs, **SMALL)
 
 
+def test_pipeline_flushes_reach_the_pipelined_plans_and_leave_the_others():
+    """``plan_knobs`` pipeline_flushes (CLI --pipeline-flushes): every plan with a pipeline runs
+    its microbatches as that many schedules, each paying its own fill and drain, so its step is
+    no shorter than the same plan as one schedule; a plan without a pipeline carries 1 (its
+    microbatches run back to back either way); plans it does not divide are rejected, counted
+    under one reason."""
+    fixed = {"pp": (1, 2), "vpp": 1, "tp": 1, "cp": 1, "mbs": 1}
+    knobs = dict(gpus=16, gbs=64, seq=1024, top=40, confirm=0, fixed=fixed)
+    one = perfsim.search(MOE, "mi300x-pollara", executor="serial", **knobs)
+    four = perfsim.search(MOE, "mi300x-pollara", executor="serial", plan_knobs={"pipeline_flushes": 4}, **knobs)
+    piped = [r for r in four.rows if r.plan["pp"] > 1]
+    assert piped and all(r.plan["pipeline_flushes"] == 4 for r in piped)
+    assert all(r.plan["pipeline_flushes"] == 1 for r in four.rows if r.plan["pp"] == 1)
+    steps = {(r.plan["pp"], r.plan["ep"], r.plan["zero"], r.plan["schedule"], r.plan["recompute"],
+              r.plan["grad_bucket_bytes"]): r.step_time_s for r in one.rows}
+    pairs = [(steps[k], r.step_time_s) for r in piped
+             if (k := (2, r.plan["ep"], r.plan["zero"], r.plan["schedule"], r.plan["recompute"],
+                       r.plan["grad_bucket_bytes"])) in steps]
+    assert pairs and all(flushed > whole for whole, flushed in pairs)
+    odd = perfsim.search(MOE, "mi300x-pollara", executor="serial", plan_knobs={"pipeline_flushes": 3}, **knobs)
+    assert all(r.plan["pp"] == 1 for r in odd.rows)  # 8 microbatches a pipelined step (dp 8): 3 divides none
+    assert odd.rejected["plan.pipeline_flushes must divide the step's microbatches"] > 0
+
+
+@pytest.mark.parametrize("value", [0, True, 2.0])
+def test_bad_pipeline_flushes_knob_is_a_config_error(value):
+    with pytest.raises(ConfigError, match=f"plan_knobs.pipeline_flushes: expected a whole number >= 1, got {value!r}"):
+        perfsim.search(MOE, "mi300x-pollara", executor="serial", plan_knobs={"pipeline_flushes": value}, **SMALL)
+
+
+def test_cli_search_pipeline_flushes(capsys):
+    assert cli.main(["search", "--model", "llama3.1-8b", "--cluster", "h100-ib", "--gpus", "16", "--gbs", "64",
+                     "--seq", "2048", "--pp", "2", "--vpp", "1", "--tp", "1", "--stack", "torchtitan",
+                     "--pipeline-flushes", "4", "--executor", "serial", "--top", "2", "--confirm", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "flushes4" in out
+    assert cli.main(["search", "--model", "llama3.1-8b", "--gpus", "16", "--gbs", "64", "--seq", "2048",
+                     "--pipeline-flushes", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--pipeline-flushes" in err and "\n" not in err
+
+
 def test_cli_dispatch_fp8_needs_fp8_in_one_line(capsys):
     assert cli.main(["search", "--model", "mixtral-8x7b", "--gpus", "8", "--gbs", "64", "--seq", "4096",
                      "--dispatch-fp8", "--executor", "serial"]) == 2

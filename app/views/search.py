@@ -59,8 +59,10 @@ dtype, stack = inputs["knobs"].get("dtype", "bf16"), inputs.get("stack") or "ide
 switches = search_switches(inputs, model_spec({**inputs, "model": model, "model_config": None}))
 SWITCH_WORDS = {"clip_grad": "gradient clip", "overlap_grad_reduce": "gradient-reduction overlap",
                 "overlap_param_gather": "parameter prefetch", "dispatch_fp8": "FP8 dispatch", "real_data": "real data",
-                "fp8_params": "FP8 weights"}
-NAMED = {"fp8_recipe": "FP8 recipe", "zero3_gather": "ZeRO-3 gathers"}  # the knobs that take a name
+                "fp8_params": "FP8 weights", "shared_expert_overlap": "shared-expert overlap"}
+# the knobs that take a name or a count (every key search_switches may return is in one of the two)
+NAMED = {"fp8_recipe": "FP8 recipe", "zero3_gather": "ZeRO-3 gathers", "dispatch_compute_units": "dispatch compute units",
+         "pipeline_flushes": "pipeline schedules per step"}
 said = ", ".join(f"{NAMED[k]} {v}" if k in NAMED else f"{SWITCH_WORDS[k]} {'on' if v else 'off'}"
                  for k, v in sorted(switches.items()))
 st.caption(fmt.md(f"Every plan runs in {dtype} under the {stack} stack, {said} (set on the Plan page)."))

@@ -86,6 +86,11 @@ def add_command(sub) -> None:
                         "default: the cluster profile's)")
     p.add_argument("--mtp-layers", type=a.integer(0, 64), default=None, metavar="N",
                    help="every plan: N multi-token-prediction layers on its last virtual stage (as simulate --mtp-layers)")
+    p.add_argument("--pipeline-flushes", type=a.integer(1, 1 << 20), default=None, metavar="N",
+                   help="every pipelined plan: its microbatches as N pipeline schedules one after another, as "
+                        "torch.distributed.pipelining runs each accumulation step (as simulate --pipeline-flushes); "
+                        "plans without a pipeline are unaffected, plans whose microbatches N does not divide are "
+                        "rejected (default 1)")
     p.add_argument("--dispatch-fp8", action="store_true",
                    help="every MoE plan: FP8 dispatch (needs --dtype fp8; as simulate --dispatch-fp8)")
     p.add_argument("--routing", default=None,
@@ -218,6 +223,7 @@ def run(args) -> int:
     knobs |= {"zero3_gather": args.zero3_gather} if args.zero3_gather else {}
     knobs |= {} if args.dispatch_compute_units is None else {"dispatch_compute_units": args.dispatch_compute_units}
     knobs |= {"mtp_layers": args.mtp_layers} if args.mtp_layers else {}
+    knobs |= {"pipeline_flushes": args.pipeline_flushes} if args.pipeline_flushes and args.pipeline_flushes > 1 else {}
     counts = gpu_counts(args.gpus)
     fixed, limits = _constraints(args)
     routing = _routing(args)

@@ -329,8 +329,8 @@ class ParallelPlan:
             raise ConfigError(f"plan.pipeline_flushes ({self.pipeline_flushes}) needs pp > 1: without a pipeline "
                               f"the microbatches run back to back")
         if self.num_microbatches % self.pipeline_flushes:
-            raise ConfigError(f"plan.pipeline_flushes ({self.pipeline_flushes}) must divide the step's "
-                              f"{self.num_microbatches} microbatches (gbs / (mbs*dp))")
+            raise ConfigError(f"plan.pipeline_flushes ({self.pipeline_flushes}) must divide the step's microbatches "
+                              f"(gbs / mbs*dp = {self.num_microbatches})")
         why = ep_overlap_conflict(self) if self.ep_comm_overlap else ""
         if why:
             raise ConfigError(f"plan.ep_comm_overlap {why}")

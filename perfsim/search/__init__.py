@@ -33,7 +33,8 @@ from perfsim.search.space import AXES, DOMINATED, OOM, Chunk, Context, build_spa
 from perfsim.search.rank import Candidate, explain_infeasible, format_table, rank_rows
 
 STRING_KNOBS = {"fp8_recipe": FP8_RECIPES, "zero3_gather": ZERO3_GATHERS}  # plan_knobs that take a name
-COUNT_KNOBS = ("dispatch_compute_units", "mtp_layers")  # plan_knobs that take a whole number >= 0
+# plan_knobs that take a whole number, with its least value
+COUNT_KNOBS = {"dispatch_compute_units": 0, "mtp_layers": 0, "pipeline_flushes": 1}
 
 log = logging.getLogger(__name__)
 OBJECTIVES = ("time", "cost")
@@ -195,12 +196,12 @@ def _plan_switches(knobs: dict | None, dtype: str) -> tuple[tuple[str, bool | st
             if value not in STRING_KNOBS[key]:
                 raise ConfigError(f"plan_knobs.{key}: expected one of {', '.join(STRING_KNOBS[key])}, got {value!r}")
             continue
-        if key in COUNT_KNOBS:  # the compute units a dispatch holds
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"plan_knobs.{key}: expected a whole number >= 0, got {value!r}")
+        if key in COUNT_KNOBS:  # the compute units a dispatch holds, MTP layers, pipeline schedules a step
+            if isinstance(value, bool) or not isinstance(value, int) or value < COUNT_KNOBS[key]:
+                raise ConfigError(f"plan_knobs.{key}: expected a whole number >= {COUNT_KNOBS[key]}, got {value!r}")
             continue
         if key not in PLAN_SWITCHES:
-            known = ", ".join(PLAN_SWITCHES + tuple(STRING_KNOBS) + COUNT_KNOBS)
+            known = ", ".join(PLAN_SWITCHES + tuple(STRING_KNOBS) + tuple(COUNT_KNOBS))
             raise ConfigError(f"plan_knobs: unknown switch {key!r} (known: {known})")
         if not isinstance(value, bool):
             raise ConfigError(f"plan_knobs.{key}: expected true or false, got {value!r}")
@@ -289,7 +290,10 @@ def search(
     defaults (``PLAN_SWITCHES``: overlap_grad_reduce, overlap_param_gather, clip_grad,
     dispatch_fp8, real_data; e.g. ``{"clip_grad": False}``; ``fp8_recipe``, delayed or
     current, under dtype fp8; ``zero3_gather``, per-pass, once or pipeline;
-    ``dispatch_compute_units``, the SMs / CUs the dispatch kernels hold). Raises
+    ``dispatch_compute_units``, the SMs / CUs the dispatch kernels hold; ``pipeline_flushes``,
+    the accumulation steps of every pipelined plan run as that many pipeline schedules, as
+    torch.distributed.pipelining runs them: plans without a pipeline are unaffected, a plan
+    whose microbatches it does not divide is rejected). Raises
     InfeasiblePlan naming the binding constraint when no plan is valid and fits,
     ConfigError for bad input.
     """

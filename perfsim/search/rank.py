@@ -171,6 +171,7 @@ def format_table(rows: list[SearchRow]) -> list[str]:
         knobs += f" {zero} mbs{p['mbs']}" + (f" rc-{p['recompute']}" if p["recompute"] != "none" else "") + \
             (f"/{p['recompute_layers']}" if p.get("recompute_layers") else "")
         knobs += f" {p['schedule']}" if p["pp"] > 1 else ""
+        knobs += f" flushes{p['pipeline_flushes']}" if p.get("pipeline_flushes", 1) > 1 else ""
         knobs += " tp-overlap" if p.get("tp_comm_overlap") else ""
         knobs += " ep-overlap" if p.get("ep_comm_overlap") and p["ep"] > 1 else ""
         knobs += " shared-overlap" if p.get("shared_expert_overlap") and p["ep"] > 1 else ""

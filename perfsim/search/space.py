@@ -244,10 +244,13 @@ def _base_plans(chunk: Chunk, res: ChunkResult):
                 continue
             eps = len(ep_overlaps(space, SimpleNamespace(tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep, tp_comm_overlap=False)))
             res.enumerated += inner * eps * len(scheds)
+            carried = dict(ctx.plan_knobs)
+            if pp == 1:  # without a pipeline the microbatches run back to back: nothing to flush
+                carried.pop("pipeline_flushes", None)
             try:
                 base = ParallelPlan(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, gbs=ctx.gbs, seq=ctx.seq,
                                     dtype=ctx.dtype, mbs=1, schedule=scheds[0], stack=ctx.stack,
-                                    **{**ctx.stack.plan_defaults(ctx.dtype), **dict(ctx.plan_knobs),
+                                    **{**ctx.stack.plan_defaults(ctx.dtype), **carried,
                                        "ep_comm_overlap": False})  # its variants set it (ep_overlaps)
                 check_plan(base, ctx.model, ctx.num_gpus)
             except ConfigError as exc:

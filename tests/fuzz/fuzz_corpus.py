@@ -139,6 +139,10 @@ CLI_CASES = [
     _c("cli.search", f"{SRCH} --tp 0", mention="tp"),
     _c("cli.search", f"{SRCH} --tp 1,x", mention="tp"),
     _c("cli.search", f"{SRCH} --json", "ok"),
+    _c("cli.search", f"{SRCH} --pipeline-flushes 2", "ok"),
+    _c("cli.search", f"{SRCH} --pp 2 --pipeline-flushes 5", mention="pipeline_flushes"),
+    _c("cli.search", f"{SRCH} --pipeline-flushes 0", mention="pipeline-flushes"),
+    _c("cli.search", f"{SRCH} --pipeline-flushes nan", mention="pipeline-flushes"),
     # sizing
     _c("cli.sizing", f"{SIZ} --align 0", mention="align"),
     _c("cli.sizing", f"{SIZ} --align -1", mention="align"),
