@@ -54,7 +54,7 @@ def test_automodel_loss_is_unfused_and_its_bf16_logits_take_six_bytes():
 
 def test_the_automodel_rows_run_blocked_routing_without_clipping_and_fit_as_they_ran():
     cases = [c for c in read_runs(RUNS) if c.stack == "automodel"]
-    assert len(cases) == 4 and {c.source_id for c in cases} == {"nemo-automodel-perf-summary-2510"}
+    assert len(cases) == 6 and {c.source_id for c in cases} == {"nemo-automodel-perf-summary-2510"}
     for case in cases:
         knobs = dict(case.knobs)
         assert knobs["clip_grad"] is False and case.routing.topk_block and knobs["dispatch"] == "deepep"

@@ -64,11 +64,16 @@ def test_qwen3_moe_writes_num_local_experts_and_is_accepted(tmp_path):
     assert from_hf_config(written, "q").num_experts == 128
 
 
-def test_gpt_oss_is_refused_by_name_not_read_as_mixtral():
-    config = transformers.GptOssConfig().to_dict()
-    assert "num_local_experts" in config  # the key that used to make it "Mixtral"
-    with pytest.raises(ConfigError, match=r"unsupported model_type 'gpt_oss'.*mixtral"):
-        from_hf_config(config, "gpt-oss")
+@pytest.mark.parametrize("name, layers, experts", [("gpt-oss-120b", 36, 128), ("gpt-oss-20b", 24, 32)])
+def test_gpt_oss_config_imports_as_its_preset_with_alternating_sliding_windows(name, layers, experts):
+    """transformers' GptOssConfig (num_local_experts, as Mixtral writes it) is GPT-OSS by its
+    model_type: its layer_types (sliding, full, sliding, ...) become a 128-token window on every
+    other layer, and the rest of the structure is the preset's."""
+    config = transformers.GptOssConfig(num_hidden_layers=layers, num_local_experts=experts).to_dict()
+    spec, preset = from_hf_config(config, name), load_model(name)
+    assert (spec.sliding_window, spec.full_attention_every) == (128, 2)
+    assert [spec.attention_window(i) for i in range(4)] == [128, 0, 128, 0]
+    assert _structure(spec) == _structure(preset) and spec.total_params() == preset.total_params()
 
 
 def test_unknown_model_type_is_refused_even_with_familiar_keys():
@@ -77,12 +82,18 @@ def test_unknown_model_type_is_refused_even_with_familiar_keys():
         from_hf_config(config, "next")
 
 
-def test_non_full_attention_layers_are_refused_by_field():
+def test_layer_types_perfsim_cannot_model_are_refused_by_field():
     cls, kwargs = CONFIGS["llama3.1-8b"]
     config = getattr(transformers, cls)(**kwargs).to_dict()
-    config["layer_types"] = ["sliding_attention", "full_attention"] * 16
-    with pytest.raises(ConfigError, match=r"'layer_types'.*'sliding_attention'"):
-        from_hf_config(config, "x")
+    config |= {"layer_types": ["sliding_attention", "full_attention"] * 16, "sliding_window": 4096}
+    assert from_hf_config(config, "x").full_attention_every == 2  # every other layer windowed: modelled
+    for types, match in ((["chunked_attention", "full_attention"] * 16, r"'layer_types'.*'chunked_attention'"),
+                         (["full_attention", "sliding_attention"] * 16, r"'layer_types' must list .* every N-th"),
+                         (["sliding_attention"] * 31, r"'layer_types' must list one entry per layer")):
+        with pytest.raises(ConfigError, match=match):
+            from_hf_config({**config, "layer_types": types}, "x")
+    with pytest.raises(ConfigError, match="'sliding_window'"):
+        from_hf_config({**config, "sliding_window": 0}, "x")
 
 
 def test_a_config_without_model_type_is_recognised_by_its_keys():

@@ -50,6 +50,10 @@ PUBLISHED = [
     ("llama2-13b", TOLERANCE, TOLERANCE),
     ("llama2-70b", TOLERANCE, TOLERANCE),
     ("llama3.1-405b", TOLERANCE, TOLERANCE),
+    # OpenAI's gpt-oss model card (arXiv 2508.10925) table 1: 116.83B / 20.91B total, 5.13B / 3.61B
+    # active per token (the LM head counted, the input embedding not).
+    ("gpt-oss-120b", TOLERANCE, TOLERANCE),
+    ("gpt-oss-20b", TOLERANCE, TOLERANCE),
 ]
 
 

@@ -430,16 +430,20 @@ def test_a_fold_without_a_run_on_a_dispatch_path_prices_it_at_the_prior():
     cases = [c for c in read_runs(RUNS) if c.stack == "nemo"]
     moe = [c for c in cases if c.family == "moe"]
     padded, dropless = [c for c in moe if c.capacity_factor], [c for c in moe if not c.capacity_factor]
-    # under nemo one source runs the padded path (25.09's token-drop rows) and two the dropless one
-    # (25.09's DeepSeek-V3 row, the Qwen3 rows of the containers after 26.02): each informs the other
+    # under nemo one source runs the padded path (25.09's token-drop rows) and four the dropless one
+    # (25.09's DeepSeek-V3 row, the Qwen3-235B-A22B / GPT-OSS-120B rows of 25.11 and 26.02, the Qwen3
+    # and GPT-OSS rows of the containers after 26.02): each informs the others
     assert padded and {c.source_id for c in padded} == {"megatron-bridge-perf-summary-25.09"}
     later_fixed = "megatron-bridge-perf-summary-26.02.01-26.06"
-    assert {c.source_id for c in dropless} == {"megatron-bridge-perf-summary-25.09", later_fixed}
+    assert {c.source_id for c in dropless} == {"megatron-bridge-perf-summary-25.09", "megatron-bridge-perf-summary-25.11",
+                                               "megatron-bridge-perf-summary-26.02", later_fixed}
     rest = [c for c in cases if c.source_id != "megatron-bridge-perf-summary-25.09"]
     assert not identified("moe.padded_speed", rest) and identified("moe.dropless_speed", rest)
     assert identified("moe.dropless_speed", [c for c in cases if c.source_id != later_fixed])
-    # the 25.11 / 26.02 containers (nemo-25.11) run the dropless path in two sources: each informs the other
+    # the 25.11 / 26.02 containers' Qwen3-30B-A3B rows (nemo-25.11) run the dropless path in two sources:
+    # each informs the other
     later = [c for c in read_runs(RUNS) if c.stack == "nemo-25.11"]
+    assert {c.id for c in later} == {"MB2511-Q30B-H100", "MB2602-Q30B-H100"}
     assert identified("moe.dropless_speed", [c for c in later if c.source_id != "megatron-bridge-perf-summary-25.11"])
     paths = ["moe.padded_speed", "moe.dropless_speed"]
     leaky = load_stack("nemo").with_values(**{"moe.padded_speed": 1.6, "moe.dropless_speed": 0.3})  # as if fitted on 25.09
@@ -668,10 +672,10 @@ def test_a_shipped_vendor_speed_does_not_price_a_held_out_vendor_no_other_source
 def test_the_shipped_nemo_speed_is_the_fit_its_source_text_names():
     """nemo's kernels.speed_nvidia and dropless speed are what `perfsim calibrate --runs
     validation/runs/published.csv --stack nemo --fit kernels.speed_nvidia --fit
-    moe.dropless_speed` gives over its runs (24.12, 25.09 and the containers after 26.02: several
-    H100 sources; two run the dropless path), its padded speed assumed (one source runs it);
-    nemo-25.11 (the 25.11 and 26.02 containers) is nemo with its own dropless speed, `--stack
-    nemo-25.11 --fit moe.dropless_speed` over those containers' runs."""
+    moe.dropless_speed` gives over its runs (every container's H100 sources; four run the dropless
+    path), its padded speed assumed (one source runs it); nemo-25.11 (the Qwen3-30B-A3B runs of the
+    25.11 and 26.02 containers, whose dropless regression NVIDIA names for that model) is nemo with
+    its own dropless speed, `--stack nemo-25.11 --fit moe.dropless_speed` over those two runs."""
     cases = [c for c in read_runs(RUNS) if c.stack == "nemo"]
     assert "megatron-bridge-perf-summary-26.02.01-26.06" in {c.source_id for c in cases}
     fit = fit_stack(cases, "nemo", ["kernels.speed_nvidia", "moe.dropless_speed"])

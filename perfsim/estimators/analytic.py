@@ -48,6 +48,7 @@ GRAD_REDUCE = "dp_grad_reduce"
 PARAM_GATHER = "dp_param_gather"
 INTERFERENCE = "comm_interference"
 NO_RECOMPUTE = "/norc"  # a layer the plan's recompute_layers leaves out
+WINDOWED = "/swa"  # a sliding-window attention layer (ModelSpec.attention_window): a template of its own
 ENDS = ("embedding", "head")  # the blocks beside the layers (their gathers: sharding.block_param_bytes)
 
 
@@ -234,7 +235,12 @@ class ClosedForm:
         # "mtp": a multi-token-prediction layer (plan.mtp_layers; index num_layers), priced where a plan has one
         self.kinds = tuple((["dense"] if model.num_mlp_layers else []) + (["moe"] if model.num_moe_layers else [])
                            + ["mtp"])
-        self.rep_layer = {"dense": 0, "moe": model.num_dense_layers, "mtp": model.num_layers}
+        # each template's representative layer: the first of its kind (a windowed layer's kind
+        # marked WINDOWED: same parameters, its own attention core)
+        reps: dict[str, int] = {}
+        for layer in range(model.num_layers + 1 if model.sliding_window else 0):  # the decoder layers, an MTP layer
+            reps.setdefault(self.template_kind(layer), layer)
+        self.rep_layer = {"dense": 0, "moe": model.num_dense_layers, "mtp": model.num_layers} | reps
         self._memo: dict = {}
 
     def _cached(self, key: tuple, make):
@@ -248,10 +254,14 @@ class ClosedForm:
             return "mtp"
         return "moe" if is_moe_layer(self.model, layer) else "dense"
 
+    def template_kind(self, layer: int) -> str:
+        """The layer's kind, marked WINDOWED where its attention is a sliding window."""
+        return self.kind(layer) + (WINDOWED if self.model.attention_window(layer) else "")
+
     def block_kind(self, plan: ParallelPlan, layer: int) -> str:
-        """The layer's template: its kind, marked "/norc" where the plan recomputes but
-        this layer does not (``recompute_layers``)."""
-        base = self.kind(layer)
+        """The layer's template: its kind (``template_kind``), marked "/norc" where the plan
+        recomputes but this layer does not (``recompute_layers``)."""
+        base = self.template_kind(layer)
         if plan.recompute_layers and recomputes(self.model, plan, layer) == Recompute.NONE:
             return base + NO_RECOMPUTE
         return base
@@ -564,7 +574,7 @@ class ClosedForm:
         slow, ep_speeds = self.speeds(plan)
         return (nd, nm, nt, self.kind(lo), stage == 0, stage == head_stage(plan), plan.schedule in V_SHAPES, slow[stage],
                 ep_speeds,
-                self.block_counts(plan, stage) if plan.recompute_layers else ())
+                self.block_counts(plan, stage) if plan.recompute_layers or self.model.sliding_window else ())
 
     def stage_signatures(self, plan: ParallelPlan) -> tuple[list, dict]:
         """(signature per stage, first stage of each signature)."""

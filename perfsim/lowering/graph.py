@@ -105,7 +105,8 @@ class _Builder:
 
     def _block(self, layer: int) -> tuple[list[Step], list[Step], list[Step]]:
         model = self.model
-        key = (is_moe_layer(model, layer), recomputes(model, self.plan, layer), is_mtp_layer(model, layer))
+        key = (is_moe_layer(model, layer), recomputes(model, self.plan, layer), is_mtp_layer(model, layer),
+               model.attention_window(layer))
         if key not in self.blocks:
             self.blocks[key] = block_passes(self.layers, self.plan, layer, key[1])
         return self.blocks[key]

@@ -126,7 +126,9 @@ class LayerBuilder(StackSteps):
                 steps += self._fp8(gemm_step(lin.name, self.tokens, lin.in_features // tp, lin.out_features, category))
         return steps
 
-    def attention_forward(self) -> list[Step]:
+    def attention_forward(self, window: int = 0) -> list[Step]:
+        """The attention block's forward; ``window`` > 0: sliding-window attention over that
+        many keys per query (``ModelSpec.attention_window``)."""
         m, plan = self.model, self.plan
         linears = m.attention_linears()
         steps = [*self._norms("attn_norm"), *self._tp_enter("attn")]
@@ -135,19 +137,28 @@ class LayerBuilder(StackSteps):
         steps += self._rope()
         if plan.cp > 1:
             kv = 2 * m.num_kv_heads * (m.head_dim + m.qk_rope_head_dim) // min(plan.tp, m.num_kv_heads)
-            steps += ring_attention(self._attention_core(), plan.cp, self.tokens * kv * ACT_BYTES)
+            steps += ring_attention(self._attention_core(window), plan.cp, self.tokens * kv * ACT_BYTES)
         else:
-            steps.append(self._attention_core())
+            steps.append(self._attention_core(window))
         steps += self._linears(linears[-1:], "attention_proj", shard_out=False)
         return _casts_before_gather(steps + self._tp_exit("attn"))
 
-    def _attention_core(self) -> Step:
+    def _attention_core(self, window: int = 0) -> Step:
+        """QK^T and AV of a causal attention: each query attends within its own sequence (all
+        cp shards of it), on average over half of it; under a sliding window shorter than the
+        sequence, over the window less its ramp at the sequence start (W - W^2 / 2S keys, the
+        causal half at W = S), and the kernel runs at its efficiency over W keys (a windowed
+        flash kernel visits only the key tiles inside the band; assumed alike a causal kernel
+        of that length). Context parallelism splits a windowed layer's work over the ring's
+        blocks as a full layer's (each block's share of the band, not only the neighbours')."""
         m, plan = self.model, self.plan
-        keys = plan.seq  # each query attends within its own sequence (all cp shards of it)
+        seq = plan.seq
+        keys = seq / 2 if not 0 < window < seq else window - window * window / (2 * seq)
         width = (m.q_width + m.v_width) / plan.tp
-        flops = 2.0 * self.tokens * keys * width * 0.5  # QK^T and AV, causal half
+        flops = 2.0 * self.tokens * keys * width  # QK^T and AV
         moved = self.tokens * (m.q_width + 2 * m.v_width) / plan.tp * ACT_BYTES
-        shape = (("seq", plan.seq), ("head_dim", m.head_dim + m.qk_rope_head_dim), ("causal", True))
+        span = min(window, seq) if window else seq  # the keys a query block's kernel walks
+        shape = (("seq", span), ("head_dim", m.head_dim + m.qk_rope_head_dim), ("causal", True))
         if plan.stack.kernels.attention:  # the stack's attention kernel library (its GPU table where fitted)
             shape += (("attention_library", plan.stack.kernels.attention),)
         return Step(name="attn_core", kind=OpKind.ATTENTION, stream=Stream.COMPUTE, category="attention_core",
@@ -348,7 +359,7 @@ class LayerBuilder(StackSteps):
         m = self.model
         mlp = self.moe_forward() if is_moe_layer(m, layer) else self.mlp_forward()
         mtp = is_mtp_layer(m, layer)
-        body = self.attention_forward() + mlp
+        body = self.attention_forward(m.attention_window(layer)) + mlp
         steps = self._kernel_speed((self.mtp_forward() if mtp else []) + body + (self._norms("mtp_final_norm") if mtp else []))
         return steps + self._host_overhead(steps)
 

@@ -1,9 +1,10 @@
 """Model loading: TOML presets in ``perfsim/model/presets/`` and Hugging Face ``config.json`` import.
 
 Recognised Hugging Face families (by ``model_type``, else by their distinctive keys):
-Llama-style dense, Mixtral, Qwen2-MoE / Qwen3-MoE, DeepSeek V2 / V3 and OLMoE. Small
-tensors ModelSpec has no place for (q/k norm weights, qkv biases, Qwen2-MoE's shared-expert
-gate, DeepSeek's router bias) are left out; they are < 0.01% of any preset.
+Llama-style dense, Mixtral, Qwen2-MoE / Qwen3-MoE, DeepSeek V2 / V3, OLMoE and GPT-OSS (its
+alternating sliding-window layers from ``layer_types``). Small tensors ModelSpec has no place
+for (q/k norm weights, qkv biases, Qwen2-MoE's shared-expert gate, DeepSeek's router bias,
+GPT-OSS's attention sinks and biases) are left out; they are < 0.05% of any preset.
 """
 
 import logging
@@ -139,12 +140,33 @@ def _get_any(config: dict, keys: tuple[str, ...], default: Any = ..., kind: type
 NUM_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
-def _full_attention_only(config: dict) -> None:
-    """transformers 5 lists each layer's attention; ModelSpec models full causal attention."""
-    kinds = sorted({k for k in config.get("layer_types") or [] if k != "full_attention"})
+ATTENTION_LAYERS = ("full_attention", "sliding_attention")  # the layer_types ModelSpec models
+
+
+def _attention_layers(config: dict) -> dict:
+    """transformers lists each layer's attention (``layer_types``): full causal and sliding
+    window layers, the full ones every N-th (``full_attention_every``) or none, are
+    ModelSpec's ``sliding_window`` / ``full_attention_every``; other kinds or patterns are
+    refused by field."""
+    types = config.get("layer_types") or []
+    if not isinstance(types, list):
+        raise ConfigError(f"Hugging Face field 'layer_types' must be a list, got {types!r}")
+    kinds = sorted({k for k in types if k not in ATTENTION_LAYERS}, key=str)
     if kinds:
         raise ConfigError(f"Hugging Face field 'layer_types' has {', '.join(map(repr, kinds))} layers; "
-                          "perfsim models full causal attention only")
+                          "perfsim models full causal and sliding-window attention only")
+    if "sliding_attention" not in types:
+        return {}
+    full = [i for i, k in enumerate(types) if k == "full_attention"]
+    every = full[0] + 1 if full else 0
+    if len(types) != _get(config, "num_hidden_layers") or any(
+            (k == "full_attention") != bool(every and (i + 1) % every == 0) for i, k in enumerate(types)):
+        raise ConfigError("Hugging Face field 'layer_types' must list one entry per layer, a full-attention layer "
+                          "every N-th and sliding-window layers between (or only sliding-window layers)")
+    window = _get(config, "sliding_window")
+    if window < 1:
+        raise ConfigError(f"Hugging Face field 'sliding_window' must be a positive integer, got {window!r}")
+    return {"sliding_window": window, "full_attention_every": every}
 
 
 def _common(config: dict, name: str) -> dict:
@@ -264,6 +286,7 @@ FAMILIES: dict[str, Callable[[dict], dict]] = {
     "qwen2": _llama,
     "qwen3": _llama,
     "mixtral": _mixtral,
+    "gpt_oss": _mixtral,  # num_local_experts, num_experts_per_tok, intermediate_size per expert
     "qwen2_moe": _qwen_moe,
     "qwen3_moe": _qwen_moe,
     "deepseek_v2": _deepseek,
@@ -301,8 +324,8 @@ def from_hf_config(config: dict, name: str) -> ModelSpec:
     try:
         _check_shape(config)
         family = _family(config)
-        _full_attention_only(config)
+        attention = _attention_layers(config)
         qk_norm = {"qk_norm": True} if config.get("model_type") in QK_NORM_TYPES else {}
-        return ModelSpec(**(_common(config, name) | family(config) | qk_norm))
+        return ModelSpec(**(_common(config, name) | family(config) | qk_norm | attention))
     except ConfigError as exc:
         raise ConfigError(f"Hugging Face config {name!r}: {exc}") from None

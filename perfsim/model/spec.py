@@ -70,6 +70,13 @@ class ModelSpec:
     # nodes a token reaches (0 = no limit)
     expert_groups: int = 0
     topk_groups: int = 0
+    # sliding-window attention (GPT-OSS, Gemma, Mistral): each query of a windowed layer
+    # attends to the ``sliding_window`` tokens ending at its own (0: every layer full causal);
+    # ``full_attention_every`` N > 0: every N-th layer (layers N-1, 2N-1, ...) stays full and the
+    # others are windowed, as the Hugging Face ``layer_types`` lists them (GPT-OSS 2: sliding,
+    # full, sliding, ...); 0: every layer windowed
+    sliding_window: int = 0
+    full_attention_every: int = 0
     published_total_params: float = 0.0
     published_active_params: float = 0.0
     published_params_include_embeddings: bool = True
@@ -86,6 +93,7 @@ class ModelSpec:
             )
         self._check_moe()
         self._check_mla()
+        self._check_window()
 
     def _check_moe(self) -> None:
         if self.num_experts < 0 or self.num_experts == 1:
@@ -119,6 +127,24 @@ class ModelSpec:
         if self.top_k > k * (self.num_experts // g):
             raise ConfigError(f"model.top_k ({self.top_k}) exceeds the {k * (self.num_experts // g)} experts of "
                               f"topk_groups={k} groups")
+
+    def _check_window(self) -> None:
+        for key in ("sliding_window", "full_attention_every"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"model.{key} must be a non-negative integer (0 = none), got {value!r}")
+        if self.full_attention_every and not self.sliding_window:
+            raise ConfigError(f"model.full_attention_every ({self.full_attention_every}) needs a sliding_window > 0")
+
+    def attention_window(self, layer: int) -> int:
+        """Keys a query of ``layer`` attends to at most (its own and those before it): the
+        sliding window on a windowed layer, 0 on a full causal one. A multi-token-prediction
+        layer (numbered after the decoder layers) is a layer like the model's last."""
+        if not self.sliding_window:
+            return 0
+        layer = min(layer, self.num_layers - 1)
+        every = self.full_attention_every
+        return 0 if every and (layer + 1) % every == 0 else self.sliding_window
 
     @property
     def group_limited(self) -> bool:
