@@ -77,3 +77,16 @@ def test_windows_shorten_the_step_by_their_attention_alone():
 def test_bad_window_fields_name_themselves(fields, match):
     with pytest.raises(ConfigError, match=match):
         dataclasses.replace(GPT_OSS, **fields)
+
+
+def test_model_flops_count_the_band_on_windowed_layers():
+    """The MFU numerator counts a windowed layer's attention over its band (causal_keys), as
+    the step prices it; a model without windows is unchanged."""
+    from perfsim.model.spec import causal_keys
+
+    seq = 4096
+    width = GPT_OSS.q_width + GPT_OSS.v_width
+    half = GPT_OSS.num_layers // 2  # every other layer windowed
+    saved = 6 * half * (seq / 2 - causal_keys(seq, GPT_OSS.sliding_window)) * width
+    assert FULL.model_flops_per_token(seq) - GPT_OSS.model_flops_per_token(seq) == pytest.approx(saved)
+    assert causal_keys(seq, 0) == causal_keys(seq, seq) == causal_keys(seq, 2 * seq) == seq / 2

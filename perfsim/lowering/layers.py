@@ -9,7 +9,7 @@ sharded over tp (dense) or ep x etp (experts). Backward GEMMs do dgrad + wgrad
 import math
 from dataclasses import replace
 
-from perfsim.model.spec import AttentionKind, Linear, ModelSpec
+from perfsim.model.spec import AttentionKind, Linear, ModelSpec, causal_keys
 from perfsim.lowering.ops import Coll, Gemm, OpKind, Stream
 from perfsim.lowering.steps import (ACT_BYTES, FP8_BYTES, FP8_DISPATCH_BYTES, LOGIT_BYTES, Step, coll_step,  # noqa: F401 - re-exported
                                     elementwise_step, fp8_cast_bytes, gemm_step, host_step)
@@ -145,15 +145,15 @@ class LayerBuilder(StackSteps):
 
     def _attention_core(self, window: int = 0) -> Step:
         """QK^T and AV of a causal attention: each query attends within its own sequence (all
-        cp shards of it), on average over half of it; under a sliding window shorter than the
-        sequence, over the window less its ramp at the sequence start (W - W^2 / 2S keys, the
-        causal half at W = S), and the kernel runs at its efficiency over W keys (a windowed
+        cp shards of it), on average over ``causal_keys`` of it (half of it; under a sliding
+        window shorter than the sequence, the window less its ramp at the sequence start), and
+        under a window the kernel runs at its efficiency over W keys (a windowed
         flash kernel visits only the key tiles inside the band; assumed alike a causal kernel
         of that length). Context parallelism splits a windowed layer's work over the ring's
         blocks as a full layer's (each block's share of the band, not only the neighbours')."""
         m, plan = self.model, self.plan
         seq = plan.seq
-        keys = seq / 2 if not 0 < window < seq else window - window * window / (2 * seq)
+        keys = causal_keys(seq, window)
         width = (m.q_width + m.v_width) / plan.tp
         flops = 2.0 * self.tokens * keys * width  # QK^T and AV
         moved = self.tokens * (m.q_width + 2 * m.v_width) / plan.tp * ACT_BYTES

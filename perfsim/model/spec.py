@@ -17,6 +17,13 @@ from enum import StrEnum
 from perfsim.errors import ConfigError
 
 
+def causal_keys(seq: float, window: int = 0) -> float:
+    """Keys a query attends to on average in a causal sequence of ``seq`` tokens: half of it,
+    or under a sliding ``window`` shorter than it, the window less its ramp at the sequence
+    start (W - W^2 / 2S, the causal half at W = S)."""
+    return seq / 2 if not 0 < window < seq else window - window * window / (2 * seq)
+
+
 class AttentionKind(StrEnum):
     GQA = "gqa"  # multi-head / grouped-query attention (MHA when kv heads == heads)
     MLA = "mla"  # DeepSeek multi-head latent attention
@@ -302,7 +309,8 @@ class ModelSpec:
 
         6 * N_active_matmul  (Kaplan'20: 2 FLOP per weight forward, 4 backward)
         + 6 * L * s * (q_width + v_width) / 2   (attention scores and context, causal
-        half of PaLM's 12*L*H*Q*T, Chowdhery'22 app. B); embeddings lookups excluded,
+        half of PaLM's 12*L*H*Q*T, Chowdhery'22 app. B; a sliding-window layer's keys per query
+        ``causal_keys`` in place of s / 2); embeddings lookups excluded,
         the LM head included. Each of ``mtp_layers`` multi-token-prediction layers (DeepSeek-V3
         sec. 2.2; the plan's ``mtp_layers``) adds a layer like the model's last, its own
         parameters (``mtp_own_params``: the 2h -> h projection; its norms, as the layers' are
@@ -314,5 +322,6 @@ class ModelSpec:
             last = self.moe_layer_params(True) if self.is_moe else self.dense_mlp_params()
             head = self.vocab_size * self.hidden_size
             matmul += mtp_layers * (self.attention_params() + last + self.mtp_own_params() + head)
-        attention = 3 * layers * seq_len * (self.q_width + self.v_width)
+        keys = sum(causal_keys(seq_len, self.attention_window(layer)) for layer in range(layers))
+        attention = 6 * keys * (self.q_width + self.v_width)
         return 6.0 * matmul + attention

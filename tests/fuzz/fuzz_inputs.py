@@ -57,6 +57,10 @@ HF_MUTATIONS = {
     "act_list": ("hidden_act", ["silu"], "error", "hidden_act"),
     "kv_heads_3": ("num_key_value_heads", 3, "error", "num_kv_heads"),
     "layers_1e4": ("num_hidden_layers", 10_000, "any", ""),
+    "layer_types_str": ("layer_types", "sliding_attention", "error", "layer_types"),
+    "layer_types_short": ("layer_types", ["sliding_attention", "full_attention"], "error", "layer_types"),
+    "layer_types_chunked": ("layer_types", ["chunked_attention"] * 4, "error", "chunked_attention"),
+    "layer_types_no_window": ("layer_types", ["sliding_attention", "full_attention"] * 2, "error", "sliding_window"),
 }
 PRESET_MUTATIONS = {
     "shared_neg": ("num_shared_experts", -1, "error", "num_shared_experts"),
@@ -72,6 +76,10 @@ PRESET_MUTATIONS = {
     "cf_nan": ("capacity_factor", float("nan"), "error", "capacity_factor"),
     "name_int": ("name", 5, "error", "name"),
     "layers_float": ("num_layers", 4.0, "error", "num_layers"),
+    "window_neg": ("sliding_window", -128, "error", "sliding_window"),
+    "window_nan": ("sliding_window", float("nan"), "error", "sliding_window"),
+    "window_huge": ("sliding_window", 10 ** 12, "any", ""),
+    "full_every_alone": ("full_attention_every", 2, "error", "full_attention_every"),
 }
 
 
