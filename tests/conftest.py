@@ -124,3 +124,17 @@ def plan_page(inputs: dict):
     at.session_state["inputs"] = planner_inputs.normalize(inputs)
     at.run()
     return at, planner_inputs
+
+
+def edited_runs(source, path, run_id: str, **fields):
+    """A copy of the runs CSV ``source`` at ``path`` with run ``run_id``'s ``fields`` replaced."""
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(source.read_text())))
+    next(r for r in rows if r["id"] == run_id).update(fields)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    path.write_text(out.getvalue())
+    return path

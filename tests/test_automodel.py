@@ -2,11 +2,10 @@
 runs: BF16 state with no FP32 master, weights gathered once a step, no gradient clipping on
 the page's runs, every run predicted to fit as it ran."""
 
-import csv
-import io
 from pathlib import Path
 
 import pytest
+from conftest import edited_runs
 
 from perfsim import api
 from perfsim.design.runs import predict, read_runs
@@ -67,14 +66,6 @@ def test_the_automodel_rows_run_blocked_routing_without_clipping_and_fit_as_they
 def test_clip_grad_column_reaches_the_plan_and_a_bad_value_names_it(tmp_path):
     on, off = _estimate("automodel", clip_grad=True), _estimate("automodel", clip_grad=False)
     assert on.breakdown["optimizer"] > off.breakdown["optimizer"]  # the norm pass over the gradients
-    rows = list(csv.DictReader(io.StringIO(RUNS.read_text())))
-    row = next(r for r in rows if r["id"] == "AM2510-Q30B-8-H100")
-    row["clip_grad"] = "sometimes"
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    path = tmp_path / "runs.csv"
-    path.write_text(out.getvalue())
+    path = edited_runs(RUNS, tmp_path / "runs.csv", "AM2510-Q30B-8-H100", clip_grad="sometimes")
     with pytest.raises(ConfigError, match="clip_grad: expected true or false, got 'sometimes'"):
         read_runs(path)

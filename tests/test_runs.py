@@ -5,12 +5,12 @@ committed table (validation/runs/accuracy_runs.csv)."""
 
 import csv
 import dataclasses
-import io
 import json
 import statistics
 from pathlib import Path
 
 import pytest
+from conftest import edited_runs
 
 from perfsim.cli import main
 from perfsim.design.runs import METRICS, RunsValidation, predict, read_all, read_runs, unstated_routing, validate_runs
@@ -782,15 +782,7 @@ def test_overlap_switches_are_read_as_stated_and_the_pipeline_rows_state_them_of
                             check_memory=False, **knobs).step_time_s
 
     assert step(dict(case.knobs)) > step(on)  # the dp gradient reduction is exposed, as the run had it
-    rows = list(csv.DictReader(io.StringIO(RUNS.read_text())))
-    pipe = next(r for r in rows if r["id"] == "PIPE-Q235-01")
-    pipe.update(overlap_grad_reduce="no", overlap_param_gather="maybe")
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    path = tmp_path / "runs.csv"
-    path.write_text(out.getvalue())
+    path = edited_runs(RUNS, tmp_path / "runs.csv", "PIPE-Q235-01", overlap_grad_reduce="no", overlap_param_gather="maybe")
     with pytest.raises(ConfigError, match="overlap_param_gather: expected true or false, got 'maybe'"):
         read_runs(path)
 
