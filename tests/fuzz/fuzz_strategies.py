@@ -28,7 +28,7 @@ SIM_CHOICES = {"--dtype": ["bf16", "fp8", "fp32", ""], "--recompute": ["none", "
                "--first-stage-layers": ["1", "0", "40", "-1", "x"],
                "--routing": ["uniform", "blocked", "blocked:2", "zipf", "zipf:1.5", "zipf:nan", "dirichlet:0.3",
                              "dirichlet:-1", "nope"],
-               "--model": ["llama3.1-8b", "olmoe-1b-7b", "mixtral-8x7b", "deepseek-v2-lite", "nope"],
+               "--model": ["llama3.1-8b", "olmoe-1b-7b", "mixtral-8x7b", "deepseek-v2-lite", "gpt-oss-20b", "nope"],
                "--recompute-modules": ["mla_up_proj", "shared_experts", "moe_act,layernorm", "mla_up_proj,mlp",
                                        "core_attn,core_attn", ",", "nope"],
                "--cluster": ["mi300x-pollara", "h100-ib", "nope"],
