@@ -298,8 +298,8 @@ def search_switches(inputs: dict, model) -> dict:
     policy), real data where chosen, FP8 dispatch, shared-expert overlap and the dispatch's
     compute units where they apply to ``model``, the FP8 recipe, the ZeRO-3 gather policy and
     the pipeline schedules per step (search applies them to its pipelined plans)."""
-    knobs = {k: v for k, v in fidelity_knobs(inputs).items()
-             if k in PLAN_SWITCHES and (v or k != "real_data")}
+    fidelity = fidelity_knobs(inputs)
+    knobs = {k: v for k, v in fidelity.items() if k in PLAN_SWITCHES and (v or k != "real_data")}
     if dispatch_fp8_choice(inputs, model):
         knobs["dispatch_fp8"] = True
     if shared_overlap_choice(inputs, model):
@@ -310,8 +310,8 @@ def search_switches(inputs: dict, model) -> dict:
         knobs["dispatch_compute_units"] = units
     if zero3_gather_choice(inputs):
         knobs["zero3_gather"] = zero3_gather_choice(inputs)
-    if (flushes := fidelity_knobs(inputs)["pipeline_flushes"]) > 1:  # the pipelined plans' schedules per step
-        knobs["pipeline_flushes"] = flushes
+    if fidelity["pipeline_flushes"] > 1:  # the pipelined plans' schedules per step
+        knobs["pipeline_flushes"] = fidelity["pipeline_flushes"]
     return knobs
 
 
