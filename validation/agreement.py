@@ -3,7 +3,7 @@
 The sample spans ZeRO 0-3 (ZeRO-3 gathering per pass or once), tp/pp/vpp/cp/ep/etp, every schedule, recompute, TP-comm
 overlap, the expert-parallel all-to-all overlap, the shared-expert overlap, DP overlap on/off, MoE routing skew and
 three clusters (MI300X, MI355X + Pollara, H100 + InfiniBand), on 8-64 GPUs. Models are published shapes cut to a few
-layers (so the engine stays fast) plus the tests' tiny models. Used by
+layers (so the engine stays fast; GPT-OSS-20B's alternating sliding-window layers among them) plus the tests' tiny models. Used by
 ``tests/test_agreement.py`` (the bound) and ``validation/bench_estimators.py`` (the
 distribution).
 """
@@ -22,6 +22,7 @@ from perfsim.system.stacks import load_stack
 CLUSTERS = ("mi300x-pollara", "mi355x-pollara", "h100-ib")
 SHAPES = (  # (preset, layers kept)
     ("llama3.1-8b", 16), ("mixtral-8x7b", 8), ("olmoe-1b-7b", 16), ("qwen3-30b-a3b", 8), ("deepseek-v2-lite", 8),
+    ("gpt-oss-20b", 8),  # alternating sliding-window layers
 )
 GPUS = (8, 16, 32, 64)
 

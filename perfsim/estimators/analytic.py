@@ -385,8 +385,10 @@ class ClosedForm:
 
     def bucket_drain_s(self, plan: ParallelPlan, stage: int, bwd_s: float) -> float:
         """Seconds the gradient buckets run past the last backward (``bwd_s``) on their
-        queue, links aside: bucket i is issued when the backward finishes the layer that
-        fills it (remainders when it ends) and runs after the ones before it."""
+        queue: bucket i is issued when the backward finishes the layer that fills it
+        (remainders when it ends) and runs after the ones before it, at the backward's
+        average leftover rate (``_grad_rate``), or under ZeRO-3 with prefetched gathers
+        played against them in time (``_gathered_drain_s``); (seconds, first issue)."""
         def make():
             self.grad_buckets(plan, stage)
             order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]
@@ -397,7 +399,68 @@ class ClosedForm:
         buckets = self._cached(("drain_buckets", *self._bucket_key(plan, stage), *template_key(plan)), make)
         items = [(where * bwd_s, seconds, rate) for where, seconds, rate in buckets]
         first = min((i[0] for i in items), default=bwd_s)
+        if plan.step_zero == 3 and plan.overlap_param_gather:
+            return self._gathered_drain_s(plan, stage, bwd_s), first
         return queue_drain_s(items, bwd_s), first
+
+    def _gathered_drain_s(self, plan: ParallelPlan, stage: int, bwd_s: float) -> float:
+        """``bucket_drain_s`` under ZeRO-3 with prefetched gathers, played in time: each
+        layer's backward runs the next layer's gathers from its start, which go first on the
+        links (a bucket moves only at what they leave of its busiest link), and the rest of
+        the window at the backward's average leftover rate beside its own comm."""
+        self.grad_buckets(plan, stage)
+        order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]
+        ends = self._layer_backward_ends(plan, stage)
+        scale = bwd_s / ends[-1] if ends and ends[-1] > 0 else 0.0
+        ids = sorted(stage_layer_ids(self.model, plan, stage), reverse=True)
+        head = self.template(plan, "head", stage).bwd.seconds if stage == head_stage(plan) else 0.0
+        groups = self._groups(plan)
+        gathers = []  # (start, end, link shares) of the next layer's gathers in each layer's window
+        for i, layer in enumerate(ids[:-1]):
+            start = (ends[i - 1] if i else head) * scale
+            nxt = self.block_kind(plan, ids[i + 1]).removesuffix(NO_RECOMPUTE)
+            own = self.template(plan, self.block_kind(plan, layer), stage)
+            busy = add_links(dict(own.bwd.links), dict(own.wgt.links))  # the window's own comm on the links
+            t = start
+            for g, size in self._gather_sizes(plan, nxt):
+                c = self.coll(Coll.ALL_GATHER, size, *groups[g])
+                data = c.time_s - c.latency_s
+                if data > 0:  # sharing a link with the window's comm (max-min) stretches it by their overlap
+                    stretch = max((min(scale * busy.get(l, 0.0), data) for l in c.demand), default=0.0)
+                    end = min(ends[i] * scale, t + c.time_s + stretch)
+                    gathers.append((t, end, {l: b / data for l, b in c.demand.items()}))
+                    t = end
+                else:
+                    t += c.time_s
+        fg = []
+        for t, n in self.stage_parts(plan, stage):
+            for part in (t.bwd, t.wgt):
+                fg += [(n * (op.duration_s - op.meta.get("latency_s", 0.0)), op.meta.get("link_share") or {})
+                       for op in part.ops if op.is_comm and op.meta.get("link_share")]
+        share_at = [e / ends[-1] if ends and ends[-1] > 0 else 1.0 for e in ends]
+        t = 0.0
+        for done, work, demand in order:
+            issue = bwd_s if done is None else share_at[done - 1] * bwd_s
+            t = max(t, issue)
+            top = max(demand.values(), default=0.0)
+            mine = {l: b / top for l, b in demand.items() if b > 0} if top > 0 else {}
+            out = background_rate(fg, bwd_s, demand)
+            while work > 1e-12 and t < bwd_s:
+                seg = next(((a, b, sh) for a, b, sh in gathers if a <= t < b), None)
+                if seg is None:  # between gathers: until the next one starts or the pass ends
+                    stop = min([a for a, _, _ in gathers if a > t] + [bwd_s])
+                    rate = out
+                else:
+                    stop = seg[1]
+                    rate = max(0.0, min(((1.0 - seg[2].get(l, 0.0)) / s for l, s in mine.items()), default=1.0))
+                    rate = min(rate, out)
+                if rate > 0 and (stop - t) * rate >= work:
+                    t, work = t + work / rate, 0.0
+                else:
+                    work -= (stop - t) * rate
+                    t = stop
+            t += work
+        return max(0.0, t - bwd_s)
 
     def _grad_rate(self, plan: ParallelPlan, stage: int):
         """How fast a gradient bucket (given its link demand) moves beside the backward
