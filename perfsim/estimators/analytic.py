@@ -400,7 +400,8 @@ class ClosedForm:
         items = [(where * bwd_s, seconds, rate) for where, seconds, rate in buckets]
         first = min((i[0] for i in items), default=bwd_s)
         if plan.step_zero == 3 and plan.overlap_param_gather:
-            return self._gathered_drain_s(plan, stage, bwd_s), first
+            key = ("gathered_drain", *self._bucket_key(plan, stage), *template_key(plan), plan.param_bytes, bwd_s)
+            return self._cached(key, lambda: self._gathered_drain_s(plan, stage, bwd_s)), first
         return queue_drain_s(items, bwd_s), first
 
     def _gathered_drain_s(self, plan: ParallelPlan, stage: int, bwd_s: float) -> float:
