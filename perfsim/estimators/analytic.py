@@ -407,8 +407,10 @@ class ClosedForm:
     def _gathered_drain_s(self, plan: ParallelPlan, stage: int, bwd_s: float) -> float:
         """``bucket_drain_s`` under ZeRO-3 with prefetched gathers, played in time: each
         layer's backward runs the next layer's gathers from its start, which go first on the
-        links (a bucket moves only at what they leave of its busiest link), and the rest of
-        the window at the backward's average leftover rate beside its own comm."""
+        links (a bucket moves only at what they leave of its busiest link), stretched by the
+        part of the window's own comm on their links that falls while they run (that comm
+        taken as spread evenly over the window); the rest of the window the buckets move at
+        the backward's average leftover rate beside its own comm."""
         self.grad_buckets(plan, stage)
         order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]
         ends = self._layer_backward_ends(plan, stage)
@@ -427,7 +429,9 @@ class ClosedForm:
                 c = self.coll(Coll.ALL_GATHER, size, *groups[g])
                 data = c.time_s - c.latency_s
                 if data > 0:  # sharing a link with the window's comm (max-min) stretches it by their overlap
-                    stretch = max((min(scale * busy.get(l, 0.0), data) for l in c.demand), default=0.0)
+                    window = max(ends[i] * scale - start, 1e-12)  # the window's comm spread over it
+                    stretch = max((min(scale * busy.get(l, 0.0) * min(1.0, c.time_s / window), data)
+                                   for l in c.demand), default=0.0)
                     end = min(ends[i] * scale, t + c.time_s + stretch)
                     gathers.append((t, end, {l: b / data for l, b in c.demand.items()}))
                     t = end
