@@ -401,18 +401,18 @@ class ClosedForm:
         first = min((i[0] for i in items), default=bwd_s)
         if plan.step_zero == 3 and plan.overlap_param_gather:
             key = ("gathered_drain", *self._bucket_key(plan, stage), *template_key(plan), plan.param_bytes, bwd_s)
-            return self._cached(key, lambda: self._gathered_drain_s(plan, stage, bwd_s)), first
+            return self._cached(key, lambda: self._gathered_drain_s(plan, stage, bwd_s, items)), first
         return queue_drain_s(items, bwd_s), first
 
-    def _gathered_drain_s(self, plan: ParallelPlan, stage: int, bwd_s: float) -> float:
+    def _gathered_drain_s(self, plan: ParallelPlan, stage: int, bwd_s: float, items: list) -> float:
         """``bucket_drain_s`` under ZeRO-3 with prefetched gathers, played in time: each
         layer's backward runs the next layer's gathers from its start, which go first on the
         links (a bucket moves only at what they leave of its busiest link), stretched by the
         part of the window's own comm on their links that falls while they run (that comm
         taken as spread evenly over the window); the rest of the window the buckets move at
-        the backward's average leftover rate beside its own comm."""
-        self.grad_buckets(plan, stage)
-        order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]
+        the backward's average leftover rate beside its own comm. ``items``: the buckets'
+        (issue, seconds alone, average rate), in ``bucket_drain_s``'s queue order."""
+        order = self._memo[("bucket_order", *self._bucket_key(plan, stage))]  # their link demands
         ends = self._layer_backward_ends(plan, stage)
         scale = bwd_s / ends[-1] if ends and ends[-1] > 0 else 0.0
         ids = sorted(stage_layer_ids(self.model, plan, stage), reverse=True)
@@ -424,12 +424,12 @@ class ClosedForm:
             nxt = self.block_kind(plan, ids[i + 1]).removesuffix(NO_RECOMPUTE)
             own = self.template(plan, self.block_kind(plan, layer), stage)
             busy = add_links(dict(own.bwd.links), dict(own.wgt.links))  # the window's own comm on the links
+            window = max(ends[i] * scale - start, 1e-12)  # that comm spread over it
             t = start
             for g, size in self._gather_sizes(plan, nxt):
                 c = self.coll(Coll.ALL_GATHER, size, *groups[g])
                 data = c.time_s - c.latency_s
                 if data > 0:  # sharing a link with the window's comm (max-min) stretches it by their overlap
-                    window = max(ends[i] * scale - start, 1e-12)  # the window's comm spread over it
                     stretch = max((min(scale * busy.get(l, 0.0) * min(1.0, c.time_s / window), data)
                                    for l in c.demand), default=0.0)
                     end = min(ends[i] * scale, t + c.time_s + stretch)
@@ -437,15 +437,9 @@ class ClosedForm:
                     t = end
                 else:
                     t += c.time_s
-        fg = []
-        for t, n in self.stage_parts(plan, stage):
-            for part in (t.bwd, t.wgt):
-                fg += [(n * (op.duration_s - op.meta.get("latency_s", 0.0)), op.meta.get("link_share") or {})
-                       for op in part.ops if op.is_comm and op.meta.get("link_share")]
-        share_at = [e / ends[-1] if ends and ends[-1] > 0 else 1.0 for e in ends]
+        fg = self._backward_comm(plan, stage)
         t = 0.0
-        for done, work, demand in order:
-            issue = bwd_s if done is None else share_at[done - 1] * bwd_s
+        for (issue, work, _), (_, _, demand) in zip(items, order):
             t = max(t, issue)
             top = max(demand.values(), default=0.0)
             mine = {l: b / top for l, b in demand.items() if b > 0} if top > 0 else {}
@@ -467,16 +461,21 @@ class ClosedForm:
             t += work
         return max(0.0, t - bwd_s)
 
+    def _backward_comm(self, plan: ParallelPlan, stage: int) -> tuple:
+        """(data seconds, link shares) of a stage's backward comm ops per microbatch: the
+        foreground a gradient bucket moves beside."""
+        def make():
+            return tuple((n * (op.duration_s - op.meta.get("latency_s", 0.0)), op.meta.get("link_share") or {})
+                         for t, n in self.stage_parts(plan, stage) for part in (t.bwd, t.wgt)
+                         for op in part.ops if op.is_comm and op.meta.get("link_share"))
+        return self._cached(("bwd_comm", self.signature(plan, stage), *template_key(plan)), make)
+
     def _grad_rate(self, plan: ParallelPlan, stage: int):
         """How fast a gradient bucket (given its link demand) moves beside the backward
         (``overlap.background_rate``): behind the backward's own comm and, under ZeRO-3, its
         parameter gathers, which go first on the links (the engine serves the reduction last)."""
         def make():
-            fg = []
-            for t, n in self.stage_parts(plan, stage):
-                for part in (t.bwd, t.wgt):
-                    fg += [(n * (op.duration_s - op.meta.get("latency_s", 0.0)), op.meta.get("link_share") or {})
-                           for op in part.ops if op.is_comm and op.meta.get("link_share")]
+            fg = list(self._backward_comm(plan, stage))
             if plan.step_zero == 3:  # the backward's parameter gathers go first too (foreground)
                 groups = self._groups(plan)
                 for kind, n, passes in self.gather_blocks(plan, stage):
