@@ -31,8 +31,9 @@ class StackSteps:
 
     def _rope(self) -> list[Step]:
         """Rotary embedding as its own kernel: read and write q and k (fused: inside the
-        attention kernel or the QKV epilogue, no pass)."""
-        if self.stack.fused("rope"):
+        attention kernel or the QKV epilogue, no pass; none where the model's positions are
+        learned, ``ModelSpec.rotary`` False)."""
+        if self.stack.fused("rope") or not self.model.rotary:
             return []
         return [elementwise_step("rope", 2 * self.tokens * (self.model.qk_width / self.plan.tp) * ACT_BYTES, "rope")]
 

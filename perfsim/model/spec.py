@@ -55,6 +55,10 @@ class ModelSpec:
     vocab_size: int
     tied_embeddings: bool = False
     gated_mlp: bool = True
+    # rotary position embeddings applied to q and k in every layer (Llama and its kin); False:
+    # learned absolute positions added once to the token embedding (MPT, GPT-3), whose table
+    # (max_seq_len x hidden, a fraction of a percent of a model's parameters at 2k) is not counted
+    rotary: bool = True
     # RMSNorm on the queries and keys before rotary (Qwen3, Qwen3-MoE, OLMoE): one more
     # memory-bound pass over q and k per layer; its weights (head_dim or q/k width) are negligible
     qk_norm: bool = False
