@@ -56,6 +56,11 @@ PUBLISHED = [
     ("gpt-oss-20b", TOLERANCE, TOLERANCE),
     # llm-foundry's MPT benchmark table (NumParams at seq 2048): ModelSpec leaves out the learned
     # position table and the biases, 0.15-0.48% of the printed counts
+    # GPT-3 (arXiv 2005.14165): 175B, the vocabulary padded as Megatron pads it (assumed)
+    ("gpt3-175b", TOLERANCE, TOLERANCE),
+    # Nemotron-4 technical reports (arXiv 2402.16819, 2406.11704): 12.5B / 331.6B non-embedding
+    ("nemotron4-15b", TOLERANCE, TOLERANCE),
+    ("nemotron4-340b", TOLERANCE, TOLERANCE),
     *((f"mpt-{size}", TOLERANCE, TOLERANCE) for size in ("350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b")),
 ]
 
