@@ -194,10 +194,38 @@ def _scale() -> list[str]:
              "same-source check, like the table above."]
     if not pairs:
         return lines + ["", "No such pair in the reference set: projection across scale is not checked."]
-    lines += ["", "| source | model | cluster | calibrated on | GPUs | projected to | GPUs | error |",
-              "| --- | --- | --- | --- | ---: | --- | ---: | ---: |"]
-    lines += [f"| {s} | {m} | {c} | {a} | {ga} | {b} | {gb} | {e:+.1f}% |" for s, m, c, a, ga, b, gb, e in pairs]
+    lines += ["", "One row per series (runs of one plan at several node counts; every pair of them, the smaller "
+              "calibrating, the larger priced): the smallest run projected to the largest, and over every pair "
+              "the median |error| and the worst.", "",
+              "| source | model | cluster | series (smallest run) | runs | GPUs | pairs | smallest -> largest | "
+              "median | worst |", "| --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for series in scale_series(pairs):
+        first, last = series[0], max(series, key=lambda q: (q[4] - q[6], q[6]))  # the widest span from the smallest
+        gpus = sorted({g for q in series for g in (q[4], q[6])})
+        errs = [q[7] for q in series]
+        lines.append(f"| {first[0]} | {first[1]} | {first[2]} | {first[3]} | {len(gpus)} | {gpus[0]}-{gpus[-1]} | "
+                     f"{len(series)} | {last[7]:+.1f}% | {statistics.median(abs(e) for e in errs):.1f}% | "
+                     f"{max(errs, key=abs):+.1f}% |")
     return lines
+
+
+def scale_series(pairs) -> list[list[tuple]]:
+    """``scale_projection``'s pairs grouped into series: the runs a chain of pairs links (one plan
+    of one model in one source at several node counts), each series' pairs from its smallest run
+    first."""
+    parent: dict[str, str] = {}
+
+    def root(run: str) -> str:
+        while parent.setdefault(run, run) != run:
+            run = parent[run]
+        return run
+
+    for pair in pairs:
+        parent[root(pair[5])] = root(pair[3])
+    groups: dict[str, list[tuple]] = {}
+    for pair in pairs:
+        groups.setdefault(root(pair[3]), []).append(pair)
+    return [sorted(g, key=lambda q: (q[4], q[6])) for g in sorted(groups.values(), key=lambda g: min(g))]
 
 
 def routing_pairs(cases) -> list[tuple]:

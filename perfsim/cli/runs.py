@@ -3,6 +3,7 @@ training runs against perfsim (design.runs), and a stack profile fitted to them
 (design.runs_fit). Presentation only."""
 
 import html
+import statistics
 import sys
 from pathlib import Path
 
@@ -110,10 +111,16 @@ def cmd_project(args, dumps) -> int:
     margin = plan_to_plan_pct()
     if margin is not None:
         pairs = scale_pairs()
-        if pairs:
-            scale = "; across scale it has " + ", ".join(
-                f"{q['from_gpus']} -> {q['to_gpus']} GPUs ({q['model']}, {q['source']}) {q['error_pct']:+.1f}%" for q in pairs)
-            scale += " (one pair on one cluster: an example, not a bound)" if len(pairs) == 1 else ""
+        if len(pairs) == 1:
+            (q,) = pairs
+            scale = (f"; across scale it has {q['from_gpus']} -> {q['to_gpus']} GPUs ({q['model']}, {q['source']}) "
+                     f"{q['error_pct']:+.1f}% (one pair on one cluster: an example, not a bound)")
+        elif pairs:
+            errs = sorted(abs(q["error_pct"]) for q in pairs)
+            worst = max((q["error_pct"] for q in pairs), key=abs)
+            scale = (f"; across scale it has {len(pairs)} pairs of runs ({len({q['source'] for q in pairs})} sources, "
+                     f"{min(q['from_gpus'] for q in pairs)} -> {max(q['to_gpus'] for q in pairs)} GPUs): median "
+                     f"|error| {statistics.median(errs):.1f}%, worst {worst:+.1f}%")
         else:
             scale = ("; no model in perfsim's reference set was measured at two node counts, so the change of scale "
                      "itself is unchecked")
