@@ -116,11 +116,10 @@ def cmd_project(args, dumps) -> int:
             scale = (f"; across scale it has {q['from_gpus']} -> {q['to_gpus']} GPUs ({q['model']}, {q['source']}) "
                      f"{q['error_pct']:+.1f}% (one pair on one cluster: an example, not a bound)")
         elif pairs:
-            errs = sorted(abs(q["error_pct"]) for q in pairs)
-            worst = max((q["error_pct"] for q in pairs), key=abs)
+            errs = [q["error_pct"] for q in pairs]
             scale = (f"; across scale it has {len(pairs)} pairs of runs ({len({q['source'] for q in pairs})} sources, "
                      f"{min(q['from_gpus'] for q in pairs)} -> {max(q['to_gpus'] for q in pairs)} GPUs): median "
-                     f"|error| {statistics.median(errs):.1f}%, worst {worst:+.1f}%")
+                     f"|error| {statistics.median(map(abs, errs)):.1f}%, worst {max(errs, key=abs):+.1f}%")
         else:
             scale = ("; no model in perfsim's reference set was measured at two node counts, so the change of scale "
                      "itself is unchecked")
