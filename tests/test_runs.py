@@ -886,3 +886,18 @@ def test_routing_pairs_are_the_runs_alike_but_in_routing():
         (f"MZ-Q235-H100-LC{k}K-FB", f"MZ-Q235-H100-LC{k}K-DL") for k in (16, 32, 64, 128))
     for fb, dl in pairs:
         assert fb.knobs == dl.knobs and fb.routing.distribution == "uniform" and dl.routing is None
+
+
+def test_scale_pairs_group_into_series_and_calibrate_once_per_smaller_run():
+    from validation.accuracy_runs import scale_projection, scale_series
+
+    cases = [c for c in read_runs(RUNS) if c.id in ("TT2412-L8B-8-COMPILE", "TT2412-L8B-128-COMPILE")]
+    ((source, model, _, small, g_small, big, g_big, err),) = scale_projection(cases)
+    assert (source, model, small, g_small, big, g_big) == ("torchtitan-perf-2412", "llama3.1-8b",
+                                                           "TT2412-L8B-8-COMPILE", 8, "TT2412-L8B-128-COMPILE", 128)
+    assert abs(err) < 25
+    # two chains of runs: a-b-c (every pair) and d-e; each series' pairs from its smallest run first
+    pairs = [("s", "m", "c", "a", 8, "c", 32, 1.0), ("s", "m", "c", "b", 16, "c", 32, 2.0),
+             ("s", "m", "c", "a", 8, "b", 16, 3.0), ("s", "m", "c", "d", 8, "e", 16, 4.0)]
+    series = scale_series(pairs)
+    assert [[(q[3], q[5]) for q in s] for s in series] == [[("a", "b"), ("a", "c"), ("b", "c")], [("d", "e")]]

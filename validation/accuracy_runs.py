@@ -145,15 +145,20 @@ def scale_projection(cases) -> list[tuple[str, str, str, str, int, str, int, flo
         return (c.source_id, c.model, c.cluster, c.stack, c.capacity_factor, c.data, c.routing,
                 tuple((k, v) for k, v in c.knobs if k != "gbs"))
 
+    series: dict[tuple, list] = {}
+    for c in cases:
+        series.setdefault(plan(c), []).append(c)
     out = []
-    for small in cases:
-        for big in cases:
-            if plan(small) == plan(big) and small.nodes < big.nodes:
-                fitted = fit_stack([small], small.stack).stack
-                (r,) = validate_runs([big], {big.id: fitted}).results
-                gpus = {c.id: c.nodes * load_cluster(c.cluster).gpus_per_node for c in (small, big)}
-                out.append((small.source_id, small.model, _cluster_label(small.cluster), small.id, gpus[small.id],
-                            big.id, gpus[big.id], r.error_pct))
+    for runs in series.values():
+        for small in runs:
+            bigger = [big for big in runs if small.nodes < big.nodes]
+            if not bigger:
+                continue
+            fitted = fit_stack([small], small.stack).stack  # once per calibrating run
+            per_node = load_cluster(small.cluster).gpus_per_node
+            for r in validate_runs(bigger, {big.id: fitted for big in bigger}).results:
+                out.append((small.source_id, small.model, _cluster_label(small.cluster), small.id,
+                            small.nodes * per_node, r.case.id, r.case.nodes * per_node, r.error_pct))
     return sorted(out)
 
 
@@ -200,7 +205,7 @@ def _scale() -> list[str]:
               "| source | model | cluster | series (smallest run) | runs | GPUs | pairs | smallest -> largest | "
               "median | worst |", "| --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |"]
     for series in scale_series(pairs):
-        first, last = series[0], max(series, key=lambda q: (q[4] - q[6], q[6]))  # the widest span from the smallest
+        first, last = series[0], max(series, key=lambda q: (-q[4], q[6]))  # the smallest run to the largest
         gpus = sorted({g for q in series for g in (q[4], q[6])})
         errs = [q[7] for q in series]
         lines.append(f"| {first[0]} | {first[1]} | {first[2]} | {first[3]} | {len(gpus)} | {gpus[0]}-{gpus[-1]} | "
