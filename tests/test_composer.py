@@ -1,5 +1,5 @@
 """The composer stack (MosaicML Composer + llm-foundry: FSDP1 FULL_SHARD, eager) and its
-published MPT runs: learned positions (no rope pass), per-pass gathers with a reduce-scatter
+published MPT runs (two sources of one README): learned positions (no rope pass), per-pass gathers with a reduce-scatter
 every microbatch, FP32 sharded master, BF16 logits and gradient at the fused loss, every run
 predicted to fit as it ran."""
 
@@ -52,10 +52,26 @@ def test_composer_gathers_per_pass_reduces_every_microbatch_and_keeps_an_fp32_sh
     assert _estimate("mpt-1b", stack="torchtitan").memory[0]["logits_bytes"] == pytest.approx(3 * held["logits_bytes"])
 
 
-def test_the_mpt_rows_are_one_source_under_composer_and_fit_as_they_ran():
+def test_the_mpt_rows_are_two_sources_under_composer_and_fit_as_they_ran():
     cases = [c for c in read_runs(RUNS) if c.stack == "composer"]
-    assert len(cases) == 52 and {c.source_id for c in cases} == {"llm-foundry-mpt-benchmarks-h100"}
+    by_source = {}
+    for c in cases:
+        by_source.setdefault(c.source_id, []).append(c)
+    # two measurement campaigns of one README: the 8-64 GPU table and the later >= 128 GPU one
+    assert {k: len(v) for k, v in by_source.items()} == {
+        "llm-foundry-mpt-benchmarks-h100": 52, "llm-foundry-mpt-benchmarks-h100-large": 18}
     assert {c.model for c in cases} == {f"mpt-{s}" for s in ("760m", "1b", "3b", "7b", "13b", "30b", "70b")}
+    large = by_source["llm-foundry-mpt-benchmarks-h100-large"]
+    assert {c.nodes for c in large} == {16, 32, 64}
+    # SHARD_GRAD_OP (MPT-1B / 3B) as ZeRO-2, FULL_SHARD as ZeRO-3
+    assert {c.model for c in large if dict(c.knobs)["zero"] == 2} == {"mpt-1b", "mpt-3b"}
     for case in cases:
         result = predict(case)
         assert result.fits, (case.id, result.peak_memory_bytes / 1e9)
+
+
+def test_composer_ships_an_nvidia_speed_fitted_to_its_runs_and_amd_at_the_prior():
+    stack = load_stack("composer")
+    assert stack.kernels.speed == 1.0
+    assert 0.5 < stack.kernels.speed_nvidia < 0.9
+    assert "fitted by perfsim calibrate" in stack.kernels.source
