@@ -1,6 +1,7 @@
 """Shared small inputs: tiny dense and MoE models keep lowering and simulation fast."""
 
 import csv
+import os
 import sys
 
 import pytest
@@ -26,6 +27,16 @@ def tiny_moe(**overrides) -> ModelSpec:
         num_experts=8, top_k=2, expert_ffn_hidden_size=2048,
     )
     return ModelSpec(**{**spec, **overrides})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_state(tmp_path_factory):
+    """The planner's scenario database and saved profiles in this test process's own folder
+    (not ~/.perfsim), so tests that save never share them, with the user or with another
+    worker of a parallel run (``pytest -n``); a test that sets its own keeps it."""
+    home = tmp_path_factory.mktemp("perfsim-state")
+    for var, path in (("PERFSIM_DB", home / "scenarios.db"), ("PERFSIM_PROFILES", home / "profiles")):
+        os.environ.setdefault(var, str(path))
 
 
 @pytest.fixture(scope="session")
