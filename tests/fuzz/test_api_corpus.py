@@ -12,9 +12,19 @@ from perfsim.design import goodput
 from fuzz_harness import GOOD, record, run_api
 
 NAN, INF = float("nan"), float("inf")
-BAD_COUNTS = [None, "8", 8.5, -1, 0, True, NAN, INF, 10 ** 30, [8], {}, object()]
+
+
+class Opaque:
+    """A value of no type the API knows (a plain object), whose repr is the same in every
+    test process, so parallel workers collect the same test ids."""
+
+    def __repr__(self) -> str:
+        return "<object>"
+
+
+BAD_COUNTS = [None, "8", 8.5, -1, 0, True, NAN, INF, 10 ** 30, [8], {}, Opaque()]
 BAD_NUMBERS = [None, "1", -1.0, NAN, INF, -INF, True, [1.0], 1e300]
-BAD_NAMES = [None, 8, 8.5, "", "no-such-thing", ["llama3.1-8b"], {}, b"x", object()]
+BAD_NAMES = [None, 8, 8.5, "", "no-such-thing", ["llama3.1-8b"], {}, b"x", Opaque()]
 BAD_FLAGS = [None, "yes", 1, 0.5, [True]]
 
 SIM = dict(model="llama3.1-8b", cluster="mi300x-pollara", nodes=1, gbs=8, seq=512, estimator="analytic")
