@@ -934,7 +934,13 @@ def section() -> str:
         "fast, median +39.4% (+27.5 to +58.5%). With two sources the stack is fitted and held out by source like "
         "the others, by its default protocol (kernels.speed_nvidia, added to the profile at the prior 1): 0.6918 over "
         "its 70 runs, near the in-sample 0.686 of the 52-row table alone. Measured, throughput per GPU falls 4-10% "
-        "from 128 to 512 GPUs; perfsim's stays flat.",
+        "from 128 to 512 GPUs; perfsim's stays flat. Then new public data for `torchtitan`, added as it came out: "
+        "Trainy's H200 benchmark in torchtitan's benchmarks/ (Llama 3.1 8B on 32 and 64 H200, torch.compile, Float8 with "
+        "FP8 all-gathers, per-op checkpointing: a third source, the stack's first on a standard Hopper part) and the "
+        "Float8 rows of torchtitan-perf-2412's Tables 1 and 3, all with per-op checkpointing priced as in BF16 (what "
+        "torch.compile keeps of the Float8 matmuls, which the policy's save list does not name, is not stated: "
+        "assumed). Under the shipped profile: -8 to -14%, too slow as the stack's other Float8 rows. Refitted by "
+        "protocol over the 24 runs: kernels.speed_nvidia 0.7282 -> 0.7452.",
         "",
         *_summary(held, shipped),
         "",
