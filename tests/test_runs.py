@@ -706,13 +706,15 @@ def test_the_shipped_nemo_speed_is_the_fit_its_source_text_names():
         dataclasses.replace(shipped.moe, source="")
 
 
-def test_the_shipped_torchtitan_nvidia_speed_is_the_fit_of_its_two_sources():
+def test_the_shipped_torchtitan_nvidia_speed_is_the_fit_of_its_three_sources():
     """torchtitan's kernels.speed_nvidia is `perfsim calibrate --runs validation/runs/published.csv
-    --stack torchtitan --fit kernels.speed_nvidia` over its two published H100 sources; its AMD
+    --stack torchtitan --fit kernels.speed_nvidia` over its three published Hopper sources; its AMD
     GPUs stay at the assumed speed (no torchtitan run on AMD), and each source held out is
-    priced from a fit to the other: median within the issue's 10%."""
+    priced from a fit to the others: median within the issue's 10%."""
     cases = [c for c in read_runs(RUNS) if c.stack == "torchtitan"]
-    assert {c.source_id for c in cases} == {"torchtitan-perf-2412", "torchtitan-asynctp-2506"}
+    assert {c.source_id for c in cases} == {"torchtitan-perf-2412", "torchtitan-asynctp-2506",
+                                            "torchtitan-trainy-h200-2506"}
+    assert {c.cluster for c in cases if c.source_id == "torchtitan-trainy-h200-2506"} == {"h200-ib"}
     fit = fit_stack(cases, "torchtitan", ["kernels.speed_nvidia"])
     shipped = load_stack("torchtitan").kernels
     assert fit.values["kernels.speed_nvidia"] == pytest.approx(shipped.speed_nvidia, abs=6e-4)
