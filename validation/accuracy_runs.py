@@ -940,7 +940,9 @@ def section() -> str:
         "Float8 rows of torchtitan-perf-2412's Tables 1 and 3, all with per-op checkpointing priced as in BF16 (what "
         "torch.compile keeps of the Float8 matmuls, which the policy's save list does not name, is not stated: "
         "assumed). Under the shipped profile: -8 to -14%, too slow as the stack's other Float8 rows. Refitted by "
-        "protocol over the 24 runs: kernels.speed_nvidia 0.7282 -> 0.7452.",
+        "protocol over the 24 runs: kernels.speed_nvidia 0.7282 -> 0.7452. And a twelfth source for `nemo`: the NeMo "
+        "repository's performance summary for the 24.07 container (eight FP8 pretraining rows, each the model and plan of "
+        "a 24.12 page row, an earlier container), priced under the shipped profile at -4.7 to +3.8% (MAPE 2.8%).",
         "",
         *_summary(held, shipped),
         "",
