@@ -29,6 +29,12 @@ def tiny_moe(**overrides) -> ModelSpec:
     return ModelSpec(**{**spec, **overrides})
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``heavy`` run first (a stable sort keeps the rest in order): under
+    pytest-xdist a minutes-long test started last leaves the other workers idle at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_state(tmp_path_factory):
     """The planner's scenario database and saved profiles in this test process's own folder

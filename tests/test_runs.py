@@ -194,6 +194,7 @@ def test_cli_calibrate_runs_on_one_run_prints_no_nan(capsys, tmp_path):
     assert load_stack(out).kernels.speed != 1.0
 
 
+@pytest.mark.heavy  # every stack refitted leaving each source out: minutes
 def test_held_out_errors_do_not_regress_against_the_committed_table():
     committed = {row["id"]: float(row["held_out_error_pct"]) for row in csv.DictReader(COMMITTED.open())}
     held = held_out_by_stack(list(read_all([str(RUNS)])))
