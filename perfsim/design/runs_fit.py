@@ -186,9 +186,12 @@ def one_run_params(case: RunCase, base: StackSpec | None = None) -> tuple[str]:
     return (paths[0],) if paths else _speeds([case], base)
 
 
-def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None) -> StackFit:
+def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None, memo: dict | None = None) -> StackFit:
     """``base`` with ``params`` fitted to ``cases`` (all priced under it); by default those the
-    runs identify (``params_for``), and for a single run the one it identifies (``one_run_params``)."""
+    runs identify (``params_for``), and for a single run the one it identifies (``one_run_params``).
+    ``memo``: prices already computed under stacks that differ from ``base`` only in their free
+    parameters (``BOUNDS``), by run and those parameters' values; ``leave_one_out`` shares one
+    across its folds, which all start from the same values and so price the same points first."""
     if not cases:
         raise ConfigError("calibrate --runs: no runs to fit")
     base = load_stack(base)
@@ -204,9 +207,17 @@ def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None) -> Stack
     start = np.clip([_current(base, p) for p in params], lo, hi)
     scale = np.maximum(hi - lo, 1e-9) / 10
 
+    def price(case: RunCase, stack: StackSpec) -> float:
+        if memo is None:
+            return predict(case, stack).predicted
+        key = (case.id, tuple(_current(stack, p) for p in BOUNDS))
+        if key not in memo:
+            memo[key] = predict(case, stack).predicted
+        return memo[key]
+
     def residuals(x: np.ndarray) -> np.ndarray:
         stack = base.with_values(**dict(zip(params, map(float, x))))
-        return np.array([math.log(predict(c, stack).predicted / c.measured) for c in cases])
+        return np.array([math.log(price(c, stack) / c.measured) for c in cases])
 
     result = least_squares(residuals, start, bounds=(lo, hi), x_scale=scale, diff_step=1e-3, max_nfev=MAX_EVALS)
     values = dict(zip(params, map(float, result.x)))
@@ -238,7 +249,7 @@ def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> R
     sources = sorted({c.source_id for c in cases})
     by_source = len(sources) > 1
     groups = sources if by_source else [c.id for c in cases]
-    stacks = {}
+    stacks, memo = {}, {}  # the folds' shared prices (``fit_stack``)
     for group in groups:
         held = [c for c in cases if (c.source_id if by_source else c.id) == group]
         rest = [c for c in cases if c not in held]
@@ -247,7 +258,7 @@ def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> R
         fold = [p for p in params if identified(p, _informing(p, rest, held)) and _prices(p, rest, base)]
         # uninformed: the prior, or the profile's own value (a vendor's speed: the stack's speed)
         start = base.with_values(**{p: PRIORS[p] for p in params if p not in fold and p in PRIORS})
-        fitted = fit_stack(rest, start, fold).stack if fold else start  # nothing the rest informs: as assumed
+        fitted = fit_stack(rest, start, fold, memo=memo).stack if fold else start  # nothing the rest informs: as assumed
         stacks.update({c.id: fitted for c in held})
     label = "leave-one-source-out" if by_source else "leave-one-run-out (one source)"
     kept = [c for c in cases if c.id in stacks]
