@@ -207,17 +207,18 @@ def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None, memo: di
     start = np.clip([_current(base, p) for p in params], lo, hi)
     scale = np.maximum(hi - lo, 1e-9) / 10
 
-    def price(case: RunCase, stack: StackSpec) -> float:
+    def price(case: RunCase, stack: StackSpec, values: tuple) -> float:
         if memo is None:
             return predict(case, stack).predicted
-        key = (case.id, tuple(_current(stack, p) for p in BOUNDS))
+        key = (case.id, values)
         if key not in memo:
             memo[key] = predict(case, stack).predicted
         return memo[key]
 
     def residuals(x: np.ndarray) -> np.ndarray:
         stack = base.with_values(**dict(zip(params, map(float, x))))
-        return np.array([math.log(price(c, stack) / c.measured) for c in cases])
+        values = tuple(_current(stack, p) for p in BOUNDS) if memo is not None else ()  # once per stack, not per run
+        return np.array([math.log(price(c, stack, values) / c.measured) for c in cases])
 
     result = least_squares(residuals, start, bounds=(lo, hi), x_scale=scale, diff_step=1e-3, max_nfev=MAX_EVALS)
     values = dict(zip(params, map(float, result.x)))
