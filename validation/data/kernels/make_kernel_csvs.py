@@ -99,7 +99,8 @@ def family_of(series: str) -> str:
                         ("deepgemm", "deepgemm"), ("vllm", "vllm"), ("fb_triton", "fb-triton"), ("hipkittens", "hipkittens"),
                         ("tgale96", "tgale96"), ("amd_maf", "amd-maf-blog"), ("pytorch_benchmark", "pytorch-benchmark"),
                         ("tritonbench", "tritonbench"), ("fa_issue", "flash-attention"), ("fa4", "flash-attention"),
-                        ("perfsim_device", "perfsim-device"), ("openxla", "openxla"), ("te_pr2045", "transformer-engine")):
+                        ("perfsim_device", "perfsim-device"), ("openxla", "openxla"), ("te_pr2045", "transformer-engine"),
+                        ("cudnn_frontend", "cudnn-frontend")):
         if series.startswith(prefix):
             return fam
     return series.split("_")[0]
@@ -436,6 +437,31 @@ def te_grouped_rows(path: Path) -> list[dict]:
     return out
 
 
+CUDNN_FRONTEND_SOURCE = ("https://github.com/NVIDIA/cudnn-frontend/blob/0af834f0f53a2a8e33cce2a108429016da14aab4/"
+                         "benchmark/attention_inference/results/prefill_sweep/h200/prefill_sweep_20260928_142443.csv")
+
+
+def cudnn_frontend_rows(path: Path) -> list[dict]:
+    """cuDNN frontend's H200 prefill sweep (cuDNN 9.27.0, BF16 causal GQA forward through the
+    frontend's SDPA graph with a paged KV cache of 16-token pages; CUDA events, median of 20):
+    the rows whose query and key lengths are equal, a training forward's shape. Its TFLOPS
+    column counts 4 S^2 H D / 2 (causal), which the committed copy's rows reproduce; the
+    time is taken as printed. Rows of a short query over a long cache (chunked prefill) are
+    not in the copy: perfsim's attention prices equal lengths."""
+    out = []
+    for r in csv.DictReader(open(path)):
+        if r["success"] != "True" or r["q_tokens"] != r["kv_len"] or r["head_dim_qk"] != r["head_dim_vo"]:
+            continue
+        series = f"cudnn_frontend_h200_{r['model_name']}"
+        library = (f"cuDNN fused attention ({r['backend_detail']} via cudnn-frontend SDPA; paged KV cache "
+                   f"page {r['page_size']}); {r['gpu_name']}")
+        out.append(_row("attention", "bf16", "h200", series, CUDNN_FRONTEND_SOURCE, library,
+                        batch=r["batch_size"], seq=r["q_tokens"], heads=r["num_q_heads"], kv_heads=r["num_kv_heads"],
+                        head_dim=r["head_dim_qk"], causal=1, direction="fwd",
+                        time_us=f"{float(r['time_ms']) * 1e3:.6g}"))
+    return out
+
+
 DEVICE = HERE.parent / "device"  # this project's own runs on a lent GPU (validation.gpu_check), each with a README
 DEVICE_GPUS = {"h200": "NVIDIA H200"}
 DEVICE_COPY = ("kind", "dtype", "m", "n", "k", "batch", "seq", "heads", "kv_heads", "head_dim", "causal", "direction",
@@ -603,7 +629,8 @@ def main(shared: Path) -> None:
     for note in notes:
         print(f"dropped as a fallback path: {note}")
     rows = cap(fastest(rows + attention_rows(kernels / "attention.csv") + memory_rows(kernels / "membound.csv")
-                       + liger_rows(PUBLIC / "liger_h100nvl.csv") + device_rows("h200")))
+                       + liger_rows(PUBLIC / "liger_h100nvl.csv") + device_rows("h200")
+                       + cudnn_frontend_rows(PUBLIC / "cudnn_frontend_h200_prefill.csv")))
     fit, check = split(rows)
     fit, check = thin(fit), thin(check)
     for gpu in sorted({r["device"] for r in rows}):
