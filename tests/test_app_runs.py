@@ -65,3 +65,11 @@ def test_fit_on_the_page_matches_calibrate_runs():
     assert list(want.values) == ["kernels.speed_amd", "kernels.speed_nvidia", "moe.dropless_speed",
                                  "data.host_s_per_mtoken"]
     assert list(shown["value"]) == pytest.approx([round(v, 4) for v in want.values.values()])
+
+
+def test_the_page_offers_the_stack_protocol_as_its_default():
+    """The free parameters the page proposes are what perfsim calibrate --runs would free:
+    nemo's protocol (two parameters), not the five its runs identify."""
+    at = page()
+    at.selectbox(key="w.r_fit_stack").set_value("nemo").run()
+    assert at.multiselect(key="w.r_params.nemo").value == ["kernels.speed_nvidia", "moe.dropless_speed"]

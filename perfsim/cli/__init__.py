@@ -526,7 +526,8 @@ def _add_runs_args(p, runs_help: str) -> None:
     p.add_argument("--runs", action="append", default=[], help=runs_help + " (repeatable)")
     p.add_argument("--stack", default=None, help="with --runs: stack profile to use (validate) or fit (calibrate)")
     p.add_argument("--fit", action="append", default=None,
-                   help="with --runs: a free stack parameter to fit (repeatable; default: kernels.speed, or kernels.speed_amd and "
+                   help="with --runs: a free stack parameter to fit (repeatable; default: the stack profile's calibration "
+                        "protocol, [calibration] fit, among the parameters the runs identify; where it names none: kernels.speed, or kernels.speed_amd and "
                         "kernels.speed_nvidia where the runs span both GPU vendors, the routed-expert "
                         "speed of each MoE dispatch path the runs use, and data.host_s_per_mtoken where runs on real and "
                         "synthetic data are both given; one run: the one parameter it identifies, as project fits; also "

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from perfsim.design import runs as runs_mod
-from perfsim.design.runs_fit import fit_stack, held_out_by_stack, held_out_summary, leave_one_out
+from perfsim.design.runs_fit import fit_stack, held_out_by_stack, held_out_summary, leave_one_out, with_protocol
 from perfsim.errors import ConfigError
 from perfsim.system.specio import check_finite_output, check_output, write_atomic
 from perfsim.system.stacks import load_stack, write_stack
@@ -74,9 +74,12 @@ def cmd_calibrate(args) -> int:
     params = (tuple(args.fit) if args.fit else None)
     fit = fit_stack(mine, base, params)
     loo = leave_one_out(mine, base, params)
-    write_stack(fit.stack, args.out, overwrite=args.force)
+    why = ("--fit" if args.fit else "one run: the one parameter it identifies" if len(mine) == 1 else
+           "the stack's protocol, [calibration] fit" if base.calibration.fit else "every parameter the runs identify")
+    write_stack(with_protocol(fit), args.out, overwrite=args.force)
     print(f"# perfsim calibrate --runs: stack {base.name} fitted to {fit.num_runs} runs "
           f"({', '.join(fit.fitted_on)}) -> {args.out}")
+    print(f"# free parameters: {', '.join(fit.values)} ({why})")
     for p, v in fit.values.items():
         print(f"{p:<28} {v:12.4g}{'  (at its bound)' if p in fit.at_bound else ''}")
     print(f"fit rms |log error| {100 * fit.rms_log_error:.1f}%")

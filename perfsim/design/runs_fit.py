@@ -7,6 +7,7 @@ inside each parameter's bounds. ``leave_one_out`` refits without each source in 
 error a user should expect on a run the fit has not seen.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import perfsim.api as api
 
 from perfsim.design.runs import RunCase, RunsValidation, predict, validate_runs
 from perfsim.errors import ConfigError
-from perfsim.system.stacks import VENDOR_SPEEDS, Dispatch, StackSpec, load_stack, speed_param
+from perfsim.system.stacks import VENDOR_SPEEDS, CalibrationProtocol, Dispatch, StackSpec, load_stack, speed_param
 
 # Physically meaningful ranges (input bounds, not hardware numbers): more than 5 ms of
 # framework time per layer pass or per host sync, or kernels 5x slower or 2x faster than
@@ -131,6 +132,36 @@ def params_for(cases, base: StackSpec | None = None) -> tuple[str, ...]:
     return (*_speeds(cases, base), *sorted(paths, reverse=True), *data)
 
 
+def protocol_params(cases, base: StackSpec) -> tuple[str, ...]:
+    """The parameters a fit of ``cases`` under ``base`` frees by default: the stack's
+    calibration protocol (``[calibration] fit``), those of them the runs identify and that
+    price them (``identified``, ``_prices``); every parameter the runs identify
+    (``params_for``) where the profile names none, or where the runs identify none of those
+    it names (runs on another vendor's GPUs)."""
+    found = params_for(cases, base)
+    mine = tuple(p for p in base.calibration.fit if identified(p, cases) and _prices(p, cases, base))
+    return mine or found
+
+
+def with_protocol(fit: "StackFit") -> StackSpec:
+    """The fitted profile recording the parameters it was fitted on as its calibration
+    protocol (``[calibration] fit``) where they differ from the one it had, so that
+    refitting it to the same runs frees the same ones."""
+    stack, params = fit.stack, tuple(fit.values)
+    if params == stack.calibration.fit:
+        return stack
+    protocol = CalibrationProtocol(fit=params, source=f"perfsim calibrate --runs fitted these to {fit.num_runs} runs "
+                                                      f"({', '.join(fit.fitted_on)})")
+    return dataclasses.replace(stack, calibration=protocol)
+
+
+def default_params(cases, base: StackSpec) -> tuple[str, ...]:
+    """What ``fit_stack`` frees when no parameter is named: the one a single run identifies
+    (``one_run_params``), else the stack's protocol among those the runs identify
+    (``protocol_params``)."""
+    return one_run_params(cases[0], base) if len(cases) == 1 else protocol_params(cases, base)
+
+
 def _path_speeds(cases) -> set[str]:
     """The routed-expert speeds (``PATH_SPEEDS``) the MoE runs among ``cases`` price: each
     run's dispatch path under its stack, where that path has kernels of its own."""
@@ -187,8 +218,9 @@ def one_run_params(case: RunCase, base: StackSpec | None = None) -> tuple[str]:
 
 
 def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None, memo: dict | None = None) -> StackFit:
-    """``base`` with ``params`` fitted to ``cases`` (all priced under it); by default those the
-    runs identify (``params_for``), and for a single run the one it identifies (``one_run_params``).
+    """``base`` with ``params`` fitted to ``cases`` (all priced under it); by default the
+    stack's protocol among those the runs identify (``protocol_params``), and for a single run the
+    one it identifies (``one_run_params``).
     ``memo``: prices already computed under stacks that differ from ``base`` only in their free
     parameters (``BOUNDS``), by run and those parameters' values; ``leave_one_out`` shares one
     across its folds, which all start from the same values and so price the same points first."""
@@ -196,7 +228,7 @@ def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None, memo: di
         raise ConfigError("calibrate --runs: no runs to fit")
     base = load_stack(base)
     if params is None:
-        params = one_run_params(cases[0], base) if len(cases) == 1 else params_for(cases, base)
+        params = default_params(cases, base)
     params = _check(params)
     flat = [p for p in params if not _prices(p, cases, base)]
     if flat:
@@ -244,9 +276,10 @@ def _informing(param: str, rest: list[RunCase], held: list[RunCase]) -> list[Run
 
 def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> RunsValidation:
     """Each held-out group (a source; a run when there is one source) priced by a fit to the
-    rest (``params``: default those the runs identify, ``params_for``)."""
+    rest (``params``: default the stack's protocol among those the runs identify,
+    ``protocol_params``)."""
     base = load_stack(base)
-    params = params_for(cases, base) if params is None else params
+    params = protocol_params(cases, base) if params is None else params
     sources = sorted({c.source_id for c in cases})
     by_source = len(sources) > 1
     groups = sources if by_source else [c.id for c in cases]

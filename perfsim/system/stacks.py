@@ -285,6 +285,36 @@ class RecomputeLadder:
         return tuple(level for level in self.auto if level != "block")
 
 
+# the stack parameters ``perfsim calibrate --runs`` can fit (perfsim.design.runs_fit.BOUNDS holds
+# their ranges; a test keeps the two lists equal)
+FREE_PARAMETERS = ("kernels.speed", "kernels.speed_amd", "kernels.speed_nvidia", "launch.layer_overhead_us",
+                   "launch.kernel_gap_us", "moe.host_sync_us", "moe.padded_speed", "moe.dropless_speed",
+                   "data.host_s_per_mtoken", "overlap.tp_comm_share", "overlap.ep_comm_share")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationProtocol:
+    """The free parameters ``perfsim calibrate --runs`` fits to this stack's runs when no
+    ``--fit`` is given (of them, those the runs identify: ``runs_fit.protocol_params``), and
+    which its leave-one-source-out folds refit: the protocol the shipped values were fitted
+    by, so that refitting the shipped runs gives the shipped profile back. Empty: every
+    parameter the runs identify (``runs_fit.params_for``)."""
+
+    fit: tuple[str, ...] = ()
+    source: str = "assumed: every free parameter the runs identify"
+
+    def __post_init__(self):
+        if isinstance(self.fit, str) or not isinstance(self.fit, list | tuple):
+            raise ConfigError(f"stack.calibration.fit must be a list of parameter names, got {self.fit!r}")
+        object.__setattr__(self, "fit", tuple(self.fit))
+        for name in self.fit:
+            if name not in FREE_PARAMETERS:
+                raise ConfigError(f"stack.calibration.fit: {name!r} is not a free stack parameter "
+                                  f"(one of {', '.join(FREE_PARAMETERS)})")
+        if len(set(self.fit)) != len(self.fit):
+            raise ConfigError(f"stack.calibration.fit names a parameter twice: {list(self.fit)!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class MemoryPolicy:
     """What the framework keeps per parameter and per logit, and how its allocator packs
@@ -353,6 +383,7 @@ class StackSpec:
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     data: InputPipeline = field(default_factory=InputPipeline)
     recompute: RecomputeLadder = field(default_factory=RecomputeLadder)
+    calibration: CalibrationProtocol = field(default_factory=CalibrationProtocol)
 
     def fused(self, kernel: str) -> bool:
         return kernel in self.fusion.fused
