@@ -39,10 +39,18 @@ def pytest_collection_modifyitems(config, items):
 def _private_state(tmp_path_factory):
     """The planner's scenario database and saved profiles in this test process's own folder
     (not ~/.perfsim), so tests that save never share them, with the user or with another
-    worker of a parallel run (``pytest -n``); a test that sets its own keeps it."""
+    worker of a parallel run (``pytest -n``); a test that sets its own keeps it. The
+    variables are put back as they were when the session ends."""
     home = tmp_path_factory.mktemp("perfsim-state")
+    before = {var: os.environ.get(var) for var in ("PERFSIM_DB", "PERFSIM_PROFILES")}
     for var, path in (("PERFSIM_DB", home / "scenarios.db"), ("PERFSIM_PROFILES", home / "profiles")):
         os.environ.setdefault(var, str(path))
+    yield
+    for var, value in before.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
 
 
 @pytest.fixture(scope="session")

@@ -108,3 +108,14 @@ def test_calibrate_says_what_it_frees_and_records_it(tmp_path, capsys):
     # refitting the written profile frees the same two
     assert main(["calibrate", "--runs", str(runs), "--stack", str(wider), "--out", str(tmp_path / "again.toml")]) == 0
     assert "# free parameters: kernels.speed_nvidia, launch.kernel_gap_us (the stack's protocol" in capsys.readouterr().out
+
+
+def test_refitting_the_shipped_runs_gives_the_shipped_values_back():
+    """composer's profile (70 runs, one parameter: seconds to fit) refitted by its protocol
+    over the shipped runs returns the value it ships."""
+    from perfsim.design.runs_fit import fit_stack
+
+    runs = [c for c in read_runs(RUNS) if c.stack == "composer"]
+    fit = fit_stack(runs, "composer")
+    assert list(fit.values) == ["kernels.speed_nvidia"]
+    assert fit.values["kernels.speed_nvidia"] == pytest.approx(load_stack("composer").kernels.speed_nvidia, abs=6e-5)
