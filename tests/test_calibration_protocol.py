@@ -95,8 +95,9 @@ def test_calibrate_says_what_it_frees_and_records_it(tmp_path, capsys):
     shipped = tmp_path / "shipped.toml"
     assert main(["calibrate", "--runs", str(runs), "--stack", "composer", "--out", str(shipped)]) == 0
     assert "# free parameters: kernels.speed_nvidia (the stack's protocol, [calibration] fit)" in capsys.readouterr().out
-    assert tomllib.loads(shipped.read_text())["calibration"] == tomllib.loads(
-        (ROOT / "perfsim/hardware_profiles/stacks/composer.toml").read_text())["calibration"]  # unchanged
+    protocol = tomllib.loads(shipped.read_text())["calibration"]
+    assert protocol["fit"] == list(load_stack("composer").calibration.fit)  # the same parameters, its own runs
+    assert "fitted these to 6 runs" in protocol["source"]
 
     wider = tmp_path / "wider.toml"
     assert main(["calibrate", "--runs", str(runs), "--stack", "composer", "--fit", "kernels.speed_nvidia",
@@ -119,3 +120,12 @@ def test_refitting_the_shipped_runs_gives_the_shipped_values_back():
     fit = fit_stack(runs, "composer")
     assert list(fit.values) == ["kernels.speed_nvidia"]
     assert fit.values["kernels.speed_nvidia"] == pytest.approx(load_stack("composer").kernels.speed_nvidia, abs=6e-5)
+
+
+def test_calibrate_says_when_the_runs_identify_none_of_the_protocol(tmp_path, capsys):
+    """nemo's two MLPerf runs on AMD GPUs inform neither of its protocol's NVIDIA-side
+    parameters: calibrate fits what they identify and says so."""
+    runs = _subset(tmp_path / "amd.csv", lambda r: r["source_id"] == "mlperf-training-5.1-amd")
+    assert main(["calibrate", "--runs", str(runs), "--stack", "nemo", "--out", str(tmp_path / "amd.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "# free parameters: kernels.speed (every parameter the runs identify: none of the stack's protocol)" in out

@@ -74,8 +74,11 @@ def cmd_calibrate(args) -> int:
     params = (tuple(args.fit) if args.fit else None)
     fit = fit_stack(mine, base, params)
     loo = leave_one_out(mine, base, params)
+    declared = base.calibration.fit
     why = ("--fit" if args.fit else "one run: the one parameter it identifies" if len(mine) == 1 else
-           "the stack's protocol, [calibration] fit" if base.calibration.fit else "every parameter the runs identify")
+           "the stack's protocol, [calibration] fit" if declared and set(fit.values) <= set(declared) else
+           "every parameter the runs identify: none of the stack's protocol" if declared else
+           "every parameter the runs identify")
     write_stack(with_protocol(fit), args.out, overwrite=args.force)
     print(f"# perfsim calibrate --runs: stack {base.name} fitted to {fit.num_runs} runs "
           f"({', '.join(fit.fitted_on)}) -> {args.out}")

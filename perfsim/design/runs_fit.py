@@ -144,12 +144,10 @@ def protocol_params(cases, base: StackSpec) -> tuple[str, ...]:
 
 
 def with_protocol(fit: "StackFit") -> StackSpec:
-    """The fitted profile recording the parameters it was fitted on as its calibration
-    protocol (``[calibration] fit``) where they differ from the one it had, so that
-    refitting it to the same runs frees the same ones."""
+    """The fitted profile recording the parameters it was fitted on, and the runs, as its
+    calibration protocol (``[calibration] fit``), so that refitting it to the same runs
+    frees the same ones (its fitted tables' sources say the same: ``fit_stack``)."""
     stack, params = fit.stack, tuple(fit.values)
-    if params == stack.calibration.fit:
-        return stack
     protocol = CalibrationProtocol(fit=params, source=f"perfsim calibrate --runs fitted these to {fit.num_runs} runs "
                                                       f"({', '.join(fit.fitted_on)})")
     return dataclasses.replace(stack, calibration=protocol)
