@@ -377,7 +377,8 @@ def _cmd_calibrate(args) -> int:
         a.refuse_given(args, RUNS_UNUSED["calibrate"], "not used with --runs (the runs name their own clusters; "
                 "calibrate --runs fits a stack profile)")
         return runs.cmd_calibrate(args)
-    a.refuse_given(args, {"--stack": "stack", "--fit": "fit"}, "needs --runs (a stack profile is fitted to measured runs)")
+    a.refuse_given(args, {"--stack": "stack", "--fit": "fit", "--workers": "workers"},
+                   "needs --runs (a stack profile is fitted to measured runs)")
     check_output(args.out, args.force, "--out")
     args.cluster = args.cluster or DEFAULT_CLUSTER
     result = calibrate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.gemm_csv, p2p=args.p2p, out=args.out,
@@ -436,7 +437,7 @@ def _cmd_validate(args) -> int:
         if args.html:
             _need_plotly("--html")
         return runs.cmd_validate(args, dumps)
-    a.refuse_given(args, {"--stack": "stack", "--fit": "fit", "--loso": "loso"}, "needs --runs")
+    a.refuse_given(args, {"--stack": "stack", "--fit": "fit", "--loso": "loso", "--workers": "workers"}, "needs --runs")
     if args.html:
         _need_plotly("--html")
     if args.html:
@@ -532,6 +533,9 @@ def _add_runs_args(p, runs_help: str) -> None:
                         "speed of each MoE dispatch path the runs use, and data.host_s_per_mtoken where runs on real and "
                         "synthetic data are both given; one run: the one parameter it identifies, as project fits; also "
                         "launch.layer_overhead_us, launch.kernel_gap_us, moe.host_sync_us)")
+    p.add_argument("--workers", type=a.integer(1, 4096), default=None,
+                   help="with --runs: price the runs in this many local worker processes (default: one, this process); "
+                        "the figures do not depend on it")
 
 
 def _cmd_list(args) -> int:

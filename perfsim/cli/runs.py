@@ -2,6 +2,7 @@
 training runs against perfsim (design.runs), and a stack profile fitted to them
 (design.runs_fit). Presentation only."""
 
+import contextlib
 import html
 import statistics
 import sys
@@ -41,16 +42,34 @@ def peak(r: runs_mod.RunResult) -> str:
     return shown if printed is None else f"{shown} ({printed / 1e9:.1f}, {r.memory_error_pct:+.0f}%)"
 
 
+@contextlib.contextmanager
+def _pricing(workers: int | None):
+    """The executor the runs are priced on: a local pool of ``workers`` processes, or none
+    (this process) for one; closed however the command ends."""
+    if not workers or workers <= 1:
+        yield None
+        return
+    from perfsim.search.executors import PoolExecutor
+
+    pool = PoolExecutor(workers)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 def cmd_validate(args, dumps) -> int:
     if args.html:
         check_output(args.html, args.force, "--html")
     cases = runs_mod.read_all(args.runs)
-    if args.loso:
-        result = held_out_by_stack(cases, (tuple(args.fit) if args.fit else None))
-    else:
-        stack = load_stack(args.stack) if args.stack else None
-        result = runs_mod.validate_runs(cases, {c.id: stack for c in cases} if stack else None,
-                                        label=f"all runs under {stack.name}" if stack else "each run's stack profile")
+    with _pricing(args.workers) as executor:
+        if args.loso:
+            result = held_out_by_stack(cases, (tuple(args.fit) if args.fit else None), executor)
+        else:
+            stack = load_stack(args.stack) if args.stack else None
+            result = runs_mod.validate_runs(cases, {c.id: stack for c in cases} if stack else None,
+                                            label=f"all runs under {stack.name}" if stack else "each run's stack profile",
+                                            executor=executor)
     check_finite_output(result.to_dict(), "validate")
     if args.html:
         write_html(result, args.html)
@@ -72,8 +91,9 @@ def cmd_calibrate(args) -> int:
     if not mine:
         raise ConfigError(f"--stack: no run in --runs uses stack {base.name!r}")
     params = (tuple(args.fit) if args.fit else None)
-    fit = fit_stack(mine, base, params)
-    loo = leave_one_out(mine, base, params)
+    with _pricing(args.workers) as executor:
+        fit = fit_stack(mine, base, params, executor=executor)
+        loo = leave_one_out(mine, base, params, executor)
     declared = base.calibration.fit
     why = ("--fit" if args.fit else "one run: the one parameter it identifies" if len(mine) == 1 else
            "the stack's protocol, [calibration] fit" if declared and set(fit.values) <= set(declared) else

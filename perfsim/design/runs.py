@@ -248,10 +248,19 @@ def _metric(report, case: RunCase) -> float:
 
 
 def validate_runs(cases, stacks: dict[str, StackSpec] | None = None, estimator: str = "analytic",
-                  label: str = "") -> RunsValidation:
-    """Every case priced under ``stacks[case.id]`` when given, else its own stack profile."""
+                  label: str = "", executor=None) -> RunsValidation:
+    """Every case priced under ``stacks[case.id]`` when given, else its own stack profile;
+    ``executor`` (``perfsim.search.executors``): where the runs are priced (default: here,
+    one after another)."""
     stacks = stacks or {}
-    return RunsValidation(results=tuple(predict(c, stacks.get(c.id), estimator) for c in cases), label=label)
+    tasks = [(c, stacks.get(c.id), estimator) for c in cases]
+    results = executor.map(predict_task, tasks) if executor is not None else [predict_task(t) for t in tasks]
+    return RunsValidation(results=tuple(results), label=label)
+
+
+def predict_task(task: tuple) -> RunResult:
+    """``predict`` of one (case, stack, estimator): the picklable task an executor maps."""
+    return predict(*task)
 
 
 def unstated_routing(cases) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from scipy.optimize import least_squares
 
 import perfsim.api as api
 
-from perfsim.design.runs import RunCase, RunsValidation, predict, validate_runs
+from perfsim.design.runs import RunCase, RunsValidation, predict_task, validate_runs
 from perfsim.errors import ConfigError
 from perfsim.system.stacks import VENDOR_SPEEDS, CalibrationProtocol, Dispatch, StackSpec, load_stack, speed_param
 
@@ -215,13 +215,16 @@ def one_run_params(case: RunCase, base: StackSpec | None = None) -> tuple[str]:
     return (paths[0],) if paths else _speeds([case], base)
 
 
-def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None, memo: dict | None = None) -> StackFit:
+def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None, memo: dict | None = None,
+              executor=None) -> StackFit:
     """``base`` with ``params`` fitted to ``cases`` (all priced under it); by default the
     stack's protocol among those the runs identify (``protocol_params``), and for a single run the
     one it identifies (``one_run_params``).
     ``memo``: prices already computed under stacks that differ from ``base`` only in their free
     parameters (``BOUNDS``), by run and those parameters' values; ``leave_one_out`` shares one
-    across its folds, which all start from the same values and so price the same points first."""
+    across its folds, which all start from the same values and so price the same points first.
+    ``executor`` (``perfsim.search.executors``): where each evaluation's runs are priced
+    (default: here, one after another); the fit does not depend on it."""
     if not cases:
         raise ConfigError("calibrate --runs: no runs to fit")
     base = load_stack(base)
@@ -237,18 +240,17 @@ def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None, memo: di
     start = np.clip([_current(base, p) for p in params], lo, hi)
     scale = np.maximum(hi - lo, 1e-9) / 10
 
-    def price(case: RunCase, stack: StackSpec, values: tuple) -> float:
-        if memo is None:
-            return predict(case, stack).predicted
-        key = (case.id, values)
-        if key not in memo:
-            memo[key] = predict(case, stack).predicted
-        return memo[key]
+    shared = memo if memo is not None else {}  # this fit's own prices where no memo is shared
 
     def residuals(x: np.ndarray) -> np.ndarray:
         stack = base.with_values(**dict(zip(params, map(float, x))))
-        values = tuple(_current(stack, p) for p in BOUNDS) if memo is not None else ()  # once per stack, not per run
-        return np.array([math.log(price(c, stack, values) / c.measured) for c in cases])
+        values = tuple(_current(stack, p) for p in BOUNDS)  # once per stack, not per run
+        todo = [c for c in cases if (c.id, values) not in shared]
+        tasks = [(c, stack, "analytic") for c in todo]
+        priced = executor.map(predict_task, tasks) if executor is not None else [predict_task(t) for t in tasks]
+        for c, r in zip(todo, priced):
+            shared[(c.id, values)] = r.predicted
+        return np.array([math.log(shared[(c.id, values)] / c.measured) for c in cases])
 
     result = least_squares(residuals, start, bounds=(lo, hi), x_scale=scale, diff_step=1e-3, max_nfev=MAX_EVALS)
     values = dict(zip(params, map(float, result.x)))
@@ -272,7 +274,7 @@ def _informing(param: str, rest: list[RunCase], held: list[RunCase]) -> list[Run
     return [c for c in rest if vendor_of(c) in vendors]
 
 
-def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> RunsValidation:
+def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None, executor=None) -> RunsValidation:
     """Each held-out group (a source; a run when there is one source) priced by a fit to the
     rest (``params``: default the stack's protocol among those the runs identify,
     ``protocol_params``)."""
@@ -290,11 +292,11 @@ def leave_one_out(cases: list[RunCase], base: StackSpec | str, params=None) -> R
         fold = [p for p in params if identified(p, _informing(p, rest, held)) and _prices(p, rest, base)]
         # uninformed: the prior, or the profile's own value (a vendor's speed: the stack's speed)
         start = base.with_values(**{p: PRIORS[p] for p in params if p not in fold and p in PRIORS})
-        fitted = fit_stack(rest, start, fold, memo=memo).stack if fold else start  # nothing the rest informs: as assumed
+        fitted = fit_stack(rest, start, fold, memo=memo, executor=executor).stack if fold else start  # nothing the rest informs: as assumed
         stacks.update({c.id: fitted for c in held})
     label = "leave-one-source-out" if by_source else "leave-one-run-out (one source)"
     kept = [c for c in cases if c.id in stacks]
-    return validate_runs(kept, stacks, label=label)
+    return validate_runs(kept, stacks, label=label, executor=executor)
 
 
 def held_out_summary(loo: RunsValidation) -> str:
@@ -313,15 +315,15 @@ def sources_by_stack(cases) -> dict[str, set[str]]:
     return out
 
 
-def held_out_by_stack(cases: list[RunCase], params=None) -> RunsValidation:
+def held_out_by_stack(cases: list[RunCase], params=None, executor=None) -> RunsValidation:
     """Per stack: leave-one-source-out fits where the stack has runs from two or more
     sources; runs of a single-source stack keep the shipped profile (nothing to hold out)."""
     results = []
     for stack, sources in sorted(sources_by_stack(cases).items()):
         mine = [c for c in cases if c.stack == stack]
         if len(sources) > 1:
-            results += leave_one_out(mine, stack, params).results
+            results += leave_one_out(mine, stack, params, executor).results
         else:
-            results += validate_runs(mine).results
+            results += validate_runs(mine, executor=executor).results
     return RunsValidation(results=tuple(results), label="leave-one-source-out per stack "
                           "(single-source stacks: shipped profile, not fitted)")
