@@ -134,9 +134,11 @@ def test_list_provenance_says_which_stack_values_are_fitted_sourced_or_assumed(c
     assert rows["maxtext"]["kernels"] == rows["maxtext"]["data"] == rows["nemo"]["kernels"] == "fitted"
     assert rows["megatron-primus"]["kernels"] == "assumed" and rows["torchtitan"]["kernels"] == "fitted"
     assert rows["nemo"]["overlap"] == "sourced"
+    assert rows["nemo"]["calibration"] == "sourced" and rows["megatron-primus"]["calibration"] == "assumed"
     assert main(["list", "--provenance"]) == 0
     out = capsys.readouterr().out
     assert "\nstack nemo:\n" in out and re.search(r"^  kernels +fitted +speed 1.0 assumed", out, re.M)
+    assert re.search(r"^  calibration +sourced +fit: kernels.speed_nvidia, moe.dropless_speed; ", out, re.M)
 
 
 BAD = {

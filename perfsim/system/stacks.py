@@ -452,7 +452,8 @@ STACK_TABLES = ("launch", "moe", "fusion", "overlap", "fp8", "kernels", "memory"
 def stack_provenance(spec: StackSpec) -> list[tuple[str, str, str]]:
     """(table, 'assumed' | 'fitted' | 'sourced', source) per table of a stack profile: assumed
     where its source says so first, fitted where it says perfsim calibrate --runs fitted a value
-    of it, else sourced (read from a framework's code, docs or a measurement its source names)."""
+    of it, else sourced (read from a framework's code, docs or a measurement its source names);
+    last, the calibration protocol (what calibrate --runs frees by default)."""
     rows = []
     for table in STACK_TABLES:
         source = getattr(spec, table).source
@@ -460,6 +461,10 @@ def stack_provenance(spec: StackSpec) -> list[tuple[str, str, str]]:
         status = ("assumed" if low.startswith("assumed") else
                   "fitted" if "fitted" in low and "perfsim calibrate --runs" in low else "sourced")
         rows.append((table, status, source))
+    protocol = spec.calibration  # what calibrate --runs frees: a choice, not a value
+    freed = ", ".join(protocol.fit) or "every parameter the runs identify"
+    status = "assumed" if protocol.source.strip().lower().startswith("assumed") else "sourced"
+    rows.append(("calibration", status, f"fit: {freed}; {protocol.source}"))
     return rows
 
 
