@@ -619,9 +619,9 @@ def test_held_out_input_pipeline_cost_is_the_assumed_prior_where_no_other_source
     seen = []
     real_fit = runs_fit.fit_stack
 
-    def spy(rest, base, params=None, memo=None):
+    def spy(rest, base, params=None, memo=None, executor=None):
         seen.append(({c.source_id for c in rest}, tuple(params), base.data.host_s_per_mtoken))
-        return real_fit(rest, base, params, memo)
+        return real_fit(rest, base, params, memo, executor)
 
     monkeypatch.setattr(runs_fit, "fit_stack", spy)
     shipped = load_stack("maxtext").with_values(**{"data.host_s_per_mtoken": 500.0})
