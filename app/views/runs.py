@@ -11,7 +11,7 @@ import streamlit as st
 import common
 import fmt
 from perfsim.design.runs import GROUPS, memory_note, read_all, routing_note, validate_runs
-from perfsim.design.runs_fit import BOUNDS, default_params, fit_stack, held_out_summary, leave_one_out, with_protocol
+from perfsim.design.runs_fit import BOUNDS, default_params, fit_stack, held_out_summary, leave_one_out
 from perfsim.system.stacks import dump_stack, list_stacks, load_stack
 
 SHIPPED = common.ROOT / "validation" / "runs" / "published.csv"
@@ -97,5 +97,5 @@ if "r.fit" in st.session_state:
                  hide_index=True, key="r.fit_values")
     st.write(fmt.md(f"{name}: fitted to {fit.num_runs} runs ({', '.join(fit.fitted_on)}); rms |log error| "
                     f"{100 * fit.rms_log_error:.1f}%; {held_out_summary(held)}."))
-    st.download_button("Download the fitted stack profile", dump_stack(with_protocol(fit)), file_name=f"{name}-fitted.toml",
+    st.download_button("Download the fitted stack profile", dump_stack(fit.stack), file_name=f"{name}-fitted.toml",
                        mime="application/toml", key="w.r_download")

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from perfsim.design import runs as runs_mod
-from perfsim.design.runs_fit import fit_stack, held_out_by_stack, held_out_summary, leave_one_out, with_protocol
+from perfsim.design.runs_fit import default_reason, fit_stack, held_out_by_stack, held_out_summary, leave_one_out
 from perfsim.errors import ConfigError
+from perfsim.search.executors import make_executor
 from perfsim.system.specio import check_finite_output, check_output, write_atomic
 from perfsim.system.stacks import load_stack, write_stack
 
@@ -44,18 +45,13 @@ def peak(r: runs_mod.RunResult) -> str:
 
 @contextlib.contextmanager
 def _pricing(workers: int | None):
-    """The executor the runs are priced on: a local pool of ``workers`` processes, or none
-    (this process) for one; closed however the command ends."""
-    if not workers or workers <= 1:
-        yield None
-        return
-    from perfsim.search.executors import PoolExecutor
-
-    pool = PoolExecutor(workers)
+    """The executor the runs are priced on (search's ``make_executor``: a local pool of
+    ``workers`` processes, this process for one), closed however the command ends."""
+    executor = make_executor("local", workers or 1)
     try:
-        yield pool
+        yield executor
     finally:
-        pool.close()
+        executor.close()
 
 
 def cmd_validate(args, dumps) -> int:
@@ -94,12 +90,8 @@ def cmd_calibrate(args) -> int:
     with _pricing(args.workers) as executor:
         fit = fit_stack(mine, base, params, executor=executor)
         loo = leave_one_out(mine, base, params, executor)
-    declared = base.calibration.fit
-    why = ("--fit" if args.fit else "one run: the one parameter it identifies" if len(mine) == 1 else
-           "the stack's protocol, [calibration] fit" if declared and set(fit.values) <= set(declared) else
-           "every parameter the runs identify: none of the stack's protocol" if declared else
-           "every parameter the runs identify")
-    write_stack(with_protocol(fit), args.out, overwrite=args.force)
+    why = "--fit" if args.fit else default_reason(mine, base)
+    write_stack(fit.stack, args.out, overwrite=args.force)
     print(f"# perfsim calibrate --runs: stack {base.name} fitted to {fit.num_runs} runs "
           f"({', '.join(fit.fitted_on)}) -> {args.out}")
     print(f"# free parameters: {', '.join(fit.values)} ({why})")

@@ -254,7 +254,7 @@ def validate_runs(cases, stacks: dict[str, StackSpec] | None = None, estimator: 
     one after another)."""
     stacks = stacks or {}
     tasks = [(c, stacks.get(c.id), estimator) for c in cases]
-    results = executor.map(predict_task, tasks) if executor is not None else [predict_task(t) for t in tasks]
+    results = executor.map(predict_task, tasks) if executor is not None else map(predict_task, tasks)
     return RunsValidation(results=tuple(results), label=label)
 
 

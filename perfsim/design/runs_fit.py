@@ -16,7 +16,7 @@ from scipy.optimize import least_squares
 
 import perfsim.api as api
 
-from perfsim.design.runs import RunCase, RunsValidation, predict_task, validate_runs
+from perfsim.design.runs import RunCase, RunsValidation, validate_runs
 from perfsim.errors import ConfigError
 from perfsim.system.stacks import VENDOR_SPEEDS, CalibrationProtocol, Dispatch, StackSpec, load_stack, speed_param
 
@@ -132,25 +132,18 @@ def params_for(cases, base: StackSpec | None = None) -> tuple[str, ...]:
     return (*_speeds(cases, base), *sorted(paths, reverse=True), *data)
 
 
+def _declared(cases, base: StackSpec) -> tuple[str, ...]:
+    """The stack's calibration protocol (``[calibration] fit``) less what ``cases`` do not
+    identify or that prices none of them (``identified``, ``_prices``)."""
+    return tuple(p for p in base.calibration.fit if identified(p, cases) and _prices(p, cases, base))
+
+
 def protocol_params(cases, base: StackSpec) -> tuple[str, ...]:
     """The parameters a fit of ``cases`` under ``base`` frees by default: the stack's
-    calibration protocol (``[calibration] fit``), those of them the runs identify and that
-    price them (``identified``, ``_prices``); every parameter the runs identify
-    (``params_for``) where the profile names none, or where the runs identify none of those
-    it names (runs on another vendor's GPUs)."""
-    found = params_for(cases, base)
-    mine = tuple(p for p in base.calibration.fit if identified(p, cases) and _prices(p, cases, base))
-    return mine or found
-
-
-def with_protocol(fit: "StackFit") -> StackSpec:
-    """The fitted profile recording the parameters it was fitted on, and the runs, as its
-    calibration protocol (``[calibration] fit``), so that refitting it to the same runs
-    frees the same ones (its fitted tables' sources say the same: ``fit_stack``)."""
-    stack, params = fit.stack, tuple(fit.values)
-    protocol = CalibrationProtocol(fit=params, source=f"perfsim calibrate --runs fitted these to {fit.num_runs} runs "
-                                                      f"({', '.join(fit.fitted_on)})")
-    return dataclasses.replace(stack, calibration=protocol)
+    calibration protocol, those of it the runs identify (``_declared``); every parameter the
+    runs identify (``params_for``) where the profile names none, or where the runs identify
+    none of those it names (runs on another vendor's GPUs)."""
+    return _declared(cases, base) or params_for(cases, base)
 
 
 def default_params(cases, base: StackSpec) -> tuple[str, ...]:
@@ -158,6 +151,17 @@ def default_params(cases, base: StackSpec) -> tuple[str, ...]:
     (``one_run_params``), else the stack's protocol among those the runs identify
     (``protocol_params``)."""
     return one_run_params(cases[0], base) if len(cases) == 1 else protocol_params(cases, base)
+
+
+def default_reason(cases, base: StackSpec) -> str:
+    """Why ``default_params`` frees what it does, in a few words (calibrate prints it)."""
+    if len(cases) == 1:
+        return "one run: the one parameter it identifies"
+    if not base.calibration.fit:
+        return "every parameter the runs identify"
+    if _declared(cases, base):
+        return "the stack's protocol, [calibration] fit"
+    return "every parameter the runs identify: none of the stack's protocol"
 
 
 def _path_speeds(cases) -> set[str]:
@@ -246,10 +250,8 @@ def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None, memo: di
         stack = base.with_values(**dict(zip(params, map(float, x))))
         values = tuple(_current(stack, p) for p in BOUNDS)  # once per stack, not per run
         todo = [c for c in cases if (c.id, values) not in shared]
-        tasks = [(c, stack, "analytic") for c in todo]
-        priced = executor.map(predict_task, tasks) if executor is not None else [predict_task(t) for t in tasks]
-        for c, r in zip(todo, priced):
-            shared[(c.id, values)] = r.predicted
+        for r in validate_runs(todo, dict.fromkeys((c.id for c in todo), stack), executor=executor).results:
+            shared[(r.case.id, values)] = r.predicted
         return np.array([math.log(shared[(c.id, values)] / c.measured) for c in cases])
 
     result = least_squares(residuals, start, bounds=(lo, hi), x_scale=scale, diff_step=1e-3, max_nfev=MAX_EVALS)
@@ -257,6 +259,10 @@ def fit_stack(cases: list[RunCase], base: StackSpec | str, params=None, memo: di
     source = f"fitted by perfsim calibrate --runs to {len(cases)} runs of {', '.join(sorted({c.source_id for c in cases}))}"
     stack = base.with_values(**values)
     stack = stack.with_values(**{f"{t}.source": source for t in {p.partition('.')[0] for p in params}})
+    # the profile records what it was fitted on, so that refitting it frees the same parameters
+    stack = dataclasses.replace(stack, calibration=CalibrationProtocol(
+        fit=tuple(params), source=f"perfsim calibrate --runs fitted these to {len(cases)} runs "
+                                  f"({', '.join(sorted({c.source_id for c in cases}))})"))
     rms = float(np.sqrt(np.mean(result.fun ** 2)))
     at_bound = tuple(p for p, v, a, b in zip(params, result.x, lo, hi) if min(v - a, b - v) <= 1e-6 * (b - a))
     return StackFit(stack=stack, values=values, fitted_on=tuple(sorted({c.source_id for c in cases})),
