@@ -8,6 +8,12 @@ names the series it uses; validation/accuracy_fabric.py checks on the others).
   its bandwidth-bound 4-16 GB rows only, with the hop latency held at NCCL's own constant
   (the 1-2 GB rows are latency-bound: 2,046 ring steps over 128 nodes, paced by the floor
   below; fitting the hop to them would add ~60 us to every 2-node call).
+  Below the series' NIC bytes (its 64 MB knot) the IB ramp takes the Pollara fit's shape,
+  scaled to IB's own 64 MB knot (``borrowed_ramp``): the only measured ramp of a 400 Gb/s
+  RDMA NIC (no small-message NVIDIA RDMA series outside the held-out set and the check
+  series), where a flat table had priced a 64 KB call at 93% of line rate.
+* H100/H200 tree network step (``tree_inter_step_latency_us``): NCCL's own constant,
+  hwLat[NET][TREE][LL] 5.0 us (src/graph/tuning.cc), beside the ring's 2.7; not fitted.
 * H100/H200 ring step floor (``ring_step_floor_us``): the same series' latency-bound 1-2 GB
   rows (the rows the ramp fit leaves out), with the ramp above held: the 2,046 steps of
   the lock-step ring at the floor.
@@ -52,6 +58,18 @@ def fit_ramp(profile: str, name: str, min_knot_kb: float = 0.0, min_bytes: float
     cluster = load_cluster(profile).with_nodes(128)
     points = [p for p in series(name).points() if p.size_bytes >= min_bytes]
     return fabric_fit.fit_fabric(points, cluster, min_knot_kb=min_knot_kb, fit_hop=fit_hop)
+
+
+def borrowed_ramp(donor, fabric) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(kbytes, efficiency) knots: ``fabric``'s own knots, and below its smallest one the
+    ``donor`` ramp's knots scaled by the two ramps' ratio at that knot (the donor's shape,
+    anchored to ``fabric``'s measured level)."""
+    lo = fabric.message_kbytes[0]
+    scale = fabric.message_efficiency[0] / float(np.interp(np.log10(lo), np.log10(donor.message_kbytes),
+                                                           donor.message_efficiency))
+    below = [(kb, round(eff * scale, 4)) for kb, eff in zip(donor.message_kbytes, donor.message_efficiency) if kb < lo]
+    knots = below + list(zip(fabric.message_kbytes, fabric.message_efficiency))
+    return tuple(k for k, _ in knots), tuple(e for _, e in knots)
 
 
 def fit_ring_floor(profile: str = "h100-ib", name: str = IB_FIT, below: float = IB_MIN_BYTES) -> tuple[float, float, float]:
@@ -118,14 +136,21 @@ def fit_graph_window(profile: str = "mi300x-pollara") -> float:
 
 
 def main() -> int:
+    fits = {}
     for profile, name, knot, lo, hop in (("mi355x-pollara", POLLARA_FIT, 0.0, 0.0, True),
                                          ("h100-ib", IB_FIT, IB_MIN_KNOT_KB, IB_MIN_BYTES, False)):
-        fit = fit_ramp(profile, name, knot, lo, hop)
+        fit = fits[profile] = fit_ramp(profile, name, knot, lo, hop)
         fab, tune = fit.cluster.fabric, fit.cluster.collectives
         print(f"[{profile}] fit on {name}: MAPE {fit.mape_before:.2f}% -> {fit.mape_after:.2f}% over {fit.num_points} "
               f"points; fitted {', '.join(fit.fitted)}")
         print(f"  message_kbytes = {list(fab.message_kbytes)}\n  message_efficiency = {list(fab.message_efficiency)}")
         print(f"  inter_step_latency_us = {tune.inter_step_latency_us}")
+    measured = fits["h100-ib"].cluster.fabric
+    own = dataclasses.replace(measured, message_kbytes=measured.message_kbytes[-1:],
+                              message_efficiency=measured.message_efficiency[-1:])  # the knot the series measures
+    kbytes, eff = borrowed_ramp(fits["mi355x-pollara"].cluster.fabric, own)
+    print(f"[h100-ib] the ramp written (the Pollara shape below {own.message_kbytes[0]:g} kB, scaled to IB's knot):\n"
+          f"  message_kbytes = {list(kbytes)}\n  message_efficiency = {list(eff)}")
     floor, before, after = fit_ring_floor()
     print(f"[h100-ib] ring_step_floor_us = {floor:.3f} on {IB_FIT} rows < {IB_MIN_BYTES >> 30} GB "
           f"(MAPE {before:.1f}% -> {after:.1f}%)")

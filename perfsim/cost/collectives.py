@@ -82,7 +82,9 @@ def ring(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> li
 
 def tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
     """Double binary tree across nodes, chain inside a node (NCCL): reduce up, broadcast
-    down; each node's NICs carry the buffer once each way. (Pricing up and down on the
+    down; each node's NICs carry the buffer once each way; a network step at the tree's
+    own hop latency (``tree_inter_step_latency_us``: NCCL's tuner keeps one per algorithm,
+    hwLat[NET][TREE] 5 us LL against the ring's 2.7). (Pricing up and down on the
     two directions of a full-duplex NIC, S / p each, was tried: it makes tree beat ring by
     ~10% at 2 nodes for large buffers, which the measured sweeps do not show: the RCCL
     default on 2 x MI355X + Pollara reaches 369 GB/s, the forced ring on MI325X 350.)"""
@@ -92,7 +94,7 @@ def tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> li
     ways = 2 if coll is Coll.ALL_REDUCE else 1
     return [Phase(intra_bytes=ways * size * (p - 1) / p, inter_bytes=ways * size / p,
                   intra_links=max(p - 1, 1), intra_steps=ways * (p - 1),
-                  inter_steps=ways * network.log2_ceil(m))]
+                  inter_steps=ways * network.log2_ceil(m), inter_step_us=cluster.collectives.tree_inter_step_us)]
 
 
 def direct(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:

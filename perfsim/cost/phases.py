@@ -33,6 +33,7 @@ class Phase:
     inter_peers: int = 0  # distinct remote peers (all-to-all); 0: a neighbour pattern
     intra_efficiency: float | None = None  # overrides the protocol's (NVLS, dispatch kernels)
     inter_efficiency: float | None = None
+    inter_step_us: float | None = None  # a network step's latency; None: the profile's ring step
 
     @property
     def message_bytes(self) -> float:
@@ -116,8 +117,9 @@ def link_demand(phase: Phase, num_nodes: int, cluster: ClusterSpec, proto: Proto
 def step_latency_us(phases: list[Phase], cluster: ClusterSpec) -> tuple[float, float]:
     """(intra-node, network) step latency of a phase list, microseconds."""
     tune = cluster.collectives
+    hop = tune.inter_step_latency_us
     return (sum(ph.intra_steps for ph in phases) * tune.intra_step_latency_us,
-            sum(ph.inter_steps for ph in phases) * tune.inter_step_latency_us)
+            sum(ph.inter_steps * (hop if ph.inter_step_us is None else ph.inter_step_us) for ph in phases))
 
 
 def price(phases: list[Phase], num_nodes: int, cluster: ClusterSpec, proto: ProtocolSpec,

@@ -308,8 +308,19 @@ class CollectiveTuning:
     # the shortest one step of a ring that spans nodes takes (lock-step pacing: every step
     # waits for its slowest hop); 0 = not identified, steps priced by latency only
     ring_step_floor_us: float = 0.0
+    # a network step of the tree algorithm (NCCL's double binary tree: hwLat[NET][TREE]
+    # beside the ring's hwLat[NET][RING]); None: ``inter_step_latency_us``, as the ring's
+    tree_inter_step_latency_us: float | None = None
+
+    @property
+    def tree_inter_step_us(self) -> float:
+        """A tree network step's latency (``tree_inter_step_latency_us``, else the ring's)."""
+        own = self.tree_inter_step_latency_us
+        return self.inter_step_latency_us if own is None else own
 
     def __post_init__(self):
+        if self.tree_inter_step_latency_us is not None and not self.tree_inter_step_latency_us >= 0:
+            raise ConfigError(f"collectives.tree_inter_step_latency_us must be >= 0, got {self.tree_inter_step_latency_us!r}")
         for key in ("launch_latency_us", "intra_step_latency_us", "inter_step_latency_us",
                     "direct_min_bytes", "direct_max_bytes"):
             if getattr(self, key) < 0:
