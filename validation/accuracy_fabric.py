@@ -61,6 +61,9 @@ CASES = (
          "4 nodes x 8 H100, IB (3.2 Tbps per node per its README), NCCL 2.24.3 default tuner, 8 B-8 GB: the one "
          "NVIDIA multi-node series with small and mid sizes; the tree hop and the IB ramp below 64 MB were set with "
          "its figures in view (validation/data/multinode/SOURCES.md), so not blind"),
+    Case("voltagepark_H100_4node_allgather", "h100-ib", "check",
+         "all_gather on the same 32 ranks, same day (size: the whole gathered buffer): priced after the all_reduce "
+         "series had set the tree hop and the ramp (blind on the flat ramp: 36.1% / 38.7%)"),
     Case("gcp_a3mega_H100_2node_allreduce", "h100-ib", "check",
          "GPUDirect-TCPXO (TCP, not RDMA): outside what the IB profile describes; shown, not a target", scored=False),
 )
@@ -130,7 +133,7 @@ def section() -> str:
         "`validation/data/multinode/SOURCES.md` are not in the repository and not reported here. "
         "Regenerate with `.venv/bin/python validation/accuracy_doc.py`.",
         "",
-        "### all_reduce time",
+        "### all_reduce and all_gather time",
         "",
         *all_reduce_table(),
         "",
