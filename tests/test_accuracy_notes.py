@@ -93,13 +93,13 @@ def test_a_shipped_stack_quotes_its_held_out_runs_and_says_where_they_ran():
 
 def test_a_stack_run_on_both_vendors_quotes_the_runs_of_the_gpus_vendor():
     """A stack runs other kernel libraries on each vendor, so its held-out figures are quoted
-    for the runs on the plan's GPU vendor (nemo: H100 runs for H100 / H200, MLPerf MI355X / MI350X
-    runs for AMD GPUs)."""
+    for the runs on the plan's GPU vendor (nemo: its H100 and H200 runs for H100 / H200, MLPerf
+    MI355X / MI350X runs for AMD GPUs)."""
     nemo = accuracy.figures()["stacks"]["nemo"]
     nvidia, amd = nemo["by_vendor"]["nvidia"], nemo["by_vendor"]["amd"]
-    assert nvidia["runs"] + amd["runs"] == nemo["runs"] and nvidia["gpus"] == ["h100"]
+    assert nvidia["runs"] + amd["runs"] == nemo["runs"] and nvidia["gpus"] == ["h100", "h200"]
     h200 = _notes(tiny_dense(), "h200-ib", gpus=8, dp=8, gbs=16, stack="nemo")["lines"][0]
-    assert f"{nvidia['runs']} published runs on NVIDIA GPUs" in h200 and "none on h200" in h200
+    assert f"{nvidia['runs']} published runs on NVIDIA GPUs" in h200 and "h100/h200" in h200 and "none on h200" not in h200
     assert f"median |error| {nvidia['held_out_median_abs_pct']:.1f}%" in h200
     mi355x = _notes(tiny_dense(), "mi355x-pollara", gpus=8, dp=8, gbs=16, stack="nemo")["lines"][0]
     assert f"{amd['runs']} published runs on AMD GPUs" in mi355x and amd["worst_run"] in mi355x
