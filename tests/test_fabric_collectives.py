@@ -283,3 +283,19 @@ def test_low_latency_dispatch_is_not_priced_on_the_collective_ramp():
     shape16 = GroupShape(size=16, per_node=8, num_nodes=2)
     assert dispatch.dispatch_cost(load, shape16, ib, "deepep-ll").time_s == pytest.approx(
         dispatch.dispatch_cost(load, shape16, flat, "deepep-ll").time_s)
+
+
+def test_refitting_the_ring_hop_moves_the_profiles_tree_hop_in_ratio():
+    """calibrate's fabric fit sets the network hop; a profile with its own tree hop keeps the
+    tree / ring ratio it ships (NCCL's 5.0 / 2.7), and one without keeps none."""
+    import numpy as np
+
+    from perfsim.calibration import fabric_fit
+
+    ib = load_cluster("h100-ib")
+    k = len(fabric_fit.KNOTS_KB)
+    theta = np.concatenate([np.full(k, 0.9), [5.4, 0.0]])
+    fitted = fabric_fit.with_params(ib, theta, "test").collectives
+    assert fitted.inter_step_latency_us == 5.4 and fitted.tree_inter_step_latency_us == pytest.approx(10.0)
+    pollara = fabric_fit.with_params(load_cluster("mi355x-pollara"), theta, "test").collectives
+    assert pollara.tree_inter_step_latency_us is None and pollara.tree_inter_step_us == 5.4

@@ -80,8 +80,19 @@ def with_params(cluster: ClusterSpec, theta: np.ndarray, source: str, digits: in
     eff = tuple(float(x) if digits is None else round(float(x), digits) for x in ramp)
     inter, floor = (float(x) if digits is None else round(float(x), digits) for x in theta[k:k + 2])
     fab = dataclasses.replace(cluster.fabric, message_kbytes=KNOTS_KB, message_efficiency=eff, message_source=source)
-    tune = dataclasses.replace(cluster.collectives, inter_step_latency_us=inter, ring_step_floor_us=floor)
+    tune = dataclasses.replace(cluster.collectives, inter_step_latency_us=inter, ring_step_floor_us=floor,
+                               tree_inter_step_latency_us=_tree_hop(cluster.collectives, inter, digits))
     return dataclasses.replace(cluster, fabric=fab, collectives=tune)
+
+
+def _tree_hop(tune, inter: float, digits: int | None) -> float | None:
+    """A profile's own tree hop moved with the fitted ring hop, in the ratio it has (NCCL's
+    tuner keeps one per algorithm: refitting the ring's must not leave the tree's behind)."""
+    own, old = tune.tree_inter_step_latency_us, tune.inter_step_latency_us
+    if own is None or old <= 0:
+        return own
+    hop = own * inter / old
+    return hop if digits is None else round(hop, digits)
 
 
 def _times(points, cluster, theta, used=None, monotone=True) -> np.ndarray:
