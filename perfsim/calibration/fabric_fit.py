@@ -24,7 +24,9 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from perfsim.calibration.collective_fit import CollectivePoint, cluster_for
+from perfsim import units
 from perfsim.cost.collectives import collective_cost
+from perfsim.cost.phases import message_efficiency
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec
 
@@ -144,10 +146,14 @@ def fit_fabric(points: list[CollectivePoint], cluster: ClusterSpec, source: str 
         raise ConfigError("fabric: no multi-node points to fit (every log is single-node)")
     measured = np.array([p.time_s for p in points])
     best = None
-    floors = sorted({cluster.collectives.ring_step_floor_us, *(FLOOR_STARTS_US if fit_floor else ())})
-    for (eff, hop), floor in itertools.product(STARTS, floors):
-        hop = hop if fit_hop else cluster.collectives.inter_step_latency_us
-        theta0 = np.concatenate([np.full(len(KNOTS_KB), eff), [hop, floor]])
+    tune = cluster.collectives
+    floors = sorted({tune.ring_step_floor_us, *(FLOOR_STARTS_US if fit_floor else ())})
+    starts = [np.concatenate([np.full(len(KNOTS_KB), eff), [hop if fit_hop else tune.inter_step_latency_us, floor]])
+              for (eff, hop), floor in itertools.product(STARTS, floors)]
+    # and the profile itself: a fit never ends worse than the values it was given
+    own = [message_efficiency(cluster.fabric, kb * units.KB) for kb in KNOTS_KB]
+    starts.append(np.array([*own, tune.inter_step_latency_us, tune.ring_step_floor_us]))
+    for theta0 in starts:
         theta, used, err = _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor)
         if best is None or err < best[2] - 1e-9:
             best = (theta, used, err)
