@@ -30,10 +30,12 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from perfsim import units
 from perfsim.calibration import fabric_fit
 from perfsim.calibration.readers import read_rccl_log
 from perfsim.calibration.readers_multinode import read_collective_table
 from perfsim.cost.collectives import collective_cost
+from perfsim.cost.phases import message_efficiency
 from perfsim.lowering.ops import Coll
 from perfsim.plan.parallel import GroupShape
 from perfsim.system.hardware import load_cluster
@@ -65,8 +67,7 @@ def borrowed_ramp(donor, fabric) -> tuple[tuple[float, ...], tuple[float, ...]]:
     ``donor`` ramp's knots scaled by the two ramps' ratio at that knot (the donor's shape,
     anchored to ``fabric``'s measured level)."""
     lo = fabric.message_kbytes[0]
-    scale = fabric.message_efficiency[0] / float(np.interp(np.log10(lo), np.log10(donor.message_kbytes),
-                                                           donor.message_efficiency))
+    scale = fabric.message_efficiency[0] / message_efficiency(donor, lo * units.KB)
     below = [(kb, round(eff * scale, 4)) for kb, eff in zip(donor.message_kbytes, donor.message_efficiency) if kb < lo]
     knots = below + list(zip(fabric.message_kbytes, fabric.message_efficiency))
     return tuple(k for k, _ in knots), tuple(e for _, e in knots)

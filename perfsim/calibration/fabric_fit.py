@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from perfsim.calibration.collective_fit import CollectivePoint, cluster_for
 from perfsim import units
+from perfsim.calibration.collective_fit import CollectivePoint, cluster_for
 from perfsim.cost.collectives import collective_cost
 from perfsim.cost.phases import message_efficiency
 from perfsim.errors import ConfigError

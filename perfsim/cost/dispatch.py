@@ -162,11 +162,8 @@ def dispatch_cost(load: DispatchLoad, shape: GroupShape, cluster: ClusterSpec, i
     else:
         wire, peers = copies * ranks * (n - p) / n, n - p
         intra = copies * ranks * (p - 1) / n
-    # GPU-initiated kernels write fixed-size chunks whatever the per-peer total, so the
-    # fabric's per-message ramp (measured on RCCL collectives) applies to RCCL only: not to
-    # the per-node kernels (dedup) nor the low-latency ones (a write per expert copy)
-    library = not spec.dedup_per_node and not spec.copy_per_expert
-    ramp = message_efficiency(cluster.fabric, wire) if peers and library else 1.0
+    # the fabric's per-message ramp (measured on RCCL collectives) applies to RCCL only
+    ramp = message_efficiency(cluster.fabric, wire) if peers and not spec.gpu_initiated else 1.0
     nic_s = wire / (network.nic_Bps(cluster) * spec.rdma_efficiency * ramp) if wire else 0.0
     if spec.message_rate_Mps > 0 and load.token_bytes > 0:  # one message per remote token copy
         nic_s = max(nic_s, wire / load.token_bytes / (spec.message_rate_Mps * 1e6))

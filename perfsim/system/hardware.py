@@ -360,6 +360,13 @@ class DispatchSpec:
     # overlapped with them runs on the rest (0: the kernels hold none, or none identified)
     compute_units: int = 0
 
+    @property
+    def gpu_initiated(self) -> bool:
+        """Kernels that write from the GPU in fixed-size chunks (a per-node dedup kernel, or a
+        low-latency one writing each expert copy): the fabric's per-message ramp, measured on
+        library collectives, does not slow them."""
+        return self.dedup_per_node or self.copy_per_expert
+
     def __post_init__(self):
         check_fraction("dispatch", rdma_efficiency=self.rdma_efficiency, intra_efficiency=self.intra_efficiency)
         if self.latency_us < 0 or self.message_rate_Mps < 0:
