@@ -64,6 +64,29 @@ CASES = (
     Case("voltagepark_H100_4node_allgather", "h100-ib", "check",
          "all_gather on the same 32 ranks, same day (size: the whole gathered buffer): priced after the all_reduce "
          "series had set the tree hop and the ramp (blind on the flat ramp: 36.1% / 38.7%)"),
+    Case("alibaba_readme_MI355X_2node_pollara_allreduce", "mi355x-pollara", "check",
+         "2 x 8 MI355X, 8 Pollara AINIC 400G (ionic), RCCL 2.27.7 default tuner, 16 B-16 GB (prasad-nair-amd/alibaba "
+         "README Test 11); blind on the AAC14 fit: 21.9% / 12.1%"),
+    Case("alibaba_readme_MI355X_2node_pollara_alltoall", "mi355x-pollara", "check",
+         "alltoall on the same 16 ranks (Test 12), 256 B-16 GB, RCCL's all-to-all (dispatch.rccl); blind: "
+         "127.8% / 48.9% (the RCCL all-to-all NIC efficiency came from an acceptance threshold)"),
+    Case("ylerman_amddev_MI355X_2node_pollara_allreduce", "mi355x-pollara", "check",
+         "2 x 8 MI355X, 8 ionic (Pollara) NICs, RCCL 2.28.3-develop, default tuner, 4 KB-512 MB, median of 3 repeats "
+         "(ylerman-dn/amd-dev); blind: 31.5% / 22.3%"),
+    Case("ylerman_amddev_MI355X_3node_pollara_allreduce", "mi355x-pollara", "check",
+         "as above, 3 nodes (24 ranks); blind: 13.1% / 8.7%"),
+    Case("ylerman_amddev_MI355X_2node_pollara_allgather", "mi355x-pollara", "check",
+         "all_gather, 2 nodes (size: the whole gathered buffer); blind: 24.1% / 11.7%"),
+    Case("ylerman_amddev_MI355X_3node_pollara_allgather", "mi355x-pollara", "check",
+         "all_gather, 3 nodes; blind: 20.6% / 18.2%"),
+    Case("ylerman_amddev_MI355X_2node_pollara_reducescatter", "mi355x-pollara", "check",
+         "reduce_scatter, 2 nodes (size: the whole input buffer); blind: 29.5% / 20.2%"),
+    Case("ylerman_amddev_MI355X_3node_pollara_reducescatter", "mi355x-pollara", "check",
+         "reduce_scatter, 3 nodes; blind: 25.3% / 40.9%"),
+    Case("ylerman_amddev_MI355X_2node_pollara_alltoall", "mi355x-pollara", "check",
+         "alltoall, 2 nodes (mean of the 2 repeats published); blind: 135.8% / 47.4%"),
+    Case("ylerman_amddev_MI355X_3node_pollara_alltoall", "mi355x-pollara", "check",
+         "alltoall, 3 nodes (1 repeat published); blind: 111.4% / 31.1%"),
     Case("gcp_a3mega_H100_2node_allreduce", "h100-ib", "check",
          "GPUDirect-TCPXO (TCP, not RDMA): outside what the IB profile describes; shown, not a target", scored=False),
 )
