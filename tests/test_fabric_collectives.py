@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsim import api
+from perfsim import api, units
 from perfsim.cost.collectives import collective_cost
 from perfsim.cost.phases import message_efficiency
 from perfsim.errors import ConfigError
@@ -97,9 +97,39 @@ def test_ring_latency_grows_with_ranks_and_hierarchical_serves_zero_at_scale():
     ring = [collective_cost(Coll.REDUCE_SCATTER, small, shape(n), cluster, algorithm="ring").latency_s
             for n in (64, 256, 1024)]
     assert ring == sorted(ring) and ring[-1] > 3 * ring[0]
-    best = collective_cost(Coll.REDUCE_SCATTER, small, shape(1024), cluster)
-    assert best.algorithm == "hierarchical"
-    assert best.time_s < collective_cost(Coll.REDUCE_SCATTER, small, shape(1024), cluster, algorithm="ring").time_s
+    hier = collective_cost(Coll.REDUCE_SCATTER, small, shape(1024), cluster, algorithm="hierarchical")
+    assert hier.time_s < collective_cost(Coll.REDUCE_SCATTER, small, shape(1024), cluster, algorithm="ring").time_s
+    # RCCL has no such kernel (its tuner runs ring / tree): the profile's selector leaves it out
+    # unless the profile says the library has one
+    assert not cluster.collectives.hierarchical
+    assert collective_cost(Coll.REDUCE_SCATTER, small, shape(1024), cluster).algorithm == "ring"
+    allowed = dataclasses.replace(cluster, collectives=dataclasses.replace(cluster.collectives, hierarchical=True))
+    assert collective_cost(Coll.REDUCE_SCATTER, small, shape(1024), allowed).algorithm == "hierarchical"
+
+
+def test_amd_rings_across_nodes_pay_rccls_network_post_overhead_per_step():
+    """RCCL's tuner prices every step of a ring that spans nodes at least its network post
+    overhead (getNetOverhead: 2 us on an AMD host): a 4 KB reduce_scatter over 16 ranks on
+    two nodes takes its 15 steps at >= 2 us each, where inside one node it does not."""
+    cluster = load_cluster("mi355x-pollara")
+    assert cluster.collectives.ring_step_floor_us == 2.0
+    two = collective_cost(Coll.REDUCE_SCATTER, 4096, GroupShape(size=16, per_node=8, num_nodes=2), cluster)
+    assert two.algorithm == "ring" and two.latency_s >= 15 * 2e-6
+    one = collective_cost(Coll.REDUCE_SCATTER, 4096, GroupShape(size=8, per_node=8, num_nodes=1), cluster)
+    assert one.latency_s < 7 * 2e-6 + units.us_to_s(cluster.collectives.launch_latency_us + 40)
+
+
+@pytest.mark.parametrize("series, large_max, small_max", [
+    ("ylerman_amddev_MI355X_2node_pollara_allreduce", 5.0, 11.0),
+    ("ylerman_amddev_MI355X_2node_pollara_allgather", 12.0, 5.0),
+    ("ylerman_amddev_MI355X_2node_pollara_alltoall", 7.0, 15.0),
+    ("ylerman_amddev_MI355X_3node_pollara_alltoall", 7.0, 32.0),
+])
+def test_newer_rccl_check_series_stay_within_their_figures(series, large_max, small_max):
+    """The RCCL 2.28 source (ylerman-dn/amd-dev) no parameter was fitted to: the Pollara ramp,
+    hop and RCCL all-to-all were fitted to the RCCL 2.27 alibaba README sweeps."""
+    assert _mape(series, accuracy_fabric.LARGE) <= large_max
+    assert _mape(series, 0, accuracy_fabric.LARGE) <= small_max
 
 
 def test_ring_step_floor_paces_a_ring_across_nodes_until_the_bytes_hide_it():
@@ -153,9 +183,10 @@ def test_check_series_stay_within_their_figures(series, large_max):
 
 
 def test_fit_series_in_sample():
-    pollara = "hisohara_AAC14_MI355X_2node_Pollara_ANP_allreduce"
-    assert _mape(pollara, accuracy_fabric.LARGE) <= 5.0
-    assert _mape(pollara, 0, accuracy_fabric.LARGE) <= 7.0
+    pollara = "alibaba_readme_MI355X_2node_pollara_allreduce"
+    assert _mape(pollara, accuracy_fabric.LARGE) <= 3.5
+    assert _mape(pollara, 0, accuracy_fabric.LARGE) <= 4.5
+    assert _mape("alibaba_readme_MI355X_2node_pollara_alltoall", accuracy_fabric.LARGE) <= 7.0
     assert _mape("nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128", 4 << 30) <= 3.0
     assert _mape("nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128", 0, 4 << 30) <= 4.0  # the paced rows
     nvls = accuracy_fabric.nvls_rows()
@@ -257,12 +288,12 @@ def test_negative_tree_hop_is_refused():
 
 
 def test_ib_ramp_below_its_measured_knot_follows_the_measured_rdma_ramp():
-    """Below IB's one measured knot (64 MB) the ramp is the Pollara fit's shape scaled to that
-    knot (validation/fit_fabric.py borrowed_ramp), not flat: a 64 KB NIC message is far from
+    """Below IB's one measured knot (64 MB) the ramp is the shape of the Pollara ramp as fitted
+    to AAC14 (validation/fit_fabric.py IB_RAMP_DONOR_*) scaled to that knot (borrowed_ramp), not flat: a 64 KB NIC message is far from
     line rate, and the 64 MB knot is unchanged."""
     from validation import fit_fabric
 
-    ib, pollara = load_cluster("h100-ib").fabric, load_cluster("mi355x-pollara").fabric
+    ib, pollara = load_cluster("h100-ib").fabric, fit_fabric.ib_ramp_donor()
     assert message_efficiency(ib, 64 << 20) == pytest.approx(0.9323)
     assert message_efficiency(ib, 64 << 10) < 0.1
     own = dataclasses.replace(ib, message_kbytes=ib.message_kbytes[-1:], message_efficiency=ib.message_efficiency[-1:])

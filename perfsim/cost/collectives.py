@@ -15,8 +15,9 @@ step; measured with the protocol RCCL picks at each size) x, for all-to-all, the
 dispatch implementation's efficiency (``cost.alltoall``, ``cost.dispatch``). Algorithms:
 ring, tree (double binary across nodes), direct (one-shot inside a node), hierarchical
 (intra RS, rail ring, intra AG: what ZeRO at 1,000+ ranks wants, as ring latency grows
-with N) and NVLS (NVSwitch reduction); the selector takes the fastest that applies, as
-NCCL's and RCCL's tuners do. Each cost carries its per-link demand so the engine can
+with N; a candidate only where the profile says the library may run it,
+``collectives.hierarchical``) and NVLS (NVSwitch reduction); the selector takes the
+fastest that applies, as NCCL's and RCCL's tuners do. Each cost carries its per-link demand so the engine can
 share links among concurrent calls. Buffer sizes follow rccl-tests: ``size`` is the full
 buffer (n chunks for RS/AG/A2A).
 """
@@ -181,7 +182,7 @@ def _candidates(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec
     if coll in (Coll.ALL_TO_ALL, Coll.SEND_RECV):
         return ["direct"]
     tune = cluster.collectives
-    names = ["ring", "tree", "hierarchical"]
+    names = ["ring", "tree", *(["hierarchical"] if tune.hierarchical else [])]
     lo = tune.graph_direct_min_bytes if graph and tune.graph_direct_min_bytes is not None else tune.direct_min_bytes
     if shape.num_nodes == 1 and lo <= size <= tune.direct_max_bytes:
         names.append("direct")  # RCCL's one-shot/MSCCL kernels serve only this window (wider when captured)

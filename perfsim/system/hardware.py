@@ -311,6 +311,11 @@ class CollectiveTuning:
     # a network step of the tree algorithm (NCCL's double binary tree: hwLat[NET][TREE]
     # beside the ring's hwLat[NET][RING]); None: ``inter_step_latency_us``, as the ring's
     tree_inter_step_latency_us: float | None = None
+    # whether the selector may pick the hierarchical algorithm (intra-node RS, a ring per
+    # rail, intra-node AG) for a call it is not told the algorithm of: false where the
+    # library's tuner has no such kernel and runs its ring / tree (RCCL); forcing it
+    # (``algorithm="hierarchical"``) prices it either way
+    hierarchical: bool = True
 
     @property
     def tree_inter_step_us(self) -> float:
