@@ -61,7 +61,7 @@ def test_stack_figures_are_the_committed_held_out_runs():
 
 def test_fabric_figures_are_the_docs_check_rows():
     doc = {}
-    for series, profile, role, _points, large, small, note in _doc_rows("### all_reduce and all_gather time"):
+    for series, profile, role, _points, large, small, note in _doc_rows("### Collective time (all_reduce, all_gather, reduce_scatter, all-to-all)"):
         if role == "check" and "not a target" not in note:  # a series outside what its profile describes is shown only
             doc[series.strip("`")] = (profile, None if large == "-" else float(large), None if small == "-" else float(small))
     quoted = {s: (p, v.get("mape_ge_1MB_pct"), v.get("mape_lt_1MB_pct"))

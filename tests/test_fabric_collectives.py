@@ -183,9 +183,12 @@ def test_check_series_stay_within_their_figures(series, large_max):
 
 
 def test_fit_series_in_sample():
-    pollara = "alibaba_readme_MI355X_2node_pollara_allreduce"
-    assert _mape(pollara, accuracy_fabric.LARGE) <= 3.5
-    assert _mape(pollara, 0, accuracy_fabric.LARGE) <= 4.5
+    pollara = "hisohara_AAC14_MI355X_2node_Pollara_ANP_allreduce"
+    assert _mape(pollara, accuracy_fabric.LARGE) <= 5.0
+    assert _mape(pollara, 0, accuracy_fabric.LARGE) <= 7.0
+    newer = "alibaba_readme_MI355X_2node_pollara_allreduce"  # mi355x-pollara-rccl227
+    assert _mape(newer, accuracy_fabric.LARGE) <= 3.5
+    assert _mape(newer, 0, accuracy_fabric.LARGE) <= 4.5
     assert _mape("alibaba_readme_MI355X_2node_pollara_alltoall", accuracy_fabric.LARGE) <= 7.0
     assert _mape("nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128", 4 << 30) <= 3.0
     assert _mape("nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128", 0, 4 << 30) <= 4.0  # the paced rows
@@ -374,6 +377,22 @@ def test_forcing_the_hierarchical_algorithm_still_prices_it_where_the_selector_l
 
 def test_rccl_all_to_all_reaches_the_nic_at_large_sizes():
     """The alibaba README's 2-node alltoall reaches 97% of the 400 Gb/s line rate at 16 GB
-    (busbw 91 GB/s); the RCCL all-to-all is priced there, not at the acceptance floor's half."""
-    row = api.collective("all_to_all", 16 << 30, 16, "mi355x-pollara")
+    (busbw 91 GB/s); the RCCL all-to-all is priced there, not at the acceptance floor's half
+    (on the newer RCCL's profile; the RCCL 2.26 profile's ramp tops out 7% lower)."""
+    row = api.collective("all_to_all", 16 << 30, 16, "mi355x-pollara-rccl227")
     assert row["busbw_GBps"] == pytest.approx(91.1, rel=0.05)
+    older = api.collective("all_to_all", 16 << 30, 16, "mi355x-pollara")
+    assert older["busbw_GBps"] == pytest.approx(row["busbw_GBps"] * 0.8989 / 0.9644, rel=0.01)
+
+
+def test_the_newer_rccl_profile_differs_from_its_base_only_in_its_ramp_and_hop():
+    base, newer = load_cluster("mi355x-pollara"), load_cluster("mi355x-pollara-rccl227")
+    assert newer.name == "mi355x-pollara-rccl227" and newer.gpu == base.gpu and newer.node == base.node
+    assert newer.fabric.message_efficiency != base.fabric.message_efficiency
+    assert dataclasses.replace(newer.fabric, message_efficiency=base.fabric.message_efficiency,
+                               message_source=base.fabric.message_source) == base.fabric
+    assert dataclasses.replace(newer.collectives, inter_step_latency_us=base.collectives.inter_step_latency_us,
+                               source=base.collectives.source) == base.collectives
+    # mid sizes: the newer RCCL's 2-node all_reduce is faster (as both its sources measured)
+    assert (api.collective("all_reduce", 8 << 20, 16, newer)["time_us"]
+            < 0.8 * api.collective("all_reduce", 8 << 20, 16, base)["time_us"])

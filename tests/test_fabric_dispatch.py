@@ -50,7 +50,10 @@ def test_collective_impl_choice_and_message_rate():
     s = shape(32)
     rccl = collective_cost(Coll.ALL_TO_ALL, 1 << 26, s, MI300X).time_s
     mori = collective_cost(Coll.ALL_TO_ALL, 1 << 26, s, MI300X, impl="mori").time_s
-    assert mori < rccl
+    # a plain all-to-all has nothing to deduplicate: each implementation at its own measured
+    # NIC share (RCCL's alltoall_perf near line rate, MORI's dispatch benchmark at 0.63)
+    spec = MI300X.dispatch
+    assert spec["rccl"].rdma_efficiency > spec["mori"].rdma_efficiency and rccl < mori
     limited = dataclasses.replace(MI300X, fabric=dataclasses.replace(MI300X.fabric, message_rate_Mps=0.001))
     assert collective_cost(Coll.ALL_TO_ALL, 1 << 20, s, limited).time_s > collective_cost(Coll.ALL_TO_ALL, 1 << 20, s,
                                                                                            MI300X).time_s
@@ -83,7 +86,9 @@ def test_ep_across_nodes_costs_more_the_more_nodes_it_spans(estimator):
     the engine has no contention to add)."""
     a2a = _a2a_by_ep(estimator, overlap_grad_reduce=False)
     assert a2a == sorted(a2a)
-    assert a2a[1] > 4 * a2a[0]  # leaving the node: xGMI -> NIC
+    # leaving the node: half the bytes move to the NIC (50 GB/s) from seven xGMI links (7 x 46.8
+    # GB/s for 7/8 of them): about 3.5x the time
+    assert a2a[1] > 3 * a2a[0]
     assert a2a[-1] > 1.3 * a2a[1]
 
 

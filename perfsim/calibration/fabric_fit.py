@@ -161,5 +161,8 @@ def fit_fabric(points: list[CollectivePoint], cluster: ClusterSpec, source: str 
     out = with_params(cluster, theta, source or f"fitted by perfsim fabric_fit to {len(points)} multi-node points", 4,
                       used)
     names = [f"message_efficiency@{kb:g}kB" for kb in KNOTS_KB] + ["inter_step_latency_us", "ring_step_floor_us"]
-    return FabricFit(cluster=out, mape_before=mape(points, cluster), mape_after=mape(points, out),
+    before, after = mape(points, cluster), mape(points, out)
+    if after > before:  # the fill of knots no point moves (and the rounding) can undo a start at the profile
+        return FabricFit(cluster=cluster, mape_before=before, mape_after=before, num_points=len(points), fitted=())
+    return FabricFit(cluster=out, mape_before=before, mape_after=after,
                      num_points=len(points), fitted=tuple(n for n, u in zip(names, used) if u))
