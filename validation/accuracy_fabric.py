@@ -97,6 +97,11 @@ CASES = (
     Case("ylerman_amddev_MI355X_1node_reducescatter", "mi355x-pollara-rccl227", "check",
          "as above, reduce_scatter (1 run)"),
     Case("ylerman_amddev_MI355X_1node_alltoall", "mi355x-pollara-rccl227", "check", "as above, alltoall (1 run)"),
+    Case("ocigpuqs_mi355x_MI355X_1node_allreduce", "mi355x-pollara", "check",
+         "one node, 8 MI355X, rccl-tests -g 8 (one process), ROCm 7.0.2 image (RCCL 2.26.6 per its OS table), 8-16 GB "
+         "rows only (oci-ai-incubations/oci-gpu-quickstarts README-MI355X): the assumed xGMI bandwidth's check"),
+    Case("ocigpuqs_pollara_MI355X_1node_allreduce", "mi355x-pollara", "check",
+         "as above, the same repo's Pollara README (command not shown), 8-16 GB rows only"),
     Case("gcp_a3mega_H100_2node_allreduce", "h100-ib", "check",
          "GPUDirect-TCPXO (TCP, not RDMA): outside what the IB profile describes; shown, not a target", scored=False),
 )
