@@ -390,7 +390,7 @@ def test_the_newer_rccl_profile_differs_from_its_base_only_in_its_ramp_and_hop()
     assert newer.name == "mi355x-pollara-rccl227" and newer.gpu == base.gpu and newer.node == base.node
     assert newer.fabric.message_efficiency != base.fabric.message_efficiency
     assert dataclasses.replace(newer.fabric, message_efficiency=base.fabric.message_efficiency,
-                               message_source=base.fabric.message_source) == base.fabric
+                               message_source=base.fabric.message_source, source=base.fabric.source) == base.fabric
     assert dataclasses.replace(newer.collectives, inter_step_latency_us=base.collectives.inter_step_latency_us,
                                source=base.collectives.source) == base.collectives
     # mid sizes: the newer RCCL's 2-node all_reduce is faster (as both its sources measured)
