@@ -15,9 +15,10 @@ names the series it uses; validation/accuracy_fabric.py checks on the others).
   (the 1-2 GB rows are latency-bound: 2,046 ring steps over 128 nodes, paced by the floor
   below; fitting the hop to them would add ~60 us to every 2-node call).
   Below the series' NIC bytes (its 64 MB knot) the IB ramp takes the shape of the Pollara
-  ramp as fitted to AAC14 (``IB_RAMP_DONOR_*``), scaled to IB's own 64 MB knot (``borrowed_ramp``): the only measured ramp of a 400 Gb/s
-  RDMA NIC (no small-message NVIDIA RDMA series outside the held-out set and the check
-  series), where a flat table had priced a 64 KB call at 93% of line rate.
+  ramp as fitted to AAC14 (``IB_RAMP_DONOR_*``), scaled to IB's own 64 MB knot
+  (``borrowed_ramp``): the only measured ramp of a 400 Gb/s RDMA NIC then (no small-message
+  NVIDIA RDMA series outside the held-out set and the check series), where a flat table had
+  priced a 64 KB call at 93% of line rate.
 * H100/H200 tree network step (``tree_inter_step_latency_us``): NCCL's own constant,
   hwLat[NET][TREE][LL] 5.0 us (src/graph/tuning.cc), beside the ring's 2.7; not fitted.
 * H100/H200 ring step floor (``ring_step_floor_us``): the same series' latency-bound 1-2 GB
@@ -198,16 +199,13 @@ def main() -> int:
         print(f"  inter_step_latency_us = {tune.inter_step_latency_us}")
     eff, lat, before, after = fit_alltoall(fits[RCCL227_PROFILE].cluster)
     print(f"[{RCCL227_PROFILE}, carried to the Pollara profiles] dispatch.rccl on {POLLARA_ALLTOALL_FIT} (with its ramp): "
-          f"rdma_efficiency = "
-          f"{eff:.4f}, latency_us = {lat:.2f} (MAPE {before:.1f}% -> {after:.1f}%)")
+          f"rdma_efficiency = {eff:.4f}, latency_us = {lat:.2f} (MAPE {before:.1f}% -> {after:.1f}%)")
     measured = fits["h100-ib"].cluster.fabric
     own = dataclasses.replace(measured, message_kbytes=measured.message_kbytes[-1:],
                               message_efficiency=measured.message_efficiency[-1:])  # the knot the series measures
-    donor = ib_ramp_donor()
-    kbytes, eff = borrowed_ramp(donor, own)
+    kbytes, eff = borrowed_ramp(ib_ramp_donor(), own)
     print(f"[h100-ib] the ramp written (the {IB_RAMP_DONOR} Pollara shape below {own.message_kbytes[0]:g} kB, scaled to "
-          f"IB's knot):\n"
-          f"  message_kbytes = {list(kbytes)}\n  message_efficiency = {list(eff)}")
+          f"IB's knot):\n  message_kbytes = {list(kbytes)}\n  message_efficiency = {list(eff)}")
     floor, before, after = fit_ring_floor()
     print(f"[h100-ib] ring_step_floor_us = {floor:.3f} on {IB_FIT} rows < {IB_MIN_BYTES >> 30} GB "
           f"(MAPE {before:.1f}% -> {after:.1f}%)")
