@@ -308,7 +308,7 @@ def test_bad_enum_value_lists_the_choices(tmp_path):
 
 
 def test_usable_link_above_raw_is_rejected(tmp_path):
-    path = write_variant(tmp_path, "node", "mi355x-8", "link_bw_GBps = 56.2", "link_bw_GBps = 80.0")
+    path = write_variant(tmp_path, "node", "mi355x-8", "link_bw_GBps = 60.81", "link_bw_GBps = 80.0")
     with pytest.raises(ConfigError, match="exceeds link_bw_raw_GBps"):
         from_dict(NodeSpec, tomllib.loads(path.read_text()), str(path))
 

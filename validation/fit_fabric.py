@@ -26,6 +26,11 @@ names the series it uses; validation/accuracy_fabric.py checks on the others).
   the lock-step ring at the floor.
 * NVLS efficiency and latency: Azure ND H100 v5 8-GPU NVLS all_reduce log.
 * Graph-capture saving: the MI300X hipGraph rccl-tests log (AMD blog) against the no-graph profile.
+* MI355X usable xGMI bandwidth per link (``nodes/mi355x-8.toml``, carried to MI350X's node):
+  the ylerman-dn/amd-dev single-node all_reduce's bandwidth-bound rows (>= 128 MB, RING /
+  SIMPLE in RCCL's and perfsim's choice), with the Simple protocol's efficiency held at
+  mi355x-pollara's (``fit_xgmi``); checked on the OCI single-node 8-16 GB rows. Fitted
+  first: every ramp below is fitted with the node's intra-node bandwidth held.
 
 Usage: python validation/fit_fabric.py   (prints the values written into the profiles)
 """
@@ -64,6 +69,10 @@ IB_RAMP_DONOR_EFFICIENCY = (0.002, 0.002, 0.0105, 0.1299, 0.391, 0.899)
 POLLARA_ALLTOALL_FIT = "alibaba_readme_MI355X_2node_pollara_alltoall"
 ALLTOALL_EFF_BOUNDS = (0.05, 1.0)
 ALLTOALL_LATENCY_BOUNDS_US = (0.0, 100.0)
+XGMI_FIT = "ylerman_amddev_MI355X_1node_allreduce"
+XGMI_CHECKS = ("ocigpuqs_mi355x_MI355X_1node_allreduce", "ocigpuqs_pollara_MI355X_1node_allreduce")
+XGMI_MIN_BYTES = 128 << 20  # RING / SIMPLE at 1 node in both RCCL's SUMMARY and perfsim: the bandwidth-bound rows
+XGMI_BOUNDS_GBPS = (20.0, 76.8)  # up to the raw link rate (76.8 GB/s per direction, CDNA4 white paper)
 IB_FIT = "nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128"
 IB_MIN_KNOT_KB = 4096.0
 IB_MIN_BYTES = 4 << 30  # bandwidth-bound rows of the 1,024-rank ring
@@ -99,6 +108,29 @@ def borrowed_ramp(donor, fabric) -> tuple[tuple[float, ...], tuple[float, ...]]:
     below = [(kb, round(eff * scale, 4)) for kb, eff in zip(donor.message_kbytes, donor.message_efficiency) if kb < lo]
     knots = below + list(zip(fabric.message_kbytes, fabric.message_efficiency))
     return tuple(k for k, _ in knots), tuple(e for _, e in knots)
+
+
+def with_link_bw(cluster, link_bw_GBps: float):
+    return dataclasses.replace(cluster, node=dataclasses.replace(cluster.node, link_bw_GBps=float(link_bw_GBps)))
+
+
+def fit_xgmi(profile: str = "mi355x-pollara", name: str = XGMI_FIT,
+             checks: tuple[str, ...] = XGMI_CHECKS) -> tuple[float, float, float, float, float]:
+    """(usable link GB/s, fit MAPE % before, after, check MAPE % before, after): the node's
+    usable xGMI bandwidth per link on the series' rows >= ``XGMI_MIN_BYTES`` (the Simple
+    protocol's efficiency and every latency held), checked on ``checks`` (other sources)."""
+    cluster = load_cluster(profile)
+    points = [p for p in series(name).points() if p.size_bytes >= XGMI_MIN_BYTES]
+    held_out = [p for c in checks for p in series(c).points()]
+
+    def errs(pts, bw):
+        c = with_link_bw(cluster, bw)
+        return np.array([fabric_fit.predict(p, c) / p.time_s - 1 for p in pts])
+
+    fit = least_squares(lambda th: errs(points, th[0]), [cluster.node.link_bw_GBps], bounds=XGMI_BOUNDS_GBPS)
+    bw, start = float(fit.x[0]), cluster.node.link_bw_GBps
+    mape = lambda pts, b: 100 * float(np.mean(np.abs(errs(pts, b))))  # noqa: E731
+    return bw, mape(points, start), mape(points, bw), mape(held_out, start), mape(held_out, bw)
 
 
 def fit_ring_floor(profile: str = "h100-ib", name: str = IB_FIT, below: float = IB_MIN_BYTES) -> tuple[float, float, float]:
@@ -185,6 +217,10 @@ def fit_graph_window(profile: str = "mi300x-pollara") -> float:
 
 
 def main() -> int:
+    bw, before, after, chk_before, chk_after = fit_xgmi()
+    print(f"[mi355x-8, carried to mi350x-8] usable xGMI on {XGMI_FIT} rows >= {XGMI_MIN_BYTES >> 20} MB: "
+          f"link_bw_GBps = {bw:.2f} (MAPE {before:.2f}% -> {after:.2f}%; checks {', '.join(XGMI_CHECKS)}: "
+          f"{chk_before:.2f}% -> {chk_after:.2f}%)")
     fits = {}
     # the Pollara ring step floor is RCCL's own constant (held: a 16-rank all_reduce sweep
     # never runs a ring at the sizes it would show), the IB one is fitted (fit_ring_floor)
