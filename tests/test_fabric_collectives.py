@@ -414,3 +414,21 @@ def test_mi355x_usable_xgmi_is_the_fit_and_prices_another_source_within_its_figu
     slow = fit_fabric.with_link_bw(load_cluster("mi355x-pollara"), 56.2)
     assert all(collective_cost(p.coll, p.size_bytes, p.shape, slow).time_s > 1.05 * p.time_s for p in oci)
     assert node.link_bw_GBps < node.link_bw_raw_GBps
+
+
+def test_a_fit_that_reaches_one_knot_keeps_the_profiles_other_knots():
+    """A series whose message sizes reach only the top knot (the 1,024-rank IB ring's 4-16 GB
+    rows) refits that knot and leaves the profile's others as they were: they hold values
+    fitted to other data (fabric_fit's start at the profile keeps unmoved knots; before session
+    44 they were refilled from the fitted knot, flattening a measured ramp)."""
+    from perfsim.calibration import fabric_fit
+    from validation import fit_fabric
+
+    cluster = load_cluster("h100-ib").with_nodes(128)
+    points = [p for p in accuracy_fabric.series_points(fit_fabric.IB_FIT) if p.size_bytes >= fit_fabric.IB_MIN_BYTES]
+    fit = fabric_fit.fit_fabric(points, cluster, min_knot_kb=fit_fabric.IB_MIN_KNOT_KB, fit_hop=False, fit_floor=False)
+    own = [message_efficiency(cluster.fabric, kb * units.KB) for kb in fabric_fit.KNOTS_KB]
+    new = fit.cluster.fabric.message_efficiency
+    assert list(new[:-1]) == pytest.approx(own[:-1], abs=1e-4)
+    assert new[0] < 0.01 < 0.9 < new[-1]  # a ramp, not flat at the top knot's value
+    assert fit.mape_after <= fit.mape_before + 1e-9

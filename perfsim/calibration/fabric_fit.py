@@ -64,21 +64,23 @@ def mape(points: list[CollectivePoint], cluster: ClusterSpec) -> float:
     return 100 * float(np.mean([abs(predict(p, cluster) / p.time_s - 1) for p in points]))
 
 
-def _ramp(theta: np.ndarray, used: np.ndarray | None, monotone: bool = True) -> np.ndarray:
-    """Knot values: an unfitted knot takes its nearest fitted neighbour's value, then the
-    ramp is made non-decreasing (a larger message never does worse)."""
+def _ramp(theta: np.ndarray, used: np.ndarray | None, monotone: bool = True, fill: bool = True) -> np.ndarray:
+    """Knot values: an unfitted knot takes its nearest fitted neighbour's value (``fill``:
+    a flat start's value says nothing about it) or keeps its own (a start at the profile's
+    ramp, whose knots hold values fitted to other data), then the ramp is made
+    non-decreasing (a larger message never does worse)."""
     k = len(KNOTS_KB)
     eff = np.clip(theta[:k], *EFF_BOUNDS)
-    if used is not None and used[:k].any():
+    if fill and used is not None and used[:k].any():
         fitted = np.flatnonzero(used[:k])
         eff = eff[[fitted[np.argmin(np.abs(fitted - i))] for i in range(k)]]
     return np.maximum.accumulate(eff) if monotone else eff
 
 
 def with_params(cluster: ClusterSpec, theta: np.ndarray, source: str, digits: int | None = None,
-                used: np.ndarray | None = None, monotone: bool = True) -> ClusterSpec:
+                used: np.ndarray | None = None, monotone: bool = True, fill: bool = True) -> ClusterSpec:
     k = len(KNOTS_KB)
-    ramp = _ramp(theta, used, monotone)
+    ramp = _ramp(theta, used, monotone, fill)
     eff = tuple(float(x) if digits is None else round(float(x), digits) for x in ramp)
     inter, floor = (float(x) if digits is None else round(float(x), digits) for x in theta[k:k + 2])
     fab = dataclasses.replace(cluster.fabric, message_kbytes=KNOTS_KB, message_efficiency=eff, message_source=source)
@@ -97,8 +99,8 @@ def _tree_hop(tune, inter: float, digits: int | None) -> float | None:
     return hop if digits is None else round(hop, digits)
 
 
-def _times(points, cluster, theta, used=None, monotone=True) -> np.ndarray:
-    c = with_params(cluster, theta, "fit in progress", used=used, monotone=monotone)
+def _times(points, cluster, theta, used=None, monotone=True, fill=True) -> np.ndarray:
+    c = with_params(cluster, theta, "fit in progress", used=used, monotone=monotone, fill=fill)
     return np.array([predict(p, c) for p in points])
 
 
@@ -113,7 +115,8 @@ def _used(points, cluster, theta0, measured) -> np.ndarray:
     return used
 
 
-def _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor) -> tuple[np.ndarray, np.ndarray, float]:
+def _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor,
+              fill: bool = True) -> tuple[np.ndarray, np.ndarray, float]:
     lo = np.array([EFF_BOUNDS[0]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[0], FLOOR_BOUNDS_US[0]])
     hi = np.array([EFF_BOUNDS[1]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[1], FLOOR_BOUNDS_US[1]])
     theta0 = np.clip(theta0, lo, hi)
@@ -125,10 +128,11 @@ def _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor
     scale = np.maximum(np.abs(theta0), 0.05)
 
     def residuals(theta):
-        return np.concatenate([_times(points, cluster, theta, used) / measured - 1, PRIOR * (theta - theta0) / scale])
+        return np.concatenate([_times(points, cluster, theta, used, fill=fill) / measured - 1,
+                               PRIOR * (theta - theta0) / scale])
 
     fit = least_squares(residuals, theta0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale=scale)
-    err = float(np.mean(np.abs(_times(points, cluster, fit.x, used) / measured - 1)))
+    err = float(np.mean(np.abs(_times(points, cluster, fit.x, used, fill=fill) / measured - 1)))
     return fit.x, used, err
 
 
@@ -139,8 +143,8 @@ def fit_fabric(points: list[CollectivePoint], cluster: ClusterSpec, source: str 
     ``fit_hop=False`` keeps the profile's hop latency (bandwidth-bound points cannot set it),
     ``fit_floor=False`` its ring step floor.
     The ramp is not smooth in its knots (nearest-fill, running max), so the fit starts
-    from each of ``STARTS`` (efficiency, hop latency) x ``FLOOR_STARTS_US`` and keeps the
-    lowest MAPE."""
+    from the profile's own values and from each of ``STARTS`` (efficiency, hop latency) x
+    ``FLOOR_STARTS_US``, and keeps the lowest MAPE (the profile's on a tie)."""
     points = [p for p in points if p.shape.num_nodes > 1]
     if not points:
         raise ConfigError("fabric: no multi-node points to fit (every log is single-node)")
@@ -148,21 +152,23 @@ def fit_fabric(points: list[CollectivePoint], cluster: ClusterSpec, source: str 
     best = None
     tune = cluster.collectives
     floors = sorted({tune.ring_step_floor_us, *(FLOOR_STARTS_US if fit_floor else ())})
-    starts = [np.concatenate([np.full(len(KNOTS_KB), eff), [hop if fit_hop else tune.inter_step_latency_us, floor]])
-              for (eff, hop), floor in itertools.product(STARTS, floors)]
-    # and the profile itself: a fit never ends worse than the values it was given
+    # the profile itself first, its knots no point moves keeping their values (no fill): a
+    # fit never ends worse than the values it was given, and a flat start replaces it only
+    # where it fits the points strictly better (a series that reaches one knot keeps the rest)
     own = [message_efficiency(cluster.fabric, kb * units.KB) for kb in KNOTS_KB]
-    starts.append(np.array([*own, tune.inter_step_latency_us, tune.ring_step_floor_us]))
-    for theta0 in starts:
-        theta, used, err = _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor)
+    starts = [(np.array([*own, tune.inter_step_latency_us, tune.ring_step_floor_us]), False)]
+    starts += [(np.concatenate([np.full(len(KNOTS_KB), eff), [hop if fit_hop else tune.inter_step_latency_us, floor]]),
+                True) for (eff, hop), floor in itertools.product(STARTS, floors)]
+    for theta0, fill in starts:
+        theta, used, err = _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor, fill)
         if best is None or err < best[2] - 1e-9:
-            best = (theta, used, err)
-    theta, used, _ = best
+            best = (theta, used, err, fill)
+    theta, used, _, fill = best
     out = with_params(cluster, theta, source or f"fitted by perfsim fabric_fit to {len(points)} multi-node points", 4,
-                      used)
+                      used, fill=fill)
     names = [f"message_efficiency@{kb:g}kB" for kb in KNOTS_KB] + ["inter_step_latency_us", "ring_step_floor_us"]
     before, after = mape(points, cluster), mape(points, out)
-    if after > before:  # the fill of knots no point moves (and the rounding) can undo a start at the profile
+    if after > before:  # rounding to 4 digits can undo a start at the profile that moved nothing
         return FabricFit(cluster=cluster, mape_before=before, mape_after=before, num_points=len(points), fitted=())
     return FabricFit(cluster=out, mape_before=before, mape_after=after,
                      num_points=len(points), fitted=tuple(n for n, u in zip(names, used) if u))
