@@ -172,10 +172,13 @@ def test_a_kernel_library_table_is_said_to_be_in_sample():
 
 def test_collectives_quote_the_held_out_series_of_the_cluster_profile_only():
     ours = _notes(tiny_dense(), gpus=8, dp=8, gbs=16)["lines"][2]
-    n = len(accuracy.figures()["fabric"]["mi300x-pollara"])
-    assert f"all_reduce on {n} held-out series" in ours
+    series = accuracy.figures()["fabric"]["mi300x-pollara"]
+    assert f"collectives mi300x-pollara: {len(series)} held-out series (all_reduce; 1-2 nodes)" in ours
+    # a profile checked on several collectives names each, in the order a step runs them
+    rccl227 = accuracy.fabric_note("mi355x-pollara-rccl227")[1]
+    assert "(all_reduce, all_gather, reduce_scatter, all_to_all; 1-3 nodes)" in rccl227
     none = _notes(tiny_dense(), "h200-ib", gpus=8, dp=8, gbs=16)
-    assert none["collectives"]["checked"] is False and "no held-out multi-node series" in none["lines"][2]
+    assert none["collectives"]["checked"] is False and "no held-out collective series" in none["lines"][2]
 
 
 def test_text_json_and_html_reports_carry_the_lines(tmp_path, capsys):
@@ -332,3 +335,15 @@ def test_a_report_quotes_how_far_its_stacks_peaks_were_from_the_printed_ones(mon
     said = accuracy.stack_note(load_stack(name), gpu, vendor)[1]  # (the report's notes are cached per question)
     assert f"2 of {shown(name, vendor)['runs']} runs that ran predicted not to fit" in said
     assert "printed peak" not in said
+
+
+def test_the_readme_block_is_what_a_maxtext_report_on_mi355x_pollara_prints():
+    """The README shows the accuracy block of a report (MaxText MoE run, BF16, on mi355x-pollara):
+    its lines are the ones perfsim quotes from the committed figures, so a regenerated
+    accuracy.toml that moves them fails here until the README is updated with it."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```text\n(accuracy \(perfsim's own held-out checks.*?)```", readme, re.S).group(1)
+    stack = load_stack("maxtext")
+    notes = accuracy._notes(stack, "mi355x-pollara", "mi355x", "amd", "bf16", True,
+                            (("attention", "aiter_v3"),), True, True)
+    assert block.splitlines() == accuracy.text_block(notes)

@@ -110,17 +110,20 @@ def plan_facts() -> dict:
 
 
 def fabric_facts() -> dict:
-    """Cluster profile -> the all_reduce series checked on it (held out: no parameter fitted to
-    them; series outside what the profile describes left out), MAPE >= 1 MB and below."""
+    """Cluster profile -> the collective series checked on it (held out: no parameter fitted to
+    them; series outside what the profile describes left out): the collective, the nodes, MAPE
+    >= 1 MB and below."""
     from validation import accuracy_fabric as af
 
     out: dict[str, dict] = {}
     for case in af.CASES:
         if case.role != "check" or not case.scored:
             continue
-        rows = af.errors(af.series_points(case.series), case.profile)
+        points = af.series_points(case.series)
+        rows = af.errors(points, case.profile)
         large, small = af.mape(rows, af.LARGE), af.mape(rows, 0, af.LARGE)
-        entry = {"points": len(rows), **({"mape_ge_1MB_pct": _r(large)} if large is not None else {}),
+        entry = {"points": len(rows), "collective": points[0].coll.value, "nodes": points[0].shape.num_nodes,
+                 **({"mape_ge_1MB_pct": _r(large)} if large is not None else {}),
                  **({"mape_lt_1MB_pct": _r(small)} if small is not None else {})}
         out.setdefault(case.profile, {})[case.series] = entry
     return out

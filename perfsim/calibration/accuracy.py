@@ -210,6 +210,9 @@ def kernel_note(gpu: str, dtype: str, moe: bool, libraries: dict[str, str], ship
         f"kernels {gpu}, held-out MAPE by source family: " + ", ".join(parts))
 
 
+COLLECTIVE_ORDER = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
+
+
 def fabric_note(cluster: str, shipped: bool = True) -> tuple[dict, str]:
     if not shipped:
         return {"cluster": cluster, "checked": False}, (
@@ -218,16 +221,21 @@ def fabric_note(cluster: str, shipped: bool = True) -> tuple[dict, str]:
     series = figures().get("fabric", {}).get(cluster)
     if not series:
         return {"cluster": cluster, "checked": False}, (
-            f"collectives {cluster}: no held-out multi-node series for this profile (its link values are the ones "
+            f"collectives {cluster}: no held-out collective series for this profile (its link values are the ones "
             "its cluster and node profiles cite or mark assumed)")
     large = [v["mape_ge_1MB_pct"] for v in series.values() if "mape_ge_1MB_pct" in v]
     small = [v["mape_lt_1MB_pct"] for v in series.values() if "mape_lt_1MB_pct" in v]
 
-    def span(xs):
-        return f"{min(xs):.1f}%" if min(xs) == max(xs) else f"{min(xs):.1f}-{max(xs):.1f}%"
+    def span(xs, fmt="{:.1f}", unit="%"):
+        lo, hi = fmt.format(min(xs)), fmt.format(max(xs))
+        return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
 
-    text = f"collectives {cluster}: all_reduce on {len(series)} held-out series, MAPE " + (
-        f"{span(large)} at >= 1 MB" if large else "") + (f", {span(small)} below" if small else "")
+    order = {c: i for i, c in enumerate(COLLECTIVE_ORDER)}
+    colls = sorted({v.get("collective", "all_reduce") for v in series.values()}, key=lambda c: order.get(c, len(order)))
+    nodes = [v["nodes"] for v in series.values() if "nodes" in v]
+    what = ", ".join(colls) + (f"; {span(nodes, '{:d}', ' node' if max(nodes) == 1 else ' nodes')}" if nodes else "")
+    text = f"collectives {cluster}: {len(series)} held-out series ({what}), MAPE " + ", ".join(
+        ([f"{span(large)} at >= 1 MB"] if large else []) + ([f"{span(small)} below"] if small else []))
     return {"cluster": cluster, "checked": True, "series": series}, text
 
 
@@ -307,10 +315,11 @@ def summary_lines() -> list[str]:
                     f"{plans['median_abs_pct']:.1f}% over {len(plans['groups'])} groups"]
         out += [f"  {g['source']} {g['model']} on {g['cluster']}: MAPE {g['mape_pct']:.1f}% ({g['pairs']} pairs)"
                 for g in plans["groups"]]
-    out += ["", "collectives (all_reduce on multi-node series no parameter was fitted to; MAPE >= 1 MB / below):"]
+    out += ["", "collectives (series no parameter was fitted to; MAPE >= 1 MB / below):"]
     for cluster, series in sorted(facts.get("fabric", {}).items()):
         for name, v in series.items():
             large, small = v.get("mape_ge_1MB_pct"), v.get("mape_lt_1MB_pct")
+            what = f"{v['collective']}, {v['nodes']} node{'s' if v['nodes'] > 1 else ''}, " if "nodes" in v else ""
             out.append(f"  {cluster:<16} {name}: {'-' if large is None else f'{large:.1f}%'} / "
-                       f"{'-' if small is None else f'{small:.1f}%'} ({v['points']} points)")
+                       f"{'-' if small is None else f'{small:.1f}%'} ({what}{v['points']} points)")
     return out
