@@ -84,25 +84,33 @@ def with_tuning(cluster: ClusterSpec, **changes) -> ClusterSpec:
     return dataclasses.replace(cluster, collectives=dataclasses.replace(cluster.collectives, **changes))
 
 
-def _unit(cluster: ClusterSpec, intra: float, inter: float) -> ClusterSpec:
-    protos = {k: dataclasses.replace(v, latency_us=0.0, bw_efficiency=1.0) for k, v in cluster.collectives.protocols.items()}
+def _unit(cluster: ClusterSpec, intra: float, inter: float, efficiency: float = 1.0) -> ClusterSpec:
+    protos = {k: dataclasses.replace(v, latency_us=0.0, bw_efficiency=efficiency)
+              for k, v in cluster.collectives.protocols.items()}
     return with_tuning(cluster, launch_latency_us=0.0, intra_step_latency_us=intra, inter_step_latency_us=inter,
                         protocols=protos)
 
 
 def _basis(points: list[CollectivePoint], cluster: ClusterSpec) -> np.ndarray:
-    """[point, algorithm, (n_intra, n_inter, B seconds)]; nan where the algorithm cannot run."""
+    """[point, algorithm, (n_intra, n_inter, B seconds, fixed us, fixed bandwidth seconds)];
+    nan where the algorithm cannot run. ``fixed``: what no tuning value fitted here scales,
+    read at zero steps and at two protocol efficiencies: an all-to-all implementation's own
+    per-call latency (or NVLS's), not steps, and its bandwidth time at the implementation's
+    efficiency, not the protocol's (``dispatch.<impl>``)."""
     algos = list(ALGORITHMS)
-    out = np.full((len(points), len(algos), 3), np.nan)
-    one_intra, one_inter = _unit(cluster, 1.0, 0.0), _unit(cluster, 0.0, 1.0)
+    out = np.full((len(points), len(algos), 5), np.nan)
+    units = (_unit(cluster, 0.0, 0.0), _unit(cluster, 1.0, 0.0), _unit(cluster, 0.0, 1.0),
+             _unit(cluster, 0.0, 0.0, efficiency=0.5))
     for i, p in enumerate(points):
         for j, algo in enumerate(algos):
             try:
-                a = collective_cost(p.coll, p.size_bytes, p.shape, cluster_for(one_intra, p.shape), algorithm=algo)
-                b = collective_cost(p.coll, p.size_bytes, p.shape, cluster_for(one_inter, p.shape), algorithm=algo)
+                zero, a, b, half = (collective_cost(p.coll, p.size_bytes, p.shape, cluster_for(u, p.shape),
+                                                    algorithm=algo) for u in units)
             except ConfigError:
                 continue
-            out[i, j] = (a.latency_s * 1e6, b.latency_s * 1e6, a.time_s - a.latency_s)
+            fixed = zero.latency_s * 1e6
+            bw, bw_half = zero.time_s - zero.latency_s, half.time_s - half.latency_s  # B_s + B_f, 2 B_s + B_f
+            out[i, j] = (a.latency_s * 1e6 - fixed, b.latency_s * 1e6 - fixed, bw_half - bw, fixed, 2 * bw - bw_half)
     return out
 
 
@@ -127,7 +135,8 @@ class _Problem:
         k = len(self.protocols)
         latency, eff, s_intra, s_inter = theta[:k], theta[k:2 * k], theta[2 * k], theta[2 * k + 1]
         b = self.basis
-        t = (latency[proto][:, None] + s_intra * b[:, :, 0] + s_inter * b[:, :, 1]) * 1e-6 + b[:, :, 2] / eff[proto][:, None]
+        t = (latency[proto][:, None] + s_intra * b[:, :, 0] + s_inter * b[:, :, 1] + b[:, :, 3]) * 1e-6 \
+            + b[:, :, 2] / eff[proto][:, None] + b[:, :, 4]
         return np.where(allowed, t, np.inf).min(axis=1)
 
 
@@ -144,7 +153,9 @@ def _bounds(problem: _Problem, theta0: np.ndarray, proto: np.ndarray, allowed: n
     lo = np.array([0.0] * k + [EFF_BOUNDS[0]] * k + [STEP_BOUNDS_US["intra"][0], STEP_BOUNDS_US["inter"][0]])
     hi = np.array([LATENCY_MAX_US] * k + [EFF_BOUNDS[1]] * k + [STEP_BOUNDS_US["intra"][1], STEP_BOUNDS_US["inter"][1]])
     used = np.zeros(len(theta0), dtype=bool)
-    used[np.unique(proto)] = used[k + np.unique(proto)] = True
+    used[np.unique(proto)] = True
+    for q in np.unique(proto):  # an efficiency only where some point's bandwidth time scales with it
+        used[k + q] = bool(np.nansum(problem.basis[proto == q][:, :, 2][allowed[proto == q]]) > 0)
     used[2 * k] = bool(np.nansum(problem.basis[:, :, 0][allowed]) > 0)
     used[2 * k + 1] = bool(np.nansum(problem.basis[:, :, 1][allowed]) > 0)
     theta0 = np.clip(theta0, lo, hi)
