@@ -177,6 +177,9 @@ def _mape(series, lo=0.0, hi=float("inf")):
     ("hisohara_AAC11_MI325X_2node_bnxt_allreduce_ring", 4.0),
     ("hisohara_AAC11_MI325X_8node_bnxt_allreduce_ring", 4.0),
     ("coreweave_H100_64gpu_sharp_allreduce", 3.0),
+    ("nccltests_issue290_H100_1node_nvls_allreduce", 4.5),  # NVLS, checked on a second source (3.5% blind)
+    ("ocigpuqs_mi355x_MI355X_1node_allreduce", 3.0),  # the fitted MI355X xGMI (1.4%; 6.7% on the assumed value)
+    ("ocigpuqs_pollara_MI355X_1node_allreduce", 3.0),
 ])
 def test_check_series_stay_within_their_figures(series, large_max):
     """Series no parameter was fitted to (>= 1 MB rows only: that is what they hold)."""

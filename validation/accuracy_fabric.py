@@ -104,6 +104,11 @@ CASES = (
          "rows only (oci-ai-incubations/oci-gpu-quickstarts README-MI355X): the fitted xGMI bandwidth's check (blind on the assumed 56.2 GB/s per link: 6.7%)"),
     Case("ocigpuqs_pollara_MI355X_1node_allreduce", "mi355x-pollara", "check",
          "as above, the same repo's Pollara README (command not shown), 8-16 GB rows only (blind: 7.1%)"),
+    Case("nccltests_issue290_H100_1node_nvls_allreduce", "h100-ib", "check",
+         "one node, 8 H100 (SXM), nccl-tests -g 8, NCCL version not stated, 128 MB-4 GB, NVLS per the maintainer's "
+         "reply (NVIDIA/nccl-tests issue #290; iters 2): a check of the NVLS efficiency and latency fitted on Azure's "
+         "ND H100 v5 log (session 44; blind: 3.5%); the same issue's 2-node tables are a cluster its owner reports "
+         "degraded (about 11 GB/s per 400G NIC where the maintainer expects 46-48), not used"),
     Case("gcp_a3mega_H100_2node_allreduce", "h100-ib", "check",
          "GPUDirect-TCPXO (TCP, not RDMA): outside what the IB profile describes; shown, not a target", scored=False),
 )
