@@ -3,9 +3,12 @@
 perfsim.cost.collectives prices a call as
 
     launch + protocol latency + n_intra x intra step + n_inter x inter step + B / efficiency
+           + fixed latency + fixed bandwidth time
 
-where n_intra, n_inter and B (bandwidth seconds at efficiency 1) depend only on the
-algorithm, the buffer and the group, not on the tuning. So each measured point is
+where n_intra, n_inter, B (bandwidth seconds at efficiency 1) and the fixed terms (an
+all-to-all implementation's own latency and its bandwidth time at its own efficiency,
+``[dispatch.<impl>]``; NVLS's latency) depend only on the algorithm, the buffer and the
+group, not on the tuning fitted here. So each measured point is
 decomposed once per algorithm through ``collectives.collective_cost`` itself (a unit
 tuning), and the fit evaluates that linear form vectorised; the selector (fastest
 applicable algorithm, protocol by size window, direct window single-node only) is
