@@ -3,8 +3,9 @@
 Written by validation/accuracy_doc.py with docs/accuracy.md, from the same evaluation (never
 typed): per GPU, kernel class and dtype the held-out MAPE of the kernel tables (leave one
 source family out); per software stack the held-out error of the published runs priced
-under it (leave one source out); per cluster profile the all_reduce error on the
-multi-node series no parameter was fitted to. ``perfsim.calibration.accuracy`` reads it, so that every
+under it (leave one source out); per cluster profile the error on the collective series
+(single- and multi-node, each with its collective and node count) no parameter was fitted to.
+``perfsim.calibration.accuracy`` reads it, so that every
 ``simulate`` / ``estimate`` report says how far perfsim's own checks put numbers like it.
 
     .venv/bin/python validation/accuracy_summary.py    (prints the TOML it would write)
