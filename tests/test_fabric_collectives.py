@@ -178,6 +178,7 @@ def _mape(series, lo=0.0, hi=float("inf")):
     ("hisohara_AAC11_MI325X_8node_bnxt_allreduce_ring", 4.0),
     ("coreweave_H100_64gpu_sharp_allreduce", 3.0),
     ("nccltests_issue290_H100_1node_nvls_allreduce", 4.5),  # NVLS, checked on a second source (3.5% blind)
+    ("nccl_issue1047_H100_1node_reducescatter_ring", 2.0),  # the NVSwitch ring, reduce_scatter (0.7% blind)
     ("ocigpuqs_mi355x_MI355X_1node_allreduce", 3.0),  # the fitted MI355X xGMI (1.4%; 6.7% on the assumed value)
     ("ocigpuqs_pollara_MI355X_1node_allreduce", 3.0),
 ])

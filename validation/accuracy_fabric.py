@@ -109,6 +109,10 @@ CASES = (
          "reply (NVIDIA/nccl-tests issue #290; iters 2): a check of the NVLS efficiency and latency fitted on Azure's "
          "ND H100 v5 log (session 44; blind: 3.5%); the same issue's 2-node tables are a cluster its owner reports "
          "degraded (about 11 GB/s per 400G NIC where the maintainer expects 46-48), not used"),
+    Case("nccl_issue1047_H100_1node_reducescatter_ring", "h100-ib", "check",
+         "one node, 8 H100, reduce_scatter 128 MB-8 GB, the Ring table of NVIDIA/nccl issue #1047 (NCCL not stated, "
+         "2023; NCCL_ALGO=Ring assumed from its heading; size: the whole input buffer): a check of the NVSwitch "
+         "bandwidth a ring sees (session 44; blind: 0.7%)"),
     Case("gcp_a3mega_H100_2node_allreduce", "h100-ib", "check",
          "GPUDirect-TCPXO (TCP, not RDMA): outside what the IB profile describes; shown, not a target", scored=False),
 )
