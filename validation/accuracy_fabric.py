@@ -101,7 +101,8 @@ CASES = (
     Case("ylerman_amddev_MI355X_1node_alltoall", "mi355x-pollara-rccl227", "check", "as above, alltoall (1 run)"),
     Case("ocigpuqs_mi355x_MI355X_1node_allreduce", "mi355x-pollara", "check",
          "one node, 8 MI355X, rccl-tests -g 8 (one process), ROCm 7.0.2 image (RCCL 2.26.6 per its OS table), 8-16 GB "
-         "rows only (oci-ai-incubations/oci-gpu-quickstarts README-MI355X): the fitted xGMI bandwidth's check (blind on the assumed 56.2 GB/s per link: 6.7%)"),
+         "rows only (oci-ai-incubations/oci-gpu-quickstarts README-MI355X): the fitted xGMI bandwidth's check (blind "
+         "on the assumed 56.2 GB/s per link: 6.7%)"),
     Case("ocigpuqs_pollara_MI355X_1node_allreduce", "mi355x-pollara", "check",
          "as above, the same repo's Pollara README (command not shown), 8-16 GB rows only (blind: 7.1%)"),
     Case("nccltests_issue290_H100_1node_nvls_allreduce", "h100-ib", "check",

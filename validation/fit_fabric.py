@@ -123,14 +123,14 @@ def fit_xgmi(profile: str = "mi355x-pollara", name: str = XGMI_FIT,
     points = [p for p in series(name).points() if p.size_bytes >= XGMI_MIN_BYTES]
     held_out = [p for c in checks for p in series(c).points()]
 
-    def errs(pts, bw):
-        c = with_link_bw(cluster, bw)
-        return np.array([fabric_fit.predict(p, c) / p.time_s - 1 for p in pts])
+    def errs(theta):
+        c = with_link_bw(cluster, theta[0])
+        return np.array([fabric_fit.predict(p, c) / p.time_s - 1 for p in points])
 
-    fit = least_squares(lambda th: errs(points, th[0]), [cluster.node.link_bw_GBps], bounds=XGMI_BOUNDS_GBPS)
-    bw, start = float(fit.x[0]), cluster.node.link_bw_GBps
-    mape = lambda pts, b: 100 * float(np.mean(np.abs(errs(pts, b))))  # noqa: E731
-    return bw, mape(points, start), mape(points, bw), mape(held_out, start), mape(held_out, bw)
+    fit = least_squares(errs, [cluster.node.link_bw_GBps], bounds=XGMI_BOUNDS_GBPS)
+    fitted = with_link_bw(cluster, float(fit.x[0]))
+    return (fitted.node.link_bw_GBps, fabric_fit.mape(points, cluster), fabric_fit.mape(points, fitted),
+            fabric_fit.mape(held_out, cluster), fabric_fit.mape(held_out, fitted))
 
 
 def fit_ring_floor(profile: str = "h100-ib", name: str = IB_FIT, below: float = IB_MIN_BYTES) -> tuple[float, float, float]:
