@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from perfsim import api, units
+from perfsim.calibration import fabric_fit
 from perfsim.cost.collectives import collective_cost
 from perfsim.cost.phases import message_efficiency
 from perfsim.errors import ConfigError
@@ -199,6 +200,36 @@ def test_fit_series_in_sample():
     assert _mape("nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128", 0, 4 << 30) <= 4.0  # the paced rows
     nvls = accuracy_fabric.nvls_rows()
     assert accuracy_fabric.mape(nvls, accuracy_fabric.LARGE) <= 8.0
+
+
+def test_forced_paths_are_read_as_forced_and_priced_on_the_same_path():
+    """amd-dev's NCCL_ALGO / NCCL_PROTO runs: each series carries its algorithm and protocol,
+    and each point is priced on that path, not on the selector's pick (at 4 MB on 2 nodes
+    perfsim's selector runs tree / LL128; forced ring / Simple prices differently)."""
+    for nodes, algo, proto in accuracy_fabric.FORCED:
+        points = accuracy_fabric.series_points(accuracy_fabric.forced_series(nodes, algo, proto))
+        assert {(p.algorithm, p.protocol) for p in points} == {(algo, proto)}
+        assert {p.shape.num_nodes for p in points} == {nodes} and len(points) >= 16
+    ring = next(p for p in accuracy_fabric.series_points(accuracy_fabric.forced_series(2, "ring", "simple"))
+                if p.size_bytes == 4 << 20)
+    cluster = load_cluster(accuracy_fabric.FORCED_PROFILE)
+    picked = collective_cost(Coll.ALL_REDUCE, ring.size_bytes, ring.shape, cluster)
+    assert (picked.algorithm, picked.protocol) == ("tree", "ll128")
+    assert fabric_fit.predict(ring, cluster) != pytest.approx(picked.time_s, rel=0.05)
+
+
+def test_forced_paths_the_selector_runs_stay_within_their_figures():
+    """The forced paths perfsim's selector runs on 2 nodes (tree / LL128 from 512 KB to 16 MB,
+    ring / Simple from 128 MB) keep their figures; the table says where it runs each path."""
+    rows = {(n, a, p): (errs, where) for n, a, p, errs, where in accuracy_fabric.forced_rows()}
+    errs, where = rows[(2, "tree", "ll128")]
+    assert accuracy_fabric.mape(errs, accuracy_fabric.LARGE) <= 10.0 and accuracy_fabric.mape(errs) <= 10.0
+    assert where == "512 KB-16 MB"
+    errs, where = rows[(2, "ring", "simple")]
+    assert accuracy_fabric.mape(errs, 128 << 20) <= 5.0 and where == "128 MB-512 MB"
+    assert rows[(2, "tree", "simple")][1] == "-"
+    text = "\n".join(accuracy_fabric.forced_lines())
+    assert text.count("\n| 2 |") == 6 and text.count("\n| 3 |") == 6
 
 
 def test_section_is_markdown_naming_fit_and_check():

@@ -19,7 +19,8 @@ if str(ROOT) not in sys.path:
 from perfsim.calibration import fabric_fit  # noqa: E402
 from perfsim.calibration.readers import read_rccl_log  # noqa: E402
 from perfsim.calibration.readers_multinode import read_collective_table  # noqa: E402
-from perfsim.calibration.collective_fit import CollectivePoint  # noqa: E402
+from perfsim.calibration.collective_fit import CollectivePoint, cluster_for  # noqa: E402
+from perfsim.cost.collectives import collective_cost  # noqa: E402
 from perfsim.lowering.ops import Coll  # noqa: E402
 from perfsim.plan.parallel import GroupShape  # noqa: E402
 from perfsim.system.hardware import load_cluster  # noqa: E402
@@ -119,6 +120,18 @@ CASES = (
 )
 
 
+# RCCL's algorithm x protocol paths forced one at a time (NCCL_ALGO / NCCL_PROTO; amd-dev's
+# run_mn.sh group fwd1) on the same 2- and 3-node MI355X + Pollara clusters as the default-tuner
+# series above: each path perfsim prices, checked apart from the selector. Diagnostics, not
+# targets (a training job runs the tuner's pick) and not quoted by reports.
+FORCED_PROFILE = "mi355x-pollara-rccl227"
+FORCED = tuple((nodes, algo, proto) for nodes in (2, 3) for algo in ("tree", "ring") for proto in ("ll", "ll128", "simple"))
+
+
+def forced_series(nodes: int, algo: str, proto: str) -> str:
+    return f"ylerman_amddev_MI355X_{nodes}node_pollara_allreduce_{algo}_{proto}"
+
+
 def series_points(name: str) -> list[CollectivePoint]:
     return next(s for s in read_collective_table(TABLE) if s.series == name).points()
 
@@ -172,6 +185,62 @@ def all_reduce_table() -> list[str]:
     return lines
 
 
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n:g} B"
+
+
+def default_picks(points: list[CollectivePoint], profile: str) -> list[tuple[float, str, str]]:
+    """(size, algorithm, protocol) perfsim's selector runs at each point's size, nothing forced."""
+    cluster = load_cluster(profile)
+    out = []
+    for p in points:
+        cost = collective_cost(p.coll, p.size_bytes, p.shape, cluster_for(cluster, p.shape))
+        out.append((p.size_bytes, cost.algorithm, cost.protocol))
+    return out
+
+
+def forced_rows() -> list[tuple[int, str, str, list[tuple[float, float, float]], str]]:
+    """Per forced path: (nodes, algorithm, protocol, errors, the sizes perfsim's own selector runs it at)."""
+    out = []
+    for nodes, algo, proto in FORCED:
+        points = series_points(forced_series(nodes, algo, proto))
+        picked = [s for s, a, p in default_picks(points, FORCED_PROFILE) if (a, p) == (algo, proto)]
+        where = f"{_size(min(picked))}-{_size(max(picked))}" if picked else "-"
+        out.append((nodes, algo, proto, errors(points, FORCED_PROFILE), where))
+    return out
+
+
+def forced_table() -> list[str]:
+    lines = ["| nodes | algorithm / protocol (forced) | points | MAPE % >= 1 MB | MAPE % < 1 MB | median error % | perfsim's selector runs it at |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | --- |"]
+    for nodes, algo, proto, rows, where in forced_rows():
+        median = float(np.median([e for _, _, e in rows]))
+        lines.append(f"| {nodes} | {algo} / {proto} | {len(rows)} | {_fmt(mape(rows, LARGE))} | "
+                     f"{_fmt(mape(rows, 0, LARGE))} | {median:+.1f} | {where} |")
+    return lines
+
+
+def forced_lines() -> list[str]:
+    return [
+        "### All-reduce with RCCL's algorithm and protocol forced (diagnostic)",
+        "",
+        "The amd-dev clusters of the `ylerman_amddev` rows above (2 and 3 x 8 MI355X, 8 Pollara NICs, RCCL "
+        "2.28.3) also ran all_reduce with each of RCCL's ring and tree algorithms and LL, LL128 and Simple "
+        "protocols forced (`NCCL_ALGO` / `NCCL_PROTO`, one run each, 4 KB-512 MB; "
+        "`validation/data/multinode/collectives_multinode.csv`, series `..._allreduce_<algorithm>_<protocol>`). "
+        f"Each is priced on `{FORCED_PROFILE}` with the same algorithm and protocol forced, so each path perfsim "
+        "prices is checked apart from its selector. Nothing is fitted to them, they are not targets (a training "
+        "job runs the tuner's pick, the default-tuner rows above) and reports do not quote them. The last column "
+        "is where perfsim's own selector runs that path on these sizes: a large error there moves the default "
+        "rows; elsewhere it matters only to a user who forces the path (`perfsim collective --algo --protocol`).",
+        "",
+        *forced_table(),
+    ]
+
+
 def section() -> str:
     parts = [
         "## Fabric (collectives across nodes, NVLS, graph capture, MoE dispatch)",
@@ -186,6 +255,8 @@ def section() -> str:
         "### Collective time (all_reduce, all_gather, reduce_scatter, all-to-all)",
         "",
         *all_reduce_table(),
+        "",
+        *forced_lines(),
         "",
         *dispatch_accuracy.section_lines(),
     ]
