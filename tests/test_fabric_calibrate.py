@@ -158,3 +158,51 @@ def test_the_intra_node_fit_prices_every_point_as_collective_cost_does():
     a2a = [p for p in points if p.coll.value == "all_to_all"]
     fitted = cf.fit_collectives(a2a, cluster, fit_windows=False).fitted
     assert "intra_step" in fitted and not any(n.endswith("bw_efficiency") or n == "inter_step" for n in fitted)
+
+
+def test_forced_runs_are_fitted_and_validated_on_the_path_they_ran():
+    """A single-node run that forced RCCL's algorithm and protocol (NCCL_ALGO / NCCL_PROTO) is
+    priced on that path by the intra-node fit's form and by validate's predict, not on the
+    selector's pick (which the form had used for every point, so a forced sweep fitted the
+    default path's parameters). Multi-node points go to fabric_fit, which prices them the same
+    way (accuracy_fabric's forced rows)."""
+    import numpy as np
+
+    from perfsim.calibration import collective_fit as cf
+    from perfsim.cost.collectives import collective_cost
+
+    table = {s.series: s for s in read_collective_table(TABLE)}
+    cluster = load_cluster("mi355x-pollara-rccl227")
+    one_node = table["ylerman_amddev_MI355X_1node_allreduce"].points()
+    points = [dataclasses.replace(p, algorithm=algo, protocol=proto)
+              for algo, proto in (("ring", "simple"), ("ring", "ll"), ("direct", "ll128")) for p in one_node]
+    problem = cf._Problem(points=points, basis=cf._basis(points, cluster), protocols=list(cluster.collectives.protocols),
+                          measured=np.array([p.time_s for p in points]))
+    proto, allowed = problem.masks(cluster)
+    vectorised = problem.times(cf._theta(cluster.collectives, problem.protocols), proto, allowed)
+    forced = np.array([cf.predict(p, cluster) for p in points])
+    assert vectorised == pytest.approx(forced, rel=1e-9)
+    picked = np.array([collective_cost(p.coll, p.size_bytes, p.shape, cf.cluster_for(cluster, p.shape)).time_s
+                       for p in points])
+    assert np.mean(np.abs(forced / picked - 1)) > 0.2  # the forced paths are not the selector's
+
+
+def test_cli_validate_prices_a_log_on_the_path_it_forced(tmp_path):
+    log = ROOT / "validation" / "data" / "calibration" / "rccl-tests" / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"
+    text = log.read_text().replace("#\n#  ", "host0:1:1 [0] NCCL INFO NCCL_ALGO set by environment to Ring\n#\n#  ", 1)
+    forced = tmp_path / "ring.log"
+    forced.write_text(text)
+    run = lambda *args: subprocess.run([sys.executable, "-m", "perfsim", "validate", "--json", *args],
+                                       capture_output=True, text=True, timeout=120)
+    import json
+
+    default, ring = (json.loads(run("--rccl-log", str(f)).stdout) for f in (log, forced))
+    assert any("forced ring" in n for n in ring["notes"]) and not default["notes"]
+    by_size = {p["x"]: p["predicted_us"] for p in default["points"]}
+    assert any(abs(p["predicted_us"] / by_size[p["x"]] - 1) > 0.05 for p in ring["points"])  # the one-shot sizes
+    told = json.loads(run("--rccl-log", str(log), "--algo", "ring").stdout)
+    assert [p["predicted_us"] for p in told["points"]] == [p["predicted_us"] for p in ring["points"]]
+    bad = run("--rccl-log", str(log), "--algo", "rings")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == ["perfsim: error: algorithm: 'rings' is not one of ring, tree, direct, "
+                                               "hierarchical, nvls"]

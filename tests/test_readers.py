@@ -145,3 +145,34 @@ def test_kernel_csv_kinds_and_errors(tmp_path):
         read_kernel_csv(write(tmp_path, "kind,time_ms\ngemm,1\n", "k.csv"))
     with pytest.raises(ConfigError, match=r"k\.csv:1: empty kernel CSV"):
         read_kernel_csv(write(tmp_path, "", "k.csv"))
+
+
+def _forced_log(tmp_path, env_lines: str, name: str = "forced.log") -> Path:
+    body = ("     4194304       1048576     float     sum      -1   540.03    7.77   14.56      0   541.23    7.75   14.53      0\n"
+            "     8388608       2097152     float     sum      -1   543.09   15.45   28.96      0   544.58   15.40   28.88      0\n")
+    text = HEADER.format(ranks=rank_lines(2, 8)).replace("all_gather_perf", "all_reduce_perf")
+    head, _, cols = text.partition("#\n#      ")
+    return write(tmp_path, head + env_lines + "#\n#      " + cols + body, name)
+
+
+def test_a_log_that_forced_its_algorithm_and_protocol_says_so(tmp_path):
+    """NCCL / RCCL acknowledge NCCL_ALGO / NCCL_PROTO under NCCL_DEBUG=INFO; the log carries
+    the path (perfsim's names), a function prefix selects the log's own collective, and a list,
+    an exclusion or a path perfsim does not price forces nothing (a note says so)."""
+    info = "host0:100:100 [0] NCCL INFO NCCL_{} set by environment to {}\n"
+    log = read_rccl_log(_forced_log(tmp_path, info.format("ALGO", "RING") + info.format("PROTO", "Simple")
+                                    + info.format("ALGO", "RING")))
+    assert (log.algorithm, log.protocol, log.env_notes) == ("ring", "simple", ())
+    assert read_rccl_log(_forced_log(tmp_path, "")).algorithm is None
+    log = read_rccl_log(_forced_log(tmp_path, info.format("ALGO", "allgather:ring;allreduce:tree")))
+    assert log.algorithm == "tree"
+    log = read_rccl_log(_forced_log(tmp_path, info.format("ALGO", "allgather:ring")))
+    assert log.algorithm is None and log.env_notes == ()
+    for value, why in (("ring,tree", "leaves the library's tuner a choice"), ("^nvls", "leaves the library's tuner"),
+                       ("CollNetDirect", "does not price the CollNetDirect path")):
+        log = read_rccl_log(_forced_log(tmp_path, info.format("ALGO", value)))
+        assert log.algorithm is None and len(log.env_notes) == 1 and why in log.env_notes[0]
+    with pytest.raises(ConfigError, match=r"forced\.log:\d+: NCCL_PROTO=LL256: 'LL256' is not one of"):
+        read_rccl_log(_forced_log(tmp_path, info.format("PROTO", "LL256")))
+    with pytest.raises(ConfigError, match=r"forced\.log:\d+: NCCL_ALGO is 'Tree' here and 'Ring' at line \d+"):
+        read_rccl_log(_forced_log(tmp_path, info.format("ALGO", "Ring") + info.format("ALGO", "Tree")))

@@ -20,6 +20,7 @@ from pathlib import Path
 from perfsim.calibration import calibrate_fabric, collective_fit, kernel_fit
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec, load_cluster, write_cluster
+from perfsim.cost.collectives import ALGORITHMS
 from perfsim.lowering.ops import Coll
 from perfsim.plan.parallel import GroupShape
 from perfsim.calibration.readers import RcclLog, check_files, read_kernel_csv, read_p2p, read_rccl_log
@@ -45,17 +46,39 @@ class Calibration:
     notes: tuple[str, ...] = ()  # skipped rows, ignored points
 
 
-def collective_points(logs: list[RcclLog], in_place: bool = False) -> list[collective_fit.CollectivePoint]:
-    """One point per row with a time: the log's collective, size and rank geometry."""
+def collective_points(logs: list[RcclLog], in_place: bool = False, algorithm: str | None = None,
+                      protocol: str | None = None) -> list[collective_fit.CollectivePoint]:
+    """One point per row with a time: the log's collective, size and rank geometry, and the
+    algorithm and protocol the run forced (``algorithm`` / ``protocol`` where given, else what
+    the log prints: ``RcclLog.algorithm`` / ``protocol``)."""
     points = []
     for lg in logs:
         shape = GroupShape(size=lg.num_ranks, per_node=min(lg.gpus_per_node, lg.num_ranks), num_nodes=lg.num_nodes)
         label = f"{lg.op} {lg.num_ranks} ranks/{lg.num_nodes} node{'s' if lg.num_nodes > 1 else ''}"
         launch = "single-process" if int(lg.header.get("nGpus", "1") or 1) > 1 else "mpi"  # rccl-tests -g N
+        algo, proto = algorithm or lg.algorithm, protocol or lg.protocol
         points += [collective_fit.CollectivePoint(coll=Coll(lg.op), size_bytes=s, shape=shape, time_s=t * 1e-6, label=label,
-                                                  launch=launch, graph=lg.graph)
+                                                  launch=launch, graph=lg.graph, algorithm=algo, protocol=proto)
                    for s, t in lg.series(in_place)]
     return points
+
+
+def check_forced(cluster: ClusterSpec, algorithm, protocol, rccl_logs) -> None:
+    """Argument check: a forced algorithm / protocol perfsim prices, and logs to apply it to."""
+    for name, value, known in (("algorithm", algorithm, tuple(ALGORITHMS)),
+                               ("protocol", protocol, tuple(cluster.collectives.protocols))):
+        if value is None:
+            continue
+        if not isinstance(value, str) or value not in known:
+            raise ConfigError(f"{name}: {value!r} is not one of {', '.join(known)}")
+        if not rccl_logs:
+            raise ConfigError(f"{name}: {value!r} applies to rccl-tests logs (--rccl-log); none given")
+
+
+def forced_label(algorithm: str | None, protocol: str | None) -> str:
+    """How a report names a forced path ("ring / ll128 forced"); "" where nothing is forced."""
+    parts = [x for x in (algorithm, protocol) if x]
+    return f"{' / '.join(parts)} forced" if parts else ""
 
 
 def _stamp(text: str, files: list[str], when: str) -> str:
@@ -111,14 +134,16 @@ def _provenance(base: str, files: list[str], when: str, fits: list[FitSummary]) 
 def calibrate(cluster: str | ClusterSpec, *, rccl_logs=(), kernel_csvs=(), p2p=(), out: str | Path | None = None,
               force: bool = False, fit_windows: bool = True, in_place: bool = False, regenerate_gemm: bool = False,
               name: str | None = None, now: dt.datetime | None = None, collective_tables=(), series=(),
-              dispatch_tables=()) -> Calibration:
+              dispatch_tables=(), algorithm: str | None = None, protocol: str | None = None) -> Calibration:
     """Fit ``cluster`` (name, path or spec) to the given files; write to ``out`` when given.
 
     ``in_place`` fits the in-place rccl-tests columns instead of out-of-place;
     ``fit_windows=False`` keeps the protocol and direct windows; ``regenerate_gemm``
     places new GEMM table knots over the measured sizes instead of refitting the old ones.
     ``collective_tables`` are multi-node CSV tables (readers_multinode; ``series`` picks
-    some of their series), ``dispatch_tables`` MoE dispatch/combine tables.
+    some of their series), ``dispatch_tables`` MoE dispatch/combine tables. ``algorithm`` /
+    ``protocol`` name the path the rccl-tests runs forced (NCCL_ALGO / NCCL_PROTO) where their
+    logs do not print it; a log that does is fitted on its own path either way.
     """
     rccl_logs, kernel_csvs, p2p = (check_files(n, f) for n, f in (("rccl_logs", rccl_logs),
                                                                    ("kernel_csvs", kernel_csvs), ("p2p", p2p)))
@@ -134,15 +159,18 @@ def calibrate(cluster: str | ClusterSpec, *, rccl_logs=(), kernel_csvs=(), p2p=(
     base = cluster.name if isinstance(cluster, ClusterSpec) else str(cluster)
     spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(cluster)
     when = (now or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds")
+    check_forced(spec, algorithm, protocol, rccl_logs)
     logs = [read_rccl_log(f) for f in rccl_logs]
     notes = [f"{lg.path}: skipped {lg.num_skipped} unparsable lines {list(lg.skipped_lines)}" for lg in logs if lg.num_skipped]
+    notes += [note for lg in logs for note in lg.env_notes]
     files = [str(Path(f).resolve()) for f in (*p2p, *kernel_csvs, *rccl_logs, *collective_tables, *dispatch_tables)]
     fits: list[FitSummary] = []
     if p2p:
         spec = _fit_links(spec, [str(f) for f in p2p], when, fits)
     if kernel_csvs:
         spec = _fit_kernels(spec, [str(f) for f in kernel_csvs], when, fits, notes, regenerate_gemm)
-    points = collective_points(logs, in_place) + calibrate_fabric.table_points(collective_tables, series, in_place)
+    points = (collective_points(logs, in_place, algorithm, protocol)
+              + calibrate_fabric.table_points(collective_tables, series, in_place))
     plain = [p for p in points if p.launch == "mpi" and not p.graph]  # launch-mode runs refit only their floor
     collective_files = [str(f) for f in (*rccl_logs, *collective_tables)]
     if plain:

@@ -75,8 +75,11 @@ def cluster_for(cluster: ClusterSpec, shape: GroupShape) -> ClusterSpec:
 
 
 def predict(point: CollectivePoint, cluster: ClusterSpec) -> float:
-    """perfsim's time (s) for one measured point."""
-    return collective_cost(point.coll, point.size_bytes, point.shape, cluster_for(cluster, point.shape)).time_s
+    """perfsim's time (s) for one measured point, on the path and launch the run used (its
+    forced algorithm and protocol, launch mode, graph capture)."""
+    return collective_cost(point.coll, point.size_bytes, point.shape, cluster_for(cluster, point.shape),
+                           protocol=point.protocol, algorithm=point.algorithm, launch=point.launch,
+                           graph=point.graph).time_s
 
 
 def mape(points: list[CollectivePoint], cluster: ClusterSpec) -> float:
@@ -127,10 +130,11 @@ class _Problem:
     def masks(self, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray]:
         """(protocol index per point, allowed-algorithm mask) under ``cluster``'s windows."""
         algos = list(ALGORITHMS)
-        proto = np.array([self.protocols.index(collectives.pick_protocol(cluster, p.size_bytes)[0]) for p in self.points])
+        proto = np.array([self.protocols.index(collectives.pick_protocol(cluster, p.size_bytes, p.protocol)[0])
+                          for p in self.points])  # a run's forced protocol, else the size's window
         allowed = np.zeros(self.basis.shape[:2], dtype=bool)
-        for i, p in enumerate(self.points):
-            names = collectives._candidates(p.coll, p.size_bytes, p.shape, cluster, None, p.graph)
+        for i, p in enumerate(self.points):  # a run's forced algorithm, else the selector's candidates
+            names = collectives._candidates(p.coll, p.size_bytes, p.shape, cluster, p.algorithm, p.graph)
             allowed[i] = [a in names for a in algos]
         return proto, allowed & ~np.isnan(self.basis[:, :, 0])
 

@@ -24,8 +24,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from perfsim import units
-from perfsim.calibration.collective_fit import CollectivePoint, cluster_for
-from perfsim.cost.collectives import collective_cost
+from perfsim.calibration.collective_fit import CollectivePoint, cluster_for, predict  # noqa: F401 (fabric_fit.predict)
 from perfsim.cost.phases import message_efficiency
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec
@@ -52,12 +51,6 @@ class FabricFit:
     mape_after: float
     num_points: int
     fitted: tuple[str, ...]
-
-
-def predict(point: CollectivePoint, cluster: ClusterSpec) -> float:
-    shape_cluster = cluster_for(cluster, point.shape)
-    return collective_cost(point.coll, point.size_bytes, point.shape, shape_cluster, protocol=point.protocol,
-                           algorithm=point.algorithm, launch=point.launch, graph=point.graph).time_s
 
 
 def mape(points: list[CollectivePoint], cluster: ClusterSpec) -> float:

@@ -7,7 +7,10 @@
   (truncated, interleaved with other ranks' output, ``nan`` everywhere) are skipped and
   counted; a log with no valid row raises ``ConfigError`` naming the file and line. A
   time printed as ``nan`` next to a finite busbw is recovered as
-  ``size / (busbw / factor)`` (rccl-tests doc/PERFORMANCE.md busbw factors).
+  ``size / (busbw / factor)`` (rccl-tests doc/PERFORMANCE.md busbw factors). A run that
+  forced the library's algorithm or protocol says so where it ran with ``NCCL_DEBUG=INFO``
+  (``NCCL INFO NCCL_ALGO set by environment to Ring``): the log then carries that path
+  (``RcclLog.algorithm`` / ``protocol``) and is priced on it, not on the selector's pick.
 * ``read_p2p``: point-to-point bandwidth, either the long CSV of
   ``validation/data/calibration/xgmi_p2p_measured.csv`` (columns ``src, dst, direction,
   transfer_bytes, value_GBps, kind``) or a TransferBench / rocm-bandwidth-test style
@@ -101,6 +104,17 @@ _RANK_RE = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)
 _START_RE = re.compile(r"Collective test starting:\s*(\S+)")
 _GRAPH_RE = re.compile(r"graph:\s*(\d+)")
 _LAUNCH_GRAPH_RE = re.compile(r"(?:^|\s)-G\s+(\d+)")
+# NCCL's / RCCL's acknowledgement of a forced algorithm or protocol (init.cc / enqueue.cc:
+# INFO(NCCL_ENV, "NCCL_ALGO set by environment to %s", ...)), printed under NCCL_DEBUG=INFO
+_ENV_RE = re.compile(r"\bNCCL_(ALGO|PROTO) set by environment to (\S+)")
+# the library's names -> perfsim's (perfsim.cost.collectives.ALGORITHMS, a profile's protocols);
+# a library path perfsim does not price (CollNet, NVLS Tree, PAT) maps to None
+ALGO_NAMES = {"ring": "ring", "tree": "tree", "nvls": "nvls", "collnetdirect": None, "collnetchain": None,
+              "nvlstree": None, "pat": None}
+PROTO_NAMES = {"ll": "ll", "ll128": "ll128", "simple": "simple"}
+# rccl-tests' collective -> the function prefix NCCL_ALGO / NCCL_PROTO may name it by
+_ENV_FUNCTIONS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+                  "broadcast": "broadcast", "reduce": "reduce", "all_to_all": "alltoall", "send_recv": "sendrecv"}
 
 
 def check_files(name: str, files) -> tuple:
@@ -137,6 +151,10 @@ class RcclLog:
     rows: tuple[RcclRow, ...]
     skipped_lines: tuple[int, ...] = ()  # table lines that did not parse
     header: dict[str, str] = field(default_factory=dict)
+    # the path the run forced (NCCL_ALGO / NCCL_PROTO, as perfsim names it), where the log says
+    algorithm: str | None = None
+    protocol: str | None = None
+    env_notes: tuple[str, ...] = ()  # a forced setting the log shows that perfsim cannot price as one path
 
     @property
     def num_skipped(self) -> int:
@@ -209,6 +227,45 @@ class _LogState:
     header: dict[str, str] = field(default_factory=dict)
     cols: _Columns | None = None
     header_line: int = 0
+    env: dict[str, tuple[str, int]] = field(default_factory=dict)  # ALGO / PROTO -> (value, line)
+
+
+def _environment(text: str, lineno: int, state: _LogState, where: str) -> None:
+    if (m := _ENV_RE.search(text)) is None:
+        return
+    key, value = m.group(1), m.group(2)
+    seen = state.env.get(key)
+    if seen is not None and seen[0].lower() != value.lower():
+        raise ConfigError(f"{where}:{lineno}: NCCL_{key} is {value!r} here and {seen[0]!r} at line {seen[1]}; "
+                          f"one log holds one run (split the file per run)")
+    state.env.setdefault(key, (value, lineno))
+
+
+def forced_path(value: str, op: str, kind: str) -> tuple[str | None, str]:
+    """The single algorithm (``kind`` ALGO) or protocol (PROTO) an NCCL_ALGO / NCCL_PROTO value
+    forces on collective ``op``, as perfsim names it, and a note where it forces none perfsim
+    can price (a list or exclusion leaves the library's tuner a choice; CollNet, NVLS Tree and
+    PAT are paths perfsim does not price). Values follow NCCL's syntax:
+    ``[function:]name[,name...][;function:...]``, ``^`` excluding."""
+    names = ALGO_NAMES if kind == "ALGO" else PROTO_NAMES
+    chosen = None
+    for entry in value.split(";"):
+        prefix, _, items = entry.rpartition(":")
+        if not prefix or prefix.lower() == _ENV_FUNCTIONS.get(op, op):
+            chosen = items
+    if chosen is None:
+        return None, ""
+    setting = f"NCCL_{kind}={value}"
+    parts = [p for p in chosen.split(",") if p]
+    if chosen.startswith("^") or len(parts) != 1:
+        return None, f"{setting} leaves the library's tuner a choice; priced on perfsim's own pick"
+    name = parts[0].lower()
+    if name not in names:
+        raise ConfigError(f"{setting}: {parts[0]!r} is not one of the library's "
+                          f"{'algorithms' if kind == 'ALGO' else 'protocols'} ({', '.join(names)})")
+    if names[name] is None:
+        return None, f"{setting}: perfsim does not price the {parts[0]} path; priced on its own pick"
+    return names[name], ""
 
 
 def _comment(text: str, lineno: int, state: _LogState, where: str) -> None:
@@ -259,6 +316,7 @@ def read_rccl_log(path: str | Path, op: str | None = None, ranks: int | None = N
         raise ConfigError(f"{path}:1: empty log (no rccl-tests output)")
     state, data = _LogState(), []
     for lineno, text in enumerate(lines, 1):
+        _environment(text, lineno, state, str(path))
         if text.lstrip().startswith("#"):
             _comment(text, lineno, state, str(path))
         elif text.strip() and state.cols is not None:
@@ -276,8 +334,16 @@ def read_rccl_log(path: str | Path, op: str | None = None, ranks: int | None = N
     if not rows:
         first = skipped[0] if skipped else state.header_line
         raise ConfigError(f"{path}:{first}: no valid data row ({_why(data, state.cols)})")
+    forced, notes = {}, []
+    for key, (value, lineno) in sorted(state.env.items()):
+        try:
+            forced[key], note = forced_path(value, op, key)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}:{lineno}: {exc}") from None
+        notes += [f"{path}: {note}"] if note else []
     return RcclLog(path=str(path), op=op, num_ranks=num_ranks, num_nodes=num_nodes, gpus_per_node=per_node,
-                   graph=state.graph, rows=tuple(rows), skipped_lines=tuple(skipped), header=state.header)
+                   graph=state.graph, rows=tuple(rows), skipped_lines=tuple(skipped), header=state.header,
+                   algorithm=forced.get("ALGO"), protocol=forced.get("PROTO"), env_notes=tuple(notes))
 
 
 def _why(data: list[tuple[int, list[str]]], cols: _Columns) -> str:

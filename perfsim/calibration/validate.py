@@ -17,7 +17,7 @@ from os import PathLike
 from pathlib import Path
 
 from perfsim.calibration import collective_fit, kernel_fit
-from perfsim.calibration.calibrate import collective_points
+from perfsim.calibration.calibrate import check_forced, collective_points, forced_label
 from perfsim.errors import ConfigError
 from perfsim.system.specio import check_type, write_atomic
 from perfsim.system.hardware import ClusterSpec, load_cluster
@@ -64,13 +64,21 @@ def _mape(points) -> float:
     return sum(abs(p.error_pct) for p in points) / len(points) if points else math.nan
 
 
-def _collective_rows(path: str, cluster: ClusterSpec, in_place: bool) -> tuple[list[Point], list[str]]:
+def _collective_rows(path: str, cluster: ClusterSpec, in_place: bool, algorithm: str | None = None,
+                     protocol: str | None = None) -> tuple[list[Point], list[str]]:
     lg = read_rccl_log(path)
-    category = f"{Path(path).stem} ({lg.op}, {lg.num_ranks} ranks{', graph' if lg.graph else ''})"
+    algo, proto = algorithm or lg.algorithm, protocol or lg.protocol
+    forced = forced_label(algo, proto)
+    category = (f"{Path(path).stem} ({lg.op}, {lg.num_ranks} ranks{', graph' if lg.graph else ''}"
+                f"{', ' + forced if forced else ''})")
     rows = [Point(category=category, x=p.size_bytes, x_unit="bytes", label=f"{int(p.size_bytes)} B",
                   measured_s=p.time_s, predicted_s=collective_fit.predict(p, cluster))
-            for p in collective_points([lg], in_place)]
+            for p in collective_points([lg], in_place, algorithm, protocol)]
     notes = [f"{path}: skipped {lg.num_skipped} unparsable lines"] if lg.num_skipped else []
+    notes += list(lg.env_notes)
+    if (lg.algorithm or lg.protocol) and not (algorithm or protocol):
+        notes.append(f"{path}: the log forced {forced_label(lg.algorithm, lg.protocol).removesuffix(' forced')} "
+                     f"(NCCL_ALGO / NCCL_PROTO): priced on that path")
     return rows, notes
 
 
@@ -99,16 +107,20 @@ def _kernel_label(p) -> str:
     return f"{p.kernel} {p.bytes:.3g} B"
 
 
-def validate(cluster: str | ClusterSpec, *, rccl_logs=(), kernel_csvs=(), in_place: bool = False) -> Validation:
-    """Predicted vs measured for every point of the given files."""
+def validate(cluster: str | ClusterSpec, *, rccl_logs=(), kernel_csvs=(), in_place: bool = False,
+             algorithm: str | None = None, protocol: str | None = None) -> Validation:
+    """Predicted vs measured for every point of the given files. ``algorithm`` / ``protocol``
+    name the path the rccl-tests runs forced (NCCL_ALGO / NCCL_PROTO) where their logs do not
+    print it (a log run with NCCL_DEBUG=INFO does, and is priced on it)."""
     rccl_logs, kernel_csvs = check_files("rccl_logs", rccl_logs), check_files("kernel_csvs", kernel_csvs)
     check_type("cluster", cluster, (str, PathLike, ClusterSpec), "a profile name, path or ClusterSpec")
     if not (rccl_logs or kernel_csvs):
         raise ConfigError("validate: give at least one measurement file (--rccl-log, --kernel-csv)")
     spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(cluster)
+    check_forced(spec, algorithm, protocol, rccl_logs)
     points, notes = [], []
     for path in rccl_logs:
-        rows, more = _collective_rows(str(path), spec, in_place)
+        rows, more = _collective_rows(str(path), spec, in_place, algorithm, protocol)
         points, notes = points + rows, notes + more
     for path in kernel_csvs:
         rows, more = _kernel_rows(str(path), spec)

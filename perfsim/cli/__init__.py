@@ -384,7 +384,8 @@ def _cmd_calibrate(args) -> int:
     result = calibrate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.gemm_csv, p2p=args.p2p, out=args.out,
                        force=args.force, fit_windows=not args.fix_windows, in_place=args.in_place,
                        regenerate_gemm=args.regenerate_gemm, collective_tables=args.collective_csv,
-                       series=args.series, dispatch_tables=args.dispatch_csv)
+                       series=args.series, dispatch_tables=args.dispatch_csv, algorithm=args.algo,
+                       protocol=args.protocol)
     print(f"# perfsim calibrate: {result.cluster.name} from {args.cluster} -> {result.path}")
     for f in result.fits:
         err = "" if f.mape_before is None else f"MAPE {f.mape_before:6.2f}% -> {f.mape_after:6.2f}%  "
@@ -396,7 +397,8 @@ def _cmd_calibrate(args) -> int:
 
 DEFAULT_CLUSTER = "mi300x-pollara"
 # options of calibrate / validate that measure hardware, which a --runs call would silently ignore
-_HARDWARE = {"--cluster": "cluster", "--rccl-log": "rccl_log", "--in-place": "in_place"}
+_HARDWARE = {"--cluster": "cluster", "--rccl-log": "rccl_log", "--in-place": "in_place", "--algo": "algo",
+             "--protocol": "protocol"}
 RUNS_UNUSED = {
     "calibrate": {**_HARDWARE, "--kernel-csv": "gemm_csv", "--p2p": "p2p", "--collective-csv": "collective_csv",
                   "--series": "series", "--dispatch-csv": "dispatch_csv", "--fix-windows": "fix_windows",
@@ -443,7 +445,8 @@ def _cmd_validate(args) -> int:
     if args.html:
         check_output(args.html, args.force, "--html")
     args.cluster = args.cluster or DEFAULT_CLUSTER
-    result = validate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.kernel_csv, in_place=args.in_place)
+    result = validate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.kernel_csv, in_place=args.in_place,
+                      algorithm=args.algo, protocol=args.protocol)
     if args.html:
         write_html(result, args.html, plotlyjs=args.plotlyjs)
     check_finite_output(result.to_dict(), "validate")
@@ -467,6 +470,14 @@ def _cmd_validate(args) -> int:
     return 0
 
 
+def _add_forced_args(parser) -> None:
+    parser.add_argument("--algo", default=None,
+                        help="the algorithm the --rccl-log runs forced (NCCL_ALGO: ring, tree, nvls), where the logs do "
+                             "not print it (a log run with NCCL_DEBUG=INFO does and is priced on it)")
+    parser.add_argument("--protocol", default=None,
+                        help="the protocol the --rccl-log runs forced (NCCL_PROTO: ll, ll128, simple), likewise")
+
+
 def _add_calibration_parsers(sub) -> None:
     cal = sub.add_parser("calibrate", help="fit a cluster profile to measurements; write a new profile")
     cal.add_argument("--cluster", default=None, help=f"base profile name or .toml path (default {DEFAULT_CLUSTER})")
@@ -483,6 +494,7 @@ def _add_calibration_parsers(sub) -> None:
     cal.add_argument("--force", action="store_true", help="replace --out if it exists")
     cal.add_argument("--fix-windows", action="store_true", help="keep the protocol and direct-kernel size windows")
     cal.add_argument("--in-place", action="store_true", help="fit the in-place rccl-tests columns")
+    _add_forced_args(cal)
     cal.add_argument("--regenerate-gemm", action="store_true", help="new GEMM table knots over the measured sizes")
     _add_runs_args(cal, "fit a software-stack profile to these measured runs (validation/runs/*.csv layout) "
                         "and write it to --out")
@@ -493,6 +505,7 @@ def _add_calibration_parsers(sub) -> None:
     val.add_argument("--kernel-csv", "--gemm-csv", dest="kernel_csv", action="append", default=[],
                      help="kernel sweep CSV (repeatable)")
     val.add_argument("--in-place", action="store_true", help="use the in-place rccl-tests columns")
+    _add_forced_args(val)
     val.add_argument("--html", help="write a Plotly report here (works offline)")
     val.add_argument("--plotlyjs", default="embed", choices=["embed", "directory"],
                      help="embed plotly.js in the report, or write plotly.min.js beside it")
