@@ -461,6 +461,22 @@ def test_calibrate_mape_figures_agree_with_the_fit_table_and_validate():
     assert not [w for w in at.warning if "NVIDIA" in w.value]
 
 
+def test_calibrate_prices_a_graph_captured_log_as_validate_does():
+    """The page prices each log as it ran (launch mode, graph capture, a forced path), as
+    `perfsim validate` does: the hipGraph example's MAPE is validate's, not the plain launch's."""
+    graph_log = EXAMPLE_LOG.with_name("mi300x_1node_8gpu_mpi_hipgraph_amdblog.log")
+    at = start("calibrate")
+    at.multiselect(key="w.c_examples").set_value([graph_log.name]).run()
+    ok(at)
+    page = next(_mape_pct(m.value) for m in at.markdown if "MAPE of the time" in m.value)
+    validated = perfsim.calibration.validate.validate("mi300x-pollara", rccl_logs=[str(graph_log)])
+    assert page == pytest.approx(validated.mape, abs=0.01)
+    plain = [perfsim.collective("all_reduce", p.x, 8, "mi300x-pollara")["time_us"] for p in validated.points]
+    assert validated.mape < 0.5 * 100 * sum(abs(t / (p.measured_s * 1e6) - 1) for t, p in zip(plain, validated.points)) \
+        / len(plain)  # the plain launch is more than twice as far off
+    assert at.dataframe[0].value["graph"].tolist() == [True]
+
+
 def test_calibrate_with_every_shipped_example_fits_like_the_readme():
     """The README's calibrate example (nograph log + GEMM CSV + p2p table) from the page's
     shipped-example pickers: same fit as `perfsim calibrate` on those files."""

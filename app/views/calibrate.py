@@ -67,6 +67,8 @@ for path in log_paths:
         if log.num_skipped:
             st.warning(fmt.md(f"{path.name}: skipped {log.num_skipped} unparsable lines "
                               f"(first at line {log.skipped_lines[0]}); used {len(log.rows)} rows."))
+        for note in log.env_notes:
+            st.warning(fmt.md(note))
 kernels = []
 for path in csv_paths:
     with common.shown_errors(f"Cannot read {path.name}"):
@@ -74,14 +76,16 @@ for path in csv_paths:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def predict(cluster_ref: str, rows: tuple[tuple[str, int, int], ...]) -> list[dict]:
-    return [perfsim.collective(op, size, ranks, cluster_ref) for op, size, ranks in rows]
+def predict(cluster_ref: str, rows: tuple[tuple, ...]) -> list[dict]:
+    return [perfsim.collective(op, size, ranks, cluster_ref, launch=launch, graph=graph, algorithm=algo, protocol=proto)
+            for op, size, ranks, launch, graph, algo, proto in rows]
 
 
 def compare(cluster_ref: str, title: str) -> None:
     """Busbw curves against the measured points; MAPE and the error panel are of the time per
     call, the figure `perfsim validate` and the fit table report, so the three agree."""
-    keys = tuple((p["op"], p["size_bytes"], p["ranks"]) for p in points)
+    keys = tuple((p["op"], p["size_bytes"], p["ranks"], p["launch"], p["graph"], p["algorithm"], p["protocol"])
+                 for p in points)
     with common.shown_errors(f"Cannot predict with {title}"):
         rows = [{**p, "predicted": r["busbw_GBps"], "error": (r["time_us"] - p["time_us"]) / p["time_us"]}
                 for p, r in zip(points, predict(cluster_ref, keys)) if p.get("time_us")]
@@ -103,6 +107,7 @@ for path in parsed:
 if points:
     st.subheader("Collectives: predicted vs measured bus bandwidth")
     st.dataframe([{"log": p.name, "op": lg.op, "ranks": lg.num_ranks, "nodes": lg.num_nodes, "graph": lg.graph,
+                   "launch": lg.launch, "forced": " / ".join(x for x in (lg.algorithm, lg.protocol) if x) or "-",
                    "rows": len(lg.rows), "skipped": lg.num_skipped} for p, lg in parsed.items()],
                  hide_index=True, key="c.logs")
     compare(cluster, f"profile {Path(cluster).stem}")

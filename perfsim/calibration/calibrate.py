@@ -55,10 +55,9 @@ def collective_points(logs: list[RcclLog], in_place: bool = False, algorithm: st
     for lg in logs:
         shape = GroupShape(size=lg.num_ranks, per_node=min(lg.gpus_per_node, lg.num_ranks), num_nodes=lg.num_nodes)
         label = f"{lg.op} {lg.num_ranks} ranks/{lg.num_nodes} node{'s' if lg.num_nodes > 1 else ''}"
-        launch = "single-process" if int(lg.header.get("nGpus", "1") or 1) > 1 else "mpi"  # rccl-tests -g N
         algo, proto = algorithm or lg.algorithm, protocol or lg.protocol
         points += [collective_fit.CollectivePoint(coll=Coll(lg.op), size_bytes=s, shape=shape, time_s=t * 1e-6, label=label,
-                                                  launch=launch, graph=lg.graph, algorithm=algo, protocol=proto)
+                                                  launch=lg.launch, graph=lg.graph, algorithm=algo, protocol=proto)
                    for s, t in lg.series(in_place)]
     return points
 

@@ -160,6 +160,14 @@ class RcclLog:
     def num_skipped(self) -> int:
         return len(self.skipped_lines)
 
+    @property
+    def launch(self) -> str:
+        """How the run launched its ranks: ``single-process`` (rccl-tests -g N, N > 1) or ``mpi``."""
+        try:
+            return "single-process" if int(self.header.get("nGpus", "1") or 1) > 1 else "mpi"
+        except ValueError:
+            return "mpi"
+
     def series(self, in_place: bool = False) -> list[tuple[int, float]]:
         """(size_bytes, time_us) of every row with a time in the chosen placement."""
         return [(r.size_bytes, r.time_us(in_place)) for r in self.rows if r.time_us(in_place) is not None]
