@@ -206,3 +206,30 @@ def test_cli_validate_prices_a_log_on_the_path_it_forced(tmp_path):
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == ["perfsim: error: algorithm: 'rings' is not one of ring, tree, direct, "
                                                "hierarchical, nvls"]
+
+
+def test_cli_validate_prices_multinode_tables_as_the_fabric_accuracy_does():
+    """`perfsim validate --collective-csv` (the counterpart of calibrate's): each series on the
+    path and launch it ran, its MAPE the figure docs/accuracy.md reports for it."""
+    import json
+
+    from validation import accuracy_fabric
+
+    names = ["alibaba_readme_MI355X_2node_pollara_allreduce", accuracy_fabric.forced_series(3, "tree", "ll128")]
+    run = lambda *args: subprocess.run([sys.executable, "-m", "perfsim", "validate", *args],
+                                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = run("--cluster", "mi355x-pollara-rccl227", "--collective-csv", str(TABLE), "--series", names[0],
+               "--series", names[1], "--json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)["mape_by_category_pct"]
+    for name in names:
+        (category, mape), = [(c, m) for c, m in got.items() if c.startswith(name + " (")]
+        rows = accuracy_fabric.errors(accuracy_fabric.series_points(name), "mi355x-pollara-rccl227")
+        assert mape == pytest.approx(accuracy_fabric.mape(rows), rel=1e-9)
+    assert "tree / ll128 forced" in next(c for c in got if c.startswith(names[1]))
+    bad = run("--collective-csv", str(TABLE), "--series", "no-such-series")
+    assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1
+    assert "no-such-series" in bad.stderr
+    lone = run("--series", names[0], "--rccl-log", str(ROOT / "validation" / "data" / "multinode"
+                                                       / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"))
+    assert lone.returncode == 2 and "--collective-csv" in lone.stderr

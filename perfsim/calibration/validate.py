@@ -22,6 +22,7 @@ from perfsim.errors import ConfigError
 from perfsim.system.specio import check_type, write_atomic
 from perfsim.system.hardware import ClusterSpec, load_cluster
 from perfsim.calibration.readers import check_files, read_kernel_csv, read_rccl_log
+from perfsim.calibration.readers_multinode import read_collective_table
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +83,30 @@ def _collective_rows(path: str, cluster: ClusterSpec, in_place: bool, algorithm:
     return rows, notes
 
 
+def _table_rows(tables, series, cluster: ClusterSpec, in_place: bool) -> tuple[list[Point], list[str]]:
+    """Every timed series of the multi-node collective tables (``series`` picks some), priced on
+    the path and launch each ran (the forced algorithm / protocol its software or note column
+    names, its launch mode), one category per series."""
+    found = [s for t in tables for s in read_collective_table(t, in_place)]
+    if series:
+        missing = sorted(set(series) - {s.series for s in found})
+        if missing:
+            raise ConfigError(f"series: {missing[0]!r} is not a timed collective series of "
+                              f"{', '.join(map(str, tables))}")
+        found = [s for s in found if s.series in series]
+    rows, notes = [], []
+    for s in found:
+        forced = forced_label(s.algorithm, s.protocol)
+        category = (f"{s.series} ({s.coll.value}, {s.num_ranks} ranks, {s.num_nodes} node{'s' if s.num_nodes > 1 else ''}"
+                    f"{', ' + forced if forced else ''}{', ' + s.launch if s.launch != 'mpi' else ''})")
+        rows += [Point(category=category, x=p.size_bytes, x_unit="bytes", label=f"{int(p.size_bytes)} B",
+                       measured_s=p.time_s, predicted_s=collective_fit.predict(p, cluster))
+                 for p in s.points(cluster.node.gpus_per_node)]
+        if s.gpu and s.gpu.lower() != cluster.gpu.name.lower():
+            notes.append(f"{s.series}: measured on {s.gpu}, priced on {cluster.name} ({cluster.gpu.name})")
+    return rows, notes
+
+
 def _kernel_rows(path: str, cluster: ClusterSpec) -> tuple[list[Point], list[str]]:
     points, dropped = kernel_fit.usable(read_kernel_csv(path), cluster.gpu)
     rows = []
@@ -108,19 +133,30 @@ def _kernel_label(p) -> str:
 
 
 def validate(cluster: str | ClusterSpec, *, rccl_logs=(), kernel_csvs=(), in_place: bool = False,
-             algorithm: str | None = None, protocol: str | None = None) -> Validation:
+             algorithm: str | None = None, protocol: str | None = None, collective_tables=(),
+             series=()) -> Validation:
     """Predicted vs measured for every point of the given files. ``algorithm`` / ``protocol``
     name the path the rccl-tests runs forced (NCCL_ALGO / NCCL_PROTO) where their logs do not
-    print it (a log run with NCCL_DEBUG=INFO does, and is priced on it)."""
+    print it (a log run with NCCL_DEBUG=INFO does, and is priced on it). ``collective_tables``
+    are multi-node CSV tables (the ``perfsim calibrate --collective-csv`` layout; ``series``
+    picks some of their series)."""
     rccl_logs, kernel_csvs = check_files("rccl_logs", rccl_logs), check_files("kernel_csvs", kernel_csvs)
+    collective_tables = check_files("collective_tables", collective_tables)
+    if isinstance(series, str) or not isinstance(series, list | tuple) or not all(isinstance(x, str) for x in series):
+        raise ConfigError(f"series: expected a list of series names, got {series!r}")
     check_type("cluster", cluster, (str, PathLike, ClusterSpec), "a profile name, path or ClusterSpec")
-    if not (rccl_logs or kernel_csvs):
-        raise ConfigError("validate: give at least one measurement file (--rccl-log, --kernel-csv)")
+    if not (rccl_logs or kernel_csvs or collective_tables):
+        raise ConfigError("validate: give at least one measurement file (--rccl-log, --kernel-csv, --collective-csv)")
+    if series and not collective_tables:
+        raise ConfigError(f"series: {series[0]!r} picks series of --collective-csv tables; none given")
     spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(cluster)
     check_forced(spec, algorithm, protocol, rccl_logs)
     points, notes = [], []
     for path in rccl_logs:
         rows, more = _collective_rows(str(path), spec, in_place, algorithm, protocol)
+        points, notes = points + rows, notes + more
+    if collective_tables:
+        rows, more = _table_rows(collective_tables, series, spec, in_place)
         points, notes = points + rows, notes + more
     for path in kernel_csvs:
         rows, more = _kernel_rows(str(path), spec)

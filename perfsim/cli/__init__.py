@@ -403,7 +403,7 @@ RUNS_UNUSED = {
     "calibrate": {**_HARDWARE, "--kernel-csv": "gemm_csv", "--p2p": "p2p", "--collective-csv": "collective_csv",
                   "--series": "series", "--dispatch-csv": "dispatch_csv", "--fix-windows": "fix_windows",
                   "--regenerate-gemm": "regenerate_gemm"},
-    "validate": {**_HARDWARE, "--kernel-csv": "kernel_csv"},
+    "validate": {**_HARDWARE, "--kernel-csv": "kernel_csv", "--collective-csv": "collective_csv", "--series": "series"},
 }
 
 # simulate's options that only an MoE model reads
@@ -446,7 +446,8 @@ def _cmd_validate(args) -> int:
         check_output(args.html, args.force, "--html")
     args.cluster = args.cluster or DEFAULT_CLUSTER
     result = validate(args.cluster, rccl_logs=args.rccl_log, kernel_csvs=args.kernel_csv, in_place=args.in_place,
-                      algorithm=args.algo, protocol=args.protocol)
+                      algorithm=args.algo, protocol=args.protocol, collective_tables=args.collective_csv,
+                      series=args.series)
     if args.html:
         write_html(result, args.html, plotlyjs=args.plotlyjs)
     check_finite_output(result.to_dict(), "validate")
@@ -504,6 +505,11 @@ def _add_calibration_parsers(sub) -> None:
     val.add_argument("--rccl-log", action="append", default=[], help="rccl-tests/nccl-tests stdout log (repeatable)")
     val.add_argument("--kernel-csv", "--gemm-csv", dest="kernel_csv", action="append", default=[],
                      help="kernel sweep CSV (repeatable)")
+    val.add_argument("--collective-csv", action="append", default=[],
+                     help="multi-node collective table (validation/data/multinode/collectives_multinode.csv layout; "
+                          "repeatable): each series priced on the path and launch it ran")
+    val.add_argument("--series", action="append", default=[],
+                     help="use only this series of --collective-csv (repeatable)")
     val.add_argument("--in-place", action="store_true", help="use the in-place rccl-tests columns")
     _add_forced_args(val)
     val.add_argument("--html", help="write a Plotly report here (works offline)")
