@@ -287,11 +287,9 @@ def search_rows(result) -> list[dict]:
 def rccl_points(log, series: str) -> list[dict]:
     """Measured out-of-place points of a parsed rccl-tests log (perfsim.calibration.readers.RcclLog)
     that carry a time, one dict per message size: every point `perfsim validate` and `calibrate`
-    score, including the small sizes whose printed busbw rounds to 0.00, with how the run
-    launched (launch mode, graph capture) and the path it forced, which they price it on."""
+    score, including the small sizes whose printed busbw rounds to 0.00."""
     return [{"series": series, "op": log.op, "ranks": log.num_ranks, "size_bytes": r.size_bytes,
-             "time_us": r.time_us_oop, "measured": r.busbw_GBps_oop or 0.0, "launch": log.launch,
-             "graph": log.graph, "algorithm": log.algorithm, "protocol": log.protocol}
+             "time_us": r.time_us_oop, "measured": r.busbw_GBps_oop or 0.0}
             for r in log.rows if r.time_us_oop is not None and r.time_us_oop > 0]
 
 

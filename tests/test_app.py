@@ -4,6 +4,7 @@ its main interactions, invalid plans shown inline, and never an exception."""
 import json
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -475,6 +476,27 @@ def test_calibrate_prices_a_graph_captured_log_as_validate_does():
     assert validated.mape < 0.5 * 100 * sum(abs(t / (p.measured_s * 1e6) - 1) for t, p in zip(plain, validated.points)) \
         / len(plain)  # the plain launch is more than twice as far off
     assert at.dataframe[0].value["graph"].tolist() == [True]
+
+
+def test_calibrate_prices_a_log_on_its_own_rank_geometry():
+    """A 16-rank log over 4 hosts of 4 GPUs is priced on that geometry (validate's), not as 16
+    consecutive GPUs of the profile's 8-GPU nodes."""
+    text = EXAMPLE_LOG.read_text()
+    for rank in range(8):
+        text = text.replace(f"on     node0 device  {rank}", f"on     node{rank // 4} device  {rank % 4}")
+    assert text.count("node1 device") == 4
+    at = start("calibrate")
+    at.file_uploader(key="w.c_logs").set_value([("four_by_two.log", text.encode(), "text/plain")]).run()
+    ok(at)
+    page = next(_mape_pct(m.value) for m in at.markdown if "MAPE of the time" in m.value)
+    assert at.dataframe[0].value["nodes"].tolist() == [2]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "four_by_two.log"
+        path.write_text(text)
+        validated = perfsim.calibration.validate.validate("mi300x-pollara", rccl_logs=[str(path)])
+    assert page == pytest.approx(validated.mape, abs=0.01)
+    one_node = perfsim.calibration.validate.validate("mi300x-pollara", rccl_logs=[str(EXAMPLE_LOG)])
+    assert abs(validated.mape - one_node.mape) > 1.0  # two nodes of four price differently from one of eight
 
 
 def test_calibrate_with_every_shipped_example_fits_like_the_readme():

@@ -15,6 +15,8 @@ from perfsim.system import hardware
 
 st.title("Calibrate")
 from perfsim.calibration.readers import read_kernel_csv, read_rccl_log  # noqa: E402
+from perfsim.cost.collectives import bus_bandwidth  # noqa: E402
+from perfsim.lowering.ops import Coll  # noqa: E402
 
 EXAMPLES = sorted((common.DATA_DIR / "calibration" / "rccl-tests").glob("*.log"))
 KERNEL_EXAMPLES = sorted(common.DATA_DIR.glob("gemm_*.csv"))  # the README's calibrate example (perfsim kernel schema)
@@ -76,19 +78,29 @@ for path in csv_paths:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def predict(cluster_ref: str, rows: tuple[tuple, ...]) -> list[dict]:
-    return [perfsim.collective(op, size, ranks, cluster_ref, launch=launch, graph=graph, algorithm=algo, protocol=proto)
-            for op, size, ranks, launch, graph, algo, proto in rows]
+def predict(cluster_ref: str, logs: tuple[str, ...]) -> dict[tuple[str, float], float]:
+    """Predicted time (us) per (log stem, size): `perfsim validate` itself, so each log is
+    priced as it ran (its rank geometry, launch mode, graph capture and forced path)."""
+    from perfsim.calibration.validate import validate
+
+    out = {}
+    for path in logs:
+        for p in validate(cluster_ref, rccl_logs=[path]).points:
+            out[(Path(path).stem, p.x)] = p.predicted_s * 1e6
+    return out
 
 
 def compare(cluster_ref: str, title: str) -> None:
     """Busbw curves against the measured points; MAPE and the error panel are of the time per
     call, the figure `perfsim validate` and the fit table report, so the three agree."""
-    keys = tuple((p["op"], p["size_bytes"], p["ranks"], p["launch"], p["graph"], p["algorithm"], p["protocol"])
-                 for p in points)
     with common.shown_errors(f"Cannot predict with {title}"):
-        rows = [{**p, "predicted": r["busbw_GBps"], "error": (r["time_us"] - p["time_us"]) / p["time_us"]}
-                for p, r in zip(points, predict(cluster_ref, keys)) if p.get("time_us")]
+        predicted = predict(cluster_ref, tuple(str(p) for p in parsed))
+        rows = []
+        for p in points:
+            t = predicted.get((p["series"], p["size_bytes"]))
+            if t and p.get("time_us"):
+                busbw = bus_bandwidth(Coll(p["op"]), p["size_bytes"], p["ranks"], t * 1e-6)[1] / 1e9
+                rows.append({**p, "predicted": busbw, "error": (t - p["time_us"]) / p["time_us"]})
         stats = derive.error_stats([{"measured": p["time_us"], "predicted": p["time_us"] * (1 + p["error"])}
                                     for p in rows])
         st.markdown(f"**{fmt.md(title)}**: MAPE of the time per call {fmt.percent(stats['mape'], 2)} over "
