@@ -74,6 +74,19 @@ def check_forced(cluster: ClusterSpec, algorithm, protocol, rccl_logs) -> None:
             raise ConfigError(f"{name}: {value!r} applies to rccl-tests logs (--rccl-log); none given")
 
 
+def check_priceable(logs: list[RcclLog], cluster: ClusterSpec, algorithm=None, protocol=None) -> None:
+    """Input check: each log's forced path can run on its rank geometry (NVLS inside one
+    NVSwitch node, the one-shot kernel inside one node), else one line naming the log."""
+    for lg, point in ((lg, p) for lg in logs for p in collective_points([lg], False, algorithm, protocol)[:1]):
+        if point.algorithm is None and point.protocol is None:
+            continue
+        try:
+            collective_fit.predict(point, cluster)
+        except ConfigError as exc:
+            raise ConfigError(f"{lg.path}: the run forced {forced_label(point.algorithm, point.protocol).removesuffix(' forced')}, "
+                              f"which perfsim cannot price on {cluster.name} ({exc})") from None
+
+
 def forced_label(algorithm: str | None, protocol: str | None) -> str:
     """How a report names a forced path ("ring / ll128 forced"); "" where nothing is forced."""
     parts = [x for x in (algorithm, protocol) if x]
@@ -160,6 +173,7 @@ def calibrate(cluster: str | ClusterSpec, *, rccl_logs=(), kernel_csvs=(), p2p=(
     when = (now or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds")
     check_forced(spec, algorithm, protocol, rccl_logs)
     logs = [read_rccl_log(f) for f in rccl_logs]
+    check_priceable(logs, spec, algorithm, protocol)
     notes = [f"{lg.path}: skipped {lg.num_skipped} unparsable lines {list(lg.skipped_lines)}" for lg in logs if lg.num_skipped]
     notes += [note for lg in logs for note in lg.env_notes]
     files = [str(Path(f).resolve()) for f in (*p2p, *kernel_csvs, *rccl_logs, *collective_tables, *dispatch_tables)]

@@ -17,7 +17,7 @@ from os import PathLike
 from pathlib import Path
 
 from perfsim.calibration import collective_fit, kernel_fit
-from perfsim.calibration.calibrate import check_forced, collective_points, forced_label
+from perfsim.calibration.calibrate import check_forced, check_priceable, collective_points, forced_label
 from perfsim.errors import ConfigError
 from perfsim.system.specio import check_type, write_atomic
 from perfsim.system.hardware import ClusterSpec, load_cluster
@@ -68,6 +68,7 @@ def _mape(points) -> float:
 def _collective_rows(path: str, cluster: ClusterSpec, in_place: bool, algorithm: str | None = None,
                      protocol: str | None = None) -> tuple[list[Point], list[str]]:
     lg = read_rccl_log(path)
+    check_priceable([lg], cluster, algorithm, protocol)
     algo, proto = algorithm or lg.algorithm, protocol or lg.protocol
     forced = forced_label(algo, proto)
     category = (f"{Path(path).stem} ({lg.op}, {lg.num_ranks} ranks{', graph' if lg.graph else ''}"
