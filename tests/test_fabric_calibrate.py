@@ -133,26 +133,34 @@ def test_a_fabric_fit_never_returns_worse_than_the_profile_it_was_given():
         assert fit.cluster == cluster
 
 
+def _form_at_the_profile(points, cluster):
+    """collective_fit's vectorised form of ``points`` at ``cluster``'s own values, checked equal
+    to collective_fit.predict point by point; (problem, protocol index, allowed algorithms)."""
+    import numpy as np
+
+    from perfsim.calibration import collective_fit as cf
+
+    problem = cf._Problem(points=points, basis=cf._basis(points, cluster), protocols=list(cluster.collectives.protocols),
+                          measured=np.array([p.time_s for p in points]))
+    proto, allowed = problem.masks(cluster)
+    vectorised = problem.times(cf._theta(cluster.collectives, problem.protocols), proto, allowed)
+    assert vectorised == pytest.approx([cf.predict(p, cluster) for p in points], rel=1e-9)
+    return problem, proto, allowed
+
+
 def test_the_intra_node_fit_prices_every_point_as_collective_cost_does():
     """perfsim calibrate's intra-node fit decomposes each point once into steps, bandwidth and a
     fixed per-call latency (collective_fit._basis) and evaluates that form: at the profile's own
     values it must give collective_cost's time, all-to-all included, whose implementation
     latency (dispatch.rccl latency_us) had been counted as intra- and inter-node steps, so a
     single-node alltoall sweep freed the network hop and priced each call 6.7 us x (1 + hop) off."""
-    import numpy as np
-
     from perfsim.calibration import collective_fit as cf
 
     table = {s.series: s for s in read_collective_table(TABLE)}
     cluster = load_cluster("mi355x-pollara-rccl227")
     points = [p for name in ("ylerman_amddev_MI355X_1node_alltoall", "ylerman_amddev_MI355X_1node_allgather",
                              "ylerman_amddev_MI355X_1node_allreduce") for p in table[name].points()]
-    problem = cf._Problem(points=points, basis=cf._basis(points, cluster), protocols=list(cluster.collectives.protocols),
-                          measured=np.array([p.time_s for p in points]))
-    proto, allowed = problem.masks(cluster)
-    vectorised = problem.times(cf._theta(cluster.collectives, problem.protocols), proto, allowed)
-    direct = np.array([cf.predict(p, cluster) for p in points])
-    assert vectorised == pytest.approx(direct, rel=1e-9)
+    problem, proto, allowed = _form_at_the_profile(points, cluster)
     _, _, used = cf._bounds(problem, cf._theta(cluster.collectives, problem.protocols), proto, allowed)[1:]
     assert not used[-1]  # one node: no network hop to fit
     a2a = [p for p in points if p.coll.value == "all_to_all"]
@@ -176,12 +184,8 @@ def test_forced_runs_are_fitted_and_validated_on_the_path_they_ran():
     one_node = table["ylerman_amddev_MI355X_1node_allreduce"].points()
     points = [dataclasses.replace(p, algorithm=algo, protocol=proto)
               for algo, proto in (("ring", "simple"), ("ring", "ll"), ("direct", "ll128")) for p in one_node]
-    problem = cf._Problem(points=points, basis=cf._basis(points, cluster), protocols=list(cluster.collectives.protocols),
-                          measured=np.array([p.time_s for p in points]))
-    proto, allowed = problem.masks(cluster)
-    vectorised = problem.times(cf._theta(cluster.collectives, problem.protocols), proto, allowed)
+    _form_at_the_profile(points, cluster)
     forced = np.array([cf.predict(p, cluster) for p in points])
-    assert vectorised == pytest.approx(forced, rel=1e-9)
     picked = np.array([collective_cost(p.coll, p.size_bytes, p.shape, cf.cluster_for(cluster, p.shape)).time_s
                        for p in points])
     assert np.mean(np.abs(forced / picked - 1)) > 0.2  # the forced paths are not the selector's
