@@ -141,6 +141,12 @@ def make_files(tmp: Path) -> dict[str, Path]:
     put("tiny_times.log", rccl_log(["1e-300"] * 6, ["1e300"] * 6))
     put("unicode_size.log", rccl_log(GOOD_TIMES, sizes=["١٠٢٤"]))  # Arabic-Indic digits
     put("huge.log", rccl_log(GOOD_TIMES) + rccl_row(1024, "20.00") * 200_000)  # 200k rows: refused, not parsed
+    info = "host0:100:100 [0] NCCL INFO NCCL_{} set by environment to {}\n"
+    put("algo_bogus.log", info.format("ALGO", "Hypercube") + rccl_log(GOOD_TIMES))
+    put("algo_conflict.log", info.format("ALGO", "Ring") + info.format("ALGO", "Tree") + rccl_log(GOOD_TIMES))
+    put("algo_nvls.log", info.format("ALGO", "NVLS") + rccl_log(GOOD_TIMES))  # no NVSwitch on an MI300X node
+    put("algo_list.log", info.format("ALGO", "ring,tree") + info.format("PROTO", "^LL128") + rccl_log(GOOD_TIMES))
+    put("algo_ring.log", info.format("ALGO", "allreduce:Ring") + info.format("PROTO", "Simple") + rccl_log(GOOD_TIMES))
     put("kernels.csv", KERNEL_HEADER + "gemm,bf16,4096,4096,4096,200.0,MI300X\n")
     put("kernels_nan.csv", KERNEL_HEADER + "gemm,bf16,4096,4096,4096,nan,MI300X\n")
     put("histogram_binary.json", binary)
