@@ -10,6 +10,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from perfsim.cost.collectives import bus_bandwidth
 from perfsim.plan.parallel import dispatch_label
 
 COMPUTE_STREAM = "compute"
@@ -291,6 +292,21 @@ def rccl_points(log, series: str) -> list[dict]:
     return [{"series": series, "op": log.op, "ranks": log.num_ranks, "size_bytes": r.size_bytes,
              "time_us": r.time_us_oop, "measured": r.busbw_GBps_oop or 0.0}
             for r in log.rows if r.time_us_oop is not None and r.time_us_oop > 0]
+
+
+def series_points(series) -> list[dict]:
+    """Measured points of one multi-node table series (perfsim.calibration.readers_multinode.
+    CollectiveSeries), as rccl_points: its busbw from the time (rccl-tests' factors)."""
+    return [{"series": series.series, "op": series.coll.value, "ranks": series.num_ranks, "size_bytes": size,
+             "time_us": t, "measured": bus_bandwidth(series.coll, size, series.num_ranks, t * 1e-6)[1] / 1e9}
+            for size, t in series.rows if t > 0]
+
+
+def series_rows(series) -> list[dict]:
+    """Table rows of the chosen multi-node series: what ran, where, and on which path."""
+    return [{"series": x.series, "gpu": x.gpu, "op": x.coll.value, "ranks": x.num_ranks, "nodes": x.num_nodes,
+             "launch": x.launch, "forced": " / ".join(v for v in (x.algorithm, x.protocol) if v) or "-",
+             "rows": len(x.rows)} for x in series]
 
 
 def error_stats(rows: list[dict]) -> dict:

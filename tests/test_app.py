@@ -499,6 +499,34 @@ def test_calibrate_prices_a_log_on_its_own_rank_geometry():
     assert abs(validated.mape - one_node.mape) > 1.0  # two nodes of four price differently from one of eight
 
 
+def test_calibrate_compares_and_fits_multinode_table_series(isolated):
+    """The shipped multi-node table: by default the series measured on the profile's GPU,
+    priced as `perfsim validate --collective-csv` prices them (same MAPE), and the fit is
+    `perfsim calibrate --collective-csv --series` on them."""
+    table = ROOT / "validation" / "data" / "multinode" / "collectives_multinode.csv"
+    at = start("calibrate")
+    at.selectbox(key="w.c_cluster").set_value("mi355x-pollara-rccl227").run()
+    at.multiselect(key="w.c_table_examples").set_value([table.name]).run()
+    ok(at)
+    chosen = at.multiselect(key="w.c_series").value
+    assert chosen and all("MI355X" in name for name in chosen)
+    pick = ["alibaba_readme_MI355X_2node_pollara_allreduce", "ylerman_amddev_MI355X_3node_pollara_allreduce_tree_ll128"]
+    at.multiselect(key="w.c_series").set_value(pick).run()
+    ok(at)
+    assert not errors(at), errors(at)
+    page = next(_mape_pct(m.value) for m in at.markdown if "MAPE of the time" in m.value)
+    validated = perfsim.calibration.validate.validate("mi355x-pollara-rccl227", collective_tables=[str(table)],
+                                                      series=pick)
+    assert page == pytest.approx(validated.mape, abs=0.01)
+    shown = at.dataframe[0].value
+    assert shown["forced"].tolist() == ["-", "tree / ll128"] and shown["nodes"].tolist() == [2, 3]
+    next(b for b in at.button if b.label.startswith("Fit")).click().run()
+    ok(at)
+    assert not errors(at), errors(at)
+    fits = at.dataframe[-1].value
+    assert fits[fits["name"] == "fabric"].iloc[0]["num_points"] == 31 + 18
+
+
 def test_calibrate_with_every_shipped_example_fits_like_the_readme():
     """The README's calibrate example (nograph log + GEMM CSV + p2p table) from the page's
     shipped-example pickers: same fit as `perfsim calibrate` on those files."""

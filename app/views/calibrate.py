@@ -15,12 +15,14 @@ from perfsim.system import hardware
 
 st.title("Calibrate")
 from perfsim.calibration.readers import read_kernel_csv, read_rccl_log  # noqa: E402
+from perfsim.calibration.readers_multinode import read_collective_table  # noqa: E402
 from perfsim.cost.collectives import bus_bandwidth  # noqa: E402
 from perfsim.lowering.ops import Coll  # noqa: E402
 
 EXAMPLES = sorted((common.DATA_DIR / "calibration" / "rccl-tests").glob("*.log"))
 KERNEL_EXAMPLES = sorted(common.DATA_DIR.glob("gemm_*.csv"))  # the README's calibrate example (perfsim kernel schema)
 P2P_EXAMPLES = sorted((common.DATA_DIR / "calibration").glob("*p2p*.csv"))
+TABLE_EXAMPLES = sorted((common.DATA_DIR / "multinode").glob("collectives_*.csv"))  # multi-node series, SOURCES.md
 clusters = common.cluster_names()
 current = common.get_inputs()["cluster"]
 cluster = st.selectbox("Profile to calibrate", clusters, key="w.c_cluster",
@@ -39,6 +41,12 @@ kernel_examples = b.multiselect("...or shipped kernel CSVs", [p.name for p in KE
                                 help=f"from {common.DATA_DIR}")
 p2p_examples = c.multiselect("...or shipped p2p tables", [p.name for p in P2P_EXAMPLES], key="w.c_p2p_examples",
                              help=f"from {common.DATA_DIR / 'calibration'}")
+a, b = st.columns([2, 1])
+tables = a.file_uploader("Multi-node collective tables (collectives_multinode.csv layout: one series per run)",
+                         type=["csv"], accept_multiple_files=True, key="w.c_tables")
+table_examples = b.multiselect("...or the shipped multi-node table", [p.name for p in TABLE_EXAMPLES],
+                               key="w.c_table_examples",
+                               help=f"from {common.DATA_DIR / 'multinode'} (sources: SOURCES.md there)")
 
 workdir = Path(st.session_state.setdefault("calibrate.dir", tempfile.mkdtemp(prefix="perfsim-cal-")))
 
@@ -56,8 +64,10 @@ def saved(files) -> list[Path]:
 log_paths = saved(logs) + [p for p in EXAMPLES if p.name in examples]
 csv_paths = saved(csvs) + [p for p in KERNEL_EXAMPLES if p.name in kernel_examples]
 p2p_paths = saved(p2ps) + [p for p in P2P_EXAMPLES if p.name in p2p_examples]
-if not log_paths and not csv_paths and not p2p_paths:
-    st.info("Upload rccl-tests logs or kernel CSVs, or pick a shipped example log.", icon=":material/upload_file:")
+table_paths = saved(tables) + [p for p in TABLE_EXAMPLES if p.name in table_examples]
+if not log_paths and not csv_paths and not p2p_paths and not table_paths:
+    st.info("Upload rccl-tests logs, kernel CSVs or multi-node tables, or pick a shipped example.",
+            icon=":material/upload_file:")
     st.stop()
 
 parsed, points = {}, []
@@ -71,6 +81,18 @@ for path in log_paths:
                               f"(first at line {log.skipped_lines[0]}); used {len(log.rows)} rows."))
         for note in log.env_notes:
             st.warning(fmt.md(note))
+found = {}  # series name -> CollectiveSeries, of every multi-node table
+for path in table_paths:
+    with common.shown_errors(f"Cannot read {path.name}"):
+        found.update({x.series: x for x in read_collective_table(path)})
+profile_gpu = common.cluster_info(cluster)["gpu"]
+chosen = []
+if found:
+    same_gpu = [name for name, x in found.items() if x.gpu.lower() == profile_gpu.lower()]
+    chosen = st.multiselect("Series of the multi-node tables to compare and fit", list(found), default=same_gpu,
+                            key="w.c_series", help="by default the series measured on the profile's GPU")
+for name in chosen:
+    points += derive.series_points(found[name])
 kernels = []
 for path in csv_paths:
     with common.shown_errors(f"Cannot read {path.name}"):
@@ -78,15 +100,20 @@ for path in csv_paths:
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def predict(cluster_ref: str, logs: tuple[str, ...]) -> dict[tuple[str, float], float]:
-    """Predicted time (us) per (log stem, size): `perfsim validate` itself, so each log is
-    priced as it ran (its rank geometry, launch mode, graph capture and forced path)."""
+def predict(cluster_ref: str, logs: tuple[str, ...], tables: tuple[str, ...] = (),
+            series: tuple[str, ...] = ()) -> dict[tuple[str, float], float]:
+    """Predicted time (us) per (log stem or series name, size): `perfsim validate` itself, so
+    each log and series is priced as it ran (its rank geometry, launch mode, graph capture
+    and forced path)."""
     from perfsim.calibration.validate import validate
 
     out = {}
     for path in logs:
         for p in validate(cluster_ref, rccl_logs=[path]).points:
             out[(Path(path).stem, p.x)] = p.predicted_s * 1e6
+    if series:
+        for p in validate(cluster_ref, collective_tables=list(tables), series=list(series)).points:
+            out[(p.category.split(" (")[0], p.x)] = p.predicted_s * 1e6
     return out
 
 
@@ -94,7 +121,8 @@ def compare(cluster_ref: str, title: str) -> None:
     """Busbw curves against the measured points; MAPE and the error panel are of the time per
     call, the figure `perfsim validate` and the fit table report, so the three agree."""
     with common.shown_errors(f"Cannot predict with {title}"):
-        predicted = predict(cluster_ref, tuple(str(p) for p in parsed))
+        predicted = predict(cluster_ref, tuple(str(p) for p in parsed), tuple(str(p) for p in table_paths),
+                            tuple(chosen))
         rows = []
         for p in points:
             t = predicted.get((p["series"], p["size_bytes"]))
@@ -109,7 +137,6 @@ def compare(cluster_ref: str, title: str) -> None:
         st.plotly_chart(charts.predicted_vs_measured(rows), width="stretch", key=f"chart.pvm.{title}")
 
 
-profile_gpu = common.cluster_info(cluster)["gpu"]
 for path in parsed:
     with common.shown_errors(f"Cannot check the devices of {path.name}"):
         mismatch = derive.vendor_mismatch(path.read_text(errors="replace"), profile_gpu)
@@ -118,10 +145,13 @@ for path in parsed:
 
 if points:
     st.subheader("Collectives: predicted vs measured bus bandwidth")
-    st.dataframe([{"log": p.name, "op": lg.op, "ranks": lg.num_ranks, "nodes": lg.num_nodes, "graph": lg.graph,
-                   "launch": lg.launch, "forced": " / ".join(x for x in (lg.algorithm, lg.protocol) if x) or "-",
-                   "rows": len(lg.rows), "skipped": lg.num_skipped} for p, lg in parsed.items()],
-                 hide_index=True, key="c.logs")
+    if parsed:
+        st.dataframe([{"log": p.name, "op": lg.op, "ranks": lg.num_ranks, "nodes": lg.num_nodes, "graph": lg.graph,
+                       "launch": lg.launch, "forced": " / ".join(x for x in (lg.algorithm, lg.protocol) if x) or "-",
+                       "rows": len(lg.rows), "skipped": lg.num_skipped} for p, lg in parsed.items()],
+                     hide_index=True, key="c.logs")
+    if chosen:
+        st.dataframe(derive.series_rows([found[name] for name in chosen]), hide_index=True, key="c.series")
     compare(cluster, f"profile {Path(cluster).stem}")
 if kernels:
     st.subheader("Kernel measurements")
@@ -132,7 +162,8 @@ calibrate = perfsim.calibrate
 if st.button("Fit the profile to these measurements", type="primary", icon=":material/tune:", key="c.fit"):
     with common.shown_errors("Fit failed"), st.status("Fitting...", expanded=False) as status:
         result = calibrate(cluster, rccl_logs=[str(p) for p in log_paths], kernel_csvs=[str(p) for p in csv_paths],
-                           p2p=[str(p) for p in p2p_paths])
+                           p2p=[str(p) for p in p2p_paths], collective_tables=[str(p) for p in table_paths] if chosen else [],
+                           series=list(chosen))
         st.session_state["calibrate.result"] = result
         status.update(label="Fitted", state="complete")
 result = st.session_state.get("calibrate.result")
