@@ -8,22 +8,27 @@ import statistics
 
 from perfsim.calibration import dispatch_fit, fabric_fit
 from perfsim.calibration.collective_fit import CollectivePoint, breakpoints, with_tuning
-from perfsim.calibration.readers_multinode import read_collective_table, read_dispatch_table
+from perfsim.calibration.readers_multinode import CollectiveSeries, read_collective_table, read_dispatch_table
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec
 
 FLOOR_BYTES = 64 * 1024  # launch floors are read off the latency-bound sizes
 
 
-def table_points(tables, series=(), in_place: bool = False) -> list[CollectivePoint]:
-    """Points of the named ``series`` (all when none is named) of multi-node CSV tables."""
+def table_series(tables, series=(), in_place: bool = False) -> list[CollectiveSeries]:
+    """The named ``series`` (all when none is named) of multi-node CSV tables."""
     found = [s for t in tables for s in read_collective_table(t, in_place)]
     if series:
         missing = sorted(set(series) - {s.series for s in found})
         if missing:
             raise ConfigError(f"series: {missing[0]!r} is not a timed collective series of {', '.join(map(str, tables))}")
         found = [s for s in found if s.series in series]
-    return [p for s in found for p in s.points()]
+    return found
+
+
+def table_points(tables, series=(), in_place: bool = False) -> list[CollectivePoint]:
+    """Points of the named ``series`` (all when none is named) of multi-node CSV tables."""
+    return [p for s in table_series(tables, series, in_place) for p in s.points()]
 
 
 def fit(cluster: ClusterSpec, points: list[CollectivePoint], files: list[str], when: str, fits: list,

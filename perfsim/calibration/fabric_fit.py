@@ -24,7 +24,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from perfsim import units
-from perfsim.calibration.collective_fit import CollectivePoint, cluster_for, predict  # noqa: F401 (fabric_fit.predict)
+from perfsim.calibration.collective_fit import CollectivePoint, cluster_for, predict
 from perfsim.cost.phases import message_efficiency
 from perfsim.errors import ConfigError
 from perfsim.system.hardware import ClusterSpec

@@ -112,9 +112,6 @@ _ENV_RE = re.compile(r"\bNCCL_(ALGO|PROTO) set by environment to (\S+)")
 ALGO_NAMES = {"ring": "ring", "tree": "tree", "nvls": "nvls", "collnetdirect": None, "collnetchain": None,
               "nvlstree": None, "pat": None}
 PROTO_NAMES = {"ll": "ll", "ll128": "ll128", "simple": "simple"}
-# rccl-tests' collective -> the function prefix NCCL_ALGO / NCCL_PROTO may name it by
-_ENV_FUNCTIONS = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
-                  "broadcast": "broadcast", "reduce": "reduce", "all_to_all": "alltoall", "send_recv": "sendrecv"}
 
 
 def check_files(name: str, files) -> tuple:
@@ -259,7 +256,7 @@ def forced_path(value: str, op: str, kind: str) -> tuple[str | None, str]:
     chosen = None
     for entry in value.split(";"):
         prefix, _, items = entry.rpartition(":")
-        if not prefix or prefix.lower() == _ENV_FUNCTIONS.get(op, op):
+        if not prefix or prefix.lower() == op.replace("_", ""):  # NCCL names functions allreduce, allgather, ...
             chosen = items
     if chosen is None:
         return None, ""

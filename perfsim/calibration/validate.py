@@ -22,7 +22,7 @@ from perfsim.errors import ConfigError
 from perfsim.system.specio import check_type, write_atomic
 from perfsim.system.hardware import ClusterSpec, load_cluster
 from perfsim.calibration.readers import check_files, read_kernel_csv, read_rccl_log
-from perfsim.calibration.readers_multinode import read_collective_table
+from perfsim.calibration.calibrate_fabric import table_series
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,13 +69,12 @@ def _collective_rows(path: str, cluster: ClusterSpec, in_place: bool, algorithm:
                      protocol: str | None = None) -> tuple[list[Point], list[str]]:
     lg = read_rccl_log(path)
     check_priceable([lg], cluster, algorithm, protocol)
-    algo, proto = algorithm or lg.algorithm, protocol or lg.protocol
-    forced = forced_label(algo, proto)
+    points = collective_points([lg], in_place, algorithm, protocol)
+    forced = forced_label(points[0].algorithm, points[0].protocol) if points else ""
     category = (f"{Path(path).stem} ({lg.op}, {lg.num_ranks} ranks{', graph' if lg.graph else ''}"
                 f"{', ' + forced if forced else ''})")
     rows = [Point(category=category, x=p.size_bytes, x_unit="bytes", label=f"{int(p.size_bytes)} B",
-                  measured_s=p.time_s, predicted_s=collective_fit.predict(p, cluster))
-            for p in collective_points([lg], in_place, algorithm, protocol)]
+                  measured_s=p.time_s, predicted_s=collective_fit.predict(p, cluster)) for p in points]
     notes = [f"{path}: skipped {lg.num_skipped} unparsable lines"] if lg.num_skipped else []
     notes += list(lg.env_notes)
     if (lg.algorithm or lg.protocol) and not (algorithm or protocol):
@@ -88,15 +87,8 @@ def _table_rows(tables, series, cluster: ClusterSpec, in_place: bool) -> tuple[l
     """Every timed series of the multi-node collective tables (``series`` picks some), priced on
     the path and launch each ran (the forced algorithm / protocol its software or note column
     names, its launch mode), one category per series."""
-    found = [s for t in tables for s in read_collective_table(t, in_place)]
-    if series:
-        missing = sorted(set(series) - {s.series for s in found})
-        if missing:
-            raise ConfigError(f"series: {missing[0]!r} is not a timed collective series of "
-                              f"{', '.join(map(str, tables))}")
-        found = [s for s in found if s.series in series]
     rows, notes = [], []
-    for s in found:
+    for s in table_series(tables, series, in_place):
         forced = forced_label(s.algorithm, s.protocol)
         category = (f"{s.series} ({s.coll.value}, {s.num_ranks} ranks, {s.num_nodes} node{'s' if s.num_nodes > 1 else ''}"
                     f"{', ' + forced if forced else ''}{', ' + s.launch if s.launch != 'mpi' else ''})")

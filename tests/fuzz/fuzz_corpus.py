@@ -229,6 +229,8 @@ CLI_CASES = [
     _c("cli.frameworks", [*SIM.split(), "--primus-config", "{binary_log}"], mention="binary.log"),
     _c("cli.frameworks", [*SIM.split(), "--primus-config", "{deep_json}"], "any"),
     _c("cli.measure", "calibrate --collective-csv {binary_csv} --out {out}", mention="binary.csv"),
+    _c("cli.measure", "calibrate --dispatch-csv {binary_csv} --out {out}", mention="binary.csv"),
+    _c("cli.measure", "calibrate --collective-csv {kernels_nan_csv} --out {out}", mention="kernels_nan.csv"),
     # forced algorithm / protocol: flags, and what a log says it forced (NCCL_DEBUG=INFO)
     _c("cli.measure", f"{VAL} --algo hypercube", mention="algorithm"),
     _c("cli.measure", f"{VAL} --protocol ll256", mention="protocol"),
@@ -236,19 +238,16 @@ CLI_CASES = [
     _c("cli.measure", f"{CAL} --algo hypercube --out {{out}}", mention="algorithm"),
     _c("cli.measure", f"{VAL} --algo nvls", mention="good.log"),
     _c("cli.measure", f"{VAL} --algo tree", "any"),  # one node: no tree to run (a line naming the log) or priced
-    _c("cli.measure", "validate --rccl-log {algo_bogus_log}", mention="algo_bogus.log"),
-    _c("cli.measure", "validate --rccl-log {algo_conflict_log}", mention="algo_conflict.log"),
-    _c("cli.measure", "validate --rccl-log {algo_nvls_log}", mention="algo_nvls.log"),
+    *[_c("cli.measure", f"validate --rccl-log {{algo_{name}_log}}", mention=f"algo_{name}.log")
+      for name in ("bogus", "conflict", "nvls")],
     _c("cli.measure", "calibrate --rccl-log {algo_nvls_log} --out {out}", mention="algo_nvls.log"),
-    _c("cli.measure", "validate --rccl-log {algo_list_log} --json", "ok"),
-    _c("cli.measure", "validate --rccl-log {algo_ring_log} --json", "ok"),
+    *[_c("cli.measure", f"validate --rccl-log {{algo_{name}_log}} --json", "ok") for name in ("list", "ring")],
     _c("cli.measure", "calibrate --rccl-log {algo_ring_log} --out {out}", "ok"),
-    _c("cli.measure", "validate --collective-csv {binary_csv}", mention="binary.csv"),
-    _c("cli.measure", "validate --collective-csv {kernels_nan_csv}", mention="kernels_nan.csv"),
-    _c("cli.measure", "validate --collective-csv {missing}/t.csv", mention="t.csv"),
+    # validate's multi-node tables
+    *[_c("cli.measure", f"validate --collective-csv {arg}", mention=hint)
+      for arg, hint in (("{binary_csv}", "binary.csv"), ("{kernels_nan_csv}", "kernels_nan.csv"),
+                        ("{missing}/t.csv", "t.csv"))],
     _c("cli.measure", f"{VAL} --series x", mention="series"),
-    _c("cli.measure", "calibrate --dispatch-csv {binary_csv} --out {out}", mention="binary.csv"),
-    _c("cli.measure", "calibrate --collective-csv {kernels_nan_csv} --out {out}", mention="kernels_nan.csv"),
     # simulate --trace
     _c("cli.files", f"{SIM} --trace {{existing}}", mention="trace"),
     _c("cli.files", f"{SIM} --trace {{tmp}}", mention="trace"),
