@@ -115,6 +115,23 @@ CASES = (
          "one node, 8 H100, reduce_scatter 128 MB-8 GB, the Ring table of NVIDIA/nccl issue #1047 (NCCL not stated, "
          "2023; NCCL_ALGO=Ring assumed from its heading; size: the whole input buffer): a check of the NVSwitch "
          "bandwidth a ring sees (session 44; blind: 0.7%)"),
+    Case("nccltests309_qoofyk_H100_2node_cx7ib_allreduce", "h100-ib", "check",
+         "2 x 8 H100 (Dell XE9680), 8 ConnectX-7 IB 400G per node, NCCL 2.26.2 default tuner, 8 B-16 GB (NVIDIA/nccl-tests "
+         "issue #309, session 46, blind): its 2-16 GB calls reach 466-469 GB/s bus bandwidth, above the ring's 8 x 400G "
+         "bound, which the maintainer there puts down to NCCL's NVLSTree (NVLS inside the node, a tree across; 2 nodes its "
+         "ideal case): perfsim has no NVLSTree and prices them 22-26% slow"),
+    Case("nccltests309_gjaion_H100_2node_ib_allreduce", "h100-ib", "check",
+         "another cluster in the same thread: H100, IB 400G (NIC count and NCCL version not printed), default tuner, "
+         "1 MB-8 GB (session 46, blind)"),
+    Case("nccltests309_gjaion_H100_4node_ib_allreduce", "h100-ib", "check", "as above, 4 nodes (32 ranks)"),
+    Case("nccltests309_gjaion_H100_8node_ib_allreduce", "h100-ib", "check",
+         "as above, 8 nodes (64 ranks): 320 GB/s bus bandwidth at 4-8 GB, where perfsim's ring stays at 93% of the "
+         "NICs' line rate (the thread's NCCL_MIN_CTAS / QPS-tuned and Ring-forced reruns are not used)"),
+    Case("skypilot_gke_a3ultra_H200_2node_gib_allgather", "h200-ib", "check",
+         "2 x 8 H200 on GCP a3-ultragpu-8g, GPUDirect-RDMA through Google's gIB NCCL plugin (RoCE), all_gather 1 KB-8 GB "
+         "(size: the whole gathered buffer; skypilot-org/skypilot examples README, session 46, blind)"),
+    Case("gcpdocs_pods_a3ultra_H200_2node_gib_allgather", "h200-ib", "check",
+         "the same README's rerun with GCP's own test pods, NCCL 2.26.6: within 1-3% of the run above"),
     Case("gcp_a3mega_H100_2node_allreduce", "h100-ib", "check",
          "GPUDirect-TCPXO (TCP, not RDMA): outside what the IB profile describes; shown, not a target", scored=False),
 )

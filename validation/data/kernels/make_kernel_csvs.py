@@ -95,12 +95,18 @@ def dtype_of(label: str) -> str | None:
 
 
 def family_of(series: str) -> str:
+    """The source family a series is held out with: one measurement campaign's harness and
+    kernels. ROCm/FlyDSL's rows count as ``aiter``'s: its benchmark harness
+    (tests/test_common.py) is a copy of aiter's ``perftest``, its GEMM kernels are the ones
+    aiter's tuned-GEMM logs already time (``libtype=flydsl``), and its FMHA table times
+    aiter's CK and asm kernels beside its own (decided with both splits' figures seen:
+    validation/data/kernels/SOURCES.md, session 46)."""
     for prefix, fam in (("primus_turbo", "primus-turbo"), ("aiter", "aiter"), ("mamf", "mamf"), ("azure", "azure"),
                         ("deepgemm", "deepgemm"), ("vllm", "vllm"), ("fb_triton", "fb-triton"), ("hipkittens", "hipkittens"),
                         ("tgale96", "tgale96"), ("amd_maf", "amd-maf-blog"), ("pytorch_benchmark", "pytorch-benchmark"),
                         ("tritonbench", "tritonbench"), ("fa_issue", "flash-attention"), ("fa4", "flash-attention"),
                         ("perfsim_device", "perfsim-device"), ("openxla", "openxla"), ("te_pr2045", "transformer-engine"),
-                        ("cudnn_frontend", "cudnn-frontend")):
+                        ("cudnn_frontend", "cudnn-frontend"), ("flydsl", "aiter")):
         if series.startswith(prefix):
             return fam
     return series.split("_")[0]
@@ -462,6 +468,142 @@ def cudnn_frontend_rows(path: Path) -> list[dict]:
     return out
 
 
+FLYDSL_SOURCES = {
+    "ci": "https://github.com/ROCm/FlyDSL/blob/e2e6dfcb2630172dd46825246861e906b23747d6/ci-dashboard/data/history.json",
+    "pr629": "https://github.com/ROCm/FlyDSL/pull/629",
+    "ci_mi325": "https://github.com/ROCm/FlyDSL/blob/4d6d98249b7d0f9edac9c387d67e4612b8ee021e/ci-dashboard/data/history.json",
+}
+FLYDSL_RUNNERS = {"ci": "CI benchmark run 27262780228, runner linux-flydsl-mi355-1",
+                  "ci_mi325": "CI benchmark run 36435015445, runner linux-flydsl-mi325-1", "pr629": "PR 629 FMHA bench"}
+FLYDSL_ATTENTION = re.compile(r"B(\d+)S(\d+)H(\d+)Hkv(\d+)D(\d+)_(causal|noncausal)")
+
+
+def flydsl_rows(path: Path) -> list[dict]:
+    """ROCm/FlyDSL (AMD's kernel DSL, whose GEMMs aiter's tuner also dispatches), mostly MI355X,
+    device-timed (its harness: torch.profiler, rotating input copies): (1) one CI benchmark
+    run of its dashboard data (run 27262780228, runner linux-flydsl-mi355-1, gfx950), dense
+    GEMM shapes ``MxNxK`` of its preshuffle / async / row-scaled FP8 kernels, its BF16
+    GEMMs and BF16 causal flash-attention forwards, in TFLOPS (its one FP16 row, a 2048^3
+    split-K kernel, is not in the copy: a single row would make a whole FP16 table of one
+    kernel's efficiency, where the profile has none; attention counts causal
+    as half of 4 B H S^2 D, which PR 629's printed times reproduce); (2) PR 629's MI355X
+    FMHA table (FlyDSL, OPUS, aiter CK and aiter asm kernels side by side, time and TFLOPS;
+    the time as printed). FP8 inputs are quantized before the timed call (no cast); one row
+    per shape is kept (``fastest``). Also the four flash-attention forwards of a later
+    main-branch CI run on its MI325X runner (gfx942)."""
+    out = []
+    for r in csv.DictReader(open(path)):
+        table, dtype = r["table"], r["dtype"]
+        device = r["device"]
+        library = f"FlyDSL {r['op']}" if table.startswith("ci") else r["op"]
+        library += f" (ROCm/FlyDSL {FLYDSL_RUNNERS[table]}; {device.upper()})"
+        found = FLYDSL_ATTENTION.fullmatch(r["shape"])
+        if found:
+            b, s, h, hkv, d = (int(x) for x in found.groups()[:5])
+            causal = found.group(6) == "causal"
+            flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
+            time_us = float(r["time_us"]) if r["time_us"] else flops / (float(r["tflops"]) * 1e6)
+            out.append(_row("attention", dtype, device, f"flydsl_{table}_{device}_attention_{dtype}", FLYDSL_SOURCES[table],
+                            library, batch=b, seq=s, heads=h, kv_heads=hkv, head_dim=d, causal=int(causal),
+                            direction="fwd", time_us=f"{time_us:.6g}"))
+            continue
+        m, n, k = (int(x) for x in r["shape"].split("_")[0].split("x"))
+        seconds = 2.0 * m * n * k / (float(r["tflops"]) * 1e12)
+        out.append(_row("gemm", dtype, device, f"flydsl_{table}_{device}_gemm_{dtype}", FLYDSL_SOURCES[table], library,
+                        m=m, n=n, k=k, direction="fwd", time_us=f"{seconds * 1e6:.6g}"))
+    return out
+
+
+ATTN_DSL_BENCH_SOURCE = ("https://github.com/midiareshadi/attn-dsl-bench/blob/603819b3cf24d11caef2a852c89ccabde4ab5b4a/"
+                         "results/raw/sweep_v1.csv")
+
+
+def attn_dsl_bench_rows(path: Path) -> list[dict]:
+    """midiareshadi/attn-dsl-bench's MI300X forward sweep (its README names the GPU; ROCm 7.2.2,
+    PyTorch 2.10): B 16, 16 heads, causal, head dim 64 / 128, 1k-16k tokens, each call timed by
+    events between synchronizes (mean of 30 after 50 warmup; its TFLOPS count causal as half of
+    4 B H S^2 D). Only ``aiter.flash_attn_func`` is kept (asm v3 at head dim 128, CK tile at 64,
+    per its own rocprofv3 kernel names; its timed call also copies the output once to transpose
+    it); its PyTorch SDPA and Triton rows are dropped as the rules drop SDPA and Triton kernels."""
+    out = []
+    for r in csv.DictReader(open(path)):
+        if r["implementation"] != "aiter":
+            continue
+        out.append(_row("attention", "bf16", "mi300x", "attndslbench_mi300x_aiter", ATTN_DSL_BENCH_SOURCE,
+                        "AITER aiter.flash_attn_func (asm v3 fmha_fwd at head dim 128; CK tile at 64); ROCm 7.2.2",
+                        batch=r["batch"], seq=r["seq"], heads=r["heads"], kv_heads=r["kv_heads"], head_dim=r["head_dim"],
+                        causal=r["causal"], direction="fwd", time_us=f"{float(r['avg_time_ms']) * 1e3:.6g}"))
+    return out
+
+
+H200_GROUPED_SOURCES = {"tileops_pr1567": "https://github.com/tile-ai/TileOPs/pull/1567",
+                        "pytorch_pr156203": "https://github.com/pytorch/pytorch/pull/156203"}
+H200_GROUPED_LIBRARIES = {"torch": "torch._grouped_mm", "deepgemm": "DeepGEMM BF16 m-grouped GEMM"}  # production kernels
+
+
+def h200_grouped_rows(path: Path) -> list[dict]:
+    """H200 BF16 grouped-GEMM forwards: TileOPs PR 1567's kernel-only (CUPTI) sweep of the GLM
+    expert up projection (256 experts, n 4096, k 6144, 1,024-8,192 tokens per expert, split
+    evenly as its benchmark does), of which the production kernels (``torch._grouped_mm``,
+    DeepGEMM) are kept (TileOPs' own and Triton's dropped, as HipKittens' and TLX's are), in
+    TFLOPS of 2 g m n k; the PR notes its H200 ran at about 1.4 GHz under the 700 W board
+    limit; and PyTorch PR 156203's ``torch._grouped_mm`` on 16 groups of 128,000 x 7,168 x
+    7,168 (CUDA events, mean of 50 calls)."""
+    out = []
+    for r in csv.DictReader(open(path)):
+        library = H200_GROUPED_LIBRARIES.get(r["library"])
+        if library is None:
+            continue
+        g, m, n, k = (int(r[c]) for c in ("groups", "m", "n", "k"))
+        time_us = float(r["time_us"]) if r["time_us"] else 2.0 * g * m * n * k / (float(r["tflops"]) * 1e6)
+        table = r["table"]
+        out.append(_row("grouped_gemm", "bf16", "h200", f"{table}_h200_{r['library']}", H200_GROUPED_SOURCES[table],
+                        f"{library} ({table.replace('_', ' ')})", m=m, n=n, k=k, batch=g, direction="fwd",
+                        time_us=f"{time_us:.6g}"))
+    return out
+
+
+def misc_gemm_rows(path: Path) -> list[dict]:
+    """Dense BF16 GEMM points of single authors, each its own family (the ``table`` column):
+    gau-nernst's MI300X 4096^3 (``do_bench``), ROCm/Megatron-LM kimi_k3's roofline runs on
+    MI355X (two runs of the same shapes; the faster kept, ``fastest``) and alfredyu24's MI350X
+    sweep, at the printed time (or 2 m n k / TFLOPS) and each row's own timing method (host:
+    wall clock around the calls); the source and how it was read in each row."""
+    out = []
+    for r in csv.DictReader(open(path)):
+        m, n, k = (int(r[c]) for c in ("m", "n", "k"))
+        time_us = float(r["time_us"]) if r["time_us"] else 2.0 * m * n * k / (float(r["tflops"]) * 1e6)
+        row = _row("gemm", "bf16", r["device"], f"{r['table']}_{r['device']}_gemm_bf16", r["source"], r["library"],
+                   m=m, n=n, k=k, direction="fwd", time_us=f"{time_us:.6g}")
+        row.update(note=r["note"].replace(",", ";"), timing=r["timing"])
+        out.append(row)
+    return out
+
+
+def cudnn_frontend_training_rows(path: Path) -> list[dict]:
+    """cuDNN frontend's H200 attention-training results (benchmark/attention_training, four
+    model configs run 2026-09-28: cuDNN 9.27.0 through the frontend's sdpa / sdpa_backward
+    graphs and FlashAttention-4's CuTe-DSL SM90 kernels, side by side), BF16 forward and
+    backward, causal (``top_left``) or unmasked, equal query and key lengths; device time
+    (torch.profiler / CUPTI), median of 10; its TFLOPS count causal as half and the backward
+    as 2.5x the forward, which the committed copy's times reproduce. The copy keeps the rows
+    of the default (non-deterministic) backward; one row per shape (``fastest``)."""
+    out = []
+    for r in csv.DictReader(open(path)):
+        if r["data_type"] != "bfloat16" or r["deterministic_bwd"] != "False" or r["success"] != "True":
+            continue
+        cudnn = r["backend"] == "cudnn"
+        library = (f"cuDNN fused attention (cudnn {r['cudnn_version']} frontend, backend {r['cudnn_backend_version'].split('.')[0]}; "
+                   f"attention_training harness); {r['gpu_name']}" if cudnn else
+                   f"FlashAttention-4 (flash_attn.cute CuTe-DSL SM90; cudnn-frontend attention_training harness); {r['gpu_name']}")
+        series = f"cudnn_frontend_training_h200_{r['model_name']}_{r['backend']}"
+        out.append(_row("attention", "bf16", "h200", series, r["source_url"], library, batch=r["batch_size"],
+                        seq=r["q_seqlen"], heads=r["num_q_heads"], kv_heads=r["num_kv_heads"], head_dim=r["head_dim_qk"],
+                        causal=int(r["attn_mask"] == "top_left"), direction=r["profile_pass"],
+                        time_us=f"{float(r['time_ms']) * 1e3:.6g}"))
+    return out
+
+
 DEVICE = HERE.parent / "device"  # this project's own runs on a lent GPU (validation.gpu_check), each with a README
 DEVICE_GPUS = {"h200": "NVIDIA H200"}
 DEVICE_COPY = ("kind", "dtype", "m", "n", "k", "batch", "seq", "heads", "kv_heads", "head_dim", "causal", "direction",
@@ -630,7 +772,10 @@ def main(shared: Path) -> None:
         print(f"dropped as a fallback path: {note}")
     rows = cap(fastest(rows + attention_rows(kernels / "attention.csv") + memory_rows(kernels / "membound.csv")
                        + liger_rows(PUBLIC / "liger_h100nvl.csv") + device_rows("h200")
-                       + cudnn_frontend_rows(PUBLIC / "cudnn_frontend_h200_prefill.csv")))
+                       + cudnn_frontend_rows(PUBLIC / "cudnn_frontend_h200_prefill.csv")
+                       + cudnn_frontend_training_rows(PUBLIC / "cudnn_frontend_h200_training.csv")
+                       + flydsl_rows(PUBLIC / "flydsl.csv") + attn_dsl_bench_rows(PUBLIC / "attn_dsl_bench_mi300x.csv") + h200_grouped_rows(PUBLIC / "h200_grouped_bf16.csv")
+                       + misc_gemm_rows(PUBLIC / "gemm_bf16_misc.csv")))
     fit, check = split(rows)
     fit, check = thin(fit), thin(check)
     for gpu in sorted({r["device"] for r in rows}):
