@@ -29,13 +29,15 @@ GATES = {  # (gpu, class, dtype): held-out MAPE %; memory rows read dtype bf16 (
     ("mi300x", "gemm", "bf16"): 10.8,  # 10.5 with the leak; 11.1 before gau-nernst's row (session 46)
     # 24.4 before host-timed rows were fitted with a host time per call; 23.3 before hipblaslt-bench's
     # rows (the Azure guide's: a flat 40 us for 1-17 GFLOP) were read as the host-timed loop they are
-    ("mi300x", "gemm", "fp8"): 20.4,
+    ("mi300x", "gemm", "fp8"): 20.2,  # 20.4 before EmbeddedLLM's aiter-tuner rows (session 46)
     ("mi300x", "grouped_gemm", "bf16"): 9.8,  # 11.0 before grouped GEMMs were priced as one dense launch
     # AITER's inference fused-MoE stages, priced by the grouped pricing, fitted to nothing (no target)
     ("mi300x", "fused_moe", "bf16"): 32.8,
     ("mi355x", "fused_moe", "bf16"): 28.7,
     ("mi355x", "fused_moe", "fp8"): 30.8,  # 24.5 with the K-loop leak
-    ("mi300x", "grouped_gemm", "fp8"): 10.5,
+    # 10.5 (10.3 measured) before session 46: its speed is against the dense FP8 price, which EmbeddedLLM's
+    # aiter-tuner rows set faster
+    ("mi300x", "grouped_gemm", "fp8"): 14.0,
     ("mi300x", "memory", "bf16"): 36.7,
     ("mi325x", "gemm", "bf16"): 14.5,
     ("mi350x", "memory", "bf16"): 30.7,  # MI350X's own rows (rotary, norm) priced by the MI355X tables
@@ -85,10 +87,11 @@ def test_cudnn_frontend_rows_are_a_second_h200_attention_family(summaries):
     """cuDNN frontend's H200 sweeps are one family in the H200 attention cell, held out
     against the rest: the 24 equal-length rows of its prefill sweep (session 41) and, one row
     per shape and pass, the 52 forward and backward rows of its attention-training results
-    (session 46: cuDNN or FlashAttention-4, whichever ran faster); with them the cell's
-    held-out MAPE is 27.4%."""
+    (session 46: cuDNN or FlashAttention-4, whichever ran faster); the prefill sweep's four
+    Qwen3.5 shapes are the training results' causal forwards at 2-16k tokens, where the faster
+    (FlashAttention-4) row is kept; with them the cell's held-out MAPE is 27.4%."""
     rows = [f for split in acc.SPLITS for f in acc.families(split, "h200").values() if f == "cudnn-frontend"]
-    assert len(rows) == 24 + 52
+    assert len(rows) == 20 + 52
     points, err = summaries["h200"][("attention", "bf16")]
     assert points == 112 and err <= 27.4 * 1.1
 
@@ -874,10 +877,10 @@ def test_hipblaslt_bench_rows_are_host_timed_and_the_azure_series_shows_its_host
     assert make.timing_of("amd_maf_blog", "hipBLASLt-bench (commit db8e93b4fd6); ROCm 6.3.0") == "host"
     assert make.timing_of("azure_ai_benchmarking_guide", "cuBLASLt (cublasLt matmul bench)") == "device"
     assert make.timing_of("primus_turbo_gemm", "Primus-Turbo") == "host"
-    folder = Path(acc.__file__).parent / "data" / "kernels" / "fit"
-    azure = [p for p in read_kernel_csv(folder / "mi300x.csv") if p.series == "azure_ai_benchmarking_guide"]
+    folders = [Path(acc.__file__).parent / "data" / "kernels" / split for split in acc.SPLITS]  # either split file
+    azure = [p for f in folders for p in read_kernel_csv(f / "mi300x.csv") if p.series == "azure_ai_benchmarking_guide"]
     assert len(azure) == 9 and {p.timing for p in azure} == {"host"}
     floors = host_floors(azure)
     assert list(floors) == [harness(azure[0])] and floors[harness(azure[0])] == pytest.approx(40.16e-6, rel=1e-3)
-    nvidia = [p for p in read_kernel_csv(folder / "h100.csv") if p.series == "azure_ai_benchmarking_guide"]
+    nvidia = [p for f in folders for p in read_kernel_csv(f / "h100.csv") if p.series == "azure_ai_benchmarking_guide"]
     assert nvidia and {p.timing for p in nvidia} == {"device"}

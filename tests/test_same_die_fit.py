@@ -19,7 +19,11 @@ def test_the_h100_fit_pools_h200_rows_but_not_its_library_rows():
     assert extra and {p.device for p, _ in extra} == {"h200"}
     kinds = {p.kind for p, _ in extra}
     assert "gemm" in kinds and "memory" in kinds
-    assert "grouped_gemm" not in kinds and "attention" not in kinds  # torch._grouped_mm, cuDNN: their own tables
+    # torch._grouped_mm's, cuDNN's and SDPA flash's rows fit their own library tables: the grouped and
+    # attention rows pooled are the others' (TileOPs' DeepGEMM column, cuDNN frontend's FlashAttention-4)
+    fams = {(p.kind, f) for p, f in extra if p.kind in ("grouped_gemm", "attention")}
+    assert fams == {("grouped_gemm", "tileops"), ("attention", "cudnn-frontend")}
+    assert sum(p.kind == "grouped_gemm" for p, _ in extra) == 4
     assert ak.pooled("h200") == ak.pool("h200") and ak.POOLED["h100"] == ("h200",)
 
 

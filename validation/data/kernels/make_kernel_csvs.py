@@ -100,13 +100,14 @@ def family_of(series: str) -> str:
     (tests/test_common.py) is a copy of aiter's ``perftest``, its GEMM kernels are the ones
     aiter's tuned-GEMM logs already time (``libtype=flydsl``), and its FMHA table times
     aiter's CK and asm kernels beside its own (decided with both splits' figures seen:
-    validation/data/kernels/SOURCES.md, session 46)."""
+    validation/data/kernels/SOURCES.md, session 46). EmbeddedLLM/vllmtests' MI300X FP8 rows
+    likewise: aiter's own tuner script timing aiter's CK kernels."""
     for prefix, fam in (("primus_turbo", "primus-turbo"), ("aiter", "aiter"), ("mamf", "mamf"), ("azure", "azure"),
                         ("deepgemm", "deepgemm"), ("vllm", "vllm"), ("fb_triton", "fb-triton"), ("hipkittens", "hipkittens"),
                         ("tgale96", "tgale96"), ("amd_maf", "amd-maf-blog"), ("pytorch_benchmark", "pytorch-benchmark"),
                         ("tritonbench", "tritonbench"), ("fa_issue", "flash-attention"), ("fa4", "flash-attention"),
                         ("perfsim_device", "perfsim-device"), ("openxla", "openxla"), ("te_pr2045", "transformer-engine"),
-                        ("cudnn_frontend", "cudnn-frontend"), ("flydsl", "aiter")):
+                        ("cudnn_frontend", "cudnn-frontend"), ("flydsl", "aiter"), ("embeddedllm", "aiter")):
         if series.startswith(prefix):
             return fam
     return series.split("_")[0]
@@ -536,6 +537,27 @@ def attn_dsl_bench_rows(path: Path) -> list[dict]:
     return out
 
 
+VLLMTESTS_SOURCE = ("https://github.com/EmbeddedLLM/vllmtests/blob/397fac706ad9c56ed623e5e1a8aaf0e21a834572/kernels/ptpc/"
+                    "mi300x_tuned_configs/a8w8_bpreshuffle_tuned_gemm.csv")
+
+
+def vllmtests_rows(path: Path) -> list[dict]:
+    """EmbeddedLLM/vllmtests' MI300X tuning run of aiter's CK ``gemm_a8w8_bpreshuffle`` (FP8
+    e4m3fnuz, per-token x per-channel scales, BF16 out; ``cu_num`` 304 = MI300X, its README:
+    "on MI300X"), made with aiter's own tuner script: Y[M, N] = X[M, K] W[N, K]^T at the best
+    kernel's time (``us``), inputs quantized before the timed call. The committed copy holds
+    the rows of 1,024 tokens and more (the file's larger-M end; rows whose tuning failed,
+    ``us`` -1, are not rows)."""
+    out = []
+    for r in csv.DictReader(open(path)):
+        if float(r["us"]) <= 0:
+            continue
+        out.append(_row("gemm", "fp8", "mi300x", "embeddedllm_vllmtests_ptpc_bpreshuffle_mi300x", VLLMTESTS_SOURCE,
+                        f"aiter CK gemm_a8w8_bpreshuffle ({r['kernelName'].split('_')[2]} tile; EmbeddedLLM tuner run)",
+                        m=r["M"], n=r["N"], k=r["K"], direction="fwd", time_us=r["us"]))
+    return out
+
+
 H200_GROUPED_SOURCES = {"tileops_pr1567": "https://github.com/tile-ai/TileOPs/pull/1567",
                         "pytorch_pr156203": "https://github.com/pytorch/pytorch/pull/156203"}
 H200_GROUPED_LIBRARIES = {"torch": "torch._grouped_mm", "deepgemm": "DeepGEMM BF16 m-grouped GEMM"}  # production kernels
@@ -774,7 +796,8 @@ def main(shared: Path) -> None:
                        + liger_rows(PUBLIC / "liger_h100nvl.csv") + device_rows("h200")
                        + cudnn_frontend_rows(PUBLIC / "cudnn_frontend_h200_prefill.csv")
                        + cudnn_frontend_training_rows(PUBLIC / "cudnn_frontend_h200_training.csv")
-                       + flydsl_rows(PUBLIC / "flydsl.csv") + attn_dsl_bench_rows(PUBLIC / "attn_dsl_bench_mi300x.csv") + h200_grouped_rows(PUBLIC / "h200_grouped_bf16.csv")
+                       + flydsl_rows(PUBLIC / "flydsl.csv") + attn_dsl_bench_rows(PUBLIC / "attn_dsl_bench_mi300x.csv")
+                       + vllmtests_rows(PUBLIC / "vllmtests_mi300x_fp8_tuned.csv") + h200_grouped_rows(PUBLIC / "h200_grouped_bf16.csv")
                        + misc_gemm_rows(PUBLIC / "gemm_bf16_misc.csv")))
     fit, check = split(rows)
     fit, check = thin(fit), thin(check)
