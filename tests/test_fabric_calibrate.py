@@ -209,7 +209,7 @@ def test_cli_validate_prices_a_log_on_the_path_it_forced(tmp_path):
     bad = run("--rccl-log", str(log), "--algo", "rings")
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == ["perfsim: error: algorithm: 'rings' is not one of ring, tree, direct, "
-                                               "hierarchical, nvls"]
+                                               "hierarchical, nvls, nvls_tree"]
     nvls = run("--rccl-log", str(log), "--algo", "nvls")  # NVLS needs an NVSwitch node: not an MI300X's
     assert nvls.returncode == 2 and nvls.stdout == "" and len(nvls.stderr.strip().splitlines()) == 1
     assert str(log) in nvls.stderr and "the run forced nvls, which perfsim cannot price on mi300x-pollara" in nvls.stderr

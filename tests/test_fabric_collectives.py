@@ -165,6 +165,34 @@ def test_nvls_only_on_switch_nodes_with_nvls():
     assert collective_cost(Coll.ALL_REDUCE, 1 << 26, shape(8), load_cluster("h100-ib"), algorithm="nvls").time_s > 0
 
 
+def test_nvls_tree_runs_two_h100_nodes_past_the_rings_nic_bound_and_halves_beyond():
+    """NCCL's NVLSTree (NVLS in the node, a tree across): at two nodes each NIC carries S / 8
+    each way, so large all-reduces beat the ring's NIC bound (what nccl-tests #309's 2-node
+    H100 runs show, 466-469 GB/s), yet never beat one node's NVLS; beyond two nodes a tree's
+    interior nodes carry two children (NCCL halves its network bandwidth), so the ring is as
+    good; an MI300X node (xGMI, no NVLS) never runs it."""
+    cluster = load_cluster("h100-ib")
+    size = 8 << 30
+    two = collective_cost(Coll.ALL_REDUCE, size, shape(16), cluster)
+    ring = collective_cost(Coll.ALL_REDUCE, size, shape(16), cluster, algorithm="ring")
+    one = collective_cost(Coll.ALL_REDUCE, size, shape(8), cluster)
+    assert two.algorithm == "nvls_tree" and two.time_s < 0.85 * ring.time_s and two.time_s >= one.time_s
+    four_tree = collective_cost(Coll.ALL_REDUCE, size, shape(32), cluster, algorithm="nvls_tree")
+    four_ring = collective_cost(Coll.ALL_REDUCE, size, shape(32), cluster, algorithm="ring")
+    assert four_tree.demand["nic"] == pytest.approx(2 * two.demand["nic"], rel=1e-9)
+    assert four_tree.time_s > two.time_s and four_ring.time_s <= four_tree.time_s
+    with pytest.raises(ConfigError):
+        collective_cost(Coll.ALL_REDUCE, size, shape(16), load_cluster("mi300x-pollara"), algorithm="nvls_tree")
+    assert collective_cost(Coll.ALL_GATHER, size, shape(16), cluster).algorithm != "nvls_tree"
+    assert _mape("nccltests309_qoofyk_H100_2node_cx7ib_allreduce", accuracy_fabric.LARGE) <= 10.0 * 1.05
+
+
+def test_a_log_that_forced_nvls_tree_is_priced_on_it():
+    from perfsim.calibration.readers import forced_path
+
+    assert forced_path("NVLSTree", "all_reduce", "ALGO") == ("nvls_tree", "")
+
+
 # ---- held-out figures (validation/accuracy_fabric.py) kept from regressing ---------------
 
 def _mape(series, lo=0.0, hi=float("inf")):

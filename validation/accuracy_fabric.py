@@ -119,10 +119,12 @@ CASES = (
          "2 x 8 H100 (Dell XE9680), 8 ConnectX-7 IB 400G per node, NCCL 2.26.2 default tuner, 8 B-16 GB (NVIDIA/nccl-tests "
          "issue #309, session 46, blind): its 2-16 GB calls reach 466-469 GB/s bus bandwidth, above the ring's 8 x 400G "
          "bound, which the maintainer there puts down to NCCL's NVLSTree (NVLS inside the node, a tree across; 2 nodes its "
-         "ideal case): perfsim has no NVLSTree and prices them 22-26% slow"),
+         "ideal case): priced blind 21.2% / 17.5% with perfsim's ring (22-26% slow at 1-16 GB); NVLSTree was then "
+         "modelled from NCCL's structure and tuner (perfsim.cost.collectives.nvls_tree; nothing fitted), with these "
+         "figures in view"),
     Case("nccltests309_gjaion_H100_2node_ib_allreduce", "h100-ib", "check",
          "another cluster in the same thread: H100, IB 400G (NIC count and NCCL version not printed), default tuner, "
-         "1 MB-8 GB (session 46, blind)"),
+         "1 MB-8 GB (session 46; 19.7% blind, before NVLSTree)"),
     Case("nccltests309_gjaion_H100_4node_ib_allreduce", "h100-ib", "check", "as above, 4 nodes (32 ranks)"),
     Case("nccltests309_gjaion_H100_8node_ib_allreduce", "h100-ib", "check",
          "as above, 8 nodes (64 ranks): 320 GB/s bus bandwidth at 4-8 GB, where perfsim's ring stays at 93% of the "

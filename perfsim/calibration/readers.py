@@ -108,9 +108,9 @@ _LAUNCH_GRAPH_RE = re.compile(r"(?:^|\s)-G\s+(\d+)")
 # INFO(NCCL_ENV, "NCCL_ALGO set by environment to %s", ...)), printed under NCCL_DEBUG=INFO
 _ENV_RE = re.compile(r"\bNCCL_(ALGO|PROTO) set by environment to (\S+)")
 # the library's names -> perfsim's (perfsim.cost.collectives.ALGORITHMS, a profile's protocols);
-# a library path perfsim does not price (CollNet, NVLS Tree, PAT) maps to None
+# a library path perfsim does not price (CollNet, PAT) maps to None
 ALGO_NAMES = {"ring": "ring", "tree": "tree", "nvls": "nvls", "collnetdirect": None, "collnetchain": None,
-              "nvlstree": None, "pat": None}
+              "nvlstree": "nvls_tree", "pat": None}
 PROTO_NAMES = {"ll": "ll", "ll128": "ll128", "simple": "simple"}
 
 
@@ -249,8 +249,8 @@ def _environment(text: str, lineno: int, state: _LogState, where: str) -> None:
 def forced_path(value: str, op: str, kind: str) -> tuple[str | None, str]:
     """The single algorithm (``kind`` ALGO) or protocol (PROTO) an NCCL_ALGO / NCCL_PROTO value
     forces on collective ``op``, as perfsim names it, and a note where it forces none perfsim
-    can price (a list or exclusion leaves the library's tuner a choice; CollNet, NVLS Tree and
-    PAT are paths perfsim does not price). Values follow NCCL's syntax:
+    can price (a list or exclusion leaves the library's tuner a choice; CollNet and PAT are
+    paths perfsim does not price). Values follow NCCL's syntax:
     ``[function:]name[,name...][;function:...]``, ``^`` excluding."""
     names = ALGO_NAMES if kind == "ALGO" else PROTO_NAMES
     chosen = None

@@ -473,7 +473,7 @@ def _cmd_validate(args) -> int:
 
 def _add_forced_args(parser) -> None:
     parser.add_argument("--algo", default=None,
-                        help="the algorithm the --rccl-log runs forced (NCCL_ALGO: ring, tree, nvls), where the logs do "
+                        help="the algorithm the --rccl-log runs forced (NCCL_ALGO: ring, tree, nvls, nvls_tree), where the logs do "
                              "not print it (a log run with NCCL_DEBUG=INFO does and is priced on it)")
     parser.add_argument("--protocol", default=None,
                         help="the protocol the --rccl-log runs forced (NCCL_PROTO: ll, ll128, simple), likewise")
@@ -617,7 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("-e", "--maxbytes", type=a.size(1), default="128M")
     col.add_argument("-f", "--stepfactor", type=a.number(1, 1e6, lo_open=True), default=2.0)
     col.add_argument("--protocol", default=None, help="force a protocol (ll, ll128, simple)")
-    col.add_argument("--algo", default=None, help="force an algorithm (ring, tree, direct, hierarchical, nvls)")
+    col.add_argument("--algo", default=None, help="force an algorithm (ring, tree, direct, hierarchical, nvls, nvls_tree)")
     col.add_argument("--launch", default="mpi", choices=["mpi", "single-process"],
                      help="rccl-tests launch: one process per GPU (-np N -g 1) or one process for all (-g N)")
     col.add_argument("--graph", action="store_true", help="graph capture (rccl-tests -G 1): no per-call launch cost")

@@ -16,7 +16,8 @@ dispatch implementation's efficiency (``cost.alltoall``, ``cost.dispatch``). Alg
 ring, tree (double binary across nodes), direct (one-shot inside a node), hierarchical
 (intra RS, rail ring, intra AG: what ZeRO at 1,000+ ranks wants, as ring latency grows
 with N; a candidate only where the profile says the library may run it,
-``collectives.hierarchical``) and NVLS (NVSwitch reduction); the selector takes the
+``collectives.hierarchical``), NVLS (NVSwitch reduction) and NVLSTree (NVLS inside the
+node, a tree across nodes, NCCL's multi-node all-reduce on NVSwitch systems); the selector takes the
 fastest that applies, as NCCL's and RCCL's tuners do. Each cost carries its per-link demand so the engine can
 share links among concurrent calls. Buffer sizes follow rccl-tests: ``size`` is the full
 buffer (n chunks for RS/AG/A2A).
@@ -125,6 +126,25 @@ def nvls(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> li
     return [Phase(intra_bytes=size * (n + 1) / n, intra_links=n - 1, intra_efficiency=tune.nvls_efficiency)]
 
 
+def nvls_tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
+    """NCCL's NVLSTree all-reduce across NVSwitch nodes: NVLS inside each node (the switch
+    reduces and multicasts, as ``nvls``), each GPU the head of 1/p of the buffer on its own NIC,
+    and a double binary tree across nodes per head, its reduce going up one direction of the
+    NIC while the broadcast comes down the other. NCCL's tuner prices it at the smaller of
+    the NVLS bandwidth and the network's, the network's halved beyond two nodes, where a
+    tree's interior nodes carry two children (tuning.cc: NVLS_TREE bw = min(bwIntra,
+    nNodes <= 2 ? bwInter : bwInter / 2)); so each NIC sends S / p at two nodes and 2 S / p
+    beyond. What NCCL's default runs on H100 / H200 clusters (NVIDIA/nccl-tests #309: its
+    maintainer on 2-node runs above the ring's NIC bound)."""
+    tune, p, m = cluster.collectives, shape.per_node, shape.num_nodes
+    if (coll is not Coll.ALL_REDUCE or m < 2 or p < 2 or tune.nvls_efficiency <= 0
+            or cluster.node.intra_topology is not IntraTopology.SWITCH):
+        return []
+    return [Phase(intra_bytes=size * (p + 1) / p, intra_links=p - 1, intra_efficiency=tune.nvls_efficiency,
+                  inter_bytes=(1.0 if m <= 2 else 2.0) * size / p, inter_steps=2 * network.log2_ceil(m),
+                  inter_step_us=tune.tree_inter_step_us)]
+
+
 def hierarchical(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
     """Intra-node over xGMI, then inter-node ring on each rail with 1/p of the buffer,
     then intra-node again (all-reduce: RS, AR, AG; RS: RS, RS; AG: AG, AG)."""
@@ -142,7 +162,8 @@ def hierarchical(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpe
     return [local, rail] if coll is Coll.REDUCE_SCATTER else [rail, local]
 
 
-ALGORITHMS = {"ring": ring, "tree": tree, "direct": direct, "hierarchical": hierarchical, "nvls": nvls}
+ALGORITHMS = {"ring": ring, "tree": tree, "direct": direct, "hierarchical": hierarchical, "nvls": nvls,
+              "nvls_tree": nvls_tree}
 
 
 def pick_protocol(cluster: ClusterSpec, size_bytes: float, protocol: str | None = None) -> tuple[str, ProtocolSpec]:
@@ -187,7 +208,7 @@ def _candidates(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec
     if shape.num_nodes == 1 and lo <= size <= tune.direct_max_bytes:
         names.append("direct")  # RCCL's one-shot/MSCCL kernels serve only this window (wider when captured)
     if size >= tune.nvls_min_bytes:
-        names.append("nvls")  # empty unless the node has NVLS (nvls() checks)
+        names += ["nvls", "nvls_tree"]  # empty unless the node has NVLS (nvls(), nvls_tree() check)
     return names
 
 
@@ -197,7 +218,7 @@ def local_peers(shape: GroupShape, stride: int = 1) -> tuple[int, ...]:
 
 
 def _nvls_latency(algo: str, cluster: ClusterSpec) -> float:
-    return units.us_to_s(cluster.collectives.nvls_latency_us) if algo == "nvls" else 0.0
+    return units.us_to_s(cluster.collectives.nvls_latency_us) if algo in ("nvls", "nvls_tree") else 0.0
 
 
 def paced_s(algo: str, coll: Coll, shape: GroupShape, cluster: ClusterSpec) -> float:
