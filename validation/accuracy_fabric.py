@@ -134,6 +134,12 @@ CASES = (
          "(size: the whole gathered buffer; skypilot-org/skypilot examples README, session 46, blind)"),
     Case("gcpdocs_pods_a3ultra_H200_2node_gib_allgather", "h200-ib", "check",
          "the same README's rerun with GCP's own test pods, NCCL 2.26.6: within 1-3% of the run above"),
+    Case("argonne_oci_H200_2node_allreduce", "h200-ib", "check",
+         "2 x 8 H200 on OCI's RDMA fabric, NCCL 2.27.5, one process per GPU, 1-16 GB (argonne-lcf/oci-howto): added "
+         "after NVLSTree was modelled and priced blind on it (28.3% on the ring and tree alone)"),
+    Case("twinanda_runai_nebius_H200_2node_allreduce", "h200-ib", "check",
+         "2 x 8 H200 on Nebius (Run:ai MPI job; NCCL not printed), 1-16 GB (twinanda/ml-cookbook): as above, blind on "
+         "NVLSTree (25.7% on the ring and tree alone)"),
     Case("gcp_a3mega_H100_2node_allreduce", "h100-ib", "check",
          "GPUDirect-TCPXO (TCP, not RDMA): outside what the IB profile describes; shown, not a target", scored=False),
 )
