@@ -115,13 +115,17 @@ def direct(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> 
     return [Phase(intra_bytes=RING_SHARE[coll](n) * size, intra_links=n - 1, intra_steps=steps)]
 
 
+def _has_nvls(cluster: ClusterSpec) -> bool:
+    """An NVSwitch node whose profile prices NVLS (a fitted ``nvls_efficiency``)."""
+    return cluster.collectives.nvls_efficiency > 0 and cluster.node.intra_topology is IntraTopology.SWITCH
+
+
 def nvls(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
     """NVLink SHARP all-reduce inside an NVSwitch node (NCCL NVLS): the switch reduces
     (multimem.ld_reduce) and multicasts (multimem.st), so each GPU moves its buffer once
     each way plus its 1/n slice, S (n + 1) / n per direction, at ``nvls_efficiency``."""
     tune, n = cluster.collectives, shape.size
-    if (coll is not Coll.ALL_REDUCE or shape.num_nodes > 1 or tune.nvls_efficiency <= 0
-            or cluster.node.intra_topology is not IntraTopology.SWITCH):
+    if coll is not Coll.ALL_REDUCE or shape.num_nodes > 1 or not _has_nvls(cluster):
         return []
     return [Phase(intra_bytes=size * (n + 1) / n, intra_links=n - 1, intra_efficiency=tune.nvls_efficiency)]
 
@@ -137,8 +141,7 @@ def nvls_tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) 
     beyond. What NCCL's default runs on H100 / H200 clusters (NVIDIA/nccl-tests #309: its
     maintainer on 2-node runs above the ring's NIC bound)."""
     tune, p, m = cluster.collectives, shape.per_node, shape.num_nodes
-    if (coll is not Coll.ALL_REDUCE or m < 2 or p < 2 or tune.nvls_efficiency <= 0
-            or cluster.node.intra_topology is not IntraTopology.SWITCH):
+    if coll is not Coll.ALL_REDUCE or m < 2 or p < 2 or not _has_nvls(cluster):
         return []
     return [Phase(intra_bytes=size * (p + 1) / p, intra_links=p - 1, intra_efficiency=tune.nvls_efficiency,
                   inter_bytes=(1.0 if m <= 2 else 2.0) * size / p, inter_steps=2 * network.log2_ceil(m),

@@ -110,6 +110,9 @@ CLI_CASES = [
     _c("cli.collective", f"{COL} --nodes 1e20", mention="nodes"),
     _c("cli.collective", f"{COL} --nodes 0", mention="nodes"),
     _c("cli.collective", "collective --op all_reduce --gpus 16 --nodes 1", mention="gpus"),
+    _c("cli.collective", "collective --op all_reduce --gpus 16 --algo nvls_tree", mention="nvls_tree"),  # xGMI: no NVLS
+    _c("cli.collective", "collective --op all_gather --gpus 16 --cluster h100-ib --algo nvls_tree", mention="nvls_tree"),
+    _c("cli.collective", "collective --op all_reduce --gpus 16 --cluster h100-ib --algo nvls_tree -b 1M -e 1G", "ok"),
     _c("cli.collective", f"{COL} --op bogus", mention="op"),
     _c("cli.collective", f"{COL} --algo bogus", mention="algo"),
     _c("cli.collective", f"{COL} --protocol bogus", mention="protocol"),
@@ -239,7 +242,7 @@ CLI_CASES = [
     _c("cli.measure", f"{VAL} --algo nvls", mention="good.log"),
     _c("cli.measure", f"{VAL} --algo tree", "any"),  # one node: no tree to run (a line naming the log) or priced
     *[_c("cli.measure", f"validate --rccl-log {{algo_{name}_log}}", mention=f"algo_{name}.log")
-      for name in ("bogus", "conflict", "nvls")],
+      for name in ("bogus", "conflict", "nvls", "nvlstree")],
     _c("cli.measure", "calibrate --rccl-log {algo_nvls_log} --out {out}", mention="algo_nvls.log"),
     *[_c("cli.measure", f"validate --rccl-log {{algo_{name}_log}} --json", "ok") for name in ("list", "ring")],
     _c("cli.measure", "calibrate --rccl-log {algo_ring_log} --out {out}", "ok"),

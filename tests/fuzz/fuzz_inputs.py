@@ -145,6 +145,7 @@ def make_files(tmp: Path) -> dict[str, Path]:
     put("algo_bogus.log", info.format("ALGO", "Hypercube") + rccl_log(GOOD_TIMES))
     put("algo_conflict.log", info.format("ALGO", "Ring") + info.format("ALGO", "Tree") + rccl_log(GOOD_TIMES))
     put("algo_nvls.log", info.format("ALGO", "NVLS") + rccl_log(GOOD_TIMES))  # no NVSwitch on an MI300X node
+    put("algo_nvlstree.log", info.format("ALGO", "NVLSTree") + rccl_log(GOOD_TIMES))  # nor NVLS across its nodes
     put("algo_list.log", info.format("ALGO", "ring,tree") + info.format("PROTO", "^LL128") + rccl_log(GOOD_TIMES))
     put("algo_ring.log", info.format("ALGO", "allreduce:Ring") + info.format("PROTO", "Simple") + rccl_log(GOOD_TIMES))
     put("kernels.csv", KERNEL_HEADER + "gemm,bf16,4096,4096,4096,200.0,MI300X\n")

@@ -469,6 +469,11 @@ def cudnn_frontend_rows(path: Path) -> list[dict]:
     return out
 
 
+def _time_us(printed: str, flops: float, tflops: str) -> str:
+    """A row's time in microseconds: as printed, else its FLOPs at the printed TFLOPS."""
+    return f"{float(printed) if printed else flops / (float(tflops) * 1e6):.6g}"
+
+
 FLYDSL_SOURCES = {
     "ci": "https://github.com/ROCm/FlyDSL/blob/e2e6dfcb2630172dd46825246861e906b23747d6/ci-dashboard/data/history.json",
     "pr629": "https://github.com/ROCm/FlyDSL/pull/629",
@@ -503,15 +508,13 @@ def flydsl_rows(path: Path) -> list[dict]:
             b, s, h, hkv, d = (int(x) for x in found.groups()[:5])
             causal = found.group(6) == "causal"
             flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
-            time_us = float(r["time_us"]) if r["time_us"] else flops / (float(r["tflops"]) * 1e6)
             out.append(_row("attention", dtype, device, f"flydsl_{table}_{device}_attention_{dtype}", FLYDSL_SOURCES[table],
                             library, batch=b, seq=s, heads=h, kv_heads=hkv, head_dim=d, causal=int(causal),
-                            direction="fwd", time_us=f"{time_us:.6g}"))
+                            direction="fwd", time_us=_time_us(r["time_us"], flops, r["tflops"])))
             continue
         m, n, k = (int(x) for x in r["shape"].split("_")[0].split("x"))
-        seconds = 2.0 * m * n * k / (float(r["tflops"]) * 1e12)
         out.append(_row("gemm", dtype, device, f"flydsl_{table}_{device}_gemm_{dtype}", FLYDSL_SOURCES[table], library,
-                        m=m, n=n, k=k, direction="fwd", time_us=f"{seconds * 1e6:.6g}"))
+                        m=m, n=n, k=k, direction="fwd", time_us=_time_us("", 2.0 * m * n * k, r["tflops"])))
     return out
 
 
@@ -577,11 +580,10 @@ def h200_grouped_rows(path: Path) -> list[dict]:
         if library is None:
             continue
         g, m, n, k = (int(r[c]) for c in ("groups", "m", "n", "k"))
-        time_us = float(r["time_us"]) if r["time_us"] else 2.0 * g * m * n * k / (float(r["tflops"]) * 1e6)
         table = r["table"]
         out.append(_row("grouped_gemm", "bf16", "h200", f"{table}_h200_{r['library']}", H200_GROUPED_SOURCES[table],
                         f"{library} ({table.replace('_', ' ')})", m=m, n=n, k=k, batch=g, direction="fwd",
-                        time_us=f"{time_us:.6g}"))
+                        time_us=_time_us(r["time_us"], 2.0 * g * m * n * k, r["tflops"])))
     return out
 
 
@@ -594,9 +596,8 @@ def misc_gemm_rows(path: Path) -> list[dict]:
     out = []
     for r in csv.DictReader(open(path)):
         m, n, k = (int(r[c]) for c in ("m", "n", "k"))
-        time_us = float(r["time_us"]) if r["time_us"] else 2.0 * m * n * k / (float(r["tflops"]) * 1e6)
         row = _row("gemm", "bf16", r["device"], f"{r['table']}_{r['device']}_gemm_bf16", r["source"], r["library"],
-                   m=m, n=n, k=k, direction="fwd", time_us=f"{time_us:.6g}")
+                   m=m, n=n, k=k, direction="fwd", time_us=_time_us(r["time_us"], 2.0 * m * n * k, r["tflops"]))
         row.update(note=r["note"].replace(",", ";"), timing=r["timing"])
         out.append(row)
     return out
