@@ -23,7 +23,9 @@ from conftest import write_kernel_csv
 # these worse. They are the true figures, not targets: issue 14 asks <= 10% (GEMM) and
 # <= 15% (attention, grouped GEMM); the cells above that are open work (docs/accuracy.md).
 GATES = {  # (gpu, class, dtype): held-out MAPE %; memory rows read dtype bf16 (unused)
-    ("mi300x", "attention", "bf16"): 19.0,  # 21.0 before attn-dsl-bench's AITER rows made a third family (session 46)
+    # 21.0 before attn-dsl-bench's AITER rows made a third family (session 46); 19.0 before MoonMath's
+    # AITER v3 rows made a fourth (session 47)
+    ("mi300x", "attention", "bf16"): 17.3,
     # session 20: folds no longer inherit the shipped table's K-loop step (a leak: the shipped
     # table is fitted to every family), and same-die rows are pooled; the cells it moved say so
     ("mi300x", "gemm", "bf16"): 10.8,  # 10.5 with the leak; 11.1 before gau-nernst's row (session 46)
