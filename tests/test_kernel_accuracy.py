@@ -691,6 +691,24 @@ def test_attn_dsl_bench_keeps_aiter_and_cudnn_training_one_row_per_pass():
     assert sorted(r["time_us"] for r in ltx) == ["2303", "835"]  # FlashAttention-4 faster both ways
 
 
+def test_moonmath_rows_are_aiter_v3_at_rtne_as_their_own_family():
+    """MoonMath's MI300X table gives one row a shape: AITER's v3 forward at round-to-nearest-even
+    (its own kernel, Modular MAX and the other rounding modes not kept), non-causal MHA, the
+    printed milliseconds; a family of its own whose rows the ``aiter_v3`` library table selects."""
+    from pathlib import Path
+
+    from validation import accuracy_kernels as ak
+    from validation.data.kernels import make_kernel_csvs as make
+
+    rows = make.moonmath_rows(Path(make.PUBLIC) / "moonmath_mi300x_attention.csv")
+    assert len(rows) == 9 and {r["meta_family"] for r in rows} == {"moonmath"}
+    assert all(r["library"].startswith("AITER") and r["causal"] == "0" and r["heads"] == r["kv_heads"] for r in rows)
+    longest = next(r for r in rows if r["seq"] == "131072")
+    assert (longest["batch"], longest["heads"], longest["time_us"]) == ("1", "16", "269278")  # AITER v3 RTNE 269.278 ms
+    point = type("P", (), {"head_dim": 128})()
+    assert ak.ATTENTION_LIBRARIES["aiter_v3"](longest, point)
+
+
 def test_h200_grouped_rows_keep_production_kernels_only():
     """TileOPs PR 1567's H200 sweep gives rows for ``torch._grouped_mm`` and DeepGEMM only (its
     own and Triton's kernels dropped, as the rules drop research kernels), 256 experts of m
