@@ -412,8 +412,10 @@ def test_default_free_parameters_follow_the_dispatch_paths_the_runs_use():
     assert params_for(synthetic) == ("kernels.speed", "moe.dropless_speed")
     assert params_for([c for c in synthetic if c.capacity_factor == 0]) == ("kernels.speed", "moe.dropless_speed")
     assert params_for([c for c in synthetic if c.capacity_factor]) == DEFAULT_PARAMS
-    primus = [c for c in cases if c.stack == "megatron-primus" and c.family == "dense"]  # MI300X / MI355X
-    assert params_for(primus) == DEFAULT_PARAMS
+    primus = [c for c in cases if c.stack == "megatron-primus" and c.family == "dense"]  # MI300X / MI355X / MI325X
+    # the MLPerf v6.0 MI325X run on C4 beside the Primus pipeline runs' synthetic data adds the input pipeline's cost
+    assert params_for(primus) == ("kernels.speed", "data.host_s_per_mtoken")
+    assert params_for([c for c in primus if c.data != "real"]) == DEFAULT_PARAMS
     # a speed per vendor (MLPerf on MI355X, the rest on H100); the DGX Cloud recipes' runs on the Pile
     # beside their synthetic ones tell the input pipeline's cost apart
     nemo = [c for c in cases if c.stack == "nemo"]
