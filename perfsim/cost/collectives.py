@@ -120,14 +120,20 @@ def _has_nvls(cluster: ClusterSpec) -> bool:
     return cluster.collectives.nvls_efficiency > 0 and cluster.node.intra_topology is IntraTopology.SWITCH
 
 
+def _nvls_phase(size: float, p: int, cluster: ClusterSpec, **inter) -> Phase:
+    """The switch's part of an NVLS call over ``p`` GPUs: each GPU moves its buffer once each
+    way plus its 1/p slice, S (p + 1) / p, at ``nvls_efficiency``; ``inter``: the NIC part."""
+    return Phase(intra_bytes=size * (p + 1) / p, intra_links=p - 1,
+                 intra_efficiency=cluster.collectives.nvls_efficiency, **inter)
+
+
 def nvls(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
     """NVLink SHARP all-reduce inside an NVSwitch node (NCCL NVLS): the switch reduces
     (multimem.ld_reduce) and multicasts (multimem.st), so each GPU moves its buffer once
     each way plus its 1/n slice, S (n + 1) / n per direction, at ``nvls_efficiency``."""
-    tune, n = cluster.collectives, shape.size
     if coll is not Coll.ALL_REDUCE or shape.num_nodes > 1 or not _has_nvls(cluster):
         return []
-    return [Phase(intra_bytes=size * (n + 1) / n, intra_links=n - 1, intra_efficiency=tune.nvls_efficiency)]
+    return [_nvls_phase(size, shape.size, cluster)]
 
 
 def nvls_tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
@@ -143,9 +149,8 @@ def nvls_tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) 
     tune, p, m = cluster.collectives, shape.per_node, shape.num_nodes
     if coll is not Coll.ALL_REDUCE or m < 2 or p < 2 or not _has_nvls(cluster):
         return []
-    return [Phase(intra_bytes=size * (p + 1) / p, intra_links=p - 1, intra_efficiency=tune.nvls_efficiency,
-                  inter_bytes=(1.0 if m <= 2 else 2.0) * size / p, inter_steps=2 * network.log2_ceil(m),
-                  inter_step_us=tune.tree_inter_step_us)]
+    return [_nvls_phase(size, p, cluster, inter_bytes=(1.0 if m <= 2 else 2.0) * size / p,
+                        inter_steps=2 * network.log2_ceil(m), inter_step_us=tune.tree_inter_step_us)]
 
 
 def hierarchical(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:

@@ -141,6 +141,16 @@ def _row(kind, dtype, device, series, source, library, **cells) -> dict:
     return row
 
 
+def _time_us(printed: str, flops: float, tflops: str | float) -> str:
+    """A row's time in microseconds: as printed, else its FLOPs at the printed TFLOPS."""
+    return f"{float(printed) if printed else flops / (float(tflops) * 1e6):.6g}"
+
+
+def _ms_as_us(ms: str | float) -> str:
+    """A time printed in milliseconds, as a row's microseconds."""
+    return f"{float(ms) * 1e3:.6g}"
+
+
 def gemm_rows(path: Path) -> list[dict]:
     out = []
     for r in csv.DictReader(open(path)):
@@ -161,7 +171,7 @@ def gemm_rows(path: Path) -> list[dict]:
         quant = "cast" if both else "cast_a" if act_quant else ""
         out.append(_row("gemm", dtype, gpu, r["series"], r["source_url"], r["library"], m=m, n=n, k=k,
                         batch=r["batch"] or 1, direction="bwd" if bwd else "fwd", kernel=quant,
-                        time_us=f"{flops / (tflops * 1e12) * 1e6:.6g}"))
+                        time_us=_time_us("", flops, tflops)))
     return out
 
 
@@ -175,7 +185,7 @@ def maf_rows(path: Path) -> list[dict]:
             m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
             out.append(_row("gemm", dtype, gpu, r["series"], r["source"], r["library"], m=m, n=n, k=k, batch=1,
                             direction="fwd", clock_MHz=r["clock_MHz"],
-                            time_us=f"{2 * m * n * k / (float(r['tflops']) * 1e12) * 1e6:.6g}"))
+                            time_us=_time_us("", 2 * m * n * k, r["tflops"])))
     return out
 
 
@@ -245,7 +255,7 @@ def fused_moe_rows(r: dict, gpu: str, dtype: str, experts: int, m: int) -> list[
     latency = _LATENCY_MS.search(r["note"])
     if latency and r["layout(fwd/wgrad/dgrad)"].startswith("fwd fused MoE (gate_up + act + down)"):
         return [_row("grouped_gemm", dtype, gpu, r["series"], r["source_url"], r["library"], n=width, k=hidden,
-                     kernel="moe_mlp", time_us=f"{float(latency.group(1)) * 1e3:.6g}", **common)]
+                     kernel="moe_mlp", time_us=_ms_as_us(latency.group(1)), **common)]
     return []
 
 
@@ -274,7 +284,7 @@ def grouped_rows(path: Path) -> list[dict]:
         kernel = "sum_loss" if step else "cast" if "fp8_tensorwise" in r["series"] else ""
         out.append(_row("grouped_gemm", dtype, gpu, r["series"], r["source_url"], r["library"], m=m, n=n, k=k, batch=e,
                         direction="fwd_bwd" if step else "bwd" if bwd else "fwd", kernel=kernel,
-                        time_us=f"{flops / (float(r['tflops_or_time_us']) * 1e12) * 1e6:.6g}"))
+                        time_us=_time_us("", flops, r["tflops_or_time_us"])))
     return out
 
 
@@ -294,7 +304,7 @@ def attention_rows(path: Path) -> list[dict]:
         flops = fwd * (2.5 if direction == "bwd" else 1)
         out.append(_row("attention", dtype, gpu, r["series"], r["source_url"], r["kernel"], batch=b, seq=s, heads=h,
                         kv_heads=kv, head_dim=d, causal=causal, direction=direction,
-                        time_us=f"{flops / (float(r['tflops']) * 1e12) * 1e6:.6g}"))
+                        time_us=_time_us("", flops, r["tflops"])))
     return out
 
 
@@ -465,13 +475,8 @@ def cudnn_frontend_rows(path: Path) -> list[dict]:
         out.append(_row("attention", "bf16", "h200", series, CUDNN_FRONTEND_SOURCE, library,
                         batch=r["batch_size"], seq=r["q_tokens"], heads=r["num_q_heads"], kv_heads=r["num_kv_heads"],
                         head_dim=r["head_dim_qk"], causal=1, direction="fwd",
-                        time_us=f"{float(r['time_ms']) * 1e3:.6g}"))
+                        time_us=_ms_as_us(r["time_ms"])))
     return out
-
-
-def _time_us(printed: str, flops: float, tflops: str) -> str:
-    """A row's time in microseconds: as printed, else its FLOPs at the printed TFLOPS."""
-    return f"{float(printed) if printed else flops / (float(tflops) * 1e6):.6g}"
 
 
 FLYDSL_SOURCES = {
@@ -536,7 +541,7 @@ def attn_dsl_bench_rows(path: Path) -> list[dict]:
         out.append(_row("attention", "bf16", "mi300x", "attndslbench_mi300x_aiter", ATTN_DSL_BENCH_SOURCE,
                         "AITER aiter.flash_attn_func (asm v3 fmha_fwd at head dim 128; CK tile at 64); ROCm 7.2.2",
                         batch=r["batch"], seq=r["seq"], heads=r["heads"], kv_heads=r["kv_heads"], head_dim=r["head_dim"],
-                        causal=r["causal"], direction="fwd", time_us=f"{float(r['avg_time_ms']) * 1e3:.6g}"))
+                        causal=r["causal"], direction="fwd", time_us=_ms_as_us(r["avg_time_ms"])))
     return out
 
 
@@ -561,7 +566,7 @@ def moonmath_rows(path: Path) -> list[dict]:
         out.append(_row("attention", "bf16", "mi300x", "moonmath_mi300x_aiter_v3", MOONMATH_SOURCE,
                         "AITER flash_attn_func (v3 asm fmha forward; RTNE bf16 rounding), timed by moonmath-ai/amd-kernels",
                         batch=r["batch"], seq=r["seq"], heads=h, kv_heads=h, head_dim=r["head_dim"], causal=0,
-                        direction="fwd", time_us=f"{float(r['aiter_v3_ms']) * 1e3:.6g}"))
+                        direction="fwd", time_us=_ms_as_us(r["aiter_v3_ms"])))
     return out
 
 
@@ -648,7 +653,7 @@ def cudnn_frontend_training_rows(path: Path) -> list[dict]:
         out.append(_row("attention", "bf16", "h200", series, r["source_url"], library, batch=r["batch_size"],
                         seq=r["q_seqlen"], heads=r["num_q_heads"], kv_heads=r["num_kv_heads"], head_dim=r["head_dim_qk"],
                         causal=int(r["attn_mask"] == "top_left"), direction=r["profile_pass"],
-                        time_us=f"{float(r['time_ms']) * 1e3:.6g}"))
+                        time_us=_ms_as_us(r["time_ms"])))
     return out
 
 
