@@ -107,7 +107,8 @@ def family_of(series: str) -> str:
                         ("tgale96", "tgale96"), ("amd_maf", "amd-maf-blog"), ("pytorch_benchmark", "pytorch-benchmark"),
                         ("tritonbench", "tritonbench"), ("fa_issue", "flash-attention"), ("fa4", "flash-attention"),
                         ("perfsim_device", "perfsim-device"), ("openxla", "openxla"), ("te_pr2045", "transformer-engine"),
-                        ("cudnn_frontend", "cudnn-frontend"), ("flydsl", "aiter"), ("embeddedllm", "aiter")):
+                        ("cudnn_frontend", "cudnn-frontend"), ("flydsl", "aiter"), ("embeddedllm", "aiter"),
+                        ("primerl", "prime-rl")):
         if series.startswith(prefix):
             return fam
     return series.split("_")[0]
@@ -617,6 +618,31 @@ def h200_grouped_rows(path: Path) -> list[dict]:
     return out
 
 
+PRIMERL_SOURCE = ("https://github.com/PrimeIntellect-ai/prime-rl/blob/47e24bb29b9260d30838574ff27ccc695806cb96/"
+                  "benchmarks/fp8_grouped_gemm/results-base-prime-nebius-puku-h200-gpu-064-NVIDIA_H200-sm90.txt")
+
+
+def primerl_grouped_rows(path: Path) -> list[dict]:
+    """PrimeIntellect prime-rl's H200 BF16 ``torch._grouped_mm`` sweep (benchmarks/fp8_grouped_gemm,
+    its ``base`` run: PyTorch 2.13.0+cu130, Triton's do_bench with L2 flushed, the fastest of three
+    repeats of the minimum): 32 experts of exactly ``rows_per_expert`` tokens each (its balanced
+    routing; the ragged blocks, uneven per expert, not kept), the gate_up ([m, 4096] @ [4096, 4096])
+    and down ([m, 2048] @ [2048, 4096]) expert GEMMs, 128-8,192 tokens per expert. Its printed
+    milliseconds: the forward call as a ``fwd`` row, and the dgrad (dy @ W^T) and wgrad (x^T @ dy)
+    calls, timed apart, summed as one ``bwd`` row (perfsim's backward is dgrad + wgrad). Its FP8
+    arm times the casts, a layout build and host syncs with each GEMM (not a kernel time), so it is
+    not read."""
+    out = []
+    for r in csv.DictReader(open(path)):
+        g, m, n, k = (int(r[c]) for c in ("experts", "rows_per_expert", "n", "k"))
+        series = f"primerl_h200_{r['shape']}"
+        library = "torch._grouped_mm (PyTorch 2.13.0+cu130; prime-rl benchmarks/fp8_grouped_gemm)"
+        for direction, ms in (("fwd", float(r["fwd_ms"])), ("bwd", float(r["dgrad_ms"]) + float(r["wgrad_ms"]))):
+            out.append(_row("grouped_gemm", "bf16", "h200", series, PRIMERL_SOURCE, library, m=m, n=n, k=k, batch=g,
+                            direction=direction, time_us=_ms_as_us(f"{ms:.4f}")))
+    return out
+
+
 def misc_gemm_rows(path: Path) -> list[dict]:
     """Dense BF16 GEMM points of single authors, each its own family (the ``table`` column):
     gau-nernst's MI300X 4096^3 (``do_bench``), ROCm/Megatron-LM kimi_k3's roofline runs on
@@ -830,6 +856,7 @@ def main(shared: Path) -> None:
                        + flydsl_rows(PUBLIC / "flydsl.csv") + attn_dsl_bench_rows(PUBLIC / "attn_dsl_bench_mi300x.csv")
                        + moonmath_rows(PUBLIC / "moonmath_mi300x_attention.csv")
                        + vllmtests_rows(PUBLIC / "vllmtests_mi300x_fp8_tuned.csv") + h200_grouped_rows(PUBLIC / "h200_grouped_bf16.csv")
+                       + primerl_grouped_rows(PUBLIC / "primerl_h200_grouped.csv")
                        + misc_gemm_rows(PUBLIC / "gemm_bf16_misc.csv")))
     fit, check = split(rows)
     fit, check = thin(fit), thin(check)
