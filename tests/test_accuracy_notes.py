@@ -166,10 +166,24 @@ def test_an_fp8_moe_plan_on_a_borrowing_gpu_names_the_fp8_cell_it_quotes():
            f"{donor['held_out_mape_pct']:.1f}%, {donor['points']} points)" in fp8["lines"][1]
 
 
-def test_a_kernel_library_table_is_said_to_be_in_sample():
+def test_a_kernel_library_table_quotes_its_held_out_figure_where_two_families_measure_it():
+    """A stack naming a kernel library is priced at that library's table: the note quotes the
+    table's held-out figure (each family's rows against the library's other families'), the
+    same die's where the GPU has none of its own; a library only one family measures is said
+    to be fitted in sample."""
     notes = _notes(tiny_dense(), gpus=8, dp=8, gbs=16, stack="megatron-primus")
     assert notes["kernels"]["libraries"] == {"attention": "aiter_v3"}
-    assert "attention at its aiter_v3 table (in-sample fit" in notes["lines"][1]
+    aiter = accuracy.figures()["kernels"]["mi300x"]["libraries"]["aiter_v3"]
+    assert notes["kernels"]["cells"]["attention.aiter_v3"] == {"gpu": "mi300x", **aiter}
+    assert (f"attention at its aiter_v3 table {aiter['held_out_mape_pct']:.1f}% ({aiter['points']} points, each family "
+            f"against the library's other families)") in notes["lines"][1]
+    mi355x = _notes(tiny_dense(), "mi355x-pollara", gpus=8, dp=8, gbs=16, stack="maxtext")
+    assert "attention at its aiter_v3 table (in-sample fit, no held-out figure)" in mi355x["lines"][1]
+    grouped = accuracy.figures()["kernels"]["h200"]["libraries"]["torch_grouped_mm"]
+    titan = _notes(tiny_moe(), "h100-ib", gpus=8, dp=8, ep=4, gbs=16, stack="torchtitan")
+    assert titan["kernels"]["cells"]["grouped_gemm.torch_grouped_mm"]["gpu"] == "h200"
+    assert (f"grouped GEMM bf16 at its torch_grouped_mm table {grouped['held_out_mape_pct']:.1f}% ({grouped['points']} "
+            f"points, each family against the library's other families; on h200: same die)") in titan["lines"][1]
 
 
 def test_collectives_quote_the_held_out_series_of_the_cluster_profile_only():

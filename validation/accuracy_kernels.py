@@ -51,6 +51,8 @@ POOLED = {base: tuple(sorted(d for d, b in DERIVED.items() if b == base)) for ba
 ATTENTION_LIBRARIES = {"aiter_v3": lambda row, p: "AITER" in row["library"] and p.head_dim in (128, 192),
                        "cudnn": lambda row, p: row["library"].startswith("cuDNN"),
                        "sdpa_flash": lambda row, p: row["library"].startswith("FlashAttention-2 (torch SDPA flash")}
+HELD_LIBRARY = ("in-sample MAPE; held out (each family's rows at this table fitted to the library's other families' "
+                "rows) in docs/accuracy.md, family table, column library, where two families measure the library")
 MIN_LIBRARY_ROWS = 20  # fewer rows of one library leave its table to the pooled one (an input bound)
 # per-library grouped-GEMM tables (GpuSpec.grouped_libraries), BF16 rows by the CSV's library
 # column. torch_grouped_mm: torch._grouped_mm (CUTLASS grouped GEMM on Hopper), which
@@ -102,6 +104,27 @@ def pool(name: str) -> tuple[tuple[KernelPoint, str], ...]:
         fam = families(split, name)
         out += [(p, fam.get(p.line, "?")) for p in points(gpu, split)]
     return tuple(out)
+
+
+def library_of(row: dict, p: KernelPoint) -> str | None:
+    """The kernel library with a table of its own (``ATTENTION_LIBRARIES``,
+    ``GROUPED_LIBRARIES``) a CSV row times, if any."""
+    selectors = ATTENTION_LIBRARIES if p.kind == "attention" else GROUPED_LIBRARIES if p.kind == "grouped_gemm" else {}
+    return next((library for library, sel in selectors.items() if sel(row, p)), None)
+
+
+@functools.lru_cache(maxsize=None)
+def libraries(name: str) -> dict[int, str]:
+    """id(point) -> its kernel library (``library_of``) for the rows of ``pool(name)`` that have one."""
+    rows = iter(pool(name))
+    out = {}
+    for split in SPLITS:
+        for p in points(load_gpu(name), split):  # the order pool() reads them in
+            point, _ = next(rows)
+            library = library_of(csv_rows(split, name).get(p.line, {}), p) if p.line in csv_rows(split, name) else None
+            if library:
+                out[id(point)] = library
+    return out
 
 
 def _library_rows(name: str, gpu: GpuSpec, kind: str, selects, minimum: int, own_only: bool = False):
@@ -156,8 +179,7 @@ def library_tables(name: str, gpu: GpuSpec, own_only: bool = False) -> dict:
         derived = "" if source == name else f"derived: the {source} table (same die): "
         text = (f"{derived}fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels) to the {library} rows of "
                 f"validation/data/kernels/{{fit,check}}/{source}.csv (library column, head dim; {fit.num_points} points; "
-                f"MAPE on them {fit.mape_after:.1f}%, the pooled table's {kernel_fit.mape(mine, host):.1f}%): in-sample, "
-                f"no held-out figure")
+                f"MAPE on them {fit.mape_after:.1f}%, the pooled table's {kernel_fit.mape(mine, host):.1f}%): {HELD_LIBRARY}")
         tables[library] = dataclasses.replace(fitted.attention, source=text)
     return tables
 
@@ -273,7 +295,7 @@ def grouped_library_tables(name: str, gpu: GpuSpec) -> dict:
         text = (f"{derived}fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels) to the {library} rows of "
                 f"validation/data/kernels/{{fit,check}}/{source}.csv (library column; {fit.num_points} points; MAPE on them "
                 f"{fit.mape_after:.1f}%, the GPU's grouped_gemm table's {kernel_fit.mape(mine, host):.1f}%"
-                f"{'; ' + fit.note if fit.note else ''}): in-sample, no held-out figure")
+                f"{'; ' + fit.note if fit.note else ''}): {HELD_LIBRARY}")
         tables[library] = dataclasses.replace(fitted.grouped_table("bf16"), source=text)
     return tables
 
@@ -350,28 +372,88 @@ def held_out_errors(name: str) -> tuple[tuple[KernelPoint, str, float | None], .
     families' rows (``fit_tables``) price that family's rows. (point, family, error);
     error None where no other family informs the row's table (no honest prediction)."""
     rows = pool(name)
+    library = libraries(name)
     out = []
     for held in sorted({f for _, f in rows}):
         gpu, cells, _ = fit_tables(name, held)
         for p, f in rows:
             if f == held:
                 ok = _fold_cell(p, cells)
-                out.append((p, f, kernel_fit.predict_kernel(p, gpu) / p.time_s - 1 if ok else None))
+                priced = with_library_fold(gpu, name, library.get(id(p)), held)
+                out.append((p, f, kernel_fit.predict_kernel(p, priced) / p.time_s - 1 if ok else None))
     return tuple(out)
 
 
-def held_out(gpu: GpuSpec) -> list[tuple[str, str, str, int, float, float]]:
-    """(kind, dtype, family, points, MAPE %, median signed error %) of the held-out rows;
-    MAPE NaN where no other family informs the table."""
+@functools.lru_cache(maxsize=None)
+def pooled_errors(name: str) -> tuple[tuple[KernelPoint, str, float | None], ...]:
+    """``held_out_errors`` with every row priced at the fold's pooled tables, its kernel
+    library's own table never used (what a stack naming no library prices it with)."""
+    out = []
+    for held in sorted({f for _, f in pool(name)}):
+        gpu, cells, _ = fit_tables(name, held)
+        out += [(p, f, kernel_fit.predict_kernel(p, gpu) / p.time_s - 1 if _fold_cell(p, cells) else None)
+                for p, f in pool(name) if f == held]
+    return tuple(out)
+
+
+def with_library_fold(gpu: GpuSpec, name: str, library: str | None, held: str) -> GpuSpec:
+    """``gpu`` (the fold that holds out ``held``) pricing a row of kernel ``library`` as a stack
+    naming that library does: at the library's own table, here fitted to the library's rows of
+    the other families (``library_fold``); the pooled tables where the library has too few."""
+    table = library_fold(name, library, held)[0] if library else None
+    if table is None:
+        return gpu
+    if library in ATTENTION_LIBRARIES:
+        return dataclasses.replace(gpu, attention=table)
+    return dataclasses.replace(gpu, grouped_gemm={**gpu.grouped_gemm, "bf16": table})
+
+
+@functools.lru_cache(maxsize=None)
+def library_fold(name: str, library: str, held: str) -> tuple[object, int]:
+    """(table, rows fitted) of kernel ``library``'s table (``library_tables``, ``grouped_library_tables``) fitted to its
+    rows of every family but ``held`` (by root family): GPU ``name``'s own rows, else those of
+    the GPU of the same die, at least ``MIN_LIBRARY_ROWS`` / ``MIN_GROUPED_LIBRARY_ROWS`` of
+    them, on the fold's own tables (the dense price under a grouped speed is fitted without
+    ``held`` too); (None, 0) where too few remain."""
+    attention = library in ATTENTION_LIBRARIES
+    kind, selects, minimum = (("attention", ATTENTION_LIBRARIES[library], MIN_LIBRARY_ROWS) if attention else
+                              ("grouped_gemm", GROUPED_LIBRARIES[library], MIN_GROUPED_LIBRARY_ROWS))
+    fold = fit_tables(name, held)[0]
+    for source in (name, SAME_DIE.get(name)):
+        if source is None:
+            continue
+        host = fold if source == name else dataclasses.replace(
+            load_gpu(source), **{f: getattr(fold, f) for f in TABLE_FIELDS})
+        mine = [p for split in SPLITS for p in points(host, split) if p.kind == kind
+                and p.line in csv_rows(split, source) and selects(csv_rows(split, source)[p.line], p)
+                and _root(families(split, source).get(p.line)) != _root(held)]
+        if len(mine) >= minimum:
+            if attention:
+                return kernel_fit.fit_kernels(mine, dataclasses.replace(host, attention_libraries={}))[0].attention, len(mine)
+            bare = dataclasses.replace(host, grouped_libraries={}, grouped_gemm={})
+            return kernel_fit.fit_kernels(mine, bare)[0].grouped_table("bf16"), len(mine)
+    return None, 0
+
+
+def held_out(gpu: GpuSpec) -> list[tuple[str, str, str, str, int, float, float]]:
+    """(kind, dtype, family, library, points, MAPE %, median signed error %) of the held-out
+    rows; library: the kernel library whose own table priced them (``library_fold``), "" for
+    the pooled tables; MAPE NaN where no other family informs the table."""
     cells = collections.defaultdict(list)
     for p, fam, e in held_out_errors(gpu.name):
-        cells[(_class(p), p.dtype, fam)].append(e)
+        cells[(_class(p), p.dtype, fam, priced_library(gpu.name, p, fam))].append(e)
     out = []
-    for (k, d, f), e in sorted(cells.items()):
+    for (k, d, f, lib), e in sorted(cells.items()):
         got = [x for x in e if x is not None]
-        out.append((k, d, f, len(e), 100 * float(np.mean(np.abs(got))) if got else float("nan"),
+        out.append((k, d, f, lib, len(e), 100 * float(np.mean(np.abs(got))) if got else float("nan"),
                     100 * float(np.median(got)) if got else float("nan")))
     return out
+
+
+def priced_library(name: str, p: KernelPoint, held: str) -> str:
+    """The kernel library whose own table the fold holding out ``held`` prices ``p`` at, or ""."""
+    library = libraries(name).get(id(p))
+    return library if library and library_fold(name, library, held)[0] is not None else ""
 
 
 def fold_rows(name: str, kind: str, dtype: str, held: str) -> int:
@@ -388,10 +470,12 @@ def fold_rows(name: str, kind: str, dtype: str, held: str) -> int:
     return rows(GROUPED_FROM[base], True)  # the borrowed table's rows (``borrow_grouped``)
 
 
-def summary(gpu: GpuSpec) -> dict[tuple[str, str], tuple[int, float]]:
-    """(kind, dtype) -> (points priced, MAPE %) over all held-out families pooled."""
+def summary(gpu: GpuSpec, pooled_only: bool = False) -> dict[tuple[str, str], tuple[int, float]]:
+    """(kind, dtype) -> (points priced, MAPE %) over all held-out families pooled; each row at
+    its kernel library's own table where the library has one (``held_out_errors``), or
+    (``pooled_only``) every row at the pooled tables (``pooled_errors``)."""
     cells = collections.defaultdict(list)
-    for p, _, e in held_out_errors(gpu.name):
+    for p, _, e in (pooled_errors if pooled_only else held_out_errors)(gpu.name):
         if e is not None:
             cells[(_class(p), p.dtype)].append(abs(e))
     return {k: (len(v), 100 * float(np.mean(v))) for k, v in sorted(cells.items())}
@@ -421,37 +505,44 @@ def section() -> str:
            "perfsim's MoE-MLP pricing does not). A row with direction `fwd_bwd` times a forward and its backward "
            "together (tgale96's: the grouped layer's whole step with `out.sum()` as the loss, priced with the sum's "
            "two passes over the output). "
-           "Per-library tables (`attention_libraries`, `grouped_libraries`: a stack names the library it runs) are "
-           "fitted to that library's rows alone, in sample; the folds price every row at the pooled tables, so H200's "
-           "torch._grouped_mm rows (the only ones of that library) are checked here against the grouped table fitted "
-           "to other grouped kernels, and its two SDPA attention backends (cuDNN, `cudnn`; FlashAttention-2, "
-           "`sdpa_flash`) against the attention table fitted to H100's FlashAttention-3 and tritonbench rows, which "
-           "cannot know the library. "
+           "Per-library tables (`attention_libraries`, `grouped_libraries`: a stack names the kernel library it "
+           "runs, and perfsim prices that library's kernels at its own table) are shipped fitted to that library's rows "
+           "of every family. Held out, a row of such a library is priced as a stack naming it prices it: at the "
+           "library's table fitted to the library's rows of the other families (`library_fold`, on the fold's own "
+           "dense tables; the GPU's own rows, else its same-die GPU's), where at least 20 attention or 8 grouped rows "
+           "remain, else at the pooled tables (column `library` in the family table). The cell table also gives each "
+           "cell with every row at the pooled tables (`pooled tables`: what a stack naming no library prices), which "
+           "cannot know the library: H200's FlashAttention-2 rows (SDPA flash) against a table fitted to "
+           "FlashAttention-3, cuDNN and FlashAttention-4 rows, its torch._grouped_mm backwards against the "
+           "generic grouped table's backward speed, set by tgale96's steps. "
            "Error = (predicted - measured) / measured; MAPE = mean |error|. "
            "Regenerate with `.venv/bin/python validation/accuracy_doc.py`.", "",
            "### Held-out MAPE per GPU, kernel class and dtype", "",
            "Targets (issue 14): GEMM <= 10%, attention and grouped GEMM <= 15%; memory-bound kernels (the `membound` "
            "table) and inference fused-MoE stages have none.", "",
-           "| GPU | class | dtype | points | held-out MAPE % | target % | met |",
-           "| --- | --- | --- | --- | ---: | ---: | --- |"]
+           "| GPU | class | dtype | points | held-out MAPE % | target % | met | pooled tables % |",
+           "| --- | --- | --- | --- | ---: | ---: | --- | ---: |"]
     gpus = {name: load_gpu(name) for name in GPUS}
     for name, gpu in gpus.items():
+        pooled_cells = summary(gpu, pooled_only=True)
         for (kind, dtype), (n, err) in summary(gpu).items():
             target = TARGETS.get(kind)
             met = "" if target is None else ("yes" if err <= target else "no")
             dt = "-" if kind == "memory" else dtype
-            out.append(f"| {name} | {kind} | {dt} | {n} | {err:.1f} | {target or '-'} | {met} |")
+            out.append(f"| {name} | {kind} | {dt} | {n} | {err:.1f} | {target or '-'} | {met} | "
+                       f"{pooled_cells[(kind, dtype)][1]:.1f} |")
     out += ["", "### Held-out error by source family", "",
             "`fold rows`: the rows of the same class and dtype the fold's table was fitted to (the other "
-            "families'; for MI325X / MI350X / H200 their base GPU's). A handful means the figure checks a table that "
+            "families'; for MI325X / MI350X / H200 their base GPU's; `library`: the rows of that kernel library the "
+            "library's table was fitted to). A handful means the figure checks a table that "
             "little informs (0: the fold falls back to the BF16 / dense GEMM table, or, memory-bound kernels, "
             "to the streaming-copy HBM table).", "",
-            "| GPU | class | dtype | family | points | fold rows | MAPE % | median error % |",
-            "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
+            "| GPU | class | dtype | family | library | points | fold rows | MAPE % | median error % |",
+            "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
     for name, gpu in gpus.items():
-        for kind, dtype, fam, n, err, med in held_out(gpu):
-            rows = fold_rows(name, kind, dtype, fam)
-            out.append(f"| {name} | {kind} | {dtype} | {fam} | {n} | {rows} | {err:.1f} | {med:+.1f} |")
+        for kind, dtype, fam, lib, n, err, med in held_out(gpu):
+            rows = library_fold(name, lib, fam)[1] if lib else fold_rows(name, kind, dtype, fam)
+            out.append(f"| {name} | {kind} | {dtype} | {fam} | {lib or '-'} | {n} | {rows} | {err:.1f} | {med:+.1f} |")
     out += ["", "### Table provenance (`perfsim list --provenance`)", ""]
     out += [f"- {name}: " + "; ".join(_provenance(gpu)) for name, gpu in gpus.items()]
     return "\n".join(out) + "\n"

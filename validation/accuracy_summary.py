@@ -45,8 +45,23 @@ def kernel_facts() -> dict:
             cells[f"{kind}.{dtype}"] = {"points": n, "held_out_mape_pct": _r(err), "target_pct": ak.TARGETS[kind]}
         base = ak.DERIVED.get(name, name)
         donor = {"grouped_from": ak.GROUPED_FROM[base]} if base in ak.GROUPED_FROM else {}  # its grouped tables'
-        out[name] = {"base": base, **donor, "cells": cells}
+        libraries = library_facts(name)
+        out[name] = {"base": base, **donor, "cells": cells, **({"libraries": libraries} if libraries else {})}
     return out
+
+
+def library_facts(name: str) -> dict:
+    """Kernel library -> points, held-out MAPE % of GPU ``name``'s rows of that library priced
+    at the library's own table fitted to its other families' rows (``accuracy_kernels.library_fold``):
+    the figure a report quotes for a stack that names the library."""
+    from validation import accuracy_kernels as ak
+
+    errs = {}
+    for p, fam, e in ak.held_out_errors(name):
+        library = ak.priced_library(name, p, fam)
+        if library and e is not None:
+            errs.setdefault(library, []).append(abs(e))
+    return {lib: {"points": len(v), "held_out_mape_pct": _r(100 * sum(v) / len(v))} for lib, v in sorted(errs.items())}
 
 
 def _run_stats(results, gpu_of) -> dict:

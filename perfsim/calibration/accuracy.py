@@ -174,6 +174,20 @@ def _cell(gpu: str, key: str) -> tuple[str, dict, bool] | None:
     return (donor, lent, True) if lent is not None else None
 
 
+def _library_cell(gpu: str, library: str) -> tuple[str, dict] | None:
+    """(GPU, held-out figure) of kernel ``library``'s own table: measured on ``gpu``, else on a GPU
+    of the same die (the library tables are shared across a die: validation/accuracy_kernels.py
+    library_tables); None where no two families measure the library."""
+    kernels = figures().get("kernels", {})
+    base = kernels.get(gpu, {}).get("base", gpu)
+    same_die = [gpu] + sorted(g for g, f in kernels.items() if g != gpu and base in (g, f.get("base")))
+    for on in same_die:
+        cell = kernels.get(on, {}).get("libraries", {}).get(library)
+        if cell is not None:
+            return on, cell
+    return None
+
+
 def kernel_note(gpu: str, dtype: str, moe: bool, libraries: dict[str, str], shipped: bool = True) -> tuple[dict, str]:
     if not shipped:
         return {"gpu": gpu, "checked": False}, (
@@ -189,7 +203,14 @@ def kernel_note(gpu: str, dtype: str, moe: bool, libraries: dict[str, str], ship
     for kind, dt in keys:
         label = CLASSES[kind] + ("" if kind == "attention" else f" {dt}")
         if kind in libraries:
-            parts.append(f"{label} at its {libraries[kind]} table (in-sample fit, no held-out figure)")
+            held = _library_cell(gpu, libraries[kind])
+            if held is None:
+                parts.append(f"{label} at its {libraries[kind]} table (in-sample fit, no held-out figure)")
+            else:
+                on, cell = held
+                cells[f"{kind}.{libraries[kind]}"] = {"gpu": on, **cell}
+                parts.append(f"{label} at its {libraries[kind]} table {cell['held_out_mape_pct']:.1f}% ({cell['points']} "
+                             f"points, each family against the library's other families" + ("" if on == gpu else f"; on {on}: same die") + ")")
             continue
         found = _cell(gpu, f"{kind}.{dt}")
         if found is None and kind != "attention" and dt != "bf16":  # an FP8 / FP16 cell falls back to BF16's
