@@ -41,6 +41,17 @@ def test_reader_records_forced_algorithms_and_geometry():
         read_collective_table(TABLE, series="no-such-series")
 
 
+def test_a_series_on_part_of_each_node_keeps_its_ranks_per_node(tmp_path):
+    """2 nodes x 2 GPUs are 2 ranks a node across 2 nodes (not 4 on one node's rails), and
+    2 nodes x 1 GPU one rank a node: the shape the collective is priced on."""
+    header = "series,gpu,nic,n_nodes,n_ranks,collective,size_bytes,time_us,algbw_GBps,busbw_GBps,in_place,software,launch_mode,source_url,note"
+    rows = [f"s{n}x{r},MI355X,ionic,{n},{r},all_reduce,1048576,100,,,0,RCCL,mpi,u," for n, r in ((2, 4), (2, 2), (1, 4), (2, 16))]
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    shapes = {s.series: s.points()[0].shape for s in read_collective_table(path)}
+    assert [(sh.size, sh.per_node, sh.num_nodes) for sh in shapes.values()] == [(4, 2, 2), (2, 1, 2), (4, 4, 1), (16, 8, 2)]
+
+
 def test_calibrate_fits_the_fabric_from_a_multinode_table(tmp_path):
     base = no_ramp("mi355x-pollara")
     out = tmp_path / "cal.toml"

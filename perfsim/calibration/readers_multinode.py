@@ -51,7 +51,8 @@ class CollectiveSeries:
     rows: tuple[tuple[float, float], ...]  # (size_bytes, time_us)
 
     def points(self, gpus_per_node: int = 8) -> list[CollectivePoint]:
-        per = min(gpus_per_node, self.num_ranks)
+        # the ranks spread over the nodes the series names (2 nodes x 2 GPUs is 2 a node, not 4 on one)
+        per = min(gpus_per_node, self.num_ranks, -(-self.num_ranks // max(1, self.num_nodes)))
         shape = GroupShape(size=self.num_ranks, per_node=per, num_nodes=max(self.num_nodes, -(-self.num_ranks // per)))
         return [CollectivePoint(coll=self.coll, size_bytes=s, shape=shape, time_s=t * 1e-6, label=self.series,
                                 algorithm=self.algorithm, protocol=self.protocol, launch=self.launch)
