@@ -212,6 +212,11 @@ def _mape(series, lo=0.0, hi=float("inf")):
     ("ocigpuqs_pollara_MI355X_1node_allreduce", 3.0),
     ("argonne_oci_H200_2node_allreduce", 4.0),  # NVLSTree, priced blind on it (3.2%; 28.3% on ring / tree)
     ("twinanda_runai_nebius_H200_2node_allreduce", 6.0),  # the same (5.1%; 25.7%)
+    # RCCL 2.26.6 with its internal plugin on the profile fitted with the ANP plugin (10.5%), one GPU a node (6.9%),
+    # and the per-link share fitted to 2 GPUs checked on their alltoall (17.3%; 33.7% on the whole node's)
+    ("ahalperin_amddev_MI355X_2node_8gpu_allreduce", 11.5),
+    ("ahalperin_amddev_MI355X_2node_1gpu_allreduce", 7.5),
+    ("ahalperin_amddev_MI355X_1node_2gpu_alltoall", 18.5),
 ])
 def test_check_series_stay_within_their_figures(series, large_max):
     """Series no parameter was fitted to (>= 1 MB rows only: that is what they hold)."""
@@ -497,3 +502,46 @@ def test_a_fit_that_reaches_one_knot_keeps_the_profiles_other_knots():
     assert list(new[:-1]) == pytest.approx(own[:-1], abs=1e-4)
     assert new[0] < 0.01 < 0.9 < new[-1]  # a ramp, not flat at the top knot's value
     assert fit.mape_after <= fit.mape_before + 1e-9
+
+
+def test_a_collective_over_part_of_a_node_reaches_less_of_each_link():
+    """MI355X's node profile: a ring over 2 or 4 of the node's GPUs reaches about 0.74-0.76 of the
+    usable link bandwidth the whole node reaches (fitted to a single-node 2- and 4-GPU sweep);
+    a 1 GB all_reduce over 2 GPUs moves S over one link, so it takes S / (0.7386 x 60.81 GB/s)
+    plus its latency; over all 8 the link bandwidth is the fitted one."""
+    cluster = load_cluster("mi355x-pollara")
+    node = cluster.node
+    assert node.group_gpus == (2, 4, 8) and node.group_link_efficiency[-1] == 1.0
+    assert node.group_link_Bps(8) == node.link_Bps and node.group_link_Bps(2) == pytest.approx(0.7386 * node.link_Bps)
+    assert node.group_link_Bps(3) == pytest.approx((0.7386 + 0.7558) / 2 * node.link_Bps)
+    two = collective_cost(Coll.ALL_REDUCE, 1 << 30, GroupShape(size=2, per_node=2, num_nodes=1), cluster)
+    simple = cluster.collectives.protocols["simple"].bw_efficiency
+    assert two.time_s == pytest.approx((1 << 30) / (node.group_link_Bps(2) * simple), rel=0.02)
+    plain = dataclasses.replace(cluster, node=dataclasses.replace(node, group_gpus=(), group_link_efficiency=()))
+    assert collective_cost(Coll.ALL_REDUCE, 1 << 30, GroupShape(size=2, per_node=2, num_nodes=1), plain).time_s \
+        == pytest.approx(two.time_s * 0.7386, rel=0.02)
+    whole = GroupShape(size=8, per_node=8, num_nodes=1)
+    assert collective_cost(Coll.ALL_REDUCE, 1 << 30, whole, cluster).time_s == collective_cost(
+        Coll.ALL_REDUCE, 1 << 30, whole, plain).time_s
+    assert load_cluster("mi300x-pollara").node.group_gpus == ()  # no MI300X measurement of part of a node
+
+
+def test_the_group_link_fit_reproduces_the_shipped_values():
+    from validation import fit_fabric
+
+    effs, mapes, before, after = fit_fabric.fit_group_links()
+    node = load_cluster("mi355x-pollara").node
+    assert [*effs.values(), 1.0] == list(node.group_link_efficiency) and [*effs, 8] == list(node.group_gpus)
+    assert all(b < a for a, b in mapes.values()) and after < before
+
+
+@pytest.mark.parametrize("cells, message", [
+    (dict(group_gpus=[2, 4], group_link_efficiency=[0.7]), "must have the same length"),
+    (dict(group_gpus=[4, 2], group_link_efficiency=[0.7, 0.8]), "increasing GPU counts >= 2"),
+    (dict(group_gpus=[1], group_link_efficiency=[0.7]), "increasing GPU counts >= 2"),
+    (dict(group_gpus=[2], group_link_efficiency=[1.5]), "group_link_efficiency must be in (0, 1]"),
+])
+def test_a_bad_group_link_table_is_one_clear_error(cells, message):
+    node = load_cluster("mi355x-pollara").node
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        dataclasses.replace(node, **{k: tuple(v) for k, v in cells.items()})

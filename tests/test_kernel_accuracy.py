@@ -105,10 +105,9 @@ def test_cudnn_frontend_rows_are_a_second_h200_attention_family(summaries):
     assert points == 112 and err <= 25.3 * 1.1
 
 
-def test_every_row_is_priced_by_tables_not_fitted_to_its_family(monkeypatch):
-    """Leave one family out: the fold that checks a family never fits a row of it (a
-    derived GPU's fold fits its base's rows, also without that family), and every row is
-    checked exactly once."""
+@pytest.fixture
+def fitted_points(monkeypatch):
+    """The point lists every ``kernel_fit.fit_kernels`` call of the test is given, in order."""
     seen = []
     fit = acc.kernel_fit.fit_kernels
 
@@ -117,6 +116,14 @@ def test_every_row_is_priced_by_tables_not_fitted_to_its_family(monkeypatch):
         return fit(points, gpu, **kw)
 
     monkeypatch.setattr(acc.kernel_fit, "fit_kernels", spy)
+    return seen
+
+
+def test_every_row_is_priced_by_tables_not_fitted_to_its_family(monkeypatch, fitted_points):
+    """Leave one family out: the fold that checks a family never fits a row of it (a
+    derived GPU's fold fits its base's rows, also without that family), and every row is
+    checked exactly once."""
+    seen = fitted_points
     monkeypatch.setattr(acc, "_fold", acc._fold.__wrapped__)  # fit each fold here, not from the cache
     for name in ("h200", "h100"):
         base = acc.DERIVED.get(name, name)
@@ -139,18 +146,11 @@ def test_every_row_is_priced_by_tables_not_fitted_to_its_family(monkeypatch):
     assert sorted(id(p) for p, _, _ in errors) == sorted(id(p) for p, _ in acc.pool("h100"))
 
 
-def test_a_library_row_is_checked_against_its_librarys_table_fitted_without_its_family(monkeypatch):
+def test_a_library_row_is_checked_against_its_librarys_table_fitted_without_its_family(monkeypatch, fitted_points):
     """A row of a kernel library with a table of its own (torch._grouped_mm on H200) is priced
     held out as a stack naming the library prices it: at that library's table, fitted to the
     library's rows of the other families only; a row of no such library at the pooled fold."""
-    seen = []
-    fit = acc.kernel_fit.fit_kernels
-
-    def spy(points, gpu, **kw):
-        seen.append(points)
-        return fit(points, gpu, **kw)
-
-    monkeypatch.setattr(acc.kernel_fit, "fit_kernels", spy)
+    seen = fitted_points
     monkeypatch.setattr(acc, "library_fold", acc.library_fold.__wrapped__)
     table, rows = acc.library_fold("h200", "torch_grouped_mm", "prime-rl")
     fams = {p.line: f for split in acc.SPLITS for p in acc.points(acc.load_gpu("h200"), split)

@@ -106,6 +106,37 @@ CASES = (
          "on the assumed 56.2 GB/s per link: 6.7%)"),
     Case("ocigpuqs_pollara_MI355X_1node_allreduce", "mi355x-pollara", "check",
          "as above, the same repo's Pollara README (command not shown), 8-16 GB rows only (blind: 7.1%)"),
+    Case("ahalperin_amddev_MI355X_1node_2gpu_allreduce", "mi355x-pollara", "fit",
+         "2 of one node's 8 MI355X, RCCL 2.26.6 from source, one process per GPU, 4 B-8 GB, one run with per-call "
+         "INFO tracing on (Ahalperin/amd-dev, session 48): the per-link share a collective over 2 of the node's GPUs "
+         "reaches (nodes/mi355x-8.toml group_link_efficiency, 0.739) is fitted to its >= 128 MB rows (blind on the "
+         "whole node's link bandwidth: 16.6% / 11.6%)"),
+    Case("ahalperin_amddev_MI355X_1node_4gpu_allreduce", "mi355x-pollara", "fit",
+         "as above, 4 of the node's GPUs (0.756; blind: 18.9% / 41.8%)"),
+    Case("ahalperin_amddev_MI355X_1node_8gpu_allreduce", "mi355x-pollara", "check",
+         "as above, the whole node: a check of the usable link bandwidth fitted to the RCCL 2.28.3 sweep (below 1 MB "
+         "this run's per-call tracing and RCCL's TREE/LL both show)"),
+    Case("ahalperin_amddev_MI355X_1node_2gpu_alltoall", "mi355x-pollara", "check",
+         "alltoall on 2 of the node's GPUs, the same source (blind on the whole node's link bandwidth: 33.7% / 20.0%)"),
+    Case("ahalperin_amddev_MI355X_1node_4gpu_alltoall", "mi355x-pollara", "check",
+         "alltoall on 4 (blind: 22.4% / 80.4%)"),
+    Case("ahalperin_amddev_MI355X_1node_8gpu_alltoall", "mi355x-pollara", "check", "alltoall on the whole node"),
+    Case("ahalperin_amddev_MI355X_2node_1gpu_allreduce", "mi355x-pollara", "check",
+         "1 GPU on each of 2 nodes (hosts amd-mi355x-5 and -6), 8 ionic (Pollara) NICs each, RCCL 2.26.6 with its "
+         "internal net plugin (PXN off): one NIC carries the ring"),
+    Case("ahalperin_amddev_MI355X_2node_2gpu_allreduce", "mi355x-pollara", "check",
+         "2 GPUs on each of 2 nodes: 48 GB/s bus bandwidth at 4-8 GB, one NIC's worth, where perfsim spreads the ring "
+         "over both GPUs' NICs (RCCL's rings for this shape not read; blind: 39.3% / 26.1%)"),
+    Case("ahalperin_amddev_MI355X_2node_4gpu_allreduce", "mi355x-pollara", "check",
+         "4 GPUs on each of 2 nodes: 131 GB/s at 4-8 GB, as one node's 4 GPUs (133); its 4-32 KB rows, 1.2-1.4 ms "
+         "between 43 us and 81 us, left out as a stall (blind: 24.0% / 11.2%)"),
+    Case("ahalperin_amddev_MI355X_2node_8gpu_allreduce", "mi355x-pollara", "check",
+         "both whole nodes: RCCL 2.26.6 with its internal plugin, priced on the profile fitted to RCCL 2.26.6 with the "
+         "ANP plugin (AAC14)"),
+    Case("ahalperin_amddev_MI355X_2node_1gpu_alltoall", "mi355x-pollara", "check", "alltoall, 1 GPU on each of 2 nodes"),
+    Case("ahalperin_amddev_MI355X_2node_2gpu_alltoall", "mi355x-pollara", "check", "alltoall, 2 GPUs on each of 2 nodes"),
+    Case("ahalperin_amddev_MI355X_2node_4gpu_alltoall", "mi355x-pollara", "check",
+         "alltoall, 4 GPUs on each of 2 nodes (the 8-GPU alltoall run stopped before its table)"),
     Case("nccltests_issue290_H100_1node_nvls_allreduce", "h100-ib", "check",
          "one node, 8 H100 (SXM), nccl-tests -g 8, NCCL version not stated, 128 MB-4 GB, NVLS per the maintainer's "
          "reply (NVIDIA/nccl-tests issue #290; iters 2): a check of the NVLS efficiency and latency fitted on Azure's "

@@ -26,6 +26,10 @@ names the series it uses; validation/accuracy_fabric.py checks on the others).
   the lock-step ring at the floor.
 * NVLS efficiency and latency: Azure ND H100 v5 8-GPU NVLS all_reduce log.
 * Graph-capture saving: the MI300X hipGraph rccl-tests log (AMD blog) against the no-graph profile.
+* MI355X per-link share for a collective over part of a node (``group_link_efficiency``, 2
+  and 4 GPUs; the whole node at 1): Ahalperin/amd-dev's single-node 2- and 4-GPU all_reduce
+  sweeps' bandwidth-bound rows (``fit_group_links``); checked on the same source's alltoall
+  and 2-node partial-node runs.
 * MI355X usable xGMI bandwidth per link (``nodes/mi355x-8.toml``, carried to MI350X's node):
   the ylerman-dn/amd-dev single-node all_reduce's bandwidth-bound rows (>= 128 MB, RING /
   SIMPLE in RCCL's and perfsim's choice), with the Simple protocol's efficiency held at
@@ -73,6 +77,16 @@ XGMI_FIT = "ylerman_amddev_MI355X_1node_allreduce"
 XGMI_CHECKS = ("ocigpuqs_mi355x_MI355X_1node_allreduce", "ocigpuqs_pollara_MI355X_1node_allreduce")
 XGMI_MIN_BYTES = 128 << 20  # RING / SIMPLE at 1 node in both RCCL's SUMMARY and perfsim: the bandwidth-bound rows
 XGMI_BOUNDS_GBPS = (20.0, 76.8)  # up to the raw link rate (76.8 GB/s per direction, CDNA4 white paper)
+# the share of the usable link bandwidth a collective over part of the node reaches per link
+# (nodes/mi355x-8.toml group_gpus / group_link_efficiency): Ahalperin/amd-dev's single-node
+# 2- and 4-GPU all_reduce sweeps (RCCL 2.26.6), their bandwidth-bound rows; the whole node (8)
+# is the link bandwidth fitted above (efficiency 1); checked on the same source's single-node
+# alltoall and 2-node partial-node runs (GROUP_CHECKS), no other source measuring part of a node
+GROUP_FITS = {2: "ahalperin_amddev_MI355X_1node_2gpu_allreduce", 4: "ahalperin_amddev_MI355X_1node_4gpu_allreduce"}
+GROUP_CHECKS = ("ahalperin_amddev_MI355X_1node_2gpu_alltoall", "ahalperin_amddev_MI355X_1node_4gpu_alltoall",
+                "ahalperin_amddev_MI355X_2node_2gpu_allreduce", "ahalperin_amddev_MI355X_2node_4gpu_allreduce",
+                "ahalperin_amddev_MI355X_2node_2gpu_alltoall", "ahalperin_amddev_MI355X_2node_4gpu_alltoall")
+GROUP_BOUNDS = (0.2, 1.0)
 IB_FIT = "nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128"
 IB_MIN_KNOT_KB = 4096.0
 IB_MIN_BYTES = 4 << 30  # bandwidth-bound rows of the 1,024-rank ring
@@ -131,6 +145,33 @@ def fit_xgmi(profile: str = "mi355x-pollara", name: str = XGMI_FIT,
     fitted = with_link_bw(cluster, float(fit.x[0]))
     return (fitted.node.link_bw_GBps, fabric_fit.mape(points, cluster), fabric_fit.mape(points, fitted),
             fabric_fit.mape(held_out, cluster), fabric_fit.mape(held_out, fitted))
+
+
+def with_groups(cluster, gpus: tuple[int, ...], efficiency: tuple[float, ...]):
+    return dataclasses.replace(cluster, node=dataclasses.replace(
+        cluster.node, group_gpus=tuple(gpus), group_link_efficiency=tuple(float(e) for e in efficiency)))
+
+
+def fit_group_links(profile: str = "mi355x-pollara") -> tuple[dict[int, float], dict[int, tuple[float, float]], float, float]:
+    """({GPUs: link efficiency}, {GPUs: (fit MAPE % before, after)}, check MAPE % >= 1 MB before,
+    after): per group size in ``GROUP_FITS``, the share of the node's usable link bandwidth a
+    collective over that many of its GPUs reaches, on the series' rows >= ``XGMI_MIN_BYTES``
+    (every other value held; the whole node at 1); checked on ``GROUP_CHECKS``."""
+    cluster = with_groups(load_cluster(profile), (), ())
+    effs, mapes = {}, {}
+    for gpus, name in sorted(GROUP_FITS.items()):
+        points = [p for p in series(name).points() if p.size_bytes >= XGMI_MIN_BYTES]
+
+        def errs(theta, gpus=gpus, points=points):
+            c = with_groups(cluster, (gpus, cluster.node.gpus_per_node), (theta[0], 1.0))
+            return np.array([fabric_fit.predict(p, c) / p.time_s - 1 for p in points])
+
+        fit = least_squares(errs, [1.0], bounds=GROUP_BOUNDS)
+        effs[gpus] = round(float(fit.x[0]), 4)
+        mapes[gpus] = (100 * float(np.mean(np.abs(errs([1.0])))), 100 * float(np.mean(np.abs(errs([effs[gpus]])))))
+    fitted = with_groups(cluster, (*effs, cluster.node.gpus_per_node), (*effs.values(), 1.0))
+    checks = [p for c in GROUP_CHECKS for p in series(c).points() if p.size_bytes >= 1 << 20]
+    return effs, mapes, fabric_fit.mape(checks, cluster), fabric_fit.mape(checks, fitted)
 
 
 def fit_ring_floor(profile: str = "h100-ib", name: str = IB_FIT, below: float = IB_MIN_BYTES) -> tuple[float, float, float]:
@@ -221,6 +262,10 @@ def main() -> int:
     print(f"[mi355x-8, carried to mi350x-8] usable xGMI on {XGMI_FIT} rows >= {XGMI_MIN_BYTES >> 20} MB: "
           f"link_bw_GBps = {bw:.2f} (MAPE {before:.2f}% -> {after:.2f}%; checks {', '.join(XGMI_CHECKS)}: "
           f"{chk_before:.2f}% -> {chk_after:.2f}%)")
+    effs, mapes, chk_before, chk_after = fit_group_links()
+    print(f"[mi355x-8, carried to mi350x-8] group_gpus = {[*effs, 8]}, group_link_efficiency = {[*effs.values(), 1.0]} "
+          f"(" + "; ".join(f"{g} GPUs on {GROUP_FITS[g]} rows >= {XGMI_MIN_BYTES >> 20} MB: MAPE {a:.1f}% -> {b:.1f}%"
+                           for g, (a, b) in mapes.items()) + f"; checks >= 1 MB {chk_before:.1f}% -> {chk_after:.1f}%)")
     fits = {}
     # the Pollara ring step floor is RCCL's own constant (held: a 16-rank all_reduce sweep
     # never runs a ring at the sizes it would show), the IB one is fitted (fit_ring_floor)

@@ -82,7 +82,8 @@ def _intra_demand(phase: Phase, cluster: ClusterSpec, peers: tuple[int, ...], ef
     if node.intra_topology is IntraTopology.SWITCH:
         return {SWITCH_PORT: phase.intra_bytes / (node.gpu_bw_Bps(len(peers)) * eff)}
     links = peers[: max(1, min(phase.intra_links, len(peers)))]
-    return {f"{network.XGMI}:{peer}": phase.intra_bytes / len(links) / (node.link_Bps * eff) for peer in links}
+    link = node.group_link_Bps(len(peers) + 1)  # a group of part of the node reaches less of each link
+    return {f"{network.XGMI}:{peer}": phase.intra_bytes / len(links) / (link * eff) for peer in links}
 
 
 def _inter_demand(phase: Phase, num_nodes: int, cluster: ClusterSpec, eff: float) -> dict[str, float]:

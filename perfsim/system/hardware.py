@@ -187,8 +187,21 @@ class NodeSpec:
     link_bw_GBps: float
     link_latency_us: float
     pcie_bw_GBps: float
+    # the share of link_bw_GBps a collective reaches on each link when only group_gpus[i] GPUs of
+    # the node take part (the collective library runs fewer channels for a smaller group), linear
+    # in the GPU count between the points, clamped at both ends; empty: every group at link_bw_GBps
+    group_gpus: tuple[int, ...] = ()
+    group_link_efficiency: tuple[float, ...] = ()
+    group_source: str = ""
 
     def __post_init__(self):
+        if len(self.group_gpus) != len(self.group_link_efficiency):
+            raise ConfigError(f"node.group_gpus ({len(self.group_gpus)} values) and node.group_link_efficiency "
+                              f"({len(self.group_link_efficiency)}) must have the same length")
+        if any(g < 2 for g in self.group_gpus) or list(self.group_gpus) != sorted(set(self.group_gpus)):
+            raise ConfigError(f"node.group_gpus must be increasing GPU counts >= 2, got {list(self.group_gpus)!r}")
+        if not all(0 < e <= 1 for e in self.group_link_efficiency):
+            raise ConfigError(f"node.group_link_efficiency must be in (0, 1], got {list(self.group_link_efficiency)!r}")
         check_positive(
             "node",
             gpus_per_node=self.gpus_per_node,
@@ -212,6 +225,19 @@ class NodeSpec:
     @property
     def link_latency_s(self) -> float:
         return units.us_to_s(self.link_latency_us)
+
+    def group_link_Bps(self, gpus: int) -> float:
+        """Per-link bandwidth a collective over ``gpus`` GPUs of this node reaches (``group_gpus``)."""
+        xs, ys = self.group_gpus, self.group_link_efficiency
+        if not xs:
+            return self.link_Bps
+        if gpus <= xs[0] or len(xs) == 1:
+            return self.link_Bps * ys[0] if gpus <= xs[0] else self.link_Bps * ys[-1]
+        if gpus >= xs[-1]:
+            return self.link_Bps * ys[-1]
+        i = next(i for i, x in enumerate(xs) if x >= gpus)
+        t = (gpus - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return self.link_Bps * (ys[i - 1] + t * (ys[i] - ys[i - 1]))
 
     def gpu_bw_Bps(self, num_peers: int) -> float:
         """Per-direction bandwidth one GPU has to ``num_peers`` peers of its node."""
@@ -556,6 +582,8 @@ def cluster_provenance(cluster: ClusterSpec) -> list[tuple[str, str, str]]:
     table of a cluster profile: the cluster, its node's links, the fabric and its NIC
     ramp, the collective library's tuning, each MoE dispatch implementation."""
     rows = [("cluster", cluster.source), ("node", cluster.node.source), ("fabric", cluster.fabric.source)]
+    if cluster.node.group_source:
+        rows.insert(2, ("node.group", cluster.node.group_source))
     if cluster.fabric.message_source:
         rows.append(("fabric.message", cluster.fabric.message_source))
     rows.append(("collectives", cluster.collectives.source))
