@@ -99,7 +99,10 @@ CASES = (
     Case("ylerman_amddev_MI355X_1node_allgather", "mi355x-pollara-rccl227", "check", "as above, all_gather (1 run)"),
     Case("ylerman_amddev_MI355X_1node_reducescatter", "mi355x-pollara-rccl227", "check",
          "as above, reduce_scatter (1 run)"),
-    Case("ylerman_amddev_MI355X_1node_alltoall", "mi355x-pollara-rccl227", "check", "as above, alltoall (1 run)"),
+    Case("ylerman_amddev_MI355X_1node_alltoall", "mi355x-pollara-rccl227", "fit",
+         "as above, alltoall (1 run): the share of the usable link bandwidth RCCL's all-to-all reaches inside the node "
+         "(dispatch.rccl intra_efficiency 0.8665) is fitted to its >= 128 MB rows (session 48; blind on the assumed "
+         "0.956: 17.4% / 39.3%)"),
     Case("ocigpuqs_mi355x_MI355X_1node_allreduce", "mi355x-pollara", "check",
          "one node, 8 MI355X, rccl-tests -g 8 (one process), ROCm 7.0.2 image (RCCL 2.26.6 per its OS table), 8-16 GB "
          "rows only (oci-ai-incubations/oci-gpu-quickstarts README-MI355X): the fitted xGMI bandwidth's check (blind "
@@ -117,10 +120,14 @@ CASES = (
          "as above, the whole node: a check of the usable link bandwidth fitted to the RCCL 2.28.3 sweep (below 1 MB "
          "this run's per-call tracing and RCCL's TREE/LL both show)"),
     Case("ahalperin_amddev_MI355X_1node_2gpu_alltoall", "mi355x-pollara", "check",
-         "alltoall on 2 of the node's GPUs, the same source (blind on the whole node's link bandwidth: 33.7% / 20.0%)"),
+         "alltoall on 2 of the node's GPUs, the same source, its >= 64 MB rows (below, the per-call tracing sets a "
+         "floor that grows with the peers); priced at the full link (every pair at once: no group share) with the "
+         "all-to-all share fitted on ylerman's run (blind, on the assumed 0.956: 29.4%)"),
     Case("ahalperin_amddev_MI355X_1node_4gpu_alltoall", "mi355x-pollara", "check",
-         "alltoall on 4 (blind: 22.4% / 80.4%)"),
-    Case("ahalperin_amddev_MI355X_1node_8gpu_alltoall", "mi355x-pollara", "check", "alltoall on the whole node"),
+         "alltoall on 4, >= 64 MB (blind: 7.0%; with the rings' group share it would be 34%)"),
+    Case("ahalperin_amddev_MI355X_1node_8gpu_alltoall", "mi355x-pollara", "check",
+         "alltoall on the whole node, >= 64 MB (the tracing's floor, 300 us, reaches 64 MB): the check of the all-to-all "
+         "share fitted on ylerman's RCCL 2.28.3 run (blind: 15.2%; 10.8% -> 2.0% on the >= 128 MB rows)"),
     Case("ahalperin_amddev_MI355X_2node_1gpu_allreduce", "mi355x-pollara", "check",
          "1 GPU on each of 2 nodes (hosts amd-mi355x-5 and -6), 8 ionic (Pollara) NICs each, RCCL 2.26.6 with its "
          "internal net plugin (PXN off): one NIC carries the ring"),
@@ -133,10 +140,24 @@ CASES = (
     Case("ahalperin_amddev_MI355X_2node_8gpu_allreduce", "mi355x-pollara", "check",
          "both whole nodes: RCCL 2.26.6 with its internal plugin, priced on the profile fitted to RCCL 2.26.6 with the "
          "ANP plugin (AAC14)"),
-    Case("ahalperin_amddev_MI355X_2node_1gpu_alltoall", "mi355x-pollara", "check", "alltoall, 1 GPU on each of 2 nodes"),
-    Case("ahalperin_amddev_MI355X_2node_2gpu_alltoall", "mi355x-pollara", "check", "alltoall, 2 GPUs on each of 2 nodes"),
+    Case("ahalperin_amddev_MI355X_2node_1gpu_alltoall", "mi355x-pollara", "check",
+         "alltoall, 1 GPU on each of 2 nodes, >= 64 MB"),
+    Case("ahalperin_amddev_MI355X_2node_2gpu_alltoall", "mi355x-pollara", "check",
+         "alltoall, 2 GPUs on each of 2 nodes, >= 64 MB"),
     Case("ahalperin_amddev_MI355X_2node_4gpu_alltoall", "mi355x-pollara", "check",
-         "alltoall, 4 GPUs on each of 2 nodes (the 8-GPU alltoall run stopped before its table)"),
+         "alltoall, 4 GPUs on each of 2 nodes, >= 64 MB (the 8-GPU alltoall run stopped before its table)"),
+    Case("xxrjun_H100_1node_8gpu_allreduce", "h100-ib", "check",
+         "one node, 8 H100 (SXM), NCCL 2.28.7, nccl-tests one process per GPU, 64 MB-16 GB (xxrjun/nccl-tests-cluster, "
+         "session 48, blind): NVLS all_reduce"),
+    Case("xxrjun_H100_1node_8gpu_allgather", "h100-ib", "check", "as above, all_gather (the NVSwitch ring)"),
+    Case("xxrjun_H100_1node_8gpu_reducescatter", "h100-ib", "check", "as above, reduce_scatter"),
+    Case("xxrjun_H100_1node_8gpu_alltoall", "h100-ib", "check", "as above, alltoall"),
+    Case("xxrjun_H100_1node_4gpu_allreduce", "h100-ib", "check",
+         "4 of the same node's 8 H100 (devices 0-3), the same run's other collectives beside it: on NVSwitch a GPU's "
+         "bandwidth does not depend on how many peers it has (blind)"),
+    Case("xxrjun_H100_1node_4gpu_allgather", "h100-ib", "check", "4 of the node's H100, all_gather"),
+    Case("xxrjun_H100_1node_4gpu_reducescatter", "h100-ib", "check", "4 of the node's H100, reduce_scatter"),
+    Case("xxrjun_H100_1node_4gpu_alltoall", "h100-ib", "check", "4 of the node's H100, alltoall"),
     Case("nccltests_issue290_H100_1node_nvls_allreduce", "h100-ib", "check",
          "one node, 8 H100 (SXM), nccl-tests -g 8, NCCL version not stated, 128 MB-4 GB, NVLS per the maintainer's "
          "reply (NVIDIA/nccl-tests issue #290; iters 2): a check of the NVLS efficiency and latency fitted on Azure's "

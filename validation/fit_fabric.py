@@ -28,8 +28,10 @@ names the series it uses; validation/accuracy_fabric.py checks on the others).
 * Graph-capture saving: the MI300X hipGraph rccl-tests log (AMD blog) against the no-graph profile.
 * MI355X per-link share for a collective over part of a node (``group_link_efficiency``, 2
   and 4 GPUs; the whole node at 1): Ahalperin/amd-dev's single-node 2- and 4-GPU all_reduce
-  sweeps' bandwidth-bound rows (``fit_group_links``); checked on the same source's alltoall
-  and 2-node partial-node runs.
+  sweeps' bandwidth-bound rows (``fit_group_links``), for the phases that run over rings and
+  trees; checked on the same source's 2-node runs of 2 and 4 GPUs a node.
+* RCCL's all-to-all inside one MI355X node (``dispatch.rccl`` intra_efficiency): ylerman-dn/amd-dev's
+  single-node alltoall's bandwidth-bound rows (``fit_alltoall_intra``); checked on Ahalperin/amd-dev's.
 * MI355X usable xGMI bandwidth per link (``nodes/mi355x-8.toml``, carried to MI350X's node):
   the ylerman-dn/amd-dev single-node all_reduce's bandwidth-bound rows (>= 128 MB, RING /
   SIMPLE in RCCL's and perfsim's choice), with the Simple protocol's efficiency held at
@@ -80,13 +82,19 @@ XGMI_BOUNDS_GBPS = (20.0, 76.8)  # up to the raw link rate (76.8 GB/s per direct
 # the share of the usable link bandwidth a collective over part of the node reaches per link
 # (nodes/mi355x-8.toml group_gpus / group_link_efficiency): Ahalperin/amd-dev's single-node
 # 2- and 4-GPU all_reduce sweeps (RCCL 2.26.6), their bandwidth-bound rows; the whole node (8)
-# is the link bandwidth fitted above (efficiency 1); checked on the same source's single-node
-# alltoall and 2-node partial-node runs (GROUP_CHECKS), no other source measuring part of a node
+# is the link bandwidth fitted above (efficiency 1); rings only (the same groups' alltoalls, every
+# pair at once, show no such share); checked on the same source's 2-node runs of 2 and 4 GPUs a node
+# (GROUP_CHECKS), no other source measuring part of an MI355X node
 GROUP_FITS = {2: "ahalperin_amddev_MI355X_1node_2gpu_allreduce", 4: "ahalperin_amddev_MI355X_1node_4gpu_allreduce"}
-GROUP_CHECKS = ("ahalperin_amddev_MI355X_1node_2gpu_alltoall", "ahalperin_amddev_MI355X_1node_4gpu_alltoall",
-                "ahalperin_amddev_MI355X_2node_2gpu_allreduce", "ahalperin_amddev_MI355X_2node_4gpu_allreduce",
-                "ahalperin_amddev_MI355X_2node_2gpu_alltoall", "ahalperin_amddev_MI355X_2node_4gpu_alltoall")
+GROUP_CHECKS = ("ahalperin_amddev_MI355X_2node_2gpu_allreduce", "ahalperin_amddev_MI355X_2node_4gpu_allreduce")
 GROUP_BOUNDS = (0.2, 1.0)
+# RCCL's all-to-all inside one MI355X node (dispatch.rccl intra_efficiency: its share of the usable
+# link bandwidth above, which an 8-GPU ring reaches): ylerman-dn/amd-dev's single-node alltoall
+# (RCCL 2.28.3), its bandwidth-bound rows; checked on Ahalperin/amd-dev's (RCCL 2.26.6, the same
+# machines, another person's harness)
+A2A_INTRA_FIT = "ylerman_amddev_MI355X_1node_alltoall"
+A2A_INTRA_CHECK = "ahalperin_amddev_MI355X_1node_8gpu_alltoall"
+A2A_INTRA_ASSUMED = 0.956  # shipped until session 48: assumed, the Simple protocol's efficiency of mi300x-pollara's fit
 IB_FIT = "nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128"
 IB_MIN_KNOT_KB = 4096.0
 IB_MIN_BYTES = 4 << 30  # bandwidth-bound rows of the 1,024-rank ring
@@ -172,6 +180,29 @@ def fit_group_links(profile: str = "mi355x-pollara") -> tuple[dict[int, float], 
     fitted = with_groups(cluster, (*effs, cluster.node.gpus_per_node), (*effs.values(), 1.0))
     checks = [p for c in GROUP_CHECKS for p in series(c).points() if p.size_bytes >= 1 << 20]
     return effs, mapes, fabric_fit.mape(checks, cluster), fabric_fit.mape(checks, fitted)
+
+
+def with_intra_a2a(cluster, efficiency: float, impl: str = "rccl"):
+    spec = dataclasses.replace(cluster.dispatch[impl], intra_efficiency=float(efficiency))
+    return dataclasses.replace(cluster, dispatch={**cluster.dispatch, impl: spec})
+
+
+def fit_alltoall_intra(profile: str = "mi355x-pollara") -> tuple[float, float, float, float, float]:
+    """(intra_efficiency, fit MAPE % before, after, check MAPE % before, after): the share of the
+    node's usable link bandwidth RCCL's all-to-all reaches inside one node, on ``A2A_INTRA_FIT``'s
+    rows >= ``XGMI_MIN_BYTES`` (every other value held), checked on ``A2A_INTRA_CHECK``'s rows of
+    the same sizes (another RCCL, another harness); "before": at the value it replaced
+    (``A2A_INTRA_ASSUMED``)."""
+    cluster = with_intra_a2a(load_cluster(profile), A2A_INTRA_ASSUMED)
+    points = [p for p in series(A2A_INTRA_FIT).points() if p.size_bytes >= XGMI_MIN_BYTES]
+    checks = [p for p in series(A2A_INTRA_CHECK).points() if p.size_bytes >= XGMI_MIN_BYTES]
+    fit = least_squares(lambda th: np.array([fabric_fit.predict(p, with_intra_a2a(cluster, th[0])) / p.time_s - 1
+                                             for p in points]), [cluster.dispatch["rccl"].intra_efficiency],
+                        bounds=ALLTOALL_EFF_BOUNDS)
+    eff = round(float(fit.x[0]), 4)
+    fitted = with_intra_a2a(cluster, eff)
+    return (eff, fabric_fit.mape(points, cluster), fabric_fit.mape(points, fitted),
+            fabric_fit.mape(checks, cluster), fabric_fit.mape(checks, fitted))
 
 
 def fit_ring_floor(profile: str = "h100-ib", name: str = IB_FIT, below: float = IB_MIN_BYTES) -> tuple[float, float, float]:
@@ -262,6 +293,10 @@ def main() -> int:
     print(f"[mi355x-8, carried to mi350x-8] usable xGMI on {XGMI_FIT} rows >= {XGMI_MIN_BYTES >> 20} MB: "
           f"link_bw_GBps = {bw:.2f} (MAPE {before:.2f}% -> {after:.2f}%; checks {', '.join(XGMI_CHECKS)}: "
           f"{chk_before:.2f}% -> {chk_after:.2f}%)")
+    eff, before, after, chk_before, chk_after = fit_alltoall_intra()
+    print(f"[mi355x-pollara, carried to mi350x-pollara] dispatch.rccl intra_efficiency = {eff} on {A2A_INTRA_FIT} rows >= "
+          f"{XGMI_MIN_BYTES >> 20} MB (MAPE {before:.1f}% -> {after:.1f}%; check {A2A_INTRA_CHECK}: {chk_before:.1f}% -> "
+          f"{chk_after:.1f}%)")
     effs, mapes, chk_before, chk_after = fit_group_links()
     print(f"[mi355x-8, carried to mi350x-8] group_gpus = {[*effs, 8]}, group_link_efficiency = {[*effs.values(), 1.0]} "
           f"(" + "; ".join(f"{g} GPUs on {GROUP_FITS[g]} rows >= {XGMI_MIN_BYTES >> 20} MB: MAPE {a:.1f}% -> {b:.1f}%"

@@ -39,7 +39,7 @@ def all_to_all_phase(intra: float, inter: float, shape: GroupShape, cluster: Clu
                  intra_steps=1 if p > 1 else 0, inter_steps=1 if m > 1 else 0,
                  cross_share=cross, flows_per_gpu=max(1, peers), inter_peers=max(1, peers) if inter > 0 else 0,
                  intra_efficiency=None if spec is None else spec.intra_efficiency,
-                 inter_efficiency=None if spec is None else spec.rdma_efficiency)
+                 inter_efficiency=None if spec is None else spec.rdma_efficiency, rings=False)
 
 
 DEFAULT_IMPLS = ("rccl", "nccl")  # the collective library's own all-to-all

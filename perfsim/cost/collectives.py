@@ -106,13 +106,14 @@ def direct(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> 
     if coll is Coll.ALL_TO_ALL:
         return [alltoall.all_to_all_phase(size * (p - 1) / n, size * (n - p) / n, shape, cluster)]
     if coll is Coll.SEND_RECV:
-        return [Phase(inter_bytes=size, inter_steps=1)] if m > 1 else [Phase(intra_bytes=size, intra_steps=1)]
+        return [Phase(inter_bytes=size, inter_steps=1, rings=False)] if m > 1 else \
+            [Phase(intra_bytes=size, intra_steps=1, rings=False)]
     if m > 1:
         return []
     if coll in (Coll.BROADCAST, Coll.REDUCE):  # the root's buffer to (or from) every peer
-        return [Phase(intra_bytes=size * (n - 1), intra_links=n - 1, intra_steps=1)]
+        return [Phase(intra_bytes=size * (n - 1), intra_links=n - 1, intra_steps=1, rings=False)]
     steps = 2 if coll is Coll.ALL_REDUCE else 1
-    return [Phase(intra_bytes=RING_SHARE[coll](n) * size, intra_links=n - 1, intra_steps=steps)]
+    return [Phase(intra_bytes=RING_SHARE[coll](n) * size, intra_links=n - 1, intra_steps=steps, rings=False)]
 
 
 def _has_nvls(cluster: ClusterSpec) -> bool:

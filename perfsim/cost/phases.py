@@ -34,6 +34,10 @@ class Phase:
     intra_efficiency: float | None = None  # overrides the protocol's (NVLS, dispatch kernels)
     inter_efficiency: float | None = None
     inter_step_us: float | None = None  # a network step's latency; None: the profile's ring step
+    # the phase runs over the rings / trees the library builds for the group, so a group of part of
+    # a node reaches its share of each link (NodeSpec.group_link_Bps); False: every pair at once
+    # (one-shot, all-to-all), measured at the link's full usable rate
+    rings: bool = True
 
     @property
     def message_bytes(self) -> float:
@@ -82,7 +86,8 @@ def _intra_demand(phase: Phase, cluster: ClusterSpec, peers: tuple[int, ...], ef
     if node.intra_topology is IntraTopology.SWITCH:
         return {SWITCH_PORT: phase.intra_bytes / (node.gpu_bw_Bps(len(peers)) * eff)}
     links = peers[: max(1, min(phase.intra_links, len(peers)))]
-    link = node.group_link_Bps(len(peers) + 1)  # a group of part of the node reaches less of each link
+    # rings over part of the node reach less of each link; all pairs at once do not (measured both ways)
+    link = node.group_link_Bps(len(peers) + 1) if phase.rings else node.link_Bps
     return {f"{network.XGMI}:{peer}": phase.intra_bytes / len(links) / (link * eff) for peer in links}
 
 
