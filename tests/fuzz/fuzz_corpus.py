@@ -269,7 +269,8 @@ CLI_CASES = [
       for name, hint in (("launch_inf", "kernel_launch_us"), ("bf16_inf", "bf16"), ("bf16_nan", "bf16"),
                          ("coll_latency_inf", "launch_latency_us"), ("coll_latency_nan", "launch_latency_us"),
                          ("gpn_huge", "gpus_per_node"), ("gpn_1000", "gpus_per_node"), ("hbm_bw_inf", "hbm_bw_GBps"),
-                         ("nic_inf", "nic_bw_Gbps"), ("nodes_huge", "num_nodes"), ("gpu_name_list", "name"))],
+                         ("nic_inf", "nic_bw_Gbps"), ("nodes_huge", "num_nodes"), ("gpu_name_list", "name"),
+                         ("group_short", "group_link_efficiency"), ("group_eff_nan", "group_link_efficiency"))],
     *[_c("cli.profile", f"collective --op all_reduce --gpus 16 --cluster {{prof_{name}}}", "error", hint)
       for name, hint in (("coll_latency_inf", "launch_latency_us"), ("coll_latency_nan", "launch_latency_us"))],
 ]

@@ -169,8 +169,14 @@ def profile_files(tmp: Path) -> dict[str, Path]:
         "nic_inf": ("fabric.nic_bw_Gbps", float("inf")),
         "nodes_huge": ("num_nodes", 10 ** 12),
         "gpu_name_list": ("gpu.name", ["x"]),
+        "group_short": ("node.group_gpus", [2, 4]),  # no group_link_efficiency beside it
+        "group_eff_nan": ("node.group_link_efficiency", [float("nan")]),
     }
     out = {}
     for name, (dotted, value) in cases.items():
         out[f"prof_{name}"] = mutated_cluster(tmp / f"prof_{name}.toml", dotted, value)
+    # the NaN efficiency beside a well-formed GPU count (both keys set)
+    data = tomllib.loads(out["prof_group_eff_nan"].read_text())
+    data["node"]["group_gpus"] = [2]
+    out["prof_group_eff_nan"].write_text(tomli_w.dumps(data))
     return out
