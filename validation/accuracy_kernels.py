@@ -121,7 +121,8 @@ def libraries(name: str) -> dict[int, str]:
     for split in SPLITS:
         for p in points(load_gpu(name), split):  # the order pool() reads them in
             point, _ = next(rows)
-            library = library_of(csv_rows(split, name).get(p.line, {}), p) if p.line in csv_rows(split, name) else None
+            assert point == p, f"{name}: pool() and {split}.csv disagree at line {p.line}"
+            library = library_of(csv_rows(split, name)[p.line], p) if p.line in csv_rows(split, name) else None
             if library:
                 out[id(point)] = library
     return out

@@ -231,8 +231,8 @@ class NodeSpec:
         xs, ys = self.group_gpus, self.group_link_efficiency
         if not xs:
             return self.link_Bps
-        if gpus <= xs[0] or len(xs) == 1:
-            return self.link_Bps * ys[0] if gpus <= xs[0] else self.link_Bps * ys[-1]
+        if gpus <= xs[0]:
+            return self.link_Bps * ys[0]
         if gpus >= xs[-1]:
             return self.link_Bps * ys[-1]
         i = next(i for i, x in enumerate(xs) if x >= gpus)
