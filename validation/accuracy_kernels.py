@@ -96,14 +96,22 @@ def families(split: str, name: str) -> dict[int, str]:
 
 
 @functools.lru_cache(maxsize=None)
-def pool(name: str) -> tuple[tuple[KernelPoint, str], ...]:
-    """(point, family) of every row measured on GPU ``name`` (both files)."""
+def _pool_rows(name: str) -> tuple[tuple[KernelPoint, str, str | None], ...]:
+    """(point, family, kernel library with a table of its own or None) of every row measured on
+    GPU ``name`` (both files)."""
     gpu = load_gpu(name)
     out = []
     for split in SPLITS:
-        fam = families(split, name)
-        out += [(p, fam.get(p.line, "?")) for p in points(gpu, split)]
+        fam, rows = families(split, name), csv_rows(split, name)
+        out += [(p, fam.get(p.line, "?"), library_of(rows[p.line], p) if p.line in rows else None)
+                for p in points(gpu, split)]
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def pool(name: str) -> tuple[tuple[KernelPoint, str], ...]:
+    """(point, family) of every row measured on GPU ``name`` (both files)."""
+    return tuple((p, f) for p, f, _ in _pool_rows(name))
 
 
 def library_of(row: dict, p: KernelPoint) -> str | None:
@@ -116,29 +124,23 @@ def library_of(row: dict, p: KernelPoint) -> str | None:
 @functools.lru_cache(maxsize=None)
 def libraries(name: str) -> dict[int, str]:
     """id(point) -> its kernel library (``library_of``) for the rows of ``pool(name)`` that have one."""
-    rows = iter(pool(name))
-    out = {}
-    for split in SPLITS:
-        for p in points(load_gpu(name), split):  # the order pool() reads them in
-            point, _ = next(rows)
-            assert point == p, f"{name}: pool() and {split}.csv disagree at line {p.line}"
-            library = library_of(csv_rows(split, name)[p.line], p) if p.line in csv_rows(split, name) else None
-            if library:
-                out[id(point)] = library
-    return out
+    return {id(p): lib for p, _, lib in _pool_rows(name) if lib}
 
 
-def _library_rows(name: str, gpu: GpuSpec, kind: str, selects, minimum: int, own_only: bool = False):
+def _library_rows(name: str, gpu: GpuSpec, kind: str, selects, minimum: int, own_only: bool = False,
+                  held: str | None = None):
     """(GPU whose rows, that GPU's spec with ``gpu``'s tables, rows) of one kernel library: GPU
     ``name``'s own rows, else (``own_only`` False) those of the GPU of the same die
-    (``SAME_DIE``); None where neither has ``minimum`` rows."""
+    (``SAME_DIE``), less those of source family ``held`` (by root family); None where neither
+    has ``minimum`` rows."""
     for source in (name, None if own_only else SAME_DIE.get(name)):
         if source is None:
             continue
         host = gpu if source == name else dataclasses.replace(
             load_gpu(source), **{f: getattr(gpu, f) for f in TABLE_FIELDS})  # that GPU's spec, these tables
         mine = [p for split in SPLITS for p in points(host, split) if p.kind == kind
-                and p.line in csv_rows(split, source) and selects(csv_rows(split, source)[p.line], p)]
+                and p.line in csv_rows(split, source) and selects(csv_rows(split, source)[p.line], p)
+                and (held is None or _root(families(split, source).get(p.line)) != _root(held))]
         if len(mine) >= minimum:
             return source, host, mine
     return None
@@ -146,9 +148,15 @@ def _library_rows(name: str, gpu: GpuSpec, kind: str, selects, minimum: int, own
 
 def _library_row(split: str, name: str, p: KernelPoint) -> bool:
     row = csv_rows(split, name).get(p.line)
-    selectors = [*ATTENTION_LIBRARIES.values()] if p.kind == "attention" else \
-        [*GROUPED_LIBRARIES.values()] if p.kind == "grouped_gemm" else []
-    return row is not None and any(sel(row, p) for sel in selectors)
+    return row is not None and library_of(row, p) is not None
+
+
+def _fit_library(kind: str, mine: list[KernelPoint], host: GpuSpec):
+    """``fit_kernels``'s table of ``kind`` fitted to one library's rows on ``host`` (its own library
+    tables set aside; a grouped speed against the host's dense price, from the fixed start)."""
+    if kind == "attention":
+        return kernel_fit.fit_kernels(mine, dataclasses.replace(host, attention_libraries={}))
+    return kernel_fit.fit_kernels(mine, dataclasses.replace(host, grouped_libraries={}, grouped_gemm={}))
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,7 +183,7 @@ def library_tables(name: str, gpu: GpuSpec, own_only: bool = False) -> dict:
         if found is None:
             continue
         source, host, mine = found
-        fitted, fits = kernel_fit.fit_kernels(mine, dataclasses.replace(host, attention_libraries={}))
+        fitted, fits = _fit_library("attention", mine, host)
         (fit,) = [f for f in fits if f.name == "attention"]
         derived = "" if source == name else f"derived: the {source} table (same die): "
         text = (f"{derived}fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels) to the {library} rows of "
@@ -289,8 +297,7 @@ def grouped_library_tables(name: str, gpu: GpuSpec) -> dict:
         if found is None:
             continue
         source, host, mine = found
-        bare = dataclasses.replace(host, grouped_libraries={}, grouped_gemm={})
-        fitted, fits = kernel_fit.fit_kernels(mine, bare)
+        fitted, fits = _fit_library("grouped_gemm", mine, host)
         (fit,) = [f for f in fits if f.name.startswith("grouped_gemm")]
         derived = "" if source == name else f"derived: the {source} table (same die; speeds against this GPU's own dense price): "
         text = (f"{derived}fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels) to the {library} rows of "
@@ -419,21 +426,12 @@ def library_fold(name: str, library: str, held: str) -> tuple[object, int]:
     attention = library in ATTENTION_LIBRARIES
     kind, selects, minimum = (("attention", ATTENTION_LIBRARIES[library], MIN_LIBRARY_ROWS) if attention else
                               ("grouped_gemm", GROUPED_LIBRARIES[library], MIN_GROUPED_LIBRARY_ROWS))
-    fold = fit_tables(name, held)[0]
-    for source in (name, SAME_DIE.get(name)):
-        if source is None:
-            continue
-        host = fold if source == name else dataclasses.replace(
-            load_gpu(source), **{f: getattr(fold, f) for f in TABLE_FIELDS})
-        mine = [p for split in SPLITS for p in points(host, split) if p.kind == kind
-                and p.line in csv_rows(split, source) and selects(csv_rows(split, source)[p.line], p)
-                and _root(families(split, source).get(p.line)) != _root(held)]
-        if len(mine) >= minimum:
-            if attention:
-                return kernel_fit.fit_kernels(mine, dataclasses.replace(host, attention_libraries={}))[0].attention, len(mine)
-            bare = dataclasses.replace(host, grouped_libraries={}, grouped_gemm={})
-            return kernel_fit.fit_kernels(mine, bare)[0].grouped_table("bf16"), len(mine)
-    return None, 0
+    found = _library_rows(name, fit_tables(name, held)[0], kind, selects, minimum, held=held)
+    if found is None:
+        return None, 0
+    _, host, mine = found
+    fitted = _fit_library(kind, mine, host)[0]
+    return (fitted.attention if attention else fitted.grouped_table("bf16")), len(mine)
 
 
 def held_out(gpu: GpuSpec) -> list[tuple[str, str, str, str, int, float, float]]:

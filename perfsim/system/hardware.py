@@ -200,8 +200,8 @@ class NodeSpec:
                               f"({len(self.group_link_efficiency)}) must have the same length")
         if any(g < 2 for g in self.group_gpus) or list(self.group_gpus) != sorted(set(self.group_gpus)):
             raise ConfigError(f"node.group_gpus must be increasing GPU counts >= 2, got {list(self.group_gpus)!r}")
-        if not all(0 < e <= 1 for e in self.group_link_efficiency):
-            raise ConfigError(f"node.group_link_efficiency must be in (0, 1], got {list(self.group_link_efficiency)!r}")
+        for efficiency in self.group_link_efficiency:
+            check_fraction("node", group_link_efficiency=efficiency)
         check_positive(
             "node",
             gpus_per_node=self.gpus_per_node,
