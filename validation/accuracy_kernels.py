@@ -67,6 +67,14 @@ MIN_GROUPED_LIBRARY_ROWS = 8
 # alternative, speed 1 (a grouped kernel as fast as one dense launch of the same work), is what
 # every GPU with grouped measurements contradicts (MI300X, H100 and H200 all run them slower)
 GROUPED_FROM = {"mi355x": "mi300x"}
+# a GPU's attention fit starts from, and is weakly held to, the attention table of the GPU named
+# here (``kernel_fit.fit_kernels(attention_prior=)``), fitted without the family checked: an axis
+# the fold's rows do not measure keeps that table's shape instead of the fit's generic starts
+# (plateau 0.5, factors 1). MI355X: with HipKittens' rows held out only aiter's 8 causal
+# head-dim-128 forwards remain, which say nothing of backward passes, non-causal calls or head
+# dim 64; MI300X's AITER / CK kernels (the previous generation of the same libraries) measure
+# all three. Where the rows measure an axis the prior barely moves the fit (weight ``PRIOR``)
+ATTENTION_FROM = {"mi355x": "mi300x"}
 SAME_DIE = {"h100": "h200", "h200": "h100", "mi300x": "mi325x", "mi325x": "mi300x", "mi355x": "mi350x", "mi350x": "mi355x"}
 TARGETS = {"gemm": 10.0, "attention": 15.0, "grouped_gemm": 15.0}  # issue 14 "done when", held-out MAPE %
 SPLITS = ("fit", "check")  # the files make_kernel_csvs.py writes; pooled here (the folds are by family)
@@ -229,7 +237,8 @@ def fit_tables(name: str, held: str | None = None, root: bool = False) -> tuple[
         return dataclasses.replace(gpu, **{f: getattr(base, f) for f in TABLE_FIELDS}), cells, fits
     # every family's rows but the held one's: folds that keep the same families are one fit
     # (a derived GPU's fold by root family is its base's fold where that family has no backends)
-    gpu, cells, fits = _fold(name, frozenset(f for _, f in pooled(name) if _kept(f, held, root)))
+    gpu, cells, fits = _fold(name, frozenset(f for _, f in pooled(name) if _kept(f, held, root)),
+                             _root(held) if name in ATTENTION_FROM else None)
     if name in GROUPED_FROM:  # that GPU's fold without the held family (its root: every backend)
         gpu = borrow_grouped(gpu, fit_tables(GROUPED_FROM[name], _root(held), root=True)[0])
     return gpu, cells, fits
@@ -247,8 +256,9 @@ def borrow_grouped(gpu: GpuSpec, donor: GpuSpec) -> GpuSpec:
 
 
 @functools.lru_cache(maxsize=None)
-def _fold(name: str, kept: frozenset) -> tuple[GpuSpec, frozenset, tuple]:
-    """``fit_tables`` of GPU ``name`` (not derived) on the rows of the families ``kept``."""
+def _fold(name: str, kept: frozenset, prior_held: str | None = None) -> tuple[GpuSpec, frozenset, tuple]:
+    """``fit_tables`` of GPU ``name`` (not derived) on the rows of the families ``kept``; its
+    attention fit from ``ATTENTION_FROM``'s table fitted without the family ``prior_held``."""
     gpu = load_gpu(name)
     # memory-bound rows fit ``membound`` (the copy table ``hbm`` stays from BabelStream);
     # FP8 rows timed with their casts are priced with them
@@ -260,7 +270,8 @@ def _fold(name: str, kept: frozenset) -> tuple[GpuSpec, frozenset, tuple]:
         membound=None,  # refit from the fold's memory-bound rows, else the streaming copy prices them
         attention_libraries={}, grouped_libraries={})  # per-library tables are in-sample fits: no fold carries them
     siblings = {d: load_gpu(d) for d in POOLED.get(name, ())}
-    fitted, fits = kernel_fit.fit_kernels(train, gpu, regenerate_gemm=True, siblings=siblings)
+    prior = fit_tables(ATTENTION_FROM[name], prior_held, root=True)[0].attention if name in ATTENTION_FROM else None
+    fitted, fits = kernel_fit.fit_kernels(train, gpu, regenerate_gemm=True, siblings=siblings, attention_prior=prior)
     return fitted, frozenset(cells), tuple(fits)
 
 
@@ -281,9 +292,20 @@ def refit(name: str) -> GpuSpec:
                 f"validation/data/kernels/{{fit,check}}/{name}.csv{same_die}, all source families ({f.num_points} points; "
                 f"MAPE on them {f.mape_after:.1f}%; {f.note or 'no tile choice'}); held-out MAPE (leave one family "
                 f"out) and sources in docs/accuracy.md, validation/data/kernels/SOURCES.md")
+        if f.name == "attention" and name in ATTENTION_FROM:
+            text += (f"; started from and weakly held to the {ATTENTION_FROM[name]} attention table (ATTENTION_FROM): "
+                     f"head dims only it measures ({_prior_only_dims(name, fitted)}) at its ratio to the nearest "
+                     f"measured one")
         fitted = kernel_fit.restamp(fitted, f.name, lambda _old, t=text: t)
     return dataclasses.replace(fitted, attention_libraries=library_tables(name, fitted),
                                grouped_libraries=grouped_library_tables(name, fitted))
+
+
+def _prior_only_dims(name: str, fitted: GpuSpec) -> str:
+    """The head dims of GPU ``name``'s fitted attention table that none of its rows measures."""
+    measured = {float(p.head_dim) for p, _ in pooled(name) if p.kind == "attention"}
+    dims = [f"{d:g}" for d in fitted.attention.head_dim if float(d) not in measured]
+    return ", ".join(dims) or "none"
 
 
 def grouped_library_tables(name: str, gpu: GpuSpec) -> dict:
@@ -494,7 +516,11 @@ def section() -> str:
            "take the MI300X / MI355X / H100 tables (same die, own peak, clock under load and HBM), fitted "
            "without the family checked (all its backends, on the base GPU's rows too). MI355X (and MI350X with it) has no "
            "grouped-GEMM rows of its own: it takes MI300X's grouped tables (speeds against its own dense price; "
-           "`GROUPED_FROM`), fitted without the family checked. FP8 rows timed with their input casts are fitted and priced as GEMM + modelled casts. "
+           "`GROUPED_FROM`), fitted without the family checked. MI355X's attention fit starts from, and is weakly held "
+           "to, MI300X's attention table fitted without the family checked (`ATTENTION_FROM`): an axis its fold's rows "
+           "do not measure keeps MI300X's shape (with HipKittens held out, aiter's 8 causal head-dim-128 forwards remain: "
+           "no backward, non-causal or head-dim-64 row), a head dim only MI300X measures at MI300X's ratio to the "
+           "nearest measured one. FP8 rows timed with their input casts are fitted and priced as GEMM + modelled casts. "
            "Host-timed rows (`timing = host`: Primus-Turbo's Timer.timeit harness, hipblaslt-bench's host-clocked loop of back-to-back calls) are fitted as the longer of the GPU time "
            "and a host time per call fitted per series that shows one (`kernel_fit.host_floors`), and checked at their GPU "
            "time. "

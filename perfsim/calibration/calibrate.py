@@ -112,7 +112,9 @@ def _fit_kernels(cluster, csv_files, when, fits, notes, regenerate_gemm):
     notes.extend(f"kernel CSV {d} (not used)" for d in dropped)
     if not points:
         raise ConfigError(f"gemm-csv: no row in {', '.join(csv_files)} is for {cluster.gpu.name}")
-    gpu, tables = kernel_fit.fit_kernels(points, cluster.gpu, regenerate_gemm)
+    # the profile's attention table is the attention fit's start and weak prior: an axis the
+    # rows do not measure (backward, non-causal, a head dim) keeps its shape, not a generic start
+    gpu, tables = kernel_fit.fit_kernels(points, cluster.gpu, regenerate_gemm, attention_prior=cluster.gpu.attention)
     for t in tables:
         gpu = kernel_fit.restamp(gpu, t.name, lambda text: _stamp(text, csv_files, when))
         fits.append(FitSummary(name=t.name, num_points=t.num_points, mape_before=t.mape_before, mape_after=t.mape_after,

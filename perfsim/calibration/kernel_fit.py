@@ -29,6 +29,7 @@ from perfsim.errors import ConfigError
 from perfsim.lowering.ops import Gemm
 from perfsim.lowering.steps import ACT_BYTES
 from perfsim.system.hardware import ClusterSpec, GpuSpec
+from perfsim.system.kernel_tables import AttentionEfficiency
 
 PRIOR = 1e-3
 TILES = ((128, 128), (128, 256), (256, 128), (256, 256))
@@ -274,12 +275,15 @@ def gemm_knots(points: list[KernelPoint], per_decade: int = 1) -> tuple[float, .
 
 
 def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool = False,
-                siblings: dict[str, GpuSpec] | None = None) -> tuple[GpuSpec, list[TableFit]]:
+                siblings: dict[str, GpuSpec] | None = None,
+                attention_prior: AttentionEfficiency | None = None) -> tuple[GpuSpec, list[TableFit]]:
     """Refit every table that has points; GEMM also chooses its tile among ``TILES``.
     ``siblings``: GPUs of the same die (keyed by the rows' device) whose rows are among
-    ``points``: each such row is priced on its own GPU's spec with the tables being fitted."""
+    ``points``: each such row is priced on its own GPU's spec with the tables being fitted.
+    ``attention_prior``: a table whose shape the attention fit starts from and is weakly held
+    to (``TableRef.prior``), else the fixed starts."""
     fits = []
-    for ref in table_refs(points):
+    for ref in table_refs(points, attention_prior):
         mine = [p for p in points if ref.selects(p)]
         before = mape(mine, gpu, siblings=siblings)
         knots = ref.knots(mine) if (regenerate_gemm or ref.new_table(gpu)) else None

@@ -73,11 +73,30 @@ def saturating(xs, plateau: float, log_half: float) -> np.ndarray:
     return plateau * xs / (xs + 10.0 ** log_half)
 
 
+def curve_params(xs, ys) -> tuple[float, float]:
+    """(plateau, log10 x_half) of the ``saturating`` curve through a table's first and last
+    points (a fitted table is that curve written out on a grid; clamped into the fit's bounds)."""
+    (x1, e1), (x2, e2) = (xs[0], ys[0]), (xs[-1], ys[-1])
+    slope = e1 / x1 - e2 / x2
+    if slope <= 0 or e2 <= e1:  # one point, or flat: no fall-off to read
+        return float(np.clip(e2, *PLATEAU_BOUNDS)), HALF_START["attention"]
+    half = (e2 - e1) / slope
+    plateau = e2 * (x2 + half) / x2
+    return (float(np.clip(plateau, *PLATEAU_BOUNDS)),
+            float(np.clip(np.log10(half), *HALF_BOUNDS["attention"])))
+
+
 @dataclass(frozen=True)
 class TableRef:
     kind: str  # gemm | grouped_gemm | attention | memory
     dtype: str | None = None
     head_dims: tuple[float, ...] = ()  # attention: the head dims the points measure
+    # attention: a sibling GPU's table whose shape (forward and backward curves, head-dim and
+    # causal factors) is the fit's start and weak prior instead of the fixed starts, so an
+    # axis the points do not measure (no backward rows, no non-causal rows, a head dim) keeps
+    # that table's value rather than a generic one (``accuracy_kernels.ATTENTION_FROM``); a head
+    # dim only the prior measures is written at the prior's ratio to the nearest measured one
+    prior: AttentionEfficiency | None = None
 
     @property
     def name(self) -> str:
@@ -154,10 +173,35 @@ class TableRef:
         """(plateau, log10 x_half) per curve from fixed starts (``FRESH_EFFICIENCY``,
         ``HALF_START``; attention factors 1): a refit does not depend on the table it
         replaces, so refitting a fitted profile gives it back."""
+        if self.kind == "attention" and self.prior is not None:
+            return self._prior_params()
         params = [v for _ in y_fields for v in (FRESH_EFFICIENCY, HALF_START[self.kind])]
         if self.kind == "attention":
             params += [1.0] * (len(self.head_dims) + 2)
         return np.array(params)
+
+    def _prior_params(self) -> np.ndarray:
+        """The prior table's (plateau, log10 x_half) per curve, read back from its written-out
+        grid, then its factors at ``head_dims`` and its two causal factors."""
+        t = self.prior
+        params = []
+        for ys in (t.forward_efficiency, t.backward_efficiency):
+            params += list(curve_params(t.seq, ys))
+        params += [costs.interp_log(h, t.head_dim, t.head_dim_factor) for h in self.head_dims]
+        return np.array(params + [t.causal_forward_factor, t.causal_backward_factor])
+
+    def _head_factors(self, fitted: list[float]) -> dict[float, float]:
+        """Head dim -> factor: the fitted ones, and each head dim only the prior measures at the
+        prior's ratio to the nearest (in log) measured head dim."""
+        factors = {float(d): f for d, f in zip(self.head_dims, fitted)}
+        if self.prior is None:
+            return factors
+        t = self.prior
+        for d in (float(x) for x in t.head_dim if float(x) not in factors):
+            near = min(self.head_dims, key=lambda m: abs(np.log(m / d)))
+            ratio = costs.interp_log(d, t.head_dim, t.head_dim_factor) / costs.interp_log(near, t.head_dim, t.head_dim_factor)
+            factors[d] = round(float(np.clip(factors[float(near)] * ratio, *FACTOR_BOUNDS)), 5)
+        return factors
 
     def bounds(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         _, y_fields = self._fields()
@@ -187,8 +231,8 @@ class TableRef:
         if self.kind == "attention":
             rest = params[used:]
             h = len(self.head_dims)
-            values.update(head_dim=tuple(float(x) for x in self.head_dims),
-                          head_dim_factor=tuple(float(v) for v in rest[:h]),
+            factors = self._head_factors([float(v) for v in rest[:h]])
+            values.update(head_dim=tuple(sorted(factors)), head_dim_factor=tuple(factors[d] for d in sorted(factors)),
                           causal_forward_factor=float(rest[h]), causal_backward_factor=float(rest[h + 1]))
             return dataclasses.replace(gpu, attention=dataclasses.replace(gpu.attention, **values))
         if self.kind == "memory":
@@ -217,8 +261,9 @@ class TableRef:
 ORDER = {"memory": 0, "gemm": 1, "grouped_gemm": 2, "attention": 3}  # memory-bound first: FP8 cast rows lean on it
 
 
-def table_refs(points: list[KernelPoint]) -> list[TableRef]:
-    """The tables ``points`` inform, in ``ORDER`` (a table's points may lean on earlier ones)."""
+def table_refs(points: list[KernelPoint], attention_prior: AttentionEfficiency | None = None) -> list[TableRef]:
+    """The tables ``points`` inform, in ``ORDER`` (a table's points may lean on earlier ones);
+    ``attention_prior``: the table the attention fit starts from (its head dims kept too)."""
     refs = set()
     for p in points:
         if p.kind == "attention" or not in_fit_range(p):
@@ -226,7 +271,7 @@ def table_refs(points: list[KernelPoint]) -> list[TableRef]:
         refs.add(TableRef(p.kind, p.dtype if p.kind in ("gemm", "grouped_gemm") else None))
     heads = tuple(sorted({float(p.head_dim) for p in points if p.kind == "attention"}))
     if heads:
-        refs.add(TableRef("attention", None, heads))
+        refs.add(TableRef("attention", None, heads, attention_prior))
     return sorted(refs, key=lambda r: (ORDER[r.kind], r.dtype or ""))
 
 
