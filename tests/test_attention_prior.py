@@ -80,3 +80,35 @@ def test_prior_ref_without_prior_is_the_fixed_start():
     ref = TableRef("attention", None, (128.0,))
     start = ref.initial(load_gpu("mi355x"), _knots())
     assert list(start[[0, 2]]) == [0.5, 0.5] and list(start[4:]) == [1.0, 1.0, 1.0]
+
+
+def test_calibrate_cli_keeps_the_profiles_shape_where_the_rows_are_silent(tmp_path):
+    """``perfsim calibrate --kernel-csv`` with causal head-dim-128 forwards only: the written
+    MI355X table keeps the profile's backward curve, backward causal factor and head dims (at
+    their ratios to 128), and says so in its source."""
+    import tomllib
+
+    from perfsim.cli import main
+
+    gpu = load_gpu("mi355x")
+    path = tmp_path / "att.csv"
+    lines = ["kind,dtype,batch,seq,heads,kv_heads,head_dim,causal,direction,time_us,device"]
+    for s in (1024, 2048, 4096, 8192):
+        t = kernel_fit.predict_kernel(_row(gpu, s, 128, True, "fwd"), gpu) * 1.2e6  # a kernel 20% slower
+        lines.append(f"attention,bf16,4,{s},32,8,128,1,fwd,{t},MI355X")
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", "--cluster", "mi355x-pollara", "--kernel-csv", str(path), "--out", str(out)]) == 0
+    table = tomllib.loads(out.read_text())["gpu"]["attention"]
+    old = gpu.attention
+    assert table["backward_efficiency"] == pytest.approx(list(old.backward_efficiency), rel=0.02)
+    assert table["causal_backward_factor"] == pytest.approx(old.causal_backward_factor, rel=0.02)
+    assert table["head_dim"] == list(old.head_dim)
+    ratios = [f / table["head_dim_factor"][1] for f in table["head_dim_factor"]]
+    assert ratios == pytest.approx([f / old.head_dim_factor[1] for f in old.head_dim_factor], rel=1e-3)
+    assert "keeps its shape" in table["source"]
+    # the forwards it measured are what moved: about 20% slower at the rows' sizes
+    fitted = dataclasses.replace(gpu, attention=dataclasses.replace(old, **{k: tuple(v) if isinstance(v, list) else v
+                                                                             for k, v in table.items()}))
+    row = _row(gpu, 4096, 128, True, "fwd")
+    assert kernel_fit.predict_kernel(row, fitted) / row.time_s == pytest.approx(1.2, rel=0.05)

@@ -93,8 +93,8 @@ def forced_label(algorithm: str | None, protocol: str | None) -> str:
     return f"{' / '.join(parts)} forced" if parts else ""
 
 
-def _stamp(text: str, files: list[str], when: str) -> str:
-    return f"calibrated by perfsim calibrate at {when} from {', '.join(files)}; previously: {text}"
+def _stamp(text: str, files: list[str], when: str, how: str = "") -> str:
+    return f"calibrated by perfsim calibrate at {when} from {', '.join(files)}{how}; previously: {text}"
 
 
 def _fit_links(cluster, p2p_files, when, fits):
@@ -116,7 +116,9 @@ def _fit_kernels(cluster, csv_files, when, fits, notes, regenerate_gemm):
     # rows do not measure (backward, non-causal, a head dim) keeps its shape, not a generic start
     gpu, tables = kernel_fit.fit_kernels(points, cluster.gpu, regenerate_gemm, attention_prior=cluster.gpu.attention)
     for t in tables:
-        gpu = kernel_fit.restamp(gpu, t.name, lambda text: _stamp(text, csv_files, when))
+        how = (" (started from the previous table: what these rows do not measure, the backward pass, "
+               "non-causal calls or a head dim, keeps its shape)") if t.name == "attention" else ""
+        gpu = kernel_fit.restamp(gpu, t.name, lambda text, h=how: _stamp(text, csv_files, when, h))
         fits.append(FitSummary(name=t.name, num_points=t.num_points, mape_before=t.mape_before, mape_after=t.mape_after,
                                detail=f"x={list(t.xs)} y={list(t.ys)} {t.note}".strip()))
     return dataclasses.replace(cluster, gpu=gpu)
