@@ -74,8 +74,9 @@ def saturating(xs, plateau: float, log_half: float) -> np.ndarray:
 
 
 def curve_params(xs, ys) -> tuple[float, float]:
-    """(plateau, log10 x_half) of the ``saturating`` curve through a table's first and last
-    points (a fitted table is that curve written out on a grid; clamped into the fit's bounds)."""
+    """(plateau, log10 x_half) of the ``saturating`` curve through an attention table's first
+    and last points (a fitted table is that curve written out on a grid; clamped into the
+    attention fit's bounds)."""
     (x1, e1), (x2, e2) = (xs[0], ys[0]), (xs[-1], ys[-1])
     slope = e1 / x1 - e2 / x2
     if slope <= 0 or e2 <= e1:  # one point, or flat: no fall-off to read
@@ -172,7 +173,8 @@ class TableRef:
     def _initial_params(self, table, x_field: str, y_fields: tuple[str, ...]) -> np.ndarray:
         """(plateau, log10 x_half) per curve from fixed starts (``FRESH_EFFICIENCY``,
         ``HALF_START``; attention factors 1): a refit does not depend on the table it
-        replaces, so refitting a fitted profile gives it back."""
+        replaces, so refitting a fitted profile gives it back. An attention ref with a
+        ``prior`` starts from (and is weakly held to) that table instead, named by the caller."""
         if self.kind == "attention" and self.prior is not None:
             return self._prior_params()
         params = [v for _ in y_fields for v in (FRESH_EFFICIENCY, HALF_START[self.kind])]
