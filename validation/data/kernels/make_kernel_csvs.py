@@ -28,7 +28,9 @@ Rules (fixed before any fit; see SOURCES.md beside this file):
 * an FP8 series slower than its family's BF16 rows on the same shapes times a fallback
   path and is dropped (``drop_fallbacks``; added in round 4, SOURCES.md).
 * one row per shape and family for GEMM and attention: the fastest kernel reported
-  (perfsim prices the best tuned production kernel, not a superseded baseline).
+  (perfsim prices the best tuned production kernel, not a superseded baseline), among the
+  numerics variants the training stacks run (``NON_DEFAULT_NUMERICS``: AITER's a16 backward
+  is dropped for its a32 twin).
 * size: at most ``CAP`` rows per series and ``CELL_CAP`` per family in a cell, evenly spaced in time.
 
 The accuracy figures (``validation/accuracy_kernels.py``) pool fit/ and check/ and hold out
