@@ -107,6 +107,9 @@ def test_calibrate_cli_keeps_the_profiles_shape_where_the_rows_are_silent(tmp_pa
     ratios = [f / table["head_dim_factor"][1] for f in table["head_dim_factor"]]
     assert ratios == pytest.approx([f / old.head_dim_factor[1] for f in old.head_dim_factor], rel=1e-3)
     assert "keeps its shape" in table["source"]
+    # causal forwards alone do not measure the causal factor (it is confounded with the plateau):
+    # the profile's is kept, not split with the plateau by the weak prior
+    assert table["causal_forward_factor"] == old.causal_forward_factor
     # the forwards it measured are what moved: about 20% slower at the rows' sizes
     fitted = dataclasses.replace(gpu, attention=dataclasses.replace(old, **{k: tuple(v) if isinstance(v, list) else v
                                                                              for k, v in table.items()}))

@@ -98,6 +98,11 @@ class TableRef:
     # that table's value rather than a generic one (``accuracy_kernels.ATTENTION_FROM``); a head
     # dim only the prior measures is written at the prior's ratio to the nearest measured one
     prior: AttentionEfficiency | None = None
+    # attention: (forward, backward) whether the points measure the causal factor of that pass,
+    # i.e. hold both causal and non-causal rows of it; with a prior, a factor they do not measure
+    # is the prior's (rows of one mode alone confound it with the curve's plateau, which a weak
+    # prior would split between the two rather than keep)
+    causal_measured: tuple[bool, bool] = (True, True)
 
     @property
     def name(self) -> str:
@@ -234,8 +239,12 @@ class TableRef:
             rest = params[used:]
             h = len(self.head_dims)
             factors = self._head_factors([float(v) for v in rest[:h]])
+            causal = [float(rest[h]), float(rest[h + 1])]
+            if self.prior is not None:
+                kept = (self.prior.causal_forward_factor, self.prior.causal_backward_factor)
+                causal = [c if measured else float(k) for c, measured, k in zip(causal, self.causal_measured, kept)]
             values.update(head_dim=tuple(sorted(factors)), head_dim_factor=tuple(factors[d] for d in sorted(factors)),
-                          causal_forward_factor=float(rest[h]), causal_backward_factor=float(rest[h + 1]))
+                          causal_forward_factor=causal[0], causal_backward_factor=causal[1])
             return dataclasses.replace(gpu, attention=dataclasses.replace(gpu.attention, **values))
         if self.kind == "memory":
             old = gpu.membound
@@ -273,7 +282,9 @@ def table_refs(points: list[KernelPoint], attention_prior: AttentionEfficiency |
         refs.add(TableRef(p.kind, p.dtype if p.kind in ("gemm", "grouped_gemm") else None))
     heads = tuple(sorted({float(p.head_dim) for p in points if p.kind == "attention"}))
     if heads:
-        refs.add(TableRef("attention", None, heads, attention_prior))
+        modes = {(p.direction, bool(p.causal)) for p in points if p.kind == "attention"}
+        measured = tuple(all((d, c) in modes for c in (False, True)) for d in ("fwd", "bwd"))
+        refs.add(TableRef("attention", None, heads, attention_prior, measured))
     return sorted(refs, key=lambda r: (ORDER[r.kind], r.dtype or ""))
 
 
