@@ -4,19 +4,17 @@ axes the rows do not measure keep that table's shape (``accuracy_kernels.ATTENTI
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from perfsim.calibration import kernel_fit
-from perfsim.calibration.kernel_tables_fit import GRID, TableRef, curve_params, saturating
+from perfsim.calibration.kernel_tables_fit import TableRef, curve_params, saturating
 from perfsim.calibration.readers import KernelPoint
 from perfsim.system.hardware import load_gpu
 from perfsim.system.kernel_tables import AttentionEfficiency
 
 
 def _knots():
-    lo, hi, per = GRID["attention"]
-    return tuple(float(f"{x:.4g}") for x in np.logspace(lo, hi, int(round((hi - lo) * per)) + 1))
+    return TableRef("attention").knots([])  # the grid an attention fit writes
 
 
 def _table(fwd, bwd, dims, factors, causal_f, causal_b) -> AttentionEfficiency:

@@ -294,18 +294,11 @@ def refit(name: str) -> GpuSpec:
                 f"out) and sources in docs/accuracy.md, validation/data/kernels/SOURCES.md")
         if f.name == "attention" and name in ATTENTION_FROM:
             text += (f"; started from and weakly held to the {ATTENTION_FROM[name]} attention table (ATTENTION_FROM): "
-                     f"head dims only it measures ({_prior_only_dims(name, fitted)}) at its ratio to the nearest "
+                     f"head dims only it measures ({', '.join(f'{d:g}' for d in f.prior_only) or 'none'}) at its ratio to the nearest "
                      f"measured one")
         fitted = kernel_fit.restamp(fitted, f.name, lambda _old, t=text: t)
     return dataclasses.replace(fitted, attention_libraries=library_tables(name, fitted),
                                grouped_libraries=grouped_library_tables(name, fitted))
-
-
-def _prior_only_dims(name: str, fitted: GpuSpec) -> str:
-    """The head dims of GPU ``name``'s fitted attention table that none of its rows measures."""
-    measured = {float(p.head_dim) for p, _ in pooled(name) if p.kind == "attention"}
-    dims = [f"{d:g}" for d in fitted.attention.head_dim if float(d) not in measured]
-    return ", ".join(dims) or "none"
 
 
 def grouped_library_tables(name: str, gpu: GpuSpec) -> dict:

@@ -57,6 +57,7 @@ class TableFit:
     num_points: int
     note: str = ""
     host_floors: dict = dataclasses.field(default_factory=dict)  # host-timed harness -> host time per call (s)
+    prior_only: tuple[float, ...] = ()  # attention: head dims written from the prior alone (``TableRef.prior``)
 
 
 def attention_bytes(p: KernelPoint) -> float:
@@ -313,8 +314,9 @@ def fit_kernels(points: list[KernelPoint], gpu: GpuSpec, regenerate_gemm: bool =
         if ref.kind == "grouped_gemm" and not any(True in p.gemm_passes for p in mine):
             gpu, derived = derive_backward(gpu, ref.dtype)
             note = "; ".join(x for x in (note, derived) if x)
+        prior_only = tuple(d for d in gpu.attention.head_dim if d not in ref.head_dims) if ref.kind == "attention" else ()
         fits.append(TableFit(name=ref.name, xs=ref.xs(gpu), ys=ref.ys(gpu), mape_before=before, mape_after=after,
-                             num_points=len(mine), note=note, host_floors=best.floors))
+                             num_points=len(mine), note=note, host_floors=best.floors, prior_only=prior_only))
     if any(f.name == "attention" for f in fits) and gpu.attention_libraries:
         # the profile's per-library attention tables were fitted to other measurements than
         # these: dropped, so a stack naming a library prices attention at the table just fitted
