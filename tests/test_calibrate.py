@@ -147,11 +147,10 @@ def test_membound_fit_recovers_a_known_curve(base, tmp_path):
     as it was, and rows below the fit's size floor (launch-bound) are not fitted."""
     import numpy as np
 
-    from perfsim.calibration.kernel_tables_fit import GRID, MEMORY_FIT_MIN_MBYTES, TableRef
+    from perfsim.calibration.kernel_tables_fit import MEMORY_FIT_MIN_MBYTES, TableRef
 
     ref = TableRef("memory")
-    lo, hi, per = GRID["memory"]
-    knots = tuple(float(f"{x:.4g}") for x in np.logspace(lo, hi, int(round((hi - lo) * per)) + 1))
+    knots = ref.knots([])  # the parametric grid the fit writes
     truth = ref.apply(base.gpu, knots, np.array([0.45, 2.0]))  # plateau 0.45, half at 100 MB
     path = tmp_path / "mem.csv"
     sizes = [2 ** k * 64e6 for k in range(0, 8)] + [1e6, 4e6]  # the last two: under the floor
