@@ -908,3 +908,24 @@ def test_scale_pairs_group_into_series_and_calibrate_once_per_smaller_run():
              ("s", "m", "c", "a", 8, "b", 16, 3.0), ("s", "m", "c", "d", 8, "e", 16, 4.0)]
     series = scale_series(pairs)
     assert [[(q[3], q[5]) for q in s] for s in series] == [[("a", "b"), ("a", "c"), ("b", "c")], [("d", "e")]]
+
+
+def test_the_input_pipeline_cost_needs_real_and_synthetic_runs_on_one_vendor(tmp_path):
+    """Real-data runs on one vendor's GPUs beside synthetic ones on another's do not tell the
+    input pipeline's cost apart: each vendor's kernels' speed is its own, so the contrast is
+    the vendors' (the MLPerf MI325X fold of ``megatron-primus`` had fitted 56 s a million
+    tokens from H100 real-data runs against MI300X / MI355X synthetic ones). Both kinds on
+    one vendor's GPUs identify it."""
+    from perfsim.design.runs_fit import identified, params_for
+
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([DATA_HEADER, *_data_rows("real", "a"), *_data_rows("synthetic", "b")]) + "\n")
+    amd_real, _, amd_synthetic, _ = read_runs(path)
+    nvidia_real = dataclasses.replace(amd_real, id="N1", cluster="h100-ib")
+    assert not identified("data.host_s_per_mtoken", [nvidia_real, amd_synthetic])
+    assert params_for([nvidia_real, amd_synthetic]) == ("kernels.speed_amd", "kernels.speed_nvidia")
+    assert identified("data.host_s_per_mtoken", [nvidia_real, amd_real, amd_synthetic])
+    cases = [c for c in read_runs(RUNS) if c.stack == "megatron-primus"]
+    fold = [c for c in cases if c.source_id != "mlperf-training-6.0-mitac"]  # real on H100, synthetic on AMD
+    assert "data.host_s_per_mtoken" not in params_for(fold)
+    assert "data.host_s_per_mtoken" in params_for(cases)  # the MLPerf MI325X run: real beside synthetic on AMD

@@ -194,7 +194,9 @@ def _overlap_states(cases, degree: str, knob: str, policy: str) -> set[bool]:
 def identified(param: str, cases) -> bool:
     """Whether ``cases`` inform ``param``: every parameter without a prior (``PRIORS``) is
     informed by any run. The input pipeline's cost: only runs on real data beside runs on
-    synthetic data (stated as such) tell it apart from the kernels' speed, which stretches both alike.
+    synthetic data (stated as such) on one vendor's GPUs tell it apart from the kernels' speed,
+    which stretches both alike (real runs on one vendor beside synthetic runs on another contrast
+    the two vendors' speeds, each its own parameter).
     A GPU vendor's kernels' speed: only runs on that vendor's GPUs. The TP overlap's hidden share:
     only runs with tensor parallelism both with and without the overlap; the expert-parallel
     overlap's likewise, with expert parallelism. A dispatch path's
@@ -208,7 +210,10 @@ def identified(param: str, cases) -> bool:
         return _overlap_states(cases, "ep", "ep_comm_overlap", "ep_comm") == {True, False}
     if param in PATH_SPEEDS:  # only runs on that dispatch path
         return param in _path_speeds(cases)
-    return param not in PRIORS or {"real", "synthetic"} <= {c.data for c in cases}
+    if param == "data.host_s_per_mtoken":  # real beside synthetic data on one vendor's GPUs
+        return any({"real", "synthetic"} <= {c.data for c in cases if vendor_of(c) == v}
+                   for v in {vendor_of(c) for c in cases})
+    return param not in PRIORS
 
 
 def one_run_params(case: RunCase, base: StackSpec | None = None) -> tuple[str]:
