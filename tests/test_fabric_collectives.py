@@ -197,7 +197,7 @@ def test_a_log_that_forced_nvls_tree_is_priced_on_it():
 
 def _mape(series, lo=0.0, hi=float("inf")):
     case = next(c for c in accuracy_fabric.CASES if c.series == series)
-    rows = accuracy_fabric.errors(accuracy_fabric.series_points(series), case.profile)
+    rows = accuracy_fabric.errors(accuracy_fabric.series_points(series, case.in_place), case.profile)
     return accuracy_fabric.mape(rows, lo, hi)
 
 

@@ -39,6 +39,7 @@ class Case:
     role: str  # fit | check
     note: str
     scored: bool = True  # False: outside what the profile describes (shown, not a target, not quoted by reports)
+    in_place: bool = False  # the series' rows are rccl-tests' in-place column (the source prints no other)
 
 
 CASES = (
@@ -146,6 +147,24 @@ CASES = (
          "alltoall, 2 GPUs on each of 2 nodes, >= 64 MB"),
     Case("ahalperin_amddev_MI355X_2node_4gpu_alltoall", "mi355x-pollara", "check",
          "alltoall, 4 GPUs on each of 2 nodes, >= 64 MB (the 8-GPU alltoall run stopped before its table)"),
+    Case("orcdmit_MI355X_2node_pollara_allreduce", "mi355x-pollara-rccl227", "check",
+         "2 x 8 MI355X, 8 Pollara 400G (ionic) RoCEv2 NICs each, rccl-tests one rank per GPU on host ROCm 7.2.4 (RCCL "
+         "not printed; the newer RCCL's profile assumed), default tuner (mit-orcd/orcd-benchmarks, session 50, blind): "
+         "the repo's summary of the log, in-place busbw at 1 MB, 64 MB, 1 GB and 16 GB (times derived from it) and "
+         "the 8 B time; its ROCm 7.14 rerun (another RCCL and net transport) not used", in_place=True),
+    Case("orcdmit_MI355X_2node_pollara_allgather", "mi355x-pollara-rccl227", "check", "as above, all_gather (size: the whole gathered buffer)",
+         in_place=True),
+    Case("orcdmit_MI355X_2node_pollara_reducescatter", "mi355x-pollara-rccl227", "check", "as above, reduce_scatter (size: the whole input buffer)",
+         in_place=True),
+    Case("orcdmit_MI355X_2node_pollara_alltoall", "mi355x-pollara-rccl227", "check", "as above, alltoall (1 MB-4 GB)", in_place=True),
+    Case("orcdmit_MI355X_2node_1gpu_allreduce", "mi355x-pollara-rccl227", "check", "as above, 1 GPU on each node", in_place=True),
+    Case("orcdmit_MI355X_2node_2gpu_allreduce", "mi355x-pollara-rccl227", "check",
+         "as above, 2 GPUs on each node: about 48 GB/s bus bandwidth from 64 MB, one NIC's worth, as on Ahalperin's "
+         "cluster (RCCL's rings for part of a node not modelled)", in_place=True),
+    Case("orcdmit_MI355X_2node_4gpu_allreduce", "mi355x-pollara-rccl227", "check", "as above, 4 GPUs on each node", in_place=True),
+    Case("orcdmit_MI355X_2node_1gpu_allgather", "mi355x-pollara-rccl227", "check", "as above, all_gather, 1 GPU on each node", in_place=True),
+    Case("orcdmit_MI355X_2node_2gpu_allgather", "mi355x-pollara-rccl227", "check", "as above, all_gather, 2 GPUs on each node", in_place=True),
+    Case("orcdmit_MI355X_2node_4gpu_allgather", "mi355x-pollara-rccl227", "check", "as above, all_gather, 4 GPUs on each node", in_place=True),
     Case("xxrjun_H100_1node_8gpu_allreduce", "h100-ib", "check",
          "one node, 8 H100 (SXM), NCCL 2.28.7, nccl-tests one process per GPU, 64 MB-16 GB (xxrjun/nccl-tests-cluster, "
          "session 48, blind): NVLS all_reduce"),
@@ -209,8 +228,8 @@ def forced_series(nodes: int, algo: str, proto: str) -> str:
     return f"ylerman_amddev_MI355X_{nodes}node_pollara_allreduce_{algo}_{proto}"
 
 
-def series_points(name: str) -> list[CollectivePoint]:
-    return next(s for s in read_collective_table(TABLE) if s.series == name).points()
+def series_points(name: str, in_place: bool = False) -> list[CollectivePoint]:
+    return next(s for s in read_collective_table(TABLE, in_place=in_place) if s.series == name).points()
 
 
 def errors(points: list[CollectivePoint], profile: str) -> list[tuple[float, float, float]]:
@@ -253,8 +272,8 @@ def all_reduce_table() -> list[str]:
     lines = ["| series | profile | role | points | MAPE % >= 1 MB | MAPE % < 1 MB | note |",
              "| --- | --- | --- | ---: | ---: | ---: | --- |"]
     for case in CASES:
-        lines.append(_row(case.series, case.profile, case.role, errors(series_points(case.series), case.profile),
-                          case.note))
+        lines.append(_row(case.series, case.profile, case.role,
+                          errors(series_points(case.series, case.in_place), case.profile), case.note))
     lines.append(_row("azure_ndh100v5_1node_8gpu_nccl_nvls", "h100-ib", "fit", nvls_rows(),
                       "NVLS efficiency and latency fitted here (in-place column)"))
     lines.append(_row("mi300x_1node_8gpu_mpi_hipgraph_amdblog (--graph)", "mi300x-pollara", "fit", graph_rows(),

@@ -135,7 +135,7 @@ def fabric_facts() -> dict:
     for case in af.CASES:
         if case.role != "check" or not case.scored:
             continue
-        points = af.series_points(case.series)
+        points = af.series_points(case.series, case.in_place)
         rows = af.errors(points, case.profile)
         large, small = af.mape(rows, af.LARGE), af.mape(rows, 0, af.LARGE)
         entry = {"points": len(rows), "collective": points[0].coll.value, "nodes": points[0].shape.num_nodes,

@@ -658,8 +658,9 @@ def primerl_grouped_rows(path: Path) -> list[dict]:
 def misc_gemm_rows(path: Path) -> list[dict]:
     """Dense BF16 GEMM points of single authors, each its own family (the ``table`` column):
     gau-nernst's MI300X 4096^3 (``do_bench``), ROCm/Megatron-LM kimi_k3's roofline runs on
-    MI355X (two runs of the same shapes; the faster kept, ``fastest``) and alfredyu24's MI350X
-    sweep, at the printed time (or 2 m n k / TFLOPS) and each row's own timing method (host:
+    MI355X (two runs of the same shapes; the faster kept, ``fastest``), alfredyu24's MI350X
+    sweep and Z-Y00's MI350X hipblaslt-bench sweep (its ``zy00_hipblaslt_mi350x_bf16.csv``: the
+    stock client's default-heuristic kernels, GPU-timed), at the printed time (or 2 m n k / TFLOPS) and each row's own timing method (host:
     wall clock around the calls); the source and how it was read in each row."""
     out = []
     for r in csv.DictReader(open(path)):
@@ -869,7 +870,8 @@ def main(shared: Path) -> None:
                        + moonmath_rows(PUBLIC / "moonmath_mi300x_attention.csv")
                        + vllmtests_rows(PUBLIC / "vllmtests_mi300x_fp8_tuned.csv") + h200_grouped_rows(PUBLIC / "h200_grouped_bf16.csv")
                        + primerl_grouped_rows(PUBLIC / "primerl_h200_grouped.csv")
-                       + misc_gemm_rows(PUBLIC / "gemm_bf16_misc.csv")))
+                       + misc_gemm_rows(PUBLIC / "gemm_bf16_misc.csv")
+                       + misc_gemm_rows(PUBLIC / "zy00_hipblaslt_mi350x_bf16.csv")))
     fit, check = split(rows)
     fit, check = thin(fit), thin(check)
     for gpu in sorted({r["device"] for r in rows}):
