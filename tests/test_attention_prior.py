@@ -113,3 +113,25 @@ def test_calibrate_cli_keeps_the_profiles_shape_where_the_rows_are_silent(tmp_pa
                                                                              for k, v in table.items()}))
     row = _row(gpu, 4096, 128, True, "fwd")
     assert kernel_fit.predict_kernel(row, fitted) / row.time_s == pytest.approx(1.2, rel=0.05)
+
+
+def test_a_library_table_takes_the_head_dims_its_rows_do_not_measure_at_the_pooled_ratio():
+    """A per-library attention table whose rows measure head dim 128 only (AITER's v3 rows) gains
+    the pooled table's other head dims at the pooled ratio to 128 (MLA's 192 no longer runs at
+    128's speed); its measured factor and curves stay as fitted."""
+    from perfsim.calibration.kernel_tables_fit import with_head_dims_of
+
+    library = _table((0.6, 3.0), (0.5, 3.2), (128.0,), (1.2,), 0.9, 0.85)
+    pooled = _table((0.5, 3.0), (0.4, 3.2), (64.0, 128.0, 192.0), (0.85, 1.07, 0.99), 1.0, 1.0)
+    filled = with_head_dims_of(library, pooled)
+    assert filled.head_dim == (64.0, 128.0, 192.0)
+    assert filled.head_dim_factor == pytest.approx((1.2 * 0.85 / 1.07, 1.2, 1.2 * 0.99 / 1.07), abs=1e-5)
+    assert filled.forward_efficiency == library.forward_efficiency
+    assert filled.causal_forward_factor == library.causal_forward_factor
+    assert with_head_dims_of(filled, pooled) == filled  # measured everywhere the reference is: unchanged
+    # the shipped MI300X aiter_v3 table: its rows measure 128; 192 at the pooled 192 / 128 ratio
+    gpu = load_gpu("mi300x")
+    v3, ref = gpu.attention_libraries["aiter_v3"], gpu.attention
+    assert 192.0 in v3.head_dim and 64.0 in v3.head_dim
+    ratio = lambda t, d: t.head_dim_factor[t.head_dim.index(d)] / t.head_dim_factor[t.head_dim.index(128.0)]
+    assert ratio(v3, 192.0) == pytest.approx(ratio(ref, 192.0), rel=1e-4) and ratio(v3, 192.0) < 1.0

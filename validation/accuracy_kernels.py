@@ -25,7 +25,7 @@ import numpy as np
 import tomli_w
 
 from perfsim.calibration import kernel_fit
-from perfsim.calibration.kernel_tables_fit import in_fit_range
+from perfsim.calibration.kernel_tables_fit import in_fit_range, with_head_dims_of
 from perfsim.calibration.readers import KernelPoint, read_kernel_csv
 from perfsim.system.hardware import PROFILE_DIR, GpuSpec, load_gpu
 from perfsim.system.kernel_tables import table_provenance
@@ -161,9 +161,14 @@ def _library_row(split: str, name: str, p: KernelPoint) -> bool:
 
 def _fit_library(kind: str, mine: list[KernelPoint], host: GpuSpec):
     """``fit_kernels``'s table of ``kind`` fitted to one library's rows on ``host`` (its own library
-    tables set aside; a grouped speed against the host's dense price, from the fixed start)."""
+    tables set aside; a grouped speed against the host's dense price, from the fixed start). An
+    attention table gains each head dim its rows do not measure and the host's pooled table has, at
+    the pooled table's ratio to the nearest measured one (``kernel_tables_fit.with_head_dims_of``:
+    the rule an attention prior's unmeasured head dims follow), rather than the nearest one's
+    factor: AITER's v3 rows measure head dim 128 only, and MLA's 192 runs slower."""
     if kind == "attention":
-        return kernel_fit.fit_kernels(mine, dataclasses.replace(host, attention_libraries={}))
+        fitted, fits = kernel_fit.fit_kernels(mine, dataclasses.replace(host, attention_libraries={}))
+        return dataclasses.replace(fitted, attention=with_head_dims_of(fitted.attention, host.attention)), fits
     return kernel_fit.fit_kernels(mine, dataclasses.replace(host, grouped_libraries={}, grouped_gemm={}))
 
 
@@ -194,9 +199,13 @@ def library_tables(name: str, gpu: GpuSpec, own_only: bool = False) -> dict:
         fitted, fits = _fit_library("attention", mine, host)
         (fit,) = [f for f in fits if f.name == "attention"]
         derived = "" if source == name else f"derived: the {source} table (same die): "
+        measured = sorted({float(p.head_dim) for p in mine})
+        filled = [d for d in fitted.attention.head_dim if float(d) not in measured]
+        dims = (f"; head dims its rows do not measure ({', '.join(f'{d:g}' for d in filled)}) at the pooled table's "
+                f"ratio to the nearest measured one" if filled else "")
         text = (f"{derived}fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels) to the {library} rows of "
                 f"validation/data/kernels/{{fit,check}}/{source}.csv (library column, head dim; {fit.num_points} points; "
-                f"MAPE on them {fit.mape_after:.1f}%, the pooled table's {kernel_fit.mape(mine, host):.1f}%): {HELD_LIBRARY}")
+                f"MAPE on them {fit.mape_after:.1f}%, the pooled table's {kernel_fit.mape(mine, host):.1f}%{dims}): {HELD_LIBRARY}")
         tables[library] = dataclasses.replace(fitted.attention, source=text)
     return tables
 

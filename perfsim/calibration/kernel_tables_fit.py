@@ -67,6 +67,26 @@ def in_fit_range(p: KernelPoint) -> bool:
     return p.kind != "memory" or p.bytes / costs.MBYTE >= MEMORY_FIT_MIN_MBYTES
 
 
+def ratio_filled(factors: dict[float, float], reference: AttentionEfficiency) -> dict[float, float]:
+    """Head dim -> factor: ``factors`` (the head dims a fit's rows measure), and each head dim only
+    ``reference`` has at ``reference``'s ratio to the nearest (in log) of them."""
+    out = dict(factors)
+    for d in (float(x) for x in reference.head_dim if float(x) not in factors):
+        near = min(factors, key=lambda m: abs(np.log(m / d)))
+        ratio = (costs.interp_log(d, reference.head_dim, reference.head_dim_factor)
+                 / costs.interp_log(near, reference.head_dim, reference.head_dim_factor))
+        out[d] = round(float(np.clip(factors[near] * ratio, *FACTOR_BOUNDS)), 5)
+    return out
+
+
+def with_head_dims_of(table: AttentionEfficiency, reference: AttentionEfficiency) -> AttentionEfficiency:
+    """``table`` with each head dim only ``reference`` has, at ``reference``'s ratio to the nearest
+    head dim ``table`` has (``ratio_filled``); its own head dims and curves as they are."""
+    factors = ratio_filled({float(d): float(f) for d, f in zip(table.head_dim, table.head_dim_factor)}, reference)
+    dims = tuple(sorted(factors))
+    return dataclasses.replace(table, head_dim=dims, head_dim_factor=tuple(factors[d] for d in dims))
+
+
 def saturating(xs, plateau: float, log_half: float) -> np.ndarray:
     """plateau * x / (x + x_half): a fixed per-call cost beside work growing with x."""
     xs = np.asarray(xs, dtype=float)
@@ -201,14 +221,7 @@ class TableRef:
         """Head dim -> factor: the fitted ones, and each head dim only the prior measures at the
         prior's ratio to the nearest (in log) measured head dim."""
         factors = {float(d): f for d, f in zip(self.head_dims, fitted)}
-        if self.prior is None:
-            return factors
-        t = self.prior
-        for d in (float(x) for x in t.head_dim if float(x) not in factors):
-            near = min(self.head_dims, key=lambda m: abs(np.log(m / d)))
-            ratio = costs.interp_log(d, t.head_dim, t.head_dim_factor) / costs.interp_log(near, t.head_dim, t.head_dim_factor)
-            factors[d] = round(float(np.clip(factors[float(near)] * ratio, *FACTOR_BOUNDS)), 5)
-        return factors
+        return factors if self.prior is None else ratio_filled(factors, self.prior)
 
     def bounds(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         _, y_fields = self._fields()
