@@ -12,6 +12,7 @@ import pytest
 from perfsim import api, units
 from perfsim.calibration import fabric_fit
 from perfsim.cost.collectives import collective_cost
+from perfsim.cost import collectives
 from perfsim.cost.phases import message_efficiency
 from perfsim.errors import ConfigError
 from perfsim.lowering.ops import Coll
@@ -522,7 +523,8 @@ def test_a_collective_over_part_of_a_node_reaches_less_of_each_link():
     two = collective_cost(Coll.ALL_REDUCE, 1 << 30, GroupShape(size=2, per_node=2, num_nodes=1), cluster)
     simple = cluster.collectives.protocols["simple"].bw_efficiency
     assert two.time_s == pytest.approx((1 << 30) / (node.group_link_Bps(2) * simple), rel=0.02)
-    plain = dataclasses.replace(cluster, node=dataclasses.replace(node, group_gpus=(), group_link_efficiency=()))
+    plain = dataclasses.replace(cluster, node=dataclasses.replace(node, group_gpus=(), group_link_efficiency=(),
+                                                                  group_nics=()))
     assert collective_cost(Coll.ALL_REDUCE, 1 << 30, GroupShape(size=2, per_node=2, num_nodes=1), plain).time_s \
         == pytest.approx(two.time_s * 0.7386, rel=0.02)
     whole = GroupShape(size=8, per_node=8, num_nodes=1)
@@ -549,7 +551,36 @@ def test_the_group_link_fit_reproduces_the_shipped_values():
     assert after < before and chk_after < chk_before  # fitted on one source, checked on another
 
 
+def test_a_ring_over_two_gpus_of_each_mi355x_node_crosses_on_one_nic():
+    """RCCL's rings over 2 GPUs of each MI355X node leave and enter the node on one NIC (read from
+    Ahalperin/amd-dev's debug logs; 48 GB/s bus bandwidth on that source and on MIT ORCD's run):
+    the NIC carries the whole ring share, where one NIC per GPU halved it; 4 and 8 GPUs a node and
+    1 keep one NIC per GPU; a node profile without the table (MI300X) keeps one per GPU."""
+    cluster = load_cluster("mi355x-pollara")
+    node = cluster.node
+    assert [node.ring_nics(g) for g in (1, 2, 3, 4, 8)] == [1, 1, 3, 4, 8]
+    plain = dataclasses.replace(cluster, node=dataclasses.replace(node, group_nics=()))
+    two = GroupShape(size=4, per_node=2, num_nodes=2)
+    for coll in (Coll.ALL_REDUCE, Coll.ALL_GATHER, Coll.REDUCE_SCATTER):
+        ring_one = collectives.ring(coll, 1 << 30, two, cluster)[0]
+        ring_two = collectives.ring(coll, 1 << 30, two, plain)[0]
+        assert ring_one.inter_bytes == pytest.approx(2 * ring_two.inter_bytes)
+    tree_one, tree_two = (collectives.tree(Coll.ALL_REDUCE, 1 << 30, two, c)[0] for c in (cluster, plain))
+    assert tree_one.inter_bytes == pytest.approx(2 * tree_two.inter_bytes)
+    big = collective_cost(Coll.ALL_REDUCE, 8 << 30, two, cluster)
+    busbw = 8 * (1 << 30) / big.time_s * 2 * 3 / 4 / 1e9
+    assert 40 < busbw < 52  # one 400G NIC's worth (measured 48.7 GB/s on ORCD's run, 48 on Ahalperin's)
+    assert collective_cost(Coll.ALL_REDUCE, 8 << 30, two, plain).time_s < 0.6 * big.time_s
+    four = GroupShape(size=8, per_node=4, num_nodes=2)
+    assert collective_cost(Coll.ALL_REDUCE, 1 << 30, four, cluster).time_s == collective_cost(
+        Coll.ALL_REDUCE, 1 << 30, four, plain).time_s
+    assert load_cluster("mi300x-pollara").node.ring_nics(2) == 2  # no MI300X measurement
+
+
 @pytest.mark.parametrize("cells, message", [
+    (dict(group_nics=[1, 4]), "one value per group_gpus entry"),
+    (dict(group_nics=[3, 4, 8]), "between 1 and the group's GPU count"),
+    (dict(group_nics=[0, 4, 8]), "between 1 and the group's GPU count"),
     (dict(group_gpus=[2, 4], group_link_efficiency=[0.7]), "must have the same length"),
     (dict(group_gpus=[4, 2], group_link_efficiency=[0.7, 0.8]), "increasing GPU counts >= 2"),
     (dict(group_gpus=[1], group_link_efficiency=[0.7]), "increasing GPU counts >= 2"),

@@ -133,8 +133,9 @@ CASES = (
          "1 GPU on each of 2 nodes (hosts amd-mi355x-5 and -6), 8 ionic (Pollara) NICs each, RCCL 2.26.6 with its "
          "internal net plugin (PXN off): one NIC carries the ring"),
     Case("ahalperin_amddev_MI355X_2node_2gpu_allreduce", "mi355x-pollara", "check",
-         "2 GPUs on each of 2 nodes: 48 GB/s bus bandwidth at 4-8 GB, one NIC's worth, where perfsim spreads the ring "
-         "over both GPUs' NICs (RCCL's rings for this shape not read; blind: 39.3% / 26.1%)"),
+         "2 GPUs on each of 2 nodes: 48 GB/s bus bandwidth at 4-8 GB, one NIC's worth: its debug log shows every "
+         "channel's ring crossing on GPU 0's NIC, which the node profile now reads (nodes/mi355x-8.toml group_nics, "
+         "session 50: so not blind; 37.3% / 26.1% with the ring spread over both GPUs' NICs, 39.3% / 26.1% blind)"),
     Case("ahalperin_amddev_MI355X_2node_4gpu_allreduce", "mi355x-pollara", "check",
          "4 GPUs on each of 2 nodes: 131 GB/s at 4-8 GB, as one node's 4 GPUs (133); its 4-32 KB rows, 1.2-1.4 ms "
          "between 43 us and 81 us, left out as a stall (blind: 24.0% / 11.2%)"),
@@ -152,19 +153,28 @@ CASES = (
          "not printed; the newer RCCL's profile assumed), default tuner (mit-orcd/orcd-benchmarks, session 50, blind): "
          "the repo's summary of the log, in-place busbw at 1 MB, 64 MB, 1 GB and 16 GB (times derived from it) and "
          "the 8 B time; its ROCm 7.14 rerun (another RCCL and net transport) not used", in_place=True),
-    Case("orcdmit_MI355X_2node_pollara_allgather", "mi355x-pollara-rccl227", "check", "as above, all_gather (size: the whole gathered buffer)",
+    Case("orcdmit_MI355X_2node_pollara_allgather", "mi355x-pollara-rccl227", "check",
+         "as above, all_gather (size: the whole gathered buffer)",
          in_place=True),
-    Case("orcdmit_MI355X_2node_pollara_reducescatter", "mi355x-pollara-rccl227", "check", "as above, reduce_scatter (size: the whole input buffer)",
+    Case("orcdmit_MI355X_2node_pollara_reducescatter", "mi355x-pollara-rccl227", "check",
+         "as above, reduce_scatter (size: the whole input buffer)",
          in_place=True),
-    Case("orcdmit_MI355X_2node_pollara_alltoall", "mi355x-pollara-rccl227", "check", "as above, alltoall (1 MB-4 GB)", in_place=True),
-    Case("orcdmit_MI355X_2node_1gpu_allreduce", "mi355x-pollara-rccl227", "check", "as above, 1 GPU on each node", in_place=True),
+    Case("orcdmit_MI355X_2node_pollara_alltoall", "mi355x-pollara-rccl227", "check",
+         "as above, alltoall (1 MB-4 GB)", in_place=True),
+    Case("orcdmit_MI355X_2node_1gpu_allreduce", "mi355x-pollara-rccl227", "check",
+         "as above, 1 GPU on each node", in_place=True),
     Case("orcdmit_MI355X_2node_2gpu_allreduce", "mi355x-pollara-rccl227", "check",
          "as above, 2 GPUs on each node: about 48 GB/s bus bandwidth from 64 MB, one NIC's worth, as on Ahalperin's "
-         "cluster (RCCL's rings for part of a node not modelled)", in_place=True),
-    Case("orcdmit_MI355X_2node_4gpu_allreduce", "mi355x-pollara-rccl227", "check", "as above, 4 GPUs on each node", in_place=True),
-    Case("orcdmit_MI355X_2node_1gpu_allgather", "mi355x-pollara-rccl227", "check", "as above, all_gather, 1 GPU on each node", in_place=True),
-    Case("orcdmit_MI355X_2node_2gpu_allgather", "mi355x-pollara-rccl227", "check", "as above, all_gather, 2 GPUs on each node", in_place=True),
-    Case("orcdmit_MI355X_2node_4gpu_allgather", "mi355x-pollara-rccl227", "check", "as above, all_gather, 4 GPUs on each node", in_place=True),
+         "cluster (priced with the ring on one NIC, nodes/mi355x-8.toml group_nics, read from Ahalperin's logs; "
+         "36.2% / 25.7% with it spread over both GPUs' NICs)", in_place=True),
+    Case("orcdmit_MI355X_2node_4gpu_allreduce", "mi355x-pollara-rccl227", "check",
+         "as above, 4 GPUs on each node", in_place=True),
+    Case("orcdmit_MI355X_2node_1gpu_allgather", "mi355x-pollara-rccl227", "check",
+         "as above, all_gather, 1 GPU on each node", in_place=True),
+    Case("orcdmit_MI355X_2node_2gpu_allgather", "mi355x-pollara-rccl227", "check",
+         "as above, all_gather, 2 GPUs on each node (one NIC, as above; 35.6% spread over both)", in_place=True),
+    Case("orcdmit_MI355X_2node_4gpu_allgather", "mi355x-pollara-rccl227", "check",
+         "as above, all_gather, 4 GPUs on each node", in_place=True),
     Case("xxrjun_H100_1node_8gpu_allreduce", "h100-ib", "check",
          "one node, 8 H100 (SXM), NCCL 2.28.7, nccl-tests one process per GPU, 64 MB-16 GB (xxrjun/nccl-tests-cluster, "
          "session 48, blind): NVLS all_reduce"),

@@ -156,8 +156,10 @@ def fit_xgmi(profile: str = "mi355x-pollara", name: str = XGMI_FIT,
 
 
 def with_groups(cluster, gpus: tuple[int, ...], efficiency: tuple[float, ...]):
+    """``cluster`` with its node's group link shares set (its group NIC counts cleared: the shares are
+    fitted on single-node series, which cross no NIC)."""
     return dataclasses.replace(cluster, node=dataclasses.replace(
-        cluster.node, group_gpus=tuple(gpus), group_link_efficiency=tuple(float(e) for e in efficiency)))
+        cluster.node, group_gpus=tuple(gpus), group_link_efficiency=tuple(float(e) for e in efficiency), group_nics=()))
 
 
 def fit_group_links(profile: str = "mi355x-pollara") -> tuple[dict[int, float], dict[int, tuple[float, float]], float, float]:

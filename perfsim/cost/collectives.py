@@ -71,12 +71,14 @@ def _steps(coll: Coll, n: int) -> int:
 
 def ring(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
     """Flat ring over all ranks; each channel crosses every node boundary once, channels
-    spread over the node's p NICs (NCCL ring: busbw = min(xGMI, node NIC bandwidth))."""
+    spread over the NICs the library's rings use for p GPUs of a node (``NodeSpec.ring_nics``:
+    one per GPU unless the node profile says otherwise) (NCCL ring: busbw = min(xGMI, those
+    NICs' bandwidth))."""
     if coll not in RING_SHARE:
         return []
     n, p, m = shape.size, shape.per_node, shape.num_nodes
     total = RING_SHARE[coll](n) * size
-    inter = total / p if m > 1 else 0.0
+    inter = total / cluster.node.ring_nics(p) if m > 1 else 0.0
     steps, inter_steps = _steps(coll, n), _steps(coll, m)
     return [Phase(intra_bytes=total - inter, inter_bytes=inter, intra_links=max(p - 1, 1),
                   intra_steps=steps - inter_steps, inter_steps=inter_steps)]
@@ -94,7 +96,7 @@ def tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> li
         return []
     p, m = shape.per_node, shape.num_nodes
     ways = 2 if coll is Coll.ALL_REDUCE else 1
-    return [Phase(intra_bytes=ways * size * (p - 1) / p, inter_bytes=ways * size / p,
+    return [Phase(intra_bytes=ways * size * (p - 1) / p, inter_bytes=ways * size / cluster.node.ring_nics(p),
                   intra_links=max(p - 1, 1), intra_steps=ways * (p - 1),
                   inter_steps=ways * network.log2_ceil(m), inter_step_us=cluster.collectives.tree_inter_step_us)]
 

@@ -193,6 +193,12 @@ class NodeSpec:
     group_gpus: tuple[int, ...] = ()
     group_link_efficiency: tuple[float, ...] = ()
     group_source: str = ""
+    # the NICs of the node a ring (or tree) over group_gpus[i] of its GPUs leaves and enters the
+    # node on (the collective library's graph search: RCCL's rings over two GPUs of an MI355X node
+    # stop at one xGMI link's bandwidth, one ring on one NIC); a group size not listed, or empty:
+    # one NIC per GPU of the group (the rails)
+    group_nics: tuple[int, ...] = ()
+    group_nics_source: str = ""
 
     def __post_init__(self):
         if len(self.group_gpus) != len(self.group_link_efficiency):
@@ -202,6 +208,13 @@ class NodeSpec:
             raise ConfigError(f"node.group_gpus must be increasing GPU counts >= 2, got {list(self.group_gpus)!r}")
         for efficiency in self.group_link_efficiency:
             check_fraction("node", group_link_efficiency=efficiency)
+        if self.group_nics and len(self.group_nics) != len(self.group_gpus):
+            raise ConfigError(f"node.group_nics ({len(self.group_nics)} values) must have one value per group_gpus "
+                              f"entry ({len(self.group_gpus)})")
+        for gpus, nics in zip(self.group_gpus, self.group_nics):
+            if not 1 <= nics <= gpus:
+                raise ConfigError(f"node.group_nics must be between 1 and the group's GPU count, got {nics!r} "
+                                  f"for {gpus} GPUs")
         check_positive(
             "node",
             gpus_per_node=self.gpus_per_node,
@@ -238,6 +251,11 @@ class NodeSpec:
         i = next(i for i, x in enumerate(xs) if x >= gpus)
         t = (gpus - xs[i - 1]) / (xs[i] - xs[i - 1])
         return self.link_Bps * (ys[i - 1] + t * (ys[i] - ys[i - 1]))
+
+    def ring_nics(self, gpus: int) -> int:
+        """NICs a ring over ``gpus`` GPUs of this node crosses the node boundary on (``group_nics``;
+        else one per GPU)."""
+        return dict(zip(self.group_gpus, self.group_nics)).get(gpus, gpus)
 
     def gpu_bw_Bps(self, num_peers: int) -> float:
         """Per-direction bandwidth one GPU has to ``num_peers`` peers of its node."""
