@@ -575,6 +575,10 @@ def test_a_ring_over_two_gpus_of_each_mi355x_node_crosses_on_one_nic():
     assert collective_cost(Coll.ALL_REDUCE, 1 << 30, four, cluster).time_s == collective_cost(
         Coll.ALL_REDUCE, 1 << 30, four, plain).time_s
     assert load_cluster("mi300x-pollara").node.ring_nics(2) == 2  # no MI300X measurement
+    from perfsim.system.hardware import cluster_provenance
+    rows = {table: status for table, status, _ in cluster_provenance(cluster)}
+    assert rows["node.group_nics"] == "measured" and "node.group_nics" not in {
+        t for t, _, _ in cluster_provenance(load_cluster("mi300x-pollara"))}
 
 
 @pytest.mark.parametrize("cells, message", [

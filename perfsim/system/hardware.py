@@ -602,6 +602,8 @@ def cluster_provenance(cluster: ClusterSpec) -> list[tuple[str, str, str]]:
     rows = [("cluster", cluster.source), ("node", cluster.node.source), ("fabric", cluster.fabric.source)]
     if cluster.node.group_source:
         rows.insert(2, ("node.group", cluster.node.group_source))
+    if cluster.node.group_nics_source:
+        rows.insert(3 if cluster.node.group_source else 2, ("node.group_nics", cluster.node.group_nics_source))
     if cluster.fabric.message_source:
         rows.append(("fabric.message", cluster.fabric.message_source))
     rows.append(("collectives", cluster.collectives.source))
