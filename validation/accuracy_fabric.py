@@ -175,6 +175,23 @@ CASES = (
          "as above, all_gather, 2 GPUs on each node (one NIC, as above; 35.6% spread over both)", in_place=True),
     Case("orcdmit_MI355X_2node_4gpu_allgather", "mi355x-pollara-rccl227", "check",
          "as above, all_gather, 4 GPUs on each node", in_place=True),
+    Case("xxrjun_cluster01_H100_10node_1gpn_all_reduce", "h100-ib", "check",
+         "10 x 8 H100 (cnode3), 1 GPU of each node, NCCL 2.29.2, nccl-tests one process per GPU, default tuner, "
+         "32 MB-16 GB (xxrjun/nccl-tests-cluster example-cluster01 run 20260129-180219, session 50, blind; NICs not "
+         "printed: one 400G rail per GPU, read from its 48.9 GB/s)"),
+    Case("xxrjun_cluster01_H100_10node_1gpn_all_gather", "h100-ib", "check", "as above, all_gather"),
+    Case("xxrjun_cluster01_H100_10node_1gpn_reduce_scatter", "h100-ib", "check", "as above, reduce_scatter"),
+    Case("xxrjun_cluster01_H100_10node_2gpn_all_reduce", "h100-ib", "check",
+         "as above, 2 GPUs of each node: 98 GB/s bus bandwidth, two rails (NCCL's rings cross on each GPU's NIC, "
+         "PXN; the same repository's 2-node debug logs), where RCCL on MI355X uses one"),
+    Case("xxrjun_cluster01_H100_10node_2gpn_all_gather", "h100-ib", "check", "as above, all_gather, 2 GPUs a node"),
+    Case("xxrjun_cluster01_H100_10node_2gpn_reduce_scatter", "h100-ib", "check", "as above, reduce_scatter, 2 GPUs a node"),
+    Case("xxrjun_cluster01_H100_10node_4gpn_all_reduce", "h100-ib", "check", "as above, 4 GPUs of each node"),
+    Case("xxrjun_cluster01_H100_10node_4gpn_all_gather", "h100-ib", "check", "as above, all_gather, 4 GPUs a node"),
+    Case("xxrjun_cluster01_H100_10node_4gpn_reduce_scatter", "h100-ib", "check", "as above, reduce_scatter, 4 GPUs a node"),
+    Case("xxrjun_cluster01_H100_10node_8gpn_all_reduce", "h100-ib", "check",
+         "as above, the whole nodes (80 ranks): 314-364 GB/s bus bandwidth at 1-16 GB, erratic, priced 5-15% fast "
+         "there and 19-51% fast at 32-256 MB, as the 4- and 8-node IB series of NVIDIA/nccl-tests #309"),
     Case("xxrjun_H100_1node_8gpu_allreduce", "h100-ib", "check",
          "one node, 8 H100 (SXM), NCCL 2.28.7, nccl-tests one process per GPU, 64 MB-16 GB (xxrjun/nccl-tests-cluster, "
          "session 48, blind): NVLS all_reduce"),
