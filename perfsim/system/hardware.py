@@ -194,9 +194,9 @@ class NodeSpec:
     group_link_efficiency: tuple[float, ...] = ()
     group_source: str = ""
     # the NICs of the node a ring (or tree) over group_gpus[i] of its GPUs leaves and enters the
-    # node on (the collective library's graph search: RCCL's rings over two GPUs of an MI355X node
-    # stop at one xGMI link's bandwidth, one ring on one NIC); a group size not listed, or empty:
-    # one NIC per GPU of the group (the rails)
+    # node on, as the collective library's debug logs show them (RCCL's rings over two GPUs of an
+    # MI355X node all cross on one NIC); a group size not listed, or empty: one NIC per GPU of the
+    # group (the rails)
     group_nics: tuple[int, ...] = ()
     group_nics_source: str = ""
 
