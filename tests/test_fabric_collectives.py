@@ -11,8 +11,8 @@ import pytest
 
 from perfsim import api, units
 from perfsim.calibration import fabric_fit
-from perfsim.cost.collectives import collective_cost
 from perfsim.cost import collectives
+from perfsim.cost.collectives import collective_cost
 from perfsim.cost.phases import message_efficiency
 from perfsim.errors import ConfigError
 from perfsim.lowering.ops import Coll

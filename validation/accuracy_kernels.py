@@ -168,7 +168,10 @@ def _fit_library(kind: str, mine: list[KernelPoint], host: GpuSpec):
     factor: AITER's v3 rows measure head dim 128 only, and MLA's 192 runs slower."""
     if kind == "attention":
         fitted, fits = kernel_fit.fit_kernels(mine, dataclasses.replace(host, attention_libraries={}))
-        return dataclasses.replace(fitted, attention=with_head_dims_of(fitted.attention, host.attention)), fits
+        table = with_head_dims_of(fitted.attention, host.attention)
+        filled = tuple(d for d in table.head_dim if d not in fitted.attention.head_dim)
+        fits = [dataclasses.replace(f, prior_only=filled) if f.name == "attention" else f for f in fits]
+        return dataclasses.replace(fitted, attention=table), fits
     return kernel_fit.fit_kernels(mine, dataclasses.replace(host, grouped_libraries={}, grouped_gemm={}))
 
 
@@ -199,10 +202,8 @@ def library_tables(name: str, gpu: GpuSpec, own_only: bool = False) -> dict:
         fitted, fits = _fit_library("attention", mine, host)
         (fit,) = [f for f in fits if f.name == "attention"]
         derived = "" if source == name else f"derived: the {source} table (same die): "
-        measured = sorted({float(p.head_dim) for p in mine})
-        filled = [d for d in fitted.attention.head_dim if float(d) not in measured]
-        dims = (f"; head dims its rows do not measure ({', '.join(f'{d:g}' for d in filled)}) at the pooled table's "
-                f"ratio to the nearest measured one" if filled else "")
+        dims = (f"; head dims its rows do not measure ({', '.join(f'{d:g}' for d in fit.prior_only)}) at the pooled "
+                f"table's ratio to the nearest measured one" if fit.prior_only else "")
         text = (f"{derived}fitted by validation/accuracy_kernels.py (kernel_fit.fit_kernels) to the {library} rows of "
                 f"validation/data/kernels/{{fit,check}}/{source}.csv (library column, head dim; {fit.num_points} points; "
                 f"MAPE on them {fit.mape_after:.1f}%, the pooled table's {kernel_fit.mape(mine, host):.1f}%{dims}): {HELD_LIBRARY}")

@@ -57,7 +57,9 @@ class TableFit:
     num_points: int
     note: str = ""
     host_floors: dict = dataclasses.field(default_factory=dict)  # host-timed harness -> host time per call (s)
-    prior_only: tuple[float, ...] = ()  # attention: head dims written from the prior alone (``TableRef.prior``)
+    # attention: head dims its rows do not measure, written from a reference table alone (the prior,
+    # ``TableRef.prior``; or the pooled table a library table is filled from, validation/accuracy_kernels.py)
+    prior_only: tuple[float, ...] = ()
 
 
 def attention_bytes(p: KernelPoint) -> float:

@@ -211,8 +211,10 @@ def identified(param: str, cases) -> bool:
     if param in PATH_SPEEDS:  # only runs on that dispatch path
         return param in _path_speeds(cases)
     if param == "data.host_s_per_mtoken":  # real beside synthetic data on one vendor's GPUs
-        return any({"real", "synthetic"} <= {c.data for c in cases if vendor_of(c) == v}
-                   for v in {vendor_of(c) for c in cases})
+        kinds: dict[str, set] = {}
+        for c in cases:
+            kinds.setdefault(vendor_of(c), set()).add(c.data)
+        return any({"real", "synthetic"} <= k for k in kinds.values())
     return param not in PRIORS
 
 

@@ -599,11 +599,10 @@ def cluster_provenance(cluster: ClusterSpec) -> list[tuple[str, str, str]]:
     """(table, 'measured' | 'fitted' | 'derived' | 'assumed' | 'sourced', source) for every
     table of a cluster profile: the cluster, its node's links, the fabric and its NIC
     ramp, the collective library's tuning, each MoE dispatch implementation."""
-    rows = [("cluster", cluster.source), ("node", cluster.node.source), ("fabric", cluster.fabric.source)]
-    if cluster.node.group_source:
-        rows.insert(2, ("node.group", cluster.node.group_source))
-    if cluster.node.group_nics_source:
-        rows.insert(3 if cluster.node.group_source else 2, ("node.group_nics", cluster.node.group_nics_source))
+    node = cluster.node
+    rows = [("cluster", cluster.source), ("node", node.source),
+            *((t, s) for t, s in (("node.group", node.group_source), ("node.group_nics", node.group_nics_source)) if s),
+            ("fabric", cluster.fabric.source)]
     if cluster.fabric.message_source:
         rows.append(("fabric.message", cluster.fabric.message_source))
     rows.append(("collectives", cluster.collectives.source))
