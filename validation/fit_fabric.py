@@ -19,6 +19,12 @@ names the series it uses; validation/accuracy_fabric.py checks on the others).
   (``borrowed_ramp``): the only measured ramp of a 400 Gb/s RDMA NIC then (no small-message
   NVIDIA RDMA series outside the held-out set and the check series), where a flat table had
   priced a 64 KB call at 93% of line rate.
+* RCCL's ring step floor per protocol across MI355X nodes (``protocols.ll128`` / ``protocols.simple``
+  ``ring_step_floor_us``, full from ``ring_floor_full_bytes``): ylerman-dn/amd-dev's 2-node
+  all_reduce with the ring and LL128 / Simple forced, its rows from 1 MB (``fit_protocol_floors``);
+  checked on the same cluster's 3-node forced rings and its default-tuner all_gather /
+  reduce_scatter series. Reported by this script; the all_gather / reduce_scatter protocol
+  windows beside them are RCCL's own llProtoRanges (not fitted).
 * H100/H200 tree network step (``tree_inter_step_latency_us``): NCCL's own constant,
   hwLat[NET][TREE][LL] 5.0 us (src/graph/tuning.cc), beside the ring's 2.7; not fitted.
 * H100/H200 ring step floor (``ring_step_floor_us``): the same series' latency-bound 1-2 GB
@@ -95,6 +101,19 @@ GROUP_BOUNDS = (0.2, 1.0)
 A2A_INTRA_FIT = "ylerman_amddev_MI355X_1node_alltoall"
 A2A_INTRA_CHECK = "ahalperin_amddev_MI355X_1node_8gpu_alltoall"
 A2A_INTRA_ASSUMED = 0.956  # shipped until session 48: assumed, the Simple protocol's efficiency of mi300x-pollara's fit
+# the ring step floor of RCCL's LL128 and Simple protocols across nodes (mi355x-pollara's
+# [collectives.protocols.*] ring_step_floor_us, inherited by the newer-RCCL variant the sweeps
+# are priced on): ylerman-dn/amd-dev's 2-node all_reduce with the ring and each protocol forced
+# (RCCL 2.28.3), every row; checked on the same cluster's 3-node forced runs and on the default
+# tuner's all_gather / reduce_scatter series (RCCL's own picks: RING/LL128 from 2-8 MB to 128 MB)
+FLOOR_PROFILE = "mi355x-pollara-rccl227"
+PROTOCOL_FLOOR_FITS = {proto: (f"ylerman_amddev_MI355X_2node_pollara_allreduce_ring_{proto}",
+                               f"ylerman_amddev_MI355X_3node_pollara_allreduce_ring_{proto}") for proto in ("ll128", "simple")}
+FLOOR_MAX_US = 100.0
+# rows from 1 MB: where the source's own log shows RCCL running 32-48 channels (its SUMMARY's
+# per-size channel counts), as its default tuner does wherever it picks a ring with LL128 or
+# Simple across nodes; below, RCCL runs fewer channels and a step costs less (not modelled)
+FLOOR_MIN_BYTES = 1 << 20
 IB_FIT = "nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128"
 IB_MIN_KNOT_KB = 4096.0
 IB_MIN_BYTES = 4 << 30  # bandwidth-bound rows of the 1,024-rank ring
@@ -223,6 +242,34 @@ def fit_ring_floor(profile: str = "h100-ib", name: str = IB_FIT, below: float = 
     return float(fit.x[0]), before, 100 * float(np.mean(np.abs(errs(fit.x))))
 
 
+def with_protocol_floor(cluster, protocol: str, floor_us: float | None):
+    tune = cluster.collectives
+    spec = dataclasses.replace(tune.protocols[protocol], ring_step_floor_us=floor_us)
+    return dataclasses.replace(cluster, collectives=dataclasses.replace(tune, protocols={**tune.protocols, protocol: spec}))
+
+
+def fit_protocol_floors(profile: str = FLOOR_PROFILE) -> dict[str, tuple[float, float, float, float, float]]:
+    """Per protocol of PROTOCOL_FLOOR_FITS: (ring_step_floor_us, MAPE % before, after on its
+    fit series, before, after on its check series): bounded least squares on relative
+    error (soft-L1) over every row of the forced ring sweep, every other value held."""
+    cluster = load_cluster(profile)
+    out = {}
+    for protocol, (fit_name, check_name) in PROTOCOL_FLOOR_FITS.items():
+        points = [p for p in series(fit_name).points() if p.size_bytes >= FLOOR_MIN_BYTES]
+        checks = [p for p in series(check_name).points() if p.size_bytes >= FLOOR_MIN_BYTES]
+
+        def errs(theta, points=points, protocol=protocol):
+            c = with_protocol_floor(cluster, protocol, float(theta[0]))
+            return np.array([fabric_fit.predict(p, c) / p.time_s - 1 for p in points])
+
+        fit = least_squares(errs, [5.0], bounds=([0.0], [FLOOR_MAX_US]), loss="soft_l1", f_scale=0.05)
+        floor = round(float(fit.x[0]), 3)
+        fitted, unset = with_protocol_floor(cluster, protocol, floor), with_protocol_floor(cluster, protocol, None)
+        out[protocol] = (floor, fabric_fit.mape(points, unset), fabric_fit.mape(points, fitted),
+                         fabric_fit.mape(checks, unset), fabric_fit.mape(checks, fitted))
+    return out
+
+
 def fit_alltoall(cluster, name: str = POLLARA_ALLTOALL_FIT, impl: str = "rccl") -> tuple[float, float, float, float]:
     """(rdma_efficiency, latency_us, MAPE % before, after) of the library all-to-all ``impl``
     of ``cluster`` (its NIC ramp and hops as they stand) on the alltoall series ``name``:
@@ -324,6 +371,11 @@ def main() -> int:
     kbytes, eff = borrowed_ramp(ib_ramp_donor(), own)
     print(f"[h100-ib] the ramp written (the {IB_RAMP_DONOR} Pollara shape below {own.message_kbytes[0]:g} kB, scaled to "
           f"IB's knot):\n  message_kbytes = {list(kbytes)}\n  message_efficiency = {list(eff)}")
+    for protocol, (floor, before, after, chk_before, chk_after) in fit_protocol_floors().items():
+        fit_name, check_name = PROTOCOL_FLOOR_FITS[protocol]
+        print(f"[mi355x-pollara, inherited by {FLOOR_PROFILE}; carried to mi350x-pollara] protocols.{protocol}."
+              f"ring_step_floor_us = {floor} on {fit_name} rows >= {FLOOR_MIN_BYTES >> 20} MB (MAPE {before:.1f}% -> "
+              f"{after:.1f}%; check {check_name}: {chk_before:.1f}% -> {chk_after:.1f}%)")
     floor, before, after = fit_ring_floor()
     print(f"[h100-ib] ring_step_floor_us = {floor:.3f} on {IB_FIT} rows < {IB_MIN_BYTES >> 30} GB "
           f"(MAPE {before:.1f}% -> {after:.1f}%)")

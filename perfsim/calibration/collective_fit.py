@@ -130,7 +130,7 @@ class _Problem:
     def masks(self, cluster: ClusterSpec) -> tuple[np.ndarray, np.ndarray]:
         """(protocol index per point, allowed-algorithm mask) under ``cluster``'s windows."""
         algos = list(ALGORITHMS)
-        proto = np.array([self.protocols.index(collectives.pick_protocol(cluster, p.size_bytes, p.protocol)[0])
+        proto = np.array([self.protocols.index(collectives.pick_protocol(cluster, p.size_bytes, p.protocol, p.coll, p.shape.size)[0])
                           for p in self.points])  # a run's forced protocol, else the size's window
         allowed = np.zeros(self.basis.shape[:2], dtype=bool)
         for i, p in enumerate(self.points):  # a run's forced algorithm, else the selector's candidates

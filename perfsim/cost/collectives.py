@@ -177,13 +177,30 @@ ALGORITHMS = {"ring": ring, "tree": tree, "direct": direct, "hierarchical": hier
               "nvls_tree": nvls_tree}
 
 
-def pick_protocol(cluster: ClusterSpec, size_bytes: float, protocol: str | None = None) -> tuple[str, ProtocolSpec]:
-    protocols = cluster.collectives.protocols
+# collectives whose buffer is the ranks' chunks side by side: RCCL's windows hold one rank's share
+PER_RANK_WINDOWS = (Coll.ALL_GATHER, Coll.REDUCE_SCATTER)
+
+
+def pick_protocol(cluster: ClusterSpec, size_bytes: float, protocol: str | None = None,
+                  coll: Coll | None = None, ranks: int = 1) -> tuple[str, ProtocolSpec]:
+    """The protocol a call of ``size_bytes`` runs: the one forced, else the first whose window
+    holds it: the collective's own windows where the profile gives them
+    (``protocol_windows``, compared with one rank's share for all_gather / reduce_scatter),
+    else the protocols' max_bytes (the all-reduce's windows)."""
+    tune = cluster.collectives
+    protocols = tune.protocols
     if protocol is not None:
         if protocol not in protocols:
             raise ConfigError(f"protocol: {protocol!r} is not one of {', '.join(protocols)}")
         return protocol, protocols[protocol]
     ordered = sorted(protocols.items(), key=lambda kv: kv[1].max_bytes)
+    own = tune.protocol_windows.get(coll.value) if coll is not None else None
+    if own:
+        share = size_bytes / max(1, ranks) if coll in PER_RANK_WINDOWS else size_bytes
+        for name, top in sorted(own.items(), key=lambda kv: kv[1]):
+            if share <= top:
+                return name, protocols[name]
+        return ordered[-1]
     for name, spec in ordered:
         if size_bytes <= spec.max_bytes:
             return name, spec
@@ -232,14 +249,29 @@ def _nvls_latency(algo: str, cluster: ClusterSpec) -> float:
     return units.us_to_s(cluster.collectives.nvls_latency_us) if algo in ("nvls", "nvls_tree") else 0.0
 
 
-def paced_s(algo: str, coll: Coll, shape: GroupShape, cluster: ClusterSpec) -> float:
+def step_floor_us(cluster: ClusterSpec, proto: ProtocolSpec | None, size_bytes: float) -> float:
+    """The ring step floor of a call: the protocol's own (full from ``ring_floor_full_bytes``,
+    in proportion below), never under the profile-wide ``ring_step_floor_us``."""
+    tune = cluster.collectives
+    own = proto.ring_step_floor_us if proto is not None else None
+    if own is None:
+        return tune.ring_step_floor_us
+    full = tune.ring_floor_full_bytes
+    return max(tune.ring_step_floor_us, own * (min(1.0, size_bytes / full) if full > 0 else 1.0))
+
+
+def paced_s(algo: str, coll: Coll, shape: GroupShape, cluster: ClusterSpec, proto: ProtocolSpec | None = None,
+            size_bytes: float = float("inf")) -> float:
     """The least time a ring crossing nodes takes: its steps (every rank's, for a flat
-    ring; the rail ring's, for hierarchical) at the profile's ``ring_step_floor_us``. Each
-    step of a lock-step ring waits for the slowest of its hops, so at 1,000+ ranks the
-    2(n-1) steps set the time until the per-step slice is large enough to hide them (the
-    1,024-rank H100 ring: 1 GB and 2 GB take the same ~20 ms; NCCL's own tuner multiplies
-    its ring latency by 1.9 across nodes for the same plateau)."""
-    floor_us = cluster.collectives.ring_step_floor_us
+    ring; the rail ring's, for hierarchical) at the protocol's ring step floor (else the
+    profile's ``ring_step_floor_us``). Each step of a lock-step ring waits for the slowest
+    of its hops, so at 1,000+ ranks the 2(n-1) steps set the time until the per-step slice
+    is large enough to hide them (the 1,024-rank H100 ring: 1 GB and 2 GB take the same
+    ~20 ms; NCCL's own tuner multiplies its ring latency by 1.9 across nodes for the same
+    plateau); and a protocol whose steps each wait on the network proxy sets a plateau of
+    its own at mid sizes (RCCL's LL128 and Simple rings on 2 and 3 MI355X nodes: the same
+    time per step from 1 MB to 32 MB)."""
+    floor_us = step_floor_us(cluster, proto, size_bytes)
     if floor_us <= 0 or shape.num_nodes < 2 or coll not in RING_SHARE:
         return 0.0
     if algo == "ring":
@@ -262,7 +294,7 @@ def collective_cost(
         raise ConfigError(f"size_bytes must be >= 0, got {size_bytes!r}")
     if shape.size <= 1 or size_bytes == 0:
         return CollectiveCost(time_s=0.0, latency_s=0.0, protocol="none", algorithm="none")
-    name, proto = pick_protocol(cluster, size_bytes, protocol)
+    name, proto = pick_protocol(cluster, size_bytes, protocol, coll, shape.size)
     peers = peers or local_peers(shape)
     base = base_latency_s(cluster, proto, launch, graph)
     if coll is Coll.ALL_TO_ALL and algorithm in (None, "direct"):
@@ -276,7 +308,7 @@ def collective_cost(
         if not phases:
             continue
         steps, bw_time, demand, nic = price(phases, shape.num_nodes, cluster, proto, peers)
-        steps = max(steps, paced_s(algo, coll, shape, cluster) - bw_time)  # pacing hides under the bytes
+        steps = max(steps, paced_s(algo, coll, shape, cluster, proto, size_bytes) - bw_time)  # pacing hides under the bytes
         latency = base + steps + _nvls_latency(algo, cluster)
         sent = sum(ph.intra_bytes + ph.inter_bytes for ph in phases)
         cost = CollectiveCost(time_s=latency + bw_time, latency_s=latency, protocol=name, algorithm=algo,

@@ -319,12 +319,21 @@ class ProtocolSpec:
     max_bytes: float
     latency_us: float
     bw_efficiency: float
+    # the shortest one step of a ring spanning nodes takes under this protocol; None: the
+    # collectives table's ring_step_floor_us (one value for every protocol)
+    ring_step_floor_us: float | None = None
 
     def __post_init__(self):
         check_positive("protocol", max_bytes=self.max_bytes)
         check_fraction("protocol", bw_efficiency=self.bw_efficiency)
         if self.latency_us < 0:
             raise ConfigError(f"protocol.latency_us must be >= 0, got {self.latency_us!r}")
+        if self.ring_step_floor_us is not None and not self.ring_step_floor_us >= 0:
+            raise ConfigError(f"protocol.ring_step_floor_us must be >= 0, got {self.ring_step_floor_us!r}")
+
+
+# collectives a profile may give protocol windows of its own (``CollectiveTuning.protocol_windows``)
+WINDOW_COLLECTIVES = ("all_gather", "reduce_scatter", "broadcast", "reduce")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -352,6 +361,10 @@ class CollectiveTuning:
     # the shortest one step of a ring that spans nodes takes (lock-step pacing: every step
     # waits for its slowest hop); 0 = not identified, steps priced by latency only
     ring_step_floor_us: float = 0.0
+    # a protocol's own ring step floor (``ProtocolSpec.ring_step_floor_us``) holds from this
+    # call size up, where the library runs its full channel count; below, it shrinks in
+    # proportion to the size (fewer channels, each step waits on fewer network posts)
+    ring_floor_full_bytes: float = 0.0
     # a network step of the tree algorithm (NCCL's double binary tree: hwLat[NET][TREE]
     # beside the ring's hwLat[NET][RING]); None: ``inter_step_latency_us``, as the ring's
     tree_inter_step_latency_us: float | None = None
@@ -360,6 +373,12 @@ class CollectiveTuning:
     # library's tuner has no such kernel and runs its ring / tree (RCCL); forcing it
     # (``algorithm="hierarchical"``) prices it either way
     hierarchical: bool = True
+    # the library's protocol windows per collective where they differ from the all-reduce's
+    # (``protocols``' max_bytes): {collective: {protocol: largest size it runs}}, sizes per
+    # rank for all_gather / reduce_scatter (the buffer's n chunks: RCCL's llProtoRanges,
+    # which its tuner compares with one rank's share); a size above every window runs the
+    # protocol with the largest max_bytes
+    protocol_windows: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def tree_inter_step_us(self) -> float:
@@ -384,11 +403,20 @@ class CollectiveTuning:
             raise ConfigError(f"collectives.graph_direct_min_bytes must be in [0, direct_max_bytes="
                               f"{self.direct_max_bytes:g}], got {self.graph_direct_min_bytes!r}")
         for key in ("single_process_latency_us", "graph_saving_us", "nvls_latency_us", "nvls_min_bytes",
-                    "ring_step_floor_us"):
+                    "ring_step_floor_us", "ring_floor_full_bytes"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"collectives.{key} must be >= 0, got {getattr(self, key)!r}")
         if self.nvls_efficiency:
             check_fraction("collectives", nvls_efficiency=self.nvls_efficiency)
+        for coll, windows in self.protocol_windows.items():
+            if coll not in WINDOW_COLLECTIVES:
+                raise ConfigError(f"collectives.protocol_windows: {coll!r} is not one of {', '.join(WINDOW_COLLECTIVES)}")
+            for name, top in windows.items():
+                if name not in self.protocols:
+                    raise ConfigError(f"collectives.protocol_windows.{coll}: {name!r} is not one of the "
+                                      f"profile's protocols ({', '.join(self.protocols)})")
+                if not top > 0:
+                    raise ConfigError(f"collectives.protocol_windows.{coll}.{name} must be > 0, got {top!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
