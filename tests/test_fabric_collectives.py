@@ -424,6 +424,30 @@ def test_tree_network_step_takes_its_own_hop_latency():
     assert load_cluster("mi355x-pollara").collectives.tree_inter_step_latency_us is None  # the fitted ring hop
 
 
+def test_a_tree_beyond_two_nodes_sends_twice_the_bytes_through_each_nic():
+    """Beyond two nodes each node is an interior node (two children) of one of the double
+    binary trees, so its NIC carries twice what it does on two nodes (NCCL's tuner halves
+    NVLSTree's network bandwidth there for the same reason); the bandwidth-bound time of a
+    forced tree all_reduce doubles from 2 to 3 nodes, the ring's does not, and a broadcast
+    tree follows the same rule."""
+    cluster = load_cluster("mi355x-pollara")
+    assert [collectives.tree_nic_share(m) for m in (2, 3, 4, 128)] == [1.0, 2.0, 2.0, 2.0]
+    size = 8 << 30
+
+    def nic_bytes(coll, nodes):
+        shape = GroupShape(size=8 * nodes, per_node=8, num_nodes=nodes)
+        return sum(ph.inter_bytes for ph in collectives.tree(coll, size, shape, cluster))
+
+    assert nic_bytes(Coll.ALL_REDUCE, 3) == 2 * nic_bytes(Coll.ALL_REDUCE, 2)
+    assert nic_bytes(Coll.BROADCAST, 4) == 2 * nic_bytes(Coll.BROADCAST, 2)
+    two, three = (collective_cost(Coll.ALL_REDUCE, size, GroupShape(size=8 * m, per_node=8, num_nodes=m), cluster,
+                                  algorithm="tree", protocol="simple") for m in (2, 3))
+    assert three.inter_s == pytest.approx(2 * two.inter_s, rel=0.01)
+    rings = [collective_cost(Coll.ALL_REDUCE, size, GroupShape(size=8 * m, per_node=8, num_nodes=m), cluster,
+                             algorithm="ring", protocol="simple").time_s for m in (2, 3)]
+    assert rings[1] < 1.1 * rings[0]
+
+
 def test_negative_tree_hop_is_refused():
     ib = load_cluster("h100-ib")
     with pytest.raises(ConfigError, match="tree_inter_step_latency_us"):

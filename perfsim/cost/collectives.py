@@ -84,9 +84,19 @@ def ring(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> li
                   intra_steps=steps - inter_steps, inter_steps=inter_steps)]
 
 
+def tree_nic_share(num_nodes: int) -> float:
+    """Bytes a node's NIC carries in a double binary tree, per byte it carries on two nodes:
+    beyond two nodes every node is an interior node, with two children, of one of the two
+    trees, so it receives (reduce) and sends (broadcast) twice its share of that tree's half
+    (NCCL's tuner halves the network bandwidth of its NVLSTree beyond two nodes for this:
+    tuning.cc, NVLS_TREE bw = nNodes <= 2 ? bwInter : bwInter / 2)."""
+    return 1.0 if num_nodes <= 2 else 2.0
+
+
 def tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
     """Double binary tree across nodes, chain inside a node (NCCL): reduce up, broadcast
-    down; each node's NICs carry the buffer once each way; a network step at the tree's
+    down; each node's NICs carry the buffer once each way on two nodes, twice beyond
+    (``tree_nic_share``: interior nodes have two children); a network step at the tree's
     own hop latency (``tree_inter_step_latency_us``: NCCL's tuner keeps one per algorithm,
     hwLat[NET][TREE] 5 us LL against the ring's 2.7). (Pricing up and down on the
     two directions of a full-duplex NIC, S / p each, was tried: it makes tree beat ring by
@@ -96,7 +106,8 @@ def tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> li
         return []
     p, m = shape.per_node, shape.num_nodes
     ways = 2 if coll is Coll.ALL_REDUCE else 1
-    return [Phase(intra_bytes=ways * size * (p - 1) / p, inter_bytes=ways * size / cluster.node.ring_nics(p),
+    inter = ways * size * tree_nic_share(m) / cluster.node.ring_nics(p)
+    return [Phase(intra_bytes=ways * size * (p - 1) / p, inter_bytes=inter,
                   intra_links=max(p - 1, 1), intra_steps=ways * (p - 1),
                   inter_steps=ways * network.log2_ceil(m), inter_step_us=cluster.collectives.tree_inter_step_us)]
 
@@ -147,12 +158,12 @@ def nvls_tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) 
     the NVLS bandwidth and the network's, the network's halved beyond two nodes, where a
     tree's interior nodes carry two children (tuning.cc: NVLS_TREE bw = min(bwIntra,
     nNodes <= 2 ? bwInter : bwInter / 2)); so each NIC sends S / p at two nodes and 2 S / p
-    beyond. What NCCL's default runs on H100 / H200 clusters (NVIDIA/nccl-tests #309: its
-    maintainer on 2-node runs above the ring's NIC bound)."""
+    beyond (``tree_nic_share``). What NCCL's default runs on H100 / H200 clusters
+    (NVIDIA/nccl-tests #309: its maintainer on 2-node runs above the ring's NIC bound)."""
     tune, p, m = cluster.collectives, shape.per_node, shape.num_nodes
     if coll is not Coll.ALL_REDUCE or m < 2 or p < 2 or not _has_nvls(cluster):
         return []
-    return [_nvls_phase(size, p, cluster, inter_bytes=(1.0 if m <= 2 else 2.0) * size / p,
+    return [_nvls_phase(size, p, cluster, inter_bytes=tree_nic_share(m) * size / p,
                         inter_steps=2 * network.log2_ceil(m), inter_step_us=tune.tree_inter_step_us)]
 
 
