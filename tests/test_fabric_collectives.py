@@ -424,28 +424,49 @@ def test_tree_network_step_takes_its_own_hop_latency():
     assert load_cluster("mi355x-pollara").collectives.tree_inter_step_latency_us is None  # the fitted ring hop
 
 
-def test_a_tree_beyond_two_nodes_sends_twice_the_bytes_through_each_nic():
-    """Beyond two nodes each node is an interior node (two children) of one of the double
-    binary trees, so its NIC carries twice what it does on two nodes (NCCL's tuner halves
-    NVLSTree's network bandwidth there for the same reason); the bandwidth-bound time of a
-    forced tree all_reduce doubles from 2 to 3 nodes, the ring's does not, and a broadcast
-    tree follows the same rule."""
+def test_a_tree_beyond_two_nodes_loads_each_nic_as_ncclss_trees_do():
+    """NCCL's two trees (its binary tree and the mirror or shift of it) move half the buffer
+    each, and a node's NIC carries that half once per link it has in a tree: two links on
+    two nodes, three on three (both trees are chains there: 0-2-1 and its shift), four from
+    four nodes on (a node with two children in one tree is a leaf of the other); so the
+    bandwidth-bound time of a forced tree all_reduce grows 1.5x from 2 to 3 nodes and 2x to 4,
+    the ring's does not, and a broadcast tree follows the same rule."""
     cluster = load_cluster("mi355x-pollara")
-    assert [collectives.tree_nic_share(m) for m in (2, 3, 4, 128)] == [1.0, 2.0, 2.0, 2.0]
+    assert [collectives.tree_nic_share(m) for m in (1, 2, 3, 4, 5, 8, 128, 1000)] == [1.0, 1.0, 1.5, 2, 2, 2, 2, 2]
+    assert collectives._btree(3, 0) == (-1, (2,)) and collectives._btree(3, 2) == (0, (1,))
+    assert collectives._btree(4, 2) == (0, (1, 3))  # two children: node 2 of 4
     size = 8 << 30
 
     def nic_bytes(coll, nodes):
         shape = GroupShape(size=8 * nodes, per_node=8, num_nodes=nodes)
         return sum(ph.inter_bytes for ph in collectives.tree(coll, size, shape, cluster))
 
-    assert nic_bytes(Coll.ALL_REDUCE, 3) == 2 * nic_bytes(Coll.ALL_REDUCE, 2)
+    assert nic_bytes(Coll.ALL_REDUCE, 3) == 1.5 * nic_bytes(Coll.ALL_REDUCE, 2)
+    assert nic_bytes(Coll.ALL_REDUCE, 4) == 2 * nic_bytes(Coll.ALL_REDUCE, 2)
     assert nic_bytes(Coll.BROADCAST, 4) == 2 * nic_bytes(Coll.BROADCAST, 2)
-    two, three = (collective_cost(Coll.ALL_REDUCE, size, GroupShape(size=8 * m, per_node=8, num_nodes=m), cluster,
-                                  algorithm="tree", protocol="simple") for m in (2, 3))
-    assert three.inter_s == pytest.approx(2 * two.inter_s, rel=0.01)
+    two, four = (collective_cost(Coll.ALL_REDUCE, size, GroupShape(size=8 * m, per_node=8, num_nodes=m), cluster,
+                                 algorithm="tree", protocol="simple") for m in (2, 4))
+    assert four.inter_s == pytest.approx(2 * two.inter_s, rel=0.01)
     rings = [collective_cost(Coll.ALL_REDUCE, size, GroupShape(size=8 * m, per_node=8, num_nodes=m), cluster,
-                             algorithm="ring", protocol="simple").time_s for m in (2, 3)]
+                             algorithm="ring", protocol="simple").time_s for m in (2, 4)]
     assert rings[1] < 1.1 * rings[0]
+
+
+def test_inside_one_mi355x_node_small_all_reduces_run_rcclss_tree_not_a_one_shot_kernel():
+    """Both public logs that print RCCL's choice inside one MI355X node (RCCL 2.28.3 and
+    2.26.6) run TREE/LL up to 256 KB, not a one-shot kernel: the gfx950 profiles have no
+    direct window (a ring over the node's chain, the same 2 (n - 1) steps), so a 64 KB
+    all_reduce costs at least its 14 intra-node steps; MI300X keeps the window fitted to
+    its hipGraph / no-graph logs."""
+    shape = GroupShape(size=8, per_node=8, num_nodes=1)
+    for name in ("mi355x-pollara", "mi355x-pollara-rccl227", "mi350x-pollara"):
+        cluster = load_cluster(name)
+        tune = cluster.collectives
+        assert tune.direct_min_bytes == tune.direct_max_bytes == 0.0
+        cost = collective_cost(Coll.ALL_REDUCE, 64 << 10, shape, cluster)
+        assert cost.algorithm == "ring" and cost.latency_s >= 14 * units.us_to_s(tune.intra_step_latency_us)
+    mi300x = load_cluster("mi300x-pollara")
+    assert collective_cost(Coll.ALL_REDUCE, 64 << 10, shape, mi300x).algorithm == "direct"
 
 
 def test_negative_tree_hop_is_refused():

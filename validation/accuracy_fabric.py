@@ -98,11 +98,14 @@ CASES = (
          "one node, 8 MI355X over xGMI, RCCL 2.28.3, default tuner, 4 KB-512 MB, median of 3 repeats: the usable xGMI "
          "bandwidth (nodes/mi355x-8.toml, 60.81 GB/s per link) is fitted to its 128-512 MB rows (session 44; those "
          "rows 7.7% -> 1.3%); the rows below check the intra-node protocol values, still assumed as MI300X's: below "
-         "1 MB RCCL runs TREE/LL at 24-38 us where perfsim prices its one-shot window at 10-17 us (blind, before the "
-         "bandwidth fit: 14.2% / 54.3%)"),
-    Case("ylerman_amddev_MI355X_1node_allgather", "mi355x-pollara-rccl227", "check", "as above, all_gather (1 run)"),
+         "1 MB RCCL runs TREE/LL at 24-38 us, where perfsim priced a one-shot window (assumed as MI300X's) at 10-17 us "
+         "until session 51 (54.6% below 1 MB; blind, before the bandwidth fit: 14.2% / 54.3%); the gfx950 profiles "
+         "have no such window since (this source's tuner log and Ahalperin's)"),
+    Case("ylerman_amddev_MI355X_1node_allgather", "mi355x-pollara-rccl227", "check",
+         "as above, all_gather (1 run): RCCL's own direct all-gather below 16 MB, not modelled (16.6% below 1 MB with "
+         "the one-shot window perfsim dropped in session 51)"),
     Case("ylerman_amddev_MI355X_1node_reducescatter", "mi355x-pollara-rccl227", "check",
-         "as above, reduce_scatter (1 run)"),
+         "as above, reduce_scatter (1 run): 32.7% below 1 MB with the one-shot window dropped in session 51"),
     Case("ylerman_amddev_MI355X_1node_alltoall", "mi355x-pollara-rccl227", "fit",
          "as above, alltoall (1 run): the share of the usable link bandwidth RCCL's all-to-all reaches inside the node "
          "(dispatch.rccl intra_efficiency 0.8665) is fitted to its >= 128 MB rows (session 48; blind on the assumed "

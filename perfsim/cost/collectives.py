@@ -23,6 +23,7 @@ share links among concurrent calls. Buffer sizes follow rccl-tests: ``size`` is 
 buffer (n chunks for RS/AG/A2A).
 """
 
+import functools
 from enum import StrEnum
 
 from perfsim import units
@@ -84,13 +85,48 @@ def ring(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> li
                   intra_steps=steps - inter_steps, inter_steps=inter_steps)]
 
 
+def _btree(nranks: int, rank: int) -> tuple[int, tuple[int, ...]]:
+    """(parent or -1, children) of ``rank`` in NCCL's binary tree over ``nranks`` (the
+    bit-pattern tree of src/graph/trees.cc ncclGetBtree)."""
+    bit = 1
+    while bit < nranks and not bit & rank:
+        bit <<= 1
+    if rank == 0:
+        return -1, ((bit >> 1,) if nranks > 1 else ())
+    up = (rank ^ bit) | (bit << 1)
+    if up >= nranks:
+        up = rank ^ bit
+    low = bit >> 1
+    if low == 0:
+        return up, ()
+    down1 = rank + low
+    while down1 >= nranks and low:
+        low >>= 1
+        down1 = rank + low if low else -1
+    return up, tuple(c for c in (rank - (bit >> 1), down1) if c >= 0)
+
+
+def _tree_degree(nranks: int, rank: int) -> int:
+    """Links ``rank`` has in NCCL's two trees (ncclGetDtree: the binary tree, and its mirror
+    over an even count or its shift by one over an odd one): parent and children of each."""
+    up, kids = _btree(nranks, rank)
+    other = nranks - 1 - rank if nranks % 2 == 0 else (rank - 1 + nranks) % nranks
+    up2, kids2 = _btree(nranks, other)
+    return (up >= 0) + len(kids) + (up2 >= 0) + len(kids2)
+
+
+@functools.cache
 def tree_nic_share(num_nodes: int) -> float:
-    """Bytes a node's NIC carries in a double binary tree, per byte it carries on two nodes:
-    beyond two nodes every node is an interior node, with two children, of one of the two
-    trees, so it receives (reduce) and sends (broadcast) twice its share of that tree's half
-    (NCCL's tuner halves the network bandwidth of its NVLSTree beyond two nodes for this:
-    tuning.cc, NVLS_TREE bw = nNodes <= 2 ? bwInter : bwInter / 2)."""
-    return 1.0 if num_nodes <= 2 else 2.0
+    """Bytes the busiest node's NIC carries in NCCL's double binary tree over ``num_nodes``,
+    per byte it carries on two nodes. Each tree moves half the buffer and a node sends (and
+    receives) that half once per tree link it has, so the load is its link count over both
+    trees: 2 on two nodes; 3 on three (each tree a chain, a middle node in one); 4 from four
+    nodes on, where a node with two children in one tree is a leaf of the other (NCCL's
+    tuner halves its NVLSTree's network bandwidth beyond two nodes for this: tuning.cc,
+    NVLS_TREE bw = nNodes <= 2 ? bwInter : bwInter / 2)."""
+    if num_nodes < 2:
+        return 1.0
+    return max(_tree_degree(num_nodes, r) for r in range(num_nodes)) / 2.0
 
 
 def tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
@@ -157,8 +193,9 @@ def nvls_tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) 
     NIC while the broadcast comes down the other. NCCL's tuner prices it at the smaller of
     the NVLS bandwidth and the network's, the network's halved beyond two nodes, where a
     tree's interior nodes carry two children (tuning.cc: NVLS_TREE bw = min(bwIntra,
-    nNodes <= 2 ? bwInter : bwInter / 2)); so each NIC sends S / p at two nodes and 2 S / p
-    beyond (``tree_nic_share``). What NCCL's default runs on H100 / H200 clusters
+    nNodes <= 2 ? bwInter : bwInter / 2)); each NIC sends S / p at two nodes and, beyond,
+    the trees' own load (``tree_nic_share``: 2 S / p from four nodes, as the tuner; 1.5 S / p
+    on three, where both trees are chains). What NCCL's default runs on H100 / H200 clusters
     (NVIDIA/nccl-tests #309: its maintainer on 2-node runs above the ring's NIC bound)."""
     tune, p, m = cluster.collectives, shape.per_node, shape.num_nodes
     if coll is not Coll.ALL_REDUCE or m < 2 or p < 2 or not _has_nvls(cluster):
