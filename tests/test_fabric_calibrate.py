@@ -70,7 +70,9 @@ def test_calibrate_fits_the_fabric_from_a_multinode_table(tmp_path):
 def test_calibrate_finds_the_ring_step_floor_of_a_long_ring(tmp_path):
     """From a profile without a floor, the 1,024-rank ring's five rows (1 GB and 2 GB
     taking the same ~20 ms) give back the ring step floor and the IB ramp together; the
-    2-node Pollara sweep, whose 16-rank rings are never paced, leaves the floor at 0."""
+    2-node Pollara sweep (default tuner: no protocol forced) leaves the Pollara profile's floors
+    as they were: the profile-wide one is RCCL's network post overhead beneath the protocols'
+    own, and those are fitted only from runs that forced their protocol."""
     h100 = load_cluster("h100-ib")
     base = dataclasses.replace(h100, collectives=dataclasses.replace(h100.collectives, ring_step_floor_us=0.0))
     result = calibrate(base, collective_tables=[TABLE], series=["nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128"],
@@ -79,8 +81,35 @@ def test_calibrate_finds_the_ring_step_floor_of_a_long_ring(tmp_path):
     assert fit.mape_before > 15.0 and fit.mape_after < 3.0
     assert result.cluster.collectives.ring_step_floor_us == pytest.approx(h100.collectives.ring_step_floor_us, rel=0.05)
     assert "ring_step_floor_us" in fit.detail
-    pollara = calibrate(no_ramp("mi355x-pollara"), collective_tables=[TABLE], series=[FIT], out=tmp_path / "p.toml")
-    assert pollara.cluster.collectives.ring_step_floor_us == 0.0
+    given = no_ramp("mi355x-pollara")
+    pollara = calibrate(given, collective_tables=[TABLE], series=[FIT], out=tmp_path / "p.toml")
+    assert pollara.cluster.collectives.ring_step_floor_us == given.collectives.ring_step_floor_us
+    assert pollara.cluster.collectives.protocols == given.collectives.protocols
+    assert "ring_step_floor_us" not in next(f for f in pollara.fits if f.name == "fabric").detail
+
+
+def test_calibrate_fits_a_protocols_own_ring_step_floor_from_its_forced_rings(tmp_path):
+    """Forced 2-node LL128 / Simple rings (ylerman-dn/amd-dev, RCCL 2.28.3) take the same time
+    per step from 1 MB to 32 MB: from a profile whose protocol floors are set low, calibrate
+    gives back the floors the shipped profile carries (fitted on the same rows by
+    validation/fit_fabric.py), says it fitted them, and leaves the profile-wide floor (RCCL's
+    network post overhead, beneath them) where it was."""
+    shipped = load_cluster("mi355x-pollara-rccl227")
+    tune = shipped.collectives
+    low = {n: dataclasses.replace(p, ring_step_floor_us=1.0) if p.ring_step_floor_us is not None else p
+           for n, p in tune.protocols.items()}
+    start = dataclasses.replace(shipped, collectives=dataclasses.replace(tune, protocols=low))
+    names = [f"ylerman_amddev_MI355X_2node_pollara_allreduce_ring_{p}" for p in ("ll128", "simple")]
+    result = calibrate(start, collective_tables=[TABLE], series=names, out=tmp_path / "floors.toml")
+    fit = next(f for f in result.fits if f.name == "fabric")
+    assert "protocols.ll128.ring_step_floor_us" in fit.detail and "protocols.simple.ring_step_floor_us" in fit.detail
+    assert fit.mape_after < fit.mape_before
+    fitted = result.cluster.collectives
+    for name in ("ll128", "simple"):
+        assert fitted.protocols[name].ring_step_floor_us == pytest.approx(tune.protocols[name].ring_step_floor_us, rel=0.25)
+    assert fitted.ring_step_floor_us == tune.ring_step_floor_us
+    assert load_cluster(tmp_path / "floors.toml").collectives.protocols["simple"].ring_step_floor_us == \
+        fitted.protocols["simple"].ring_step_floor_us
 
 
 def test_calibrate_fits_dispatch_efficiencies(tmp_path):

@@ -4,7 +4,9 @@ Free parameters: the fabric's per-message NIC efficiency ramp (``message_efficie
 at fixed knots of NIC bytes per phase, log interpolation), the per-step latency
 of a network hop (``inter_step_latency_us``) and the floor of a step of a ring across
 nodes (``ring_step_floor_us``: fitted only where some point is paced by it, such as the
-1-2 GB rows of a 1,024-rank ring). Everything intra-node (xGMI/NVLink
+1-2 GB rows of a 1,024-rank ring; likewise each protocol's own floor where the profile
+gives one, ``protocols.<name>.ring_step_floor_us``, such as the 1-32 MB rows of a ring
+with LL128 forced). Everything intra-node (xGMI/NVLink
 bandwidth, protocol latencies and efficiencies, launch latency) is held at the profile's
 values, which come from single-node sweeps (``collective_fit``), so the two fits do not
 trade against each other. Each point is priced by ``collectives.collective_cost`` itself,
@@ -70,15 +72,25 @@ def _ramp(theta: np.ndarray, used: np.ndarray | None, monotone: bool = True, fil
     return np.maximum.accumulate(eff) if monotone else eff
 
 
+def protocol_floors(cluster: ClusterSpec) -> tuple[str, ...]:
+    """The protocols of ``cluster`` with a ring step floor of their own (fitted beside the
+    profile-wide one, in this order, after it in the parameter vector)."""
+    return tuple(sorted(n for n, p in cluster.collectives.protocols.items() if p.ring_step_floor_us is not None))
+
+
 def with_params(cluster: ClusterSpec, theta: np.ndarray, source: str, digits: int | None = None,
                 used: np.ndarray | None = None, monotone: bool = True, fill: bool = True) -> ClusterSpec:
     k = len(KNOTS_KB)
     ramp = _ramp(theta, used, monotone, fill)
     eff = tuple(float(x) if digits is None else round(float(x), digits) for x in ramp)
-    inter, floor = (float(x) if digits is None else round(float(x), digits) for x in theta[k:k + 2])
+    inter, floor, *own = (float(x) if digits is None else round(float(x), digits) for x in theta[k:])
     fab = dataclasses.replace(cluster.fabric, message_kbytes=KNOTS_KB, message_efficiency=eff, message_source=source)
+    protocols = dict(cluster.collectives.protocols)
+    for name, value in zip(protocol_floors(cluster), own):
+        protocols[name] = dataclasses.replace(protocols[name], ring_step_floor_us=value)
     tune = dataclasses.replace(cluster.collectives, inter_step_latency_us=inter, ring_step_floor_us=floor,
-                               tree_inter_step_latency_us=_tree_hop(cluster.collectives, inter, digits))
+                               tree_inter_step_latency_us=_tree_hop(cluster.collectives, inter, digits),
+                               protocols=protocols)
     return dataclasses.replace(cluster, fabric=fab, collectives=tune)
 
 
@@ -102,21 +114,26 @@ def _used(points, cluster, theta0, measured) -> np.ndarray:
     used = np.zeros(len(theta0), dtype=bool)
     for i in range(len(theta0)):
         trial = theta0.copy()
-        trial[i] = trial[i] * 0.05 if i < len(KNOTS_KB) else trial[i] + PROBE_US[i - len(KNOTS_KB)]
+        trial[i] = trial[i] * 0.05 if i < len(KNOTS_KB) else trial[i] + PROBE_US[min(i - len(KNOTS_KB), 1)]
         moved = _times(points, cluster, trial, monotone=False) - base
         used[i] = bool(np.max(np.abs(moved) / measured) > SENSITIVITY)
     return used
 
 
 def _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor,
-              fill: bool = True) -> tuple[np.ndarray, np.ndarray, float]:
-    lo = np.array([EFF_BOUNDS[0]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[0], FLOOR_BOUNDS_US[0]])
-    hi = np.array([EFF_BOUNDS[1]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[1], FLOOR_BOUNDS_US[1]])
+              fill: bool = True, free_floors: tuple[bool, ...] = ()) -> tuple[np.ndarray, np.ndarray, float]:
+    floors = 1 + len(protocol_floors(cluster))  # the profile-wide floor and each protocol's own
+    lo = np.array([EFF_BOUNDS[0]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[0]] + [FLOOR_BOUNDS_US[0]] * floors)
+    hi = np.array([EFF_BOUNDS[1]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[1]] + [FLOOR_BOUNDS_US[1]] * floors)
     theta0 = np.clip(theta0, lo, hi)
     used = _used(points, cluster, theta0, measured)
     used[: len(KNOTS_KB)] &= np.array(KNOTS_KB) >= min_knot_kb
     used[len(KNOTS_KB)] &= fit_hop
-    used[len(KNOTS_KB) + 1] &= fit_floor
+    used[len(KNOTS_KB) + 1] &= fit_floor and floors == 1
+    # where protocols have floors of their own, the profile-wide one is the library's constant
+    # beneath them (RCCL's network post overhead) and stays: the two would trade on the same
+    # rows; a protocol's own floor is fitted only from runs that forced that protocol
+    used[len(KNOTS_KB) + 2:] &= np.array(free_floors, dtype=bool)
     lo, hi = np.where(used, lo, theta0 - 1e-9), np.where(used, hi, theta0 + 1e-9)
     scale = np.maximum(np.abs(theta0), 0.05)
 
@@ -134,7 +151,9 @@ def fit_fabric(points: list[CollectivePoint], cluster: ClusterSpec, source: str 
     """Refit the NIC ramp and network hop latency of ``cluster`` to multi-node ``points``;
     knots below ``min_knot_kb`` are left out of the fit (and take the nearest fitted value);
     ``fit_hop=False`` keeps the profile's hop latency (bandwidth-bound points cannot set it),
-    ``fit_floor=False`` its ring step floor.
+    ``fit_floor=False`` its ring step floors (the profile-wide one and each protocol's own; a
+    protocol's own only from points that forced it, the profile-wide one only where no
+    protocol has its own).
     The ramp is not smooth in its knots (nearest-fill, running max), so the fit starts
     from the profile's own values and from each of ``STARTS`` (efficiency, hop latency) x
     ``FLOOR_STARTS_US``, and keeps the lowest MAPE (the profile's on a tie)."""
@@ -144,22 +163,28 @@ def fit_fabric(points: list[CollectivePoint], cluster: ClusterSpec, source: str 
     measured = np.array([p.time_s for p in points])
     best = None
     tune = cluster.collectives
-    floors = sorted({tune.ring_step_floor_us, *(FLOOR_STARTS_US if fit_floor else ())})
+    floors = {tune.ring_step_floor_us, *(FLOOR_STARTS_US if fit_floor else ())}
     # the profile itself first, its knots no point moves keeping their values (no fill): a
     # fit never ends worse than the values it was given, and a flat start replaces it only
     # where it fits the points strictly better (a series that reaches one knot keeps the rest)
     own = [message_efficiency(cluster.fabric, kb * units.KB) for kb in KNOTS_KB]
-    starts = [(np.array([*own, tune.inter_step_latency_us, tune.ring_step_floor_us]), False)]
-    starts += [(np.concatenate([np.full(len(KNOTS_KB), eff), [hop if fit_hop else tune.inter_step_latency_us, floor]]),
-                True) for (eff, hop), floor in itertools.product(STARTS, floors)]
+    mine = [tune.protocols[n].ring_step_floor_us for n in protocol_floors(cluster)]  # started where they are
+    forced = {p.protocol for p in points if p.protocol}
+    free = tuple(fit_floor and n in forced for n in protocol_floors(cluster))
+    starts = [(np.array([*own, tune.inter_step_latency_us, tune.ring_step_floor_us, *mine]), False)]
+    # a flat start tries each floor start for the protocols' own floors too (held ones keep theirs)
+    starts += [(np.concatenate([np.full(len(KNOTS_KB), eff), [hop if fit_hop else tune.inter_step_latency_us,
+                                tune.ring_step_floor_us if mine else floor], [floor if f else m for f, m in zip(free, mine)]]),
+                True) for (eff, hop), floor in itertools.product(STARTS, sorted(floors | ({*mine} if any(free) else set())))]
     for theta0, fill in starts:
-        theta, used, err = _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor, fill)
+        theta, used, err = _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor, fill, free)
         if best is None or err < best[2] - 1e-9:
             best = (theta, used, err, fill)
     theta, used, _, fill = best
     out = with_params(cluster, theta, source or f"fitted by perfsim fabric_fit to {len(points)} multi-node points", 4,
                       used, fill=fill)
-    names = [f"message_efficiency@{kb:g}kB" for kb in KNOTS_KB] + ["inter_step_latency_us", "ring_step_floor_us"]
+    names = ([f"message_efficiency@{kb:g}kB" for kb in KNOTS_KB] + ["inter_step_latency_us", "ring_step_floor_us"]
+             + [f"protocols.{n}.ring_step_floor_us" for n in protocol_floors(cluster)])
     before, after = mape(points, cluster), mape(points, out)
     if after > before:  # rounding to 4 digits can undo a start at the profile that moved nothing
         return FabricFit(cluster=cluster, mape_before=before, mape_after=before, num_points=len(points), fitted=())
