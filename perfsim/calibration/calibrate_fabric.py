@@ -40,7 +40,7 @@ def fit(cluster: ClusterSpec, points: list[CollectivePoint], files: list[str], w
                                                         f"{cluster.fabric.message_source or 'no ramp before'}",
                                                         files, when))
     tune = dataclasses.replace(result.cluster.collectives,
-                               source=stamp(cluster.collectives.source + " | inter_step_latency_us and ring_step_floor_us refit by fabric_fit (with the tree hop, where the profile has its own, in its ratio, and each protocol's own ring step floor where the points are paced by it)",
+                               source=stamp(cluster.collectives.source + " | inter_step_latency_us and ring_step_floor_us refit by fabric_fit (with the tree hop, where the profile has its own, in its ratio, and each protocol's own ring step floor from runs that forced that protocol)",
                                             files, when))
     fits.append(summary(name="fabric", num_points=result.num_points, mape_before=result.mape_before,
                         mape_after=result.mape_after, detail="fitted: " + ", ".join(result.fitted)))

@@ -131,8 +131,9 @@ def tree_nic_share(num_nodes: int) -> float:
 
 def tree(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec) -> list[Phase]:
     """Double binary tree across nodes, chain inside a node (NCCL): reduce up, broadcast
-    down; each node's NICs carry the buffer once each way on two nodes, twice beyond
-    (``tree_nic_share``: interior nodes have two children); a network step at the tree's
+    down; each node's NICs carry the buffer once each way on two nodes, and beyond as NCCL's
+    two trees load the busiest node (``tree_nic_share``: 1.5x on three, 2x from four, where
+    interior nodes have two children); a network step at the tree's
     own hop latency (``tree_inter_step_latency_us``: NCCL's tuner keeps one per algorithm,
     hwLat[NET][TREE] 5 us LL against the ring's 2.7). (Pricing up and down on the
     two directions of a full-duplex NIC, S / p each, was tried: it makes tree beat ring by
