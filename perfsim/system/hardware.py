@@ -375,9 +375,9 @@ class CollectiveTuning:
     hierarchical: bool = True
     # the library's protocol windows per collective where they differ from the all-reduce's
     # (``protocols``' max_bytes): {collective: {protocol: largest size it runs}}, sizes per
-    # rank for all_gather / reduce_scatter (the buffer's n chunks: RCCL's llProtoRanges,
-    # which its tuner compares with one rank's share); a size above every window runs the
-    # protocol with the largest max_bytes
+    # rank for all_gather / reduce_scatter (the buffer's n chunks: RCCL's llProtoRanges, which
+    # a public tuner log shows applied to one rank's share, the profile's source says where);
+    # a size above every window runs the protocol with the largest max_bytes
     protocol_windows: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
