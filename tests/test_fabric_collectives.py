@@ -469,6 +469,29 @@ def test_inside_one_mi355x_node_small_all_reduces_run_rcclss_tree_not_a_one_shot
     assert collective_cost(Coll.ALL_REDUCE, 64 << 10, shape, mi300x).algorithm == "direct"
 
 
+def test_all_gather_runs_rcclss_direct_path_inside_one_mi355x_node():
+    """RCCL runs all_gather on its Direct path at every size below 16 MB inside one MI355X
+    node (ylerman-dn/amd-dev's tuner log): the gfx950 profiles give all_gather a direct window
+    of its own (to 8 MiB) while all_reduce has none; the window is inside a node only, other
+    collectives keep their rings, and a bad window is refused by name."""
+    cluster = load_cluster("mi355x-pollara-rccl227")
+    one = GroupShape(size=8, per_node=8, num_nodes=1)
+    assert cluster.collectives.direct_windows == {"all_gather": 8 << 20}
+    picks = {s: collective_cost(Coll.ALL_GATHER, s, one, cluster).algorithm for s in (4 << 10, 8 << 20, 16 << 20)}
+    assert picks == {4 << 10: "direct", 8 << 20: "direct", 16 << 20: "ring"}
+    assert collective_cost(Coll.REDUCE_SCATTER, 1 << 20, one, cluster).algorithm == "ring"
+    two = GroupShape(size=16, per_node=8, num_nodes=2)
+    assert collective_cost(Coll.ALL_GATHER, 1 << 20, two, cluster).algorithm == "ring"
+    direct = collective_cost(Coll.ALL_GATHER, 4 << 20, one, cluster)
+    ring = collective_cost(Coll.ALL_GATHER, 4 << 20, one, cluster, algorithm="ring")
+    assert direct.time_s < ring.time_s
+    tune = cluster.collectives
+    with pytest.raises(ConfigError, match="direct_windows: 'all_reduce'"):
+        dataclasses.replace(tune, direct_windows={"all_reduce": 1.0})
+    with pytest.raises(ConfigError, match="direct_windows.all_gather must be > 0"):
+        dataclasses.replace(tune, direct_windows={"all_gather": 0.0})
+
+
 def test_negative_tree_hop_is_refused():
     ib = load_cluster("h100-ib")
     with pytest.raises(ConfigError, match="tree_inter_step_latency_us"):

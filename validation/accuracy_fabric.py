@@ -102,8 +102,8 @@ CASES = (
          "until session 51 (54.6% below 1 MB; blind, before the bandwidth fit: 14.2% / 54.3%); the gfx950 profiles "
          "have no such window since (this source's tuner log and Ahalperin's)"),
     Case("ylerman_amddev_MI355X_1node_allgather", "mi355x-pollara-rccl227", "check",
-         "as above, all_gather (1 run): RCCL's own direct all-gather below 16 MB, not modelled (16.6% below 1 MB with "
-         "the one-shot window perfsim dropped in session 51)"),
+         "as above, all_gather (1 run): RCCL runs its Direct all_gather below 16 MB here (the source's tuner log), "
+         "which the gfx950 profiles price since session 51 (direct_windows; 16.5% / 19.6% before)"),
     Case("ylerman_amddev_MI355X_1node_reducescatter", "mi355x-pollara-rccl227", "check",
          "as above, reduce_scatter (1 run): 32.7% below 1 MB with the one-shot window dropped in session 51"),
     Case("ylerman_amddev_MI355X_1node_alltoall", "mi355x-pollara-rccl227", "fit",

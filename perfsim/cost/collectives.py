@@ -282,7 +282,8 @@ def _candidates(coll: Coll, size: float, shape: GroupShape, cluster: ClusterSpec
     tune = cluster.collectives
     names = ["ring", "tree", *(["hierarchical"] if tune.hierarchical else [])]
     lo = tune.graph_direct_min_bytes if graph and tune.graph_direct_min_bytes is not None else tune.direct_min_bytes
-    if shape.num_nodes == 1 and lo <= size <= tune.direct_max_bytes:
+    own = tune.direct_windows.get(coll.value)  # a collective's own direct kernel, from the smallest size
+    if shape.num_nodes == 1 and (size <= own if own is not None else lo <= size <= tune.direct_max_bytes):
         names.append("direct")  # RCCL's one-shot/MSCCL kernels serve only this window (wider when captured)
     if size >= tune.nvls_min_bytes:
         names += ["nvls", "nvls_tree"]  # empty unless the node has NVLS (nvls(), nvls_tree() check)

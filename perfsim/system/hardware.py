@@ -379,6 +379,10 @@ class CollectiveTuning:
     # a public tuner log shows applied to one rank's share, the profile's source says where);
     # a size above every window runs the protocol with the largest max_bytes
     protocol_windows: dict[str, dict[str, float]] = field(default_factory=dict)
+    # a collective's own direct (all-pairs) kernel inside one node where the library has one
+    # apart from the all-reduce's one-shot window: {collective: largest size it runs}, from
+    # the smallest size up (RCCL's Direct all_gather path inside one MI355X node)
+    direct_windows: dict[str, float] = field(default_factory=dict)
 
     @property
     def tree_inter_step_us(self) -> float:
@@ -417,6 +421,11 @@ class CollectiveTuning:
                                       f"profile's protocols ({', '.join(self.protocols)})")
                 if not top > 0:
                     raise ConfigError(f"collectives.protocol_windows.{coll}.{name} must be > 0, got {top!r}")
+        for coll, top in self.direct_windows.items():
+            if coll not in WINDOW_COLLECTIVES:
+                raise ConfigError(f"collectives.direct_windows: {coll!r} is not one of {', '.join(WINDOW_COLLECTIVES)}")
+            if not top > 0:
+                raise ConfigError(f"collectives.direct_windows.{coll} must be > 0, got {top!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
