@@ -105,7 +105,7 @@ CASES = (
          "as above, all_gather (1 run): RCCL runs its Direct all_gather below 16 MB here (the source's tuner log), "
          "which the gfx950 profiles price since session 51 (direct_windows; 16.5% / 19.6% before)"),
     Case("ylerman_amddev_MI355X_1node_reducescatter", "mi355x-pollara-rccl227", "check",
-         "as above, reduce_scatter (1 run): 32.7% below 1 MB with the one-shot window dropped in session 51"),
+         "as above, reduce_scatter (1 run): 35.3% below 1 MB until session 51 dropped the one-shot window"),
     Case("ylerman_amddev_MI355X_1node_alltoall", "mi355x-pollara-rccl227", "fit",
          "as above, alltoall (1 run): the share of the usable link bandwidth RCCL's all-to-all reaches inside the node "
          "(dispatch.rccl intra_efficiency 0.8665) is fitted to its >= 128 MB rows (session 48; blind on the assumed "

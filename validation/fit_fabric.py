@@ -104,15 +104,17 @@ A2A_INTRA_ASSUMED = 0.956  # shipped until session 48: assumed, the Simple proto
 # the ring step floor of RCCL's LL128 and Simple protocols across nodes (mi355x-pollara's
 # [collectives.protocols.*] ring_step_floor_us, inherited by the newer-RCCL variant the sweeps
 # are priced on): ylerman-dn/amd-dev's 2-node all_reduce with the ring and each protocol forced
-# (RCCL 2.28.3), every row; checked on the same cluster's 3-node forced runs and on the default
-# tuner's all_gather / reduce_scatter series (RCCL's own picks: RING/LL128 from 2-8 MB to 128 MB)
+# (RCCL 2.28.3), its rows from FLOOR_MIN_BYTES; checked on the same cluster's 3-node forced runs and
+# on the default tuner's all_gather / reduce_scatter series (RCCL's own picks: RING/LL128 from 2-8 MB
+# to 128 MB)
 FLOOR_PROFILE = "mi355x-pollara-rccl227"
 PROTOCOL_FLOOR_FITS = {proto: (f"ylerman_amddev_MI355X_2node_pollara_allreduce_ring_{proto}",
                                f"ylerman_amddev_MI355X_3node_pollara_allreduce_ring_{proto}") for proto in ("ll128", "simple")}
 FLOOR_MAX_US = 100.0
 # rows from 1 MB: where the source's own log shows RCCL running 32-48 channels (its SUMMARY's
 # per-size channel counts), as its default tuner does wherever it picks a ring with LL128 or
-# Simple across nodes; below, RCCL runs fewer channels and a step costs less (not modelled)
+# Simple across nodes; below, RCCL runs fewer channels and a step costs less (the profile's
+# ring_floor_full_bytes scales the floor down there, read off the same log, not fitted)
 FLOOR_MIN_BYTES = 1 << 20
 IB_FIT = "nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128"
 IB_MIN_KNOT_KB = 4096.0
@@ -250,8 +252,8 @@ def with_protocol_floor(cluster, protocol: str, floor_us: float | None):
 
 def fit_protocol_floors(profile: str = FLOOR_PROFILE) -> dict[str, tuple[float, float, float, float, float]]:
     """Per protocol of PROTOCOL_FLOOR_FITS: (ring_step_floor_us, MAPE % before, after on its
-    fit series, before, after on its check series): bounded least squares on relative
-    error (soft-L1) over every row of the forced ring sweep, every other value held."""
+    fit series, before, after on its check series, both from FLOOR_MIN_BYTES; before = no floor
+    of its own): bounded least squares on relative error (soft-L1), every other value held."""
     cluster = load_cluster(profile)
     out = {}
     for protocol, (fit_name, check_name) in PROTOCOL_FLOOR_FITS.items():
