@@ -110,6 +110,11 @@ def test_calibrate_fits_a_protocols_own_ring_step_floor_from_its_forced_rings(tm
     assert fitted.ring_step_floor_us == tune.ring_step_floor_us
     assert load_cluster(tmp_path / "floors.toml").collectives.protocols["simple"].ring_step_floor_us == \
         fitted.protocols["simple"].ring_step_floor_us
+    # a floor paces rings only: a run that forced the tree does not free it, nor does a default-tuner sweep
+    tree = series("ylerman_amddev_MI355X_3node_pollara_allreduce_tree_ll128").points()
+    assert fabric_fit.free_floors(shipped, tree) == () and fabric_fit.free_floors(shipped, series(FIT).points()) == ()
+    ring = series(names[0]).points()
+    assert fabric_fit.free_floors(shipped, ring) == ("ll128",) and fabric_fit.free_floors(shipped, ring, False) == ()
 
 
 def test_calibrate_fits_dispatch_efficiencies(tmp_path):

@@ -73,20 +73,28 @@ def _ramp(theta: np.ndarray, used: np.ndarray | None, monotone: bool = True, fil
 
 
 def protocol_floors(cluster: ClusterSpec) -> tuple[str, ...]:
-    """The protocols of ``cluster`` with a ring step floor of their own (fitted beside the
-    profile-wide one, in this order, after it in the parameter vector)."""
+    """The protocols of ``cluster`` with a ring step floor of their own."""
     return tuple(sorted(n for n, p in cluster.collectives.protocols.items() if p.ring_step_floor_us is not None))
 
 
+def free_floors(cluster: ClusterSpec, points: list[CollectivePoint], fit_floor: bool = True) -> tuple[str, ...]:
+    """The protocols whose own ring step floor the fit frees (after the profile-wide floor in
+    the parameter vector, in this order): those with one that some point forced on a path
+    that can run a ring (a floor paces rings only); the others keep their values."""
+    forced = {p.protocol for p in points if p.protocol and p.algorithm in (None, "ring", "hierarchical")}
+    return tuple(n for n in protocol_floors(cluster) if fit_floor and n in forced)
+
+
 def with_params(cluster: ClusterSpec, theta: np.ndarray, source: str, digits: int | None = None,
-                used: np.ndarray | None = None, monotone: bool = True, fill: bool = True) -> ClusterSpec:
+                used: np.ndarray | None = None, monotone: bool = True, fill: bool = True,
+                floor_names: tuple[str, ...] = ()) -> ClusterSpec:
     k = len(KNOTS_KB)
     ramp = _ramp(theta, used, monotone, fill)
     eff = tuple(float(x) if digits is None else round(float(x), digits) for x in ramp)
     inter, floor, *own = (float(x) if digits is None else round(float(x), digits) for x in theta[k:])
     fab = dataclasses.replace(cluster.fabric, message_kbytes=KNOTS_KB, message_efficiency=eff, message_source=source)
     protocols = dict(cluster.collectives.protocols)
-    for name, value in zip(protocol_floors(cluster), own):
+    for name, value in zip(floor_names, own):
         protocols[name] = dataclasses.replace(protocols[name], ring_step_floor_us=value)
     tune = dataclasses.replace(cluster.collectives, inter_step_latency_us=inter, ring_step_floor_us=floor,
                                tree_inter_step_latency_us=_tree_hop(cluster.collectives, inter, digits),
@@ -104,45 +112,44 @@ def _tree_hop(tune, inter: float, digits: int | None) -> float | None:
     return hop if digits is None else round(hop, digits)
 
 
-def _times(points, cluster, theta, used=None, monotone=True, fill=True) -> np.ndarray:
-    c = with_params(cluster, theta, "fit in progress", used=used, monotone=monotone, fill=fill)
+def _times(points, cluster, theta, used=None, monotone=True, fill=True, floor_names=()) -> np.ndarray:
+    c = with_params(cluster, theta, "fit in progress", used=used, monotone=monotone, fill=fill, floor_names=floor_names)
     return np.array([predict(p, c) for p in points])
 
 
-def _used(points, cluster, theta0, measured) -> np.ndarray:
-    base = _times(points, cluster, theta0, monotone=False)
+def _used(points, cluster, theta0, measured, floor_names=()) -> np.ndarray:
+    base = _times(points, cluster, theta0, monotone=False, floor_names=floor_names)
     used = np.zeros(len(theta0), dtype=bool)
     for i in range(len(theta0)):
         trial = theta0.copy()
         trial[i] = trial[i] * 0.05 if i < len(KNOTS_KB) else trial[i] + PROBE_US[min(i - len(KNOTS_KB), 1)]
-        moved = _times(points, cluster, trial, monotone=False) - base
+        moved = _times(points, cluster, trial, monotone=False, floor_names=floor_names) - base
         used[i] = bool(np.max(np.abs(moved) / measured) > SENSITIVITY)
     return used
 
 
 def _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor,
-              fill: bool = True, free_floors: tuple[bool, ...] = ()) -> tuple[np.ndarray, np.ndarray, float]:
-    floors = 1 + len(protocol_floors(cluster))  # the profile-wide floor and each protocol's own
+              fill: bool = True, floor_names: tuple[str, ...] = ()) -> tuple[np.ndarray, np.ndarray, float]:
+    floors = 1 + len(floor_names)  # the profile-wide floor and each freed protocol's own
     lo = np.array([EFF_BOUNDS[0]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[0]] + [FLOOR_BOUNDS_US[0]] * floors)
     hi = np.array([EFF_BOUNDS[1]] * len(KNOTS_KB) + [INTER_STEP_BOUNDS_US[1]] + [FLOOR_BOUNDS_US[1]] * floors)
     theta0 = np.clip(theta0, lo, hi)
-    used = _used(points, cluster, theta0, measured)
+    used = _used(points, cluster, theta0, measured, floor_names)
     used[: len(KNOTS_KB)] &= np.array(KNOTS_KB) >= min_knot_kb
     used[len(KNOTS_KB)] &= fit_hop
-    used[len(KNOTS_KB) + 1] &= fit_floor and floors == 1
     # where protocols have floors of their own, the profile-wide one is the library's constant
     # beneath them (RCCL's network post overhead) and stays: the two would trade on the same
     # rows; a protocol's own floor is fitted only from runs that forced that protocol
-    used[len(KNOTS_KB) + 2:] &= np.array(free_floors, dtype=bool)
+    used[len(KNOTS_KB) + 1] &= fit_floor and not protocol_floors(cluster)
     lo, hi = np.where(used, lo, theta0 - 1e-9), np.where(used, hi, theta0 + 1e-9)
     scale = np.maximum(np.abs(theta0), 0.05)
 
     def residuals(theta):
-        return np.concatenate([_times(points, cluster, theta, used, fill=fill) / measured - 1,
+        return np.concatenate([_times(points, cluster, theta, used, fill=fill, floor_names=floor_names) / measured - 1,
                                PRIOR * (theta - theta0) / scale])
 
     fit = least_squares(residuals, theta0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale=scale)
-    err = float(np.mean(np.abs(_times(points, cluster, fit.x, used, fill=fill) / measured - 1)))
+    err = float(np.mean(np.abs(_times(points, cluster, fit.x, used, fill=fill, floor_names=floor_names) / measured - 1)))
     return fit.x, used, err
 
 
@@ -168,23 +175,24 @@ def fit_fabric(points: list[CollectivePoint], cluster: ClusterSpec, source: str 
     # fit never ends worse than the values it was given, and a flat start replaces it only
     # where it fits the points strictly better (a series that reaches one knot keeps the rest)
     own = [message_efficiency(cluster.fabric, kb * units.KB) for kb in KNOTS_KB]
-    mine = [tune.protocols[n].ring_step_floor_us for n in protocol_floors(cluster)]  # started where they are
-    forced = {p.protocol for p in points if p.protocol}
-    free = tuple(fit_floor and n in forced for n in protocol_floors(cluster))
+    names_free = free_floors(cluster, points, fit_floor)
+    held = bool(protocol_floors(cluster))  # the profile-wide floor stays beneath protocol floors
+    mine = [tune.protocols[n].ring_step_floor_us for n in names_free]
     starts = [(np.array([*own, tune.inter_step_latency_us, tune.ring_step_floor_us, *mine]), False)]
-    # a flat start tries each floor start for the protocols' own floors too (held ones keep theirs)
+    # a flat start tries each floor start for the freed protocol floors (and the profile-wide one, when free)
     starts += [(np.concatenate([np.full(len(KNOTS_KB), eff), [hop if fit_hop else tune.inter_step_latency_us,
-                                tune.ring_step_floor_us if mine else floor], [floor if f else m for f, m in zip(free, mine)]]),
-                True) for (eff, hop), floor in itertools.product(STARTS, sorted(floors | ({*mine} if any(free) else set())))]
+                                tune.ring_step_floor_us if held else floor], [floor] * len(names_free)]), True)
+               for (eff, hop), floor in itertools.product(STARTS, sorted(floors) if names_free or not held
+                                                          else [tune.ring_step_floor_us])]  # no floor free: one start each
     for theta0, fill in starts:
-        theta, used, err = _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor, fill, free)
+        theta, used, err = _fit_from(points, cluster, measured, theta0, min_knot_kb, fit_hop, fit_floor, fill, names_free)
         if best is None or err < best[2] - 1e-9:
             best = (theta, used, err, fill)
     theta, used, _, fill = best
     out = with_params(cluster, theta, source or f"fitted by perfsim fabric_fit to {len(points)} multi-node points", 4,
-                      used, fill=fill)
+                      used, fill=fill, floor_names=names_free)
     names = ([f"message_efficiency@{kb:g}kB" for kb in KNOTS_KB] + ["inter_step_latency_us", "ring_step_floor_us"]
-             + [f"protocols.{n}.ring_step_floor_us" for n in protocol_floors(cluster)])
+             + [f"protocols.{n}.ring_step_floor_us" for n in names_free])
     before, after = mape(points, cluster), mape(points, out)
     if after > before:  # rounding to 4 digits can undo a start at the profile that moved nothing
         return FabricFit(cluster=cluster, mape_before=before, mape_after=before, num_points=len(points), fitted=())
