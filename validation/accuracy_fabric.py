@@ -42,6 +42,28 @@ class Case:
     in_place: bool = False  # the series' rows are rccl-tests' in-place column (the source prints no other)
 
 
+# MIT ORCD's 2-node MI355X runs on 1, 2 and 4 GPUs of each node: one series per (collective, GPUs a
+# node), the notes beyond "as above, [all_gather, ]<n> GPUs on each node"
+ORCD_PART_NOTES = {
+    (2, "allreduce"): ": about 48 GB/s bus bandwidth from 64 MB, one NIC's worth, as on Ahalperin's cluster (priced "
+                      "with the ring on one NIC, nodes/mi355x-8.toml group_nics, read from Ahalperin's logs; 36.2% / "
+                      "25.7% with it spread over both GPUs' NICs)",
+    (2, "allgather"): " (one NIC, as above; 35.6% spread over both)",
+    (4, "allgather"): " (13.3% before the LL128 ring step floor, session 51: its 1 MB call, priced on the ring, is +22%; "
+                      "RCCL 2.28 runs its direct all-gather at that size on ylerman's cluster)",
+}
+
+# xxrjun/nccl-tests-cluster's 10-node H100 run on 1, 2 and 4 GPUs of each node: one series per
+# (GPUs a node, collective), the notes beyond "as above, <collective>[, <n> GPUs a node]"
+XXRJUN_10NODE_NOTES = {
+    (1, "all_reduce"): "10 x 8 H100 (cnode3), 1 GPU of each node, NCCL 2.29.2, nccl-tests one process per GPU, default "
+                       "tuner, 32 MB-16 GB (xxrjun/nccl-tests-cluster example-cluster01 run 20260129-180219, session 50, "
+                       "blind; NICs not printed: one 400G rail per GPU, read from its 48.9 GB/s)",
+    (2, "all_reduce"): "as above, 2 GPUs of each node: 98 GB/s bus bandwidth, two rails (NCCL's rings cross on each GPU's "
+                       "NIC, PXN; the same repository's 2-node debug logs), where RCCL on MI355X uses one",
+    (4, "all_reduce"): "as above, 4 GPUs of each node",
+}
+
 CASES = (
     Case("hisohara_AAC14_MI355X_2node_Pollara_ANP_allreduce", "mi355x-pollara", "fit",
          "RCCL 2.26.6 with the ANP network plugin: the Pollara NIC ramp and hop latency are fitted here (with RCCL's "
@@ -167,36 +189,13 @@ CASES = (
          in_place=True),
     Case("orcdmit_MI355X_2node_pollara_alltoall", "mi355x-pollara-rccl227", "check",
          "as above, alltoall (1 MB-4 GB)", in_place=True),
-    Case("orcdmit_MI355X_2node_1gpu_allreduce", "mi355x-pollara-rccl227", "check",
-         "as above, 1 GPU on each node", in_place=True),
-    Case("orcdmit_MI355X_2node_2gpu_allreduce", "mi355x-pollara-rccl227", "check",
-         "as above, 2 GPUs on each node: about 48 GB/s bus bandwidth from 64 MB, one NIC's worth, as on Ahalperin's "
-         "cluster (priced with the ring on one NIC, nodes/mi355x-8.toml group_nics, read from Ahalperin's logs; "
-         "36.2% / 25.7% with it spread over both GPUs' NICs)", in_place=True),
-    Case("orcdmit_MI355X_2node_4gpu_allreduce", "mi355x-pollara-rccl227", "check",
-         "as above, 4 GPUs on each node", in_place=True),
-    Case("orcdmit_MI355X_2node_1gpu_allgather", "mi355x-pollara-rccl227", "check",
-         "as above, all_gather, 1 GPU on each node", in_place=True),
-    Case("orcdmit_MI355X_2node_2gpu_allgather", "mi355x-pollara-rccl227", "check",
-         "as above, all_gather, 2 GPUs on each node (one NIC, as above; 35.6% spread over both)", in_place=True),
-    Case("orcdmit_MI355X_2node_4gpu_allgather", "mi355x-pollara-rccl227", "check",
-         "as above, all_gather, 4 GPUs on each node (13.3% before the LL128 ring step floor, session 51: "
-         "its 1 MB call, priced on the ring, is +22%; RCCL 2.28 runs its direct all-gather at that size on "
-         "ylerman's cluster)", in_place=True),
-    Case("xxrjun_cluster01_H100_10node_1gpn_all_reduce", "h100-ib", "check",
-         "10 x 8 H100 (cnode3), 1 GPU of each node, NCCL 2.29.2, nccl-tests one process per GPU, default tuner, "
-         "32 MB-16 GB (xxrjun/nccl-tests-cluster example-cluster01 run 20260129-180219, session 50, blind; NICs not "
-         "printed: one 400G rail per GPU, read from its 48.9 GB/s)"),
-    Case("xxrjun_cluster01_H100_10node_1gpn_all_gather", "h100-ib", "check", "as above, all_gather"),
-    Case("xxrjun_cluster01_H100_10node_1gpn_reduce_scatter", "h100-ib", "check", "as above, reduce_scatter"),
-    Case("xxrjun_cluster01_H100_10node_2gpn_all_reduce", "h100-ib", "check",
-         "as above, 2 GPUs of each node: 98 GB/s bus bandwidth, two rails (NCCL's rings cross on each GPU's NIC, "
-         "PXN; the same repository's 2-node debug logs), where RCCL on MI355X uses one"),
-    Case("xxrjun_cluster01_H100_10node_2gpn_all_gather", "h100-ib", "check", "as above, all_gather, 2 GPUs a node"),
-    Case("xxrjun_cluster01_H100_10node_2gpn_reduce_scatter", "h100-ib", "check", "as above, reduce_scatter, 2 GPUs a node"),
-    Case("xxrjun_cluster01_H100_10node_4gpn_all_reduce", "h100-ib", "check", "as above, 4 GPUs of each node"),
-    Case("xxrjun_cluster01_H100_10node_4gpn_all_gather", "h100-ib", "check", "as above, all_gather, 4 GPUs a node"),
-    Case("xxrjun_cluster01_H100_10node_4gpn_reduce_scatter", "h100-ib", "check", "as above, reduce_scatter, 4 GPUs a node"),
+    *(Case(f"orcdmit_MI355X_2node_{gpn}gpu_{coll}", "mi355x-pollara-rccl227", "check",
+           f"as above, {'all_gather, ' if coll == 'allgather' else ''}{gpn} GPU{'s' if gpn > 1 else ''} on each node"
+           + ORCD_PART_NOTES.get((gpn, coll), ""), in_place=True)
+      for coll in ("allreduce", "allgather") for gpn in (1, 2, 4)),
+    *(Case(f"xxrjun_cluster01_H100_10node_{gpn}gpn_{coll}", "h100-ib", "check",
+           XXRJUN_10NODE_NOTES.get((gpn, coll), f"as above, {coll}" + (f", {gpn} GPUs a node" if gpn > 1 else "")))
+      for gpn in (1, 2, 4) for coll in ("all_reduce", "all_gather", "reduce_scatter")),
     Case("xxrjun_cluster01_H100_10node_8gpn_all_reduce", "h100-ib", "check",
          "as above, the whole nodes (80 ranks): 314-364 GB/s bus bandwidth at 1-16 GB, erratic, priced 5-15% fast "
          "there and 19-51% fast at 32-256 MB, as the 4- and 8-node IB series of NVIDIA/nccl-tests #309"),
