@@ -269,12 +269,17 @@ def _mape(series, lo=0.0, hi=float("inf")):
     ("rccl_pr2078_AINIC_internal_plugin_2node_allreduce", 3.0),
     ("hisohara_AAC11_MI325X_2node_bnxt_allreduce_ring", 4.0),
     ("hisohara_AAC11_MI325X_8node_bnxt_allreduce_ring", 4.0),
-    ("coreweave_H100_64gpu_sharp_allreduce", 3.0),
+    # SHARP's in-network reduction is not modelled: the ring's price came within 2% while the IB ring
+    # was priced 11-14% fast; with NCCL's per-step cost on the Simple ring (session 52) SHARP's
+    # measured calls run 16% faster than the ring, as an in-network reduction should
+    ("coreweave_H100_64gpu_sharp_allreduce", 16.5),
     ("nccltests_issue290_H100_1node_nvls_allreduce", 4.5),  # NVLS, checked on a second source (3.5% blind)
     ("nccl_issue1047_H100_1node_reducescatter_ring", 2.0),  # the NVSwitch ring, reduce_scatter (0.7% blind)
     ("ocigpuqs_mi355x_MI355X_1node_allreduce", 3.0),  # the fitted MI355X xGMI (1.4%; 6.7% on the assumed value)
     ("ocigpuqs_pollara_MI355X_1node_allreduce", 3.0),
-    ("argonne_oci_H200_2node_allreduce", 4.0),  # NVLSTree, priced blind on it (3.2%; 28.3% on ring / tree)
+    # NVLSTree, priced blind on it (3.2%; 28.3% on ring / tree); 6.2% once the Simple protocol's
+    # per-chunk cost (fitted on Voltage Park's 4-node H100 ring, session 52) reached the tree too
+    ("argonne_oci_H200_2node_allreduce", 6.5),
     ("twinanda_runai_nebius_H200_2node_allreduce", 6.0),  # the same (5.1%; 25.7%)
     # RCCL 2.26.6 with its internal plugin on the profile fitted with the ANP plugin (10.5%), one GPU a node (6.9%),
     # and RCCL's all-to-all share inside the node, fitted on ylerman's RCCL 2.28.3 run (15.2% blind, >= 64 MB)
@@ -402,10 +407,10 @@ def test_voltage_park_four_node_h100_series_stays_within_its_figures():
     (>= 1 MB / below); the tree hop and the borrowed ramp were set with it in view."""
     series = "voltagepark_H100_4node_allreduce"
     assert _mape(series, 0, accuracy_fabric.LARGE) <= 12.0
-    assert _mape(series, accuracy_fabric.LARGE) <= 16.0
+    assert _mape(series, accuracy_fabric.LARGE) <= 9.5  # 13.1% before the Simple step cost was fitted on it
     gather = "voltagepark_H100_4node_allgather"  # priced after the all_reduce series set the hop and ramp
     assert _mape(gather, 0, accuracy_fabric.LARGE) <= 38.0
-    assert _mape(gather, accuracy_fabric.LARGE) <= 25.0
+    assert _mape(gather, accuracy_fabric.LARGE) <= 19.0  # 23.7% before
 
 
 def test_tree_network_step_takes_its_own_hop_latency():
@@ -725,3 +730,79 @@ def test_a_bad_group_link_table_is_one_clear_error(cells, message):
     node = load_cluster("mi355x-pollara").node
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         dataclasses.replace(node, **{k: tuple(v) for k, v in cells.items()})
+
+
+# ---- session 52: NCCL's Simple protocol pays a cost per ring step across whole nodes ----
+
+def _simple_cost(cluster, cost_us):
+    tune = cluster.collectives
+    spec = dataclasses.replace(tune.protocols["simple"], ring_step_cost_us=cost_us,
+                               ring_loop_bytes=tune.protocols["simple"].ring_loop_bytes if cost_us else 0.0)
+    return dataclasses.replace(cluster, collectives=dataclasses.replace(tune, protocols={**tune.protocols, "simple": spec}))
+
+
+def test_simple_ring_pays_its_step_cost_per_loop_across_whole_nodes():
+    """h100-ib's Simple protocol (fitted on Voltage Park's 4-node ring): each of a ring's
+    2(n-1) steps pays ring_step_cost_us once per loop of ring_loop_bytes a rank a step, on
+    top of the bytes: a 4-node all_reduce below one loop (256 MB: 8 MB a step) pays the
+    same as at one full loop (1 GB), and 8 GB (eight loops) eight times that; LL128, one
+    node, part of each node and a profile without the cost pay nothing."""
+    ib = load_cluster("h100-ib")
+    simple = ib.collectives.protocols["simple"]
+    assert simple.ring_step_cost_us > 0 and simple.ring_loop_bytes == 32 << 20
+    free = _simple_cost(ib, 0.0)
+    four = shape(32)
+
+    def extra(size, grp=four, proto="simple", cluster=ib, algo="ring"):
+        kw = dict(protocol=proto, algorithm=algo)
+        return (collective_cost(Coll.ALL_REDUCE, size, grp, cluster, **kw).time_s
+                - collective_cost(Coll.ALL_REDUCE, size, grp, _simple_cost(cluster, 0.0), **kw).time_s)
+
+    step = simple.ring_step_cost_us * 1e-6
+    assert extra(256 << 20) == pytest.approx(62 * step, rel=1e-6)
+    assert extra(1 << 30) == pytest.approx(62 * step, rel=1e-6)
+    assert extra(8 << 30) == pytest.approx(8 * 62 * step, rel=1e-6)
+    assert extra(1 << 30, proto="ll128") == 0.0
+    assert extra(1 << 30, grp=shape(8)) == 0.0
+    assert extra(1 << 30, grp=GroupShape(size=16, per_node=4, num_nodes=4)) == 0.0
+    assert extra(1 << 30, cluster=load_cluster("mi355x-pollara")) == 0.0
+    # a tree pays it once per chunk its busiest node's NICs move: NVLSTree on 4 nodes, 2 S of them
+    nvls = extra(8 << 30, algo="nvls_tree")
+    assert nvls == pytest.approx(step * 2 * (8 << 30) / simple.ring_loop_bytes, rel=1e-6)
+    # the measured 4-node rings: 256 MB takes longer per byte than 512 MB and 1 GB (one loop of
+    # smaller chunks), which the cost reproduces and a bandwidth factor alone cannot
+    assert collective_cost(Coll.ALL_REDUCE, 8 << 30, four, ib).algorithm == "ring"
+    per_byte = {s: collective_cost(Coll.ALL_REDUCE, s, four, ib, algorithm="ring").time_s / s for s in (256 << 20, 1 << 30)}
+    assert per_byte[256 << 20] > 1.05 * per_byte[1 << 30]
+    assert collective_cost(Coll.ALL_REDUCE, 1 << 30, four, free).time_s < collective_cost(Coll.ALL_REDUCE, 1 << 30, four, ib).time_s
+
+
+def test_a_step_cost_without_loop_bytes_or_negative_is_refused(tmp_path):
+    simple = load_cluster("h100-ib").collectives.protocols["simple"]
+    with pytest.raises(ConfigError, match="ring_loop_bytes"):
+        dataclasses.replace(simple, ring_loop_bytes=0.0)
+    with pytest.raises(ConfigError, match="ring_step_cost_us"):
+        dataclasses.replace(simple, ring_step_cost_us=-1.0)
+    from perfsim.system.hardware import PROFILE_DIR
+
+    text = (PROFILE_DIR / "clusters" / "h100-ib.toml").read_text()
+    assert "\nring_loop_bytes = 33554432.0\n" in text
+    for bad in ("-1.0", '"big"', "nan"):
+        path = tmp_path / "bad.toml"
+        path.write_text(text.replace("\nring_loop_bytes = 33554432.0\n", f"\nring_loop_bytes = {bad}\n"))
+        out = subprocess.run([sys.executable, "-m", "perfsim", "collective", "--op", "all_reduce", "--gpus", "32",
+                              "--cluster", str(path)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "ring_loop_bytes" in out.stderr
+
+
+@pytest.mark.parametrize("series, large_max", [
+    # blind checks of the Simple step cost (fitted on Voltage Park's rows): before -> after it
+    ("nccltests309_gjaion_H100_2node_ib_allreduce", 10.0),  # 12.1 -> 9.5
+    ("nccltests309_gjaion_H100_4node_ib_allreduce", 18.0),  # 23.2 -> 17.3
+    ("nccltests309_gjaion_H100_8node_ib_allreduce", 18.5),  # 23.2 -> 17.7
+    ("nccltests309_qoofyk_H100_2node_cx7ib_allreduce", 8.0),  # 9.9 -> 7.5
+    ("xxrjun_cluster01_H100_10node_8gpn_all_reduce", 13.5),  # 19.5 -> 13.1
+    ("xxrjun_cluster01_H100_10node_4gpn_all_reduce", 9.0),  # part of each node: unchanged (8.7)
+])
+def test_ib_series_with_the_simple_step_cost(series, large_max):
+    assert _mape(series, accuracy_fabric.LARGE) <= large_max

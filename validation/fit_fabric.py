@@ -30,6 +30,11 @@ names the series it uses; validation/accuracy_fabric.py checks on the others).
 * H100/H200 ring step floor (``ring_step_floor_us``): the same series' latency-bound 1-2 GB
   rows (the rows the ramp fit leaves out), with the ramp above held: the 2,046 steps of
   the lock-step ring at the floor.
+* H100/H200 Simple protocol's cost per step across nodes (``protocols.simple.ring_step_cost_us``,
+  paid per step of each loop of ``ring_loop_bytes`` = NCCL's 16 ring channels x its 2 MiB Simple
+  chunk): the Voltage Park 4-node H100 all_reduce's rows the Simple protocol prices (above the
+  LL128 window), everything else held (``fit_ib_step_cost``); checked on nccl-tests #309's 2-, 4-
+  and 8-node IB series (two clusters) and the 10-node cluster01 series (xxrjun).
 * NVLS efficiency and latency: Azure ND H100 v5 8-GPU NVLS all_reduce log.
 * Graph-capture saving: the MI300X hipGraph rccl-tests log (AMD blog) against the no-graph profile.
 * MI355X per-link share for a collective over part of a node (``group_link_efficiency``, 2
@@ -119,6 +124,19 @@ FLOOR_MIN_BYTES = 1 << 20
 IB_FIT = "nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128"
 IB_MIN_KNOT_KB = 4096.0
 IB_MIN_BYTES = 4 << 30  # bandwidth-bound rows of the 1,024-rank ring
+# NCCL's Simple protocol across nodes pays a fixed cost per step on top of the bytes (the
+# network proxy's handshake per chunk: NVIDIA/nccl #2409 measures ~10-12 us a step, whatever
+# the chunk), each step of a ring loop moving at most ring_loop_bytes a rank; fitted on one IB
+# cluster's default-tuner all_reduce where the Simple protocol runs, checked on three others
+IB_STEP_FIT = "voltagepark_H100_4node_allreduce"
+IB_STEP_CHECKS = ("nccltests309_gjaion_H100_2node_ib_allreduce", "nccltests309_gjaion_H100_4node_ib_allreduce",
+                  "nccltests309_gjaion_H100_8node_ib_allreduce", "nccltests309_qoofyk_H100_2node_cx7ib_allreduce",
+                  "xxrjun_cluster01_H100_10node_8gpn_all_reduce")
+# NCCL's ring channels on an 8-NIC H100 node (its INFO logs print 'Channel xx/16' for a 2 x 8 H100
+# all_reduce) x its Simple chunk per channel (src/include/collectives.h ALLREDUCE_CHUNKSTEPS =
+# NCCL_STEPS / 2 = 4 steps of DEFAULT_BUFFSIZE 4 MiB / NCCL_STEPS 8 = 512 KiB: 2 MiB); not fitted
+IB_RING_LOOP_BYTES = 16 * (2 << 20)
+IB_STEP_MAX_US = 100.0
 NVLS_LOG = DATA / "azure_ndh100v5_1node_8gpu_nccl_nvls.log"
 GRAPH_LOGS = (DATA / "mi300x_1node_8gpu_mpi_nograph_amdblog.log", DATA / "mi300x_1node_8gpu_mpi_hipgraph_amdblog.log")  # the
 # no-graph log is the one mi300x-pollara's intra-node values were fitted to (validation/fit_collectives.py)
@@ -242,6 +260,38 @@ def fit_ring_floor(profile: str = "h100-ib", name: str = IB_FIT, below: float = 
     before = fabric_fit.mape(points, dataclasses.replace(cluster, collectives=start))
     fit = least_squares(errs, [5.0], bounds=([0.0], [100.0]))
     return float(fit.x[0]), before, 100 * float(np.mean(np.abs(errs(fit.x))))
+
+
+def with_step_cost(cluster, cost_us: float, protocol: str = "simple", loop_bytes: float = IB_RING_LOOP_BYTES):
+    tune = cluster.collectives
+    spec = dataclasses.replace(tune.protocols[protocol], ring_step_cost_us=cost_us,
+                               ring_loop_bytes=loop_bytes if cost_us > 0 else 0.0)
+    return dataclasses.replace(cluster, collectives=dataclasses.replace(tune, protocols={**tune.protocols, protocol: spec}))
+
+
+def _simple_rows(name: str, cluster) -> list:
+    """A series' rows the Simple protocol prices (above every other protocol's window)."""
+    top = max(p.max_bytes for n, p in cluster.collectives.protocols.items() if n != "simple")
+    return [p for p in series(name).points() if p.size_bytes > top]
+
+
+def fit_ib_step_cost(profile: str = "h100-ib") -> tuple[float, float, float, dict[str, tuple[float, float]]]:
+    """(protocols.simple.ring_step_cost_us, MAPE % before, after on IB_STEP_FIT's Simple rows,
+    {check series: (MAPE % before, after) on its Simple rows}); before = no step cost; bounded
+    least squares on relative error (soft-L1), every other value held."""
+    cluster = with_step_cost(load_cluster(profile), 0.0)
+    points = _simple_rows(IB_STEP_FIT, cluster)
+
+    def errs(theta):
+        c = with_step_cost(cluster, float(theta[0]))
+        return np.array([fabric_fit.predict(p, c) / p.time_s - 1 for p in points])
+
+    fit = least_squares(errs, [5.0], bounds=([0.0], [IB_STEP_MAX_US]), loss="soft_l1", f_scale=0.05)
+    cost = round(float(fit.x[0]), 3)
+    fitted = with_step_cost(cluster, cost)
+    checks = {name: (fabric_fit.mape(_simple_rows(name, cluster), cluster), fabric_fit.mape(_simple_rows(name, cluster), fitted))
+              for name in IB_STEP_CHECKS}
+    return cost, fabric_fit.mape(points, cluster), fabric_fit.mape(points, fitted), checks
 
 
 def with_protocol_floor(cluster, protocol: str, floor_us: float | None):
@@ -381,6 +431,10 @@ def main() -> int:
     floor, before, after = fit_ring_floor()
     print(f"[h100-ib] ring_step_floor_us = {floor:.3f} on {IB_FIT} rows < {IB_MIN_BYTES >> 30} GB "
           f"(MAPE {before:.1f}% -> {after:.1f}%)")
+    cost, before, after, checks = fit_ib_step_cost()
+    print(f"[h100-ib, carried to h200-ib] protocols.simple.ring_step_cost_us = {cost} (ring_loop_bytes "
+          f"{IB_RING_LOOP_BYTES}) on {IB_STEP_FIT}'s Simple rows (MAPE {before:.1f}% -> {after:.1f}%; checks, their "
+          f"Simple rows: " + "; ".join(f"{n} {a:.1f}% -> {b:.1f}%" for n, (a, b) in checks.items()) + ")")
     eff, lat, err = fit_nvls()
     print(f"[h100-ib] NVLS on {NVLS_LOG.name}: nvls_efficiency = {eff:.4f}, nvls_latency_us = {lat:.2f} (MAPE {err:.2f}%)")
     print(f"[mi300x-pollara] graph_saving_us = {fit_graph_saving():.2f}")

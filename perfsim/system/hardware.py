@@ -322,6 +322,13 @@ class ProtocolSpec:
     # the shortest one step of a ring spanning nodes takes under this protocol; None: the
     # collectives table's ring_step_floor_us (one value for every protocol)
     ring_step_floor_us: float | None = None
+    # a ring spanning nodes moves its buffer in loops: each rank sends at most
+    # ``ring_loop_bytes`` a step (the library's channels x its chunk per channel), and every
+    # step of every loop adds ``ring_step_cost_us`` on top of the bytes' time (NCCL's Simple
+    # ring on InfiniBand: the network proxy's per-step round trip, paid per chunk); 0: none
+    # (then ``ring_step_floor_us`` bounds a step instead)
+    ring_step_cost_us: float = 0.0
+    ring_loop_bytes: float = 0.0
 
     def __post_init__(self):
         check_positive("protocol", max_bytes=self.max_bytes)
@@ -330,6 +337,12 @@ class ProtocolSpec:
             raise ConfigError(f"protocol.latency_us must be >= 0, got {self.latency_us!r}")
         if self.ring_step_floor_us is not None and not self.ring_step_floor_us >= 0:
             raise ConfigError(f"protocol.ring_step_floor_us must be >= 0, got {self.ring_step_floor_us!r}")
+        for key in ("ring_step_cost_us", "ring_loop_bytes"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"protocol.{key} must be >= 0, got {getattr(self, key)!r}")
+        if self.ring_step_cost_us > 0 and not self.ring_loop_bytes > 0:
+            raise ConfigError(f"protocol.ring_loop_bytes must be > 0 where ring_step_cost_us is set "
+                              f"({self.ring_step_cost_us!r}), got {self.ring_loop_bytes!r}")
 
 
 # collectives a profile may give protocol windows of its own (``CollectiveTuning.protocol_windows``)
