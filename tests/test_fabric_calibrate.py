@@ -285,3 +285,32 @@ def test_cli_validate_prices_multinode_tables_as_the_fabric_accuracy_does():
     lone = run("--series", names[0], "--rccl-log", str(ROOT / "validation" / "data" / "multinode"
                                                        / "mi300x_1node_8gpu_mpi_nograph_amdblog.log"))
     assert lone.returncode == 2 and "--collective-csv" in lone.stderr
+
+
+def test_calibrate_fits_the_simple_protocols_step_cost_over_whole_nodes(tmp_path):
+    """NCCL's Simple ring across whole H100 nodes pays a cost per step (h100-ib's
+    protocols.simple.ring_step_cost_us, fitted by validation/fit_fabric.py on Voltage Park's
+    4-node series): from a profile whose cost is set low, calibrate on that sweep raises it,
+    with the ramp (the two trade: a 4-node sweep from 1 MB to 8 GB pins neither alone, and
+    the joint fit lands above the value fitted with the ramp held), and says so; a sweep over part of
+    each node (whose rings pay no such cost) or a forced-LL128 series does not free it, and
+    fit_cost=False holds it."""
+    shipped = load_cluster("h100-ib")
+    tune = shipped.collectives
+    low = {**tune.protocols, "simple": dataclasses.replace(tune.protocols["simple"], ring_step_cost_us=1.0)}
+    start = dataclasses.replace(shipped, collectives=dataclasses.replace(tune, protocols=low))
+    name = "voltagepark_H100_4node_allreduce"
+    result = calibrate(start, collective_tables=[TABLE], series=[name], out=tmp_path / "ib.toml")
+    fit = next(f for f in result.fits if f.name == "fabric")
+    assert "protocols.simple.ring_step_cost_us" in fit.detail and fit.mape_after < fit.mape_before
+    cost = result.cluster.collectives.protocols["simple"].ring_step_cost_us
+    assert 8.0 < cost < 25.0
+    assert load_cluster(tmp_path / "ib.toml").collectives.protocols["simple"].ring_step_cost_us == cost
+    assert "ring_step_cost_us refit" in result.cluster.collectives.source
+    part = series("xxrjun_cluster01_H100_10node_4gpn_all_reduce").points()
+    assert fabric_fit.free_step_costs(start, part) == ()
+    forced = series("nccl_tests_issue322_H100_1024rank_roce_allreduce_ring_ll128").points()
+    assert fabric_fit.free_step_costs(start, forced) == ()
+    assert fabric_fit.free_step_costs(start, series(name).points()) == ("simple",)
+    assert fabric_fit.free_step_costs(start, series(name).points(), fit_cost=False) == ()
+    assert fabric_fit.free_step_costs(load_cluster("mi355x-pollara"), series(FIT).points()) == ()

@@ -53,6 +53,9 @@ ORCD_PART_NOTES = {
                       "RCCL 2.28 runs its direct all-gather at that size on ylerman's cluster)",
 }
 
+# the note a series' figure gets for what session 52's Simple-protocol step cost (fitted on Voltage Park) moved
+S52 = " (session 52: the Simple protocol's per-step cost, fitted on Voltage Park's rows, {})"
+
 # xxrjun/nccl-tests-cluster's 10-node H100 run on 1, 2 and 4 GPUs of each node: one series per
 # (GPUs a node, collective), the notes beyond "as above, <collective>[, <n> GPUs a node]"
 XXRJUN_10NODE_NOTES = {
@@ -81,11 +84,17 @@ CASES = (
          "(ring_step_floor_us) to the latency-bound 1-2 GB rows (2,046 lock-step ring steps over 128 nodes: 1 GB and "
          "2 GB take the same ~20 ms; before the floor they came out 61% and 34% fast)"),
     Case("coreweave_H100_64gpu_sharp_allreduce", "h100-ib", "check",
-         "IB with SHARP in-network reduction (not modelled: perfsim prices ring/tree); 512 MB-8 GB rows"),
-    Case("voltagepark_H100_4node_allreduce", "h100-ib", "check",
+         "IB with SHARP in-network reduction (not modelled: perfsim prices ring/tree); 512 MB-8 GB rows. Its ring "
+         "price came within 2% while the IB ring was priced 11-14% fast; since session 52 (the Simple protocol's "
+         "per-step cost) the ring matches plain IB rings and SHARP's calls run 16% faster than it, as an in-network "
+         "reduction should (1.9% -> 15.9%)"),
+    Case("voltagepark_H100_4node_allreduce", "h100-ib", "fit",
          "4 nodes x 8 H100, IB (3.2 Tbps per node per its README), NCCL 2.24.3 default tuner, 8 B-8 GB: the one "
          "NVIDIA multi-node series with small and mid sizes; the tree hop and the IB ramp below 64 MB were set with "
-         "its figures in view (validation/data/multinode/SOURCES.md), so not blind"),
+         "its figures in view (validation/data/multinode/SOURCES.md); since session 52 the Simple protocol's cost "
+         "per ring step (protocols.simple.ring_step_cost_us, 12.4 us a step per loop of 32 MiB a rank) is fitted to "
+         "its rows above the LL128 window (14.2% -> 5.4% on them; 13.1% -> 8.7% at >= 1 MB): its 4-node ring takes "
+         "longer per byte at 256 MB than at 1 GB, one loop of smaller chunks, which a bandwidth factor cannot give"),
     Case("voltagepark_H100_4node_allgather", "h100-ib", "check",
          "all_gather on the same 32 ranks, same day (size: the whole gathered buffer): priced after the all_reduce "
          "series had set the tree hop and the ramp (blind on the flat ramp: 36.1% / 38.7%)"),
@@ -198,7 +207,10 @@ CASES = (
       for gpn in (1, 2, 4) for coll in ("all_reduce", "all_gather", "reduce_scatter")),
     Case("xxrjun_cluster01_H100_10node_8gpn_all_reduce", "h100-ib", "check",
          "as above, the whole nodes (80 ranks): 314-364 GB/s bus bandwidth at 1-16 GB, erratic, priced 5-15% fast "
-         "there and 19-51% fast at 32-256 MB, as the 4- and 8-node IB series of NVIDIA/nccl-tests #309"),
+         "there and 19-51% fast at 32-256 MB, as the 4- and 8-node IB series of NVIDIA/nccl-tests #309"
+         + S52.format("19.5% -> 13.1%; its 32-64 MB rows, NVLSTree with LL128, are still 37-49% fast")
+         + "; on the same cluster and day the rings over 1, 2 and 4 GPUs of each node reach 0.98 of their NICs' "
+           "line rate against the whole nodes' 0.80 and pay no such cost: the cost is priced on whole nodes only"),
     Case("xxrjun_H100_1node_8gpu_allreduce", "h100-ib", "check",
          "one node, 8 H100 (SXM), NCCL 2.28.7, nccl-tests one process per GPU, 64 MB-16 GB (xxrjun/nccl-tests-cluster, "
          "session 48, blind): NVLS all_reduce"),
@@ -226,14 +238,17 @@ CASES = (
          "bound, which the maintainer there puts down to NCCL's NVLSTree (NVLS inside the node, a tree across; 2 nodes its "
          "ideal case): priced blind 21.2% / 17.5% with perfsim's ring (22-26% slow at 1-16 GB); NVLSTree was then "
          "modelled from NCCL's structure and tuner (perfsim.cost.collectives.nvls_tree; nothing fitted), with these "
-         "figures in view"),
+         "figures in view" + S52.format("9.9% -> 7.5%: NVLSTree pays it per chunk too")),
     Case("nccltests309_gjaion_H100_2node_ib_allreduce", "h100-ib", "check",
          "another cluster in the same thread: H100, IB 400G (NIC count and NCCL version not printed), default tuner, "
-         "1 MB-8 GB (session 46; 19.7% blind, before NVLSTree)"),
-    Case("nccltests309_gjaion_H100_4node_ib_allreduce", "h100-ib", "check", "as above, 4 nodes (32 ranks)"),
+         "1 MB-8 GB (session 46; 19.7% blind, before NVLSTree)" + S52.format("12.1% -> 9.5%")),
+    Case("nccltests309_gjaion_H100_4node_ib_allreduce", "h100-ib", "check",
+         "as above, 4 nodes (32 ranks)" + S52.format("23.2% -> 17.3%; its 1-4 MB calls, 230-320 us where its own "
+                                                       "8-node run takes 117-204 us, are 38-76% fast")),
     Case("nccltests309_gjaion_H100_8node_ib_allreduce", "h100-ib", "check",
          "as above, 8 nodes (64 ranks): 320 GB/s bus bandwidth at 4-8 GB, where perfsim's ring stays at 93% of the "
-         "NICs' line rate (the thread's NCCL_MIN_CTAS / QPS-tuned and Ring-forced reruns are not used)"),
+         "NICs' line rate (the thread's NCCL_MIN_CTAS / QPS-tuned and Ring-forced reruns are not used)"
+         + S52.format("23.2% -> 17.7%: its 1-4 GB rows come within 4.4%; NVLSTree at 1-512 MB is still 15-23% fast")),
     Case("skypilot_gke_a3ultra_H200_2node_gib_allgather", "h200-ib", "check",
          "2 x 8 H200 on GCP a3-ultragpu-8g, GPUDirect-RDMA through Google's gIB NCCL plugin (RoCE), all_gather 1 KB-8 GB "
          "(size: the whole gathered buffer; skypilot-org/skypilot examples README, session 46, blind)"),
@@ -241,7 +256,8 @@ CASES = (
          "the same README's rerun with GCP's own test pods, NCCL 2.26.6: within 1-3% of the run above"),
     Case("argonne_oci_H200_2node_allreduce", "h200-ib", "check",
          "2 x 8 H200 on OCI's RDMA fabric, NCCL 2.27.5, one process per GPU, 1-16 GB (argonne-lcf/oci-howto): added "
-         "after NVLSTree was modelled and priced blind on it (28.3% on the ring and tree alone)"),
+         "after NVLSTree was modelled and priced blind on it (28.3% on the ring and tree alone)"
+         + S52.format("3.2% -> 6.2%: its NVLSTree calls now 3-8% slow")),
     Case("twinanda_runai_nebius_H200_2node_allreduce", "h200-ib", "check",
          "2 x 8 H200 on Nebius (Run:ai MPI job; NCCL not printed), 1-16 GB (twinanda/ml-cookbook): as above, blind on "
          "NVLSTree (25.7% on the ring and tree alone)"),

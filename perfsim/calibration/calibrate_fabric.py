@@ -39,8 +39,13 @@ def fit(cluster: ClusterSpec, points: list[CollectivePoint], files: list[str], w
     fab = dataclasses.replace(fab, message_source=stamp(f"fabric_fit over {result.num_points} multi-node points; "
                                                         f"{cluster.fabric.message_source or 'no ramp before'}",
                                                         files, when))
+    costs = fabric_fit.step_costs(cluster)
+    refit = [n for n in costs if f"protocols.{n}.ring_step_cost_us" in result.fitted]
+    kept = ("; " + ", ".join(f"protocols.{n}.ring_step_cost_us " + ("refit, with the ramp" if n in refit else
+                                                                     "held (no point over whole nodes that it moves)")
+                             for n in costs)) if costs else ""
     tune = dataclasses.replace(result.cluster.collectives,
-                               source=stamp(cluster.collectives.source + " | inter_step_latency_us and ring_step_floor_us refit by fabric_fit (with the tree hop, where the profile has its own, in its ratio, and each protocol's own ring step floor from runs that forced that protocol)",
+                               source=stamp(cluster.collectives.source + " | inter_step_latency_us and ring_step_floor_us refit by fabric_fit (with the tree hop, where the profile has its own, in its ratio, and each protocol's own ring step floor from runs that forced that protocol)" + kept,
                                             files, when))
     fits.append(summary(name="fabric", num_points=result.num_points, mape_before=result.mape_before,
                         mape_after=result.mape_after, detail="fitted: " + ", ".join(result.fitted)))
