@@ -1008,6 +1008,18 @@ def section() -> str:
         "input pipeline 218.5 -> 218.3); the Primus-pipeline Qwen3-235B rows about one point slower; no run "
         "crossed the 25% line.",
         "",
+        "Fifty-second session, one fabric value, fitted to a collective series, not to a run: NCCL's Simple "
+        "protocol pays a cost per ring step across whole InfiniBand nodes (h100-ib / h200-ib "
+        "`protocols.simple.ring_step_cost_us`, 12.4 us a step in each loop of 32 MiB a rank; docs: the fabric "
+        "section), which prices a whole-node ring's large calls about 11% slower and an NVLSTree's about 7% "
+        "slower. Calls above NCCL's LL128 window over every GPU of two or more nodes pay it (gradient buckets of a "
+        "data-parallel group over whole nodes, an expert-data-parallel group's ZeRO-3 exchange); 68 runs moved, "
+        "none by more than 0.9 points held out (MLPERF51-L8B-H200-64 +5.0 -> +4.1%); the stacks refitted by their "
+        "protocols move by under 0.1%: `nemo` kernels.speed_nvidia 0.7774 -> 0.7775 (dropless 0.9367 as it was), "
+        "`composer` 0.6919 -> 0.6925, `torchtitan` 0.7452 -> 0.7455. Closed form against engine: worst of the "
+        "sample 2.57% -> 4.14% (a ZeRO-3 plan whose expert-data-parallel exchange over all 64 GPUs now shows more "
+        "of itself, which the two overlap differently).",
+        "",
         *_summary(held, shipped),
         "",
         *_targets(held),
