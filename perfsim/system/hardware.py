@@ -325,8 +325,10 @@ class ProtocolSpec:
     # a ring spanning nodes moves its buffer in loops: each rank sends at most
     # ``ring_loop_bytes`` a step (the library's channels x its chunk per channel), and every
     # step of every loop adds ``ring_step_cost_us`` on top of the bytes' time (NCCL's Simple
-    # ring on InfiniBand: the network proxy's per-step round trip, paid per chunk); 0: none
-    # (then ``ring_step_floor_us`` bounds a step instead)
+    # ring on InfiniBand: the network proxy's per-step round trip, paid per chunk; a tree pays
+    # it per chunk its busiest NICs move; only calls over every GPU of each node:
+    # ``collectives.step_cost_s``); where it is paid it takes the place of the step floor
+    # (``ring_step_floor_us``), which still bounds the calls it does not reach; 0: none
     ring_step_cost_us: float = 0.0
     ring_loop_bytes: float = 0.0
 
