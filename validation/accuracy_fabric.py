@@ -206,9 +206,10 @@ CASES = (
            XXRJUN_10NODE_NOTES.get((gpn, coll), f"as above, {coll}" + (f", {gpn} GPUs a node" if gpn > 1 else "")))
       for gpn in (1, 2, 4) for coll in ("all_reduce", "all_gather", "reduce_scatter")),
     Case("xxrjun_cluster01_H100_10node_8gpn_all_reduce", "h100-ib", "check",
-         "as above, the whole nodes (80 ranks): 314-364 GB/s bus bandwidth at 1-16 GB, erratic, priced 5-15% fast "
-         "there and 19-51% fast at 32-256 MB, as the 4- and 8-node IB series of NVIDIA/nccl-tests #309"
-         + S52.format("19.5% -> 13.1%; its 32-64 MB rows, NVLSTree with LL128, are still 37-49% fast")
+         "as above, the whole nodes (80 ranks): 314-364 GB/s bus bandwidth at 1-16 GB, erratic; priced 5-15% fast "
+         "there and 19-51% fast at 32-256 MB before session 52, as the 4- and 8-node IB series of NVIDIA/nccl-tests #309"
+         + S52.format("19.5% -> 13.1%: its 0.5-16 GB rows now -3..+8%; its 32-64 MB rows, NVLSTree with LL128, "
+                      "are still 37-49% fast")
          + "; on the same cluster and day the rings over 1, 2 and 4 GPUs of each node reach 0.98 of their NICs' "
            "line rate against the whole nodes' 0.80 and pay no such cost: the cost is priced on whole nodes only"),
     Case("xxrjun_H100_1node_8gpu_allreduce", "h100-ib", "check",
@@ -246,9 +247,10 @@ CASES = (
          "as above, 4 nodes (32 ranks)" + S52.format("23.2% -> 17.3%; its 1-4 MB calls, 230-320 us where its own "
                                                        "8-node run takes 117-204 us, are 38-76% fast")),
     Case("nccltests309_gjaion_H100_8node_ib_allreduce", "h100-ib", "check",
-         "as above, 8 nodes (64 ranks): 320 GB/s bus bandwidth at 4-8 GB, where perfsim's ring stays at 93% of the "
-         "NICs' line rate (the thread's NCCL_MIN_CTAS / QPS-tuned and Ring-forced reruns are not used)"
-         + S52.format("23.2% -> 17.7%: its 1-4 GB rows come within 4.4%; NVLSTree at 1-512 MB is still 15-23% fast")),
+         "as above, 8 nodes (64 ranks): 320 GB/s bus bandwidth at 4-8 GB, where perfsim's ring stayed at 93% of the "
+         "NICs' line rate until session 52 (the thread's NCCL_MIN_CTAS / QPS-tuned and Ring-forced reruns are not used)"
+         + S52.format("23.2% -> 17.7%: its 2-8 GB rows come within 2%; NVLSTree at 2 MB-1 GB is still 4-23% fast, "
+                      "its 8 MB row (1,272 us) an outlier of its own")),
     Case("skypilot_gke_a3ultra_H200_2node_gib_allgather", "h200-ib", "check",
          "2 x 8 H200 on GCP a3-ultragpu-8g, GPUDirect-RDMA through Google's gIB NCCL plugin (RoCE), all_gather 1 KB-8 GB "
          "(size: the whole gathered buffer; skypilot-org/skypilot examples README, session 46, blind)"),
