@@ -735,10 +735,7 @@ def test_a_bad_group_link_table_is_one_clear_error(cells, message):
 # ---- session 52: NCCL's Simple protocol pays a cost per ring step across whole nodes ----
 
 def _simple_cost(cluster, cost_us):
-    tune = cluster.collectives
-    spec = dataclasses.replace(tune.protocols["simple"], ring_step_cost_us=cost_us,
-                               ring_loop_bytes=tune.protocols["simple"].ring_loop_bytes if cost_us else 0.0)
-    return dataclasses.replace(cluster, collectives=dataclasses.replace(tune, protocols={**tune.protocols, "simple": spec}))
+    return cluster.with_protocol("simple", ring_step_cost_us=cost_us)
 
 
 def test_simple_ring_pays_its_step_cost_per_loop_across_whole_nodes():

@@ -53,6 +53,7 @@ Usage: python validation/fit_fabric.py   (prints the values written into the pro
 """
 
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 
@@ -143,8 +144,14 @@ GRAPH_LOGS = (DATA / "mi300x_1node_8gpu_mpi_nograph_amdblog.log", DATA / "mi300x
 SMALL_BYTES = 64 * 1024  # graph saving: the latency-bound sizes
 
 
+@functools.lru_cache(maxsize=1)
+def _table() -> tuple:
+    """The multi-node table's series, read once (every fit below picks its series from it)."""
+    return tuple(read_collective_table(TABLE))
+
+
 def series(name: str):
-    return next(s for s in read_collective_table(TABLE) if s.series == name)
+    return next(s for s in _table() if s.series == name)
 
 
 def fit_ramp(profile: str, name: str, min_knot_kb: float = 0.0, min_bytes: float = 0.0, fit_hop: bool = True,
@@ -263,10 +270,7 @@ def fit_ring_floor(profile: str = "h100-ib", name: str = IB_FIT, below: float = 
 
 
 def with_step_cost(cluster, cost_us: float, protocol: str = "simple", loop_bytes: float = IB_RING_LOOP_BYTES):
-    tune = cluster.collectives
-    spec = dataclasses.replace(tune.protocols[protocol], ring_step_cost_us=cost_us,
-                               ring_loop_bytes=loop_bytes if cost_us > 0 else 0.0)
-    return dataclasses.replace(cluster, collectives=dataclasses.replace(tune, protocols={**tune.protocols, protocol: spec}))
+    return cluster.with_protocol(protocol, ring_step_cost_us=cost_us, ring_loop_bytes=loop_bytes)
 
 
 def _simple_rows(name: str, cluster) -> list:
@@ -289,15 +293,15 @@ def fit_ib_step_cost(profile: str = "h100-ib") -> tuple[float, float, float, dic
     fit = least_squares(errs, [5.0], bounds=([0.0], [IB_STEP_MAX_US]), loss="soft_l1", f_scale=0.05)
     cost = round(float(fit.x[0]), 3)
     fitted = with_step_cost(cluster, cost)
-    checks = {name: (fabric_fit.mape(_simple_rows(name, cluster), cluster), fabric_fit.mape(_simple_rows(name, cluster), fitted))
-              for name in IB_STEP_CHECKS}
+    checks = {}
+    for name in IB_STEP_CHECKS:
+        rows = _simple_rows(name, cluster)
+        checks[name] = (fabric_fit.mape(rows, cluster), fabric_fit.mape(rows, fitted))
     return cost, fabric_fit.mape(points, cluster), fabric_fit.mape(points, fitted), checks
 
 
 def with_protocol_floor(cluster, protocol: str, floor_us: float | None):
-    tune = cluster.collectives
-    spec = dataclasses.replace(tune.protocols[protocol], ring_step_floor_us=floor_us)
-    return dataclasses.replace(cluster, collectives=dataclasses.replace(tune, protocols={**tune.protocols, protocol: spec}))
+    return cluster.with_protocol(protocol, ring_step_floor_us=floor_us)
 
 
 def fit_protocol_floors(profile: str = FLOOR_PROFILE) -> dict[str, tuple[float, float, float, float, float]]:

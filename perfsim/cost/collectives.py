@@ -366,7 +366,7 @@ def step_cost_s(algo: str, coll: Coll, shape: GroupShape, cluster: ClusterSpec, 
     if algo == "ring":
         steps = _steps(coll, shape.size)
         return _lockstep_loops_s(steps, RING_SHARE[coll](shape.size) * size_bytes / steps, proto)
-    if algo == "hierarchical" and coll not in (Coll.BROADCAST, Coll.REDUCE) and shape.per_node > 1:
+    if algo == "hierarchical" and coll not in (Coll.BROADCAST, Coll.REDUCE):
         steps = _steps(coll, m)
         return _lockstep_loops_s(steps, RING_SHARE[coll](m) * size_bytes / shape.per_node / steps, proto)
     if algo in ("tree", "nvls_tree") and coll is Coll.ALL_REDUCE:

@@ -508,6 +508,12 @@ class ClusterSpec:
     def num_gpus(self) -> int:
         return self.num_nodes * self.node.gpus_per_node
 
+    def with_protocol(self, name: str, **fields) -> "ClusterSpec":
+        """The cluster with fields of its collective library's protocol ``name`` replaced."""
+        tune = self.collectives
+        spec = dataclasses.replace(tune.protocols[name], **fields)
+        return dataclasses.replace(self, collectives=dataclasses.replace(tune, protocols={**tune.protocols, name: spec}))
+
     def with_nodes(self, num_nodes: int) -> "ClusterSpec":
         if not isinstance(num_nodes, int) or num_nodes < 1:
             raise ConfigError(f"nodes must be a positive integer, got {num_nodes!r}")
